@@ -1,0 +1,53 @@
+# hybridplan — the README's two commands are `make demo` and `make test`; both work from a fresh
+# clone on a fresh Debian 12 machine (scripts/install-deps.sh installs what is missing).
+PYTHON    ?= python3
+JOBS      ?= $(shell nproc)
+BUILD     := build
+CORE      := build-core
+TORCH_CMAKE = $(shell $(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
+export HYBRIDPLAN_CLI := $(CURDIR)/$(BUILD)/bin/hybridplan
+
+.PHONY: all deps build core test test-core test-torch test-python demo bench paper clean
+
+all: build
+
+deps: $(BUILD)/.deps-stamp
+$(BUILD)/.deps-stamp: scripts/install-deps.sh
+	@bash scripts/install-deps.sh
+	@mkdir -p $(BUILD) && touch $@
+
+# Torch-free core, CLI and planner tests, configured without LibTorch: proves the boundary.
+core: deps
+	@[ -f $(CORE)/build.ninja ] || cmake -S . -B $(CORE) -G Ninja -DHYBRIDPLAN_WITH_TORCH=OFF \
+	  -DHYBRIDPLAN_BUILD_PYTHON=OFF >/dev/null
+	@cmake --build $(CORE) -j $(JOBS)
+
+# Everything: core, CLI (build/bin/hybridplan), hybridplan._C, LibTorch profiler/executor.
+build: deps
+	@[ -f $(BUILD)/build.ninja ] || cmake -S . -B $(BUILD) -G Ninja -DHYBRIDPLAN_WITH_TORCH=ON \
+	  -DCMAKE_PREFIX_PATH="$(TORCH_CMAKE)" -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test-core: core
+	cd $(CORE) && ctest --output-on-failure
+
+test-torch: build
+	cd $(BUILD) && ctest --output-on-failure
+
+test-python: build
+	$(PYTHON) -m pytest -q tests/python
+
+test: test-core test-torch test-python
+
+demo: build
+	$(PYTHON) examples/demo.py
+
+bench: build
+	$(PYTHON) bench/run_all.py
+
+paper: build
+	$(PYTHON) plans/paper/reproduce.py
+
+clean:
+	rm -rf $(BUILD) $(CORE)

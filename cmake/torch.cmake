@@ -1,0 +1,31 @@
+# LibTorch half of the build: the C++ profiler and executor (csrc/profiler, csrc/executor), their
+# Catch2 tests (tests/cpp/torch) and the C++ examples. Torch comes from the pip wheel
+# (torch==2.13.0): `make build` passes -DCMAKE_PREFIX_PATH=$(python -c 'import torch.utils;
+# print(torch.utils.cmake_prefix_path)').
+find_package(Torch REQUIRED)
+
+file(GLOB HP_TORCH_SOURCES CONFIGURE_DEPENDS
+     ${CMAKE_SOURCE_DIR}/csrc/profiler/*.cc ${CMAKE_SOURCE_DIR}/csrc/executor/*.cc)
+add_library(hp_torch SHARED ${HP_TORCH_SOURCES})
+target_include_directories(hp_torch PUBLIC ${CMAKE_SOURCE_DIR}/csrc)
+target_link_libraries(hp_torch PUBLIC hp_core ${TORCH_LIBRARIES})
+
+if(HYBRIDPLAN_BUILD_TESTS)
+  file(GLOB HP_TORCH_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cpp/torch/*.cc)
+  if(HP_TORCH_TESTS)
+    add_executable(torch_tests ${CMAKE_SOURCE_DIR}/tests/cpp/catch_main.cc ${HP_TORCH_TESTS})
+    target_include_directories(torch_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp)
+    target_link_libraries(torch_tests PRIVATE hp_torch ${HP_CATCH_LIBS})
+    add_test(NAME torch_tests COMMAND torch_tests)
+    set_tests_properties(torch_tests PROPERTIES
+      ENVIRONMENT "HYBRIDPLAN_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYBRIDPLAN_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  endif()
+endif()
+
+# Each examples/cpp/<name>.cc is one LibTorch program: build/bin/<name>.
+file(GLOB HP_CPP_EXAMPLES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/cpp/*.cc)
+foreach(example ${HP_CPP_EXAMPLES})
+  get_filename_component(example_name ${example} NAME_WE)
+  add_executable(${example_name} ${example})
+  target_link_libraries(${example_name} PRIVATE hp_torch)
+endforeach()

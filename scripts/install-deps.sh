@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks for building and testing hybridplan, and nothing
+# that is already there (a second run is a few dpkg/python checks). torch is pinned: an unpinned
+# torch would pull a multi-GB CUDA build.
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+
+apt_packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev catch2 libgloo-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+pip_missing=()
+"$PYTHON" - <<'PY' || pip_missing+=("torch==2.13.0")
+import torch, sys
+sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)
+PY
+for mod_pkg in pybind11:pybind11 tqdm:tqdm matplotlib:matplotlib pytest:pytest numpy:numpy; do
+  mod=${mod_pkg%%:*}; pkg=${mod_pkg##*:}
+  "$PYTHON" -c "import $mod" >/dev/null 2>&1 || pip_missing+=("$pkg")
+done
+if [ ${#pip_missing[@]} -gt 0 ]; then
+  echo "install-deps: pip install ${pip_missing[*]}"
+  "$PYTHON" -m pip install -q --disable-pip-version-check "${pip_missing[@]}"
+fi
