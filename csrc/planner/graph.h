@@ -1,0 +1,64 @@
+// Graph: the profiled dataflow graph of one model (kind "hybridplan.graph"). Times are for
+// `profiled.batch_size` samples on one device and scale linearly with the batch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace hybridplan {
+
+using Json = nlohmann::json;
+using NodeId = int64_t;     // a node's id as written in the JSON (unique, any order)
+using NodeIndex = int32_t;  // a node's position in Graph::nodes (dense, 0..n-1)
+
+struct Node {
+  NodeId id = 0;
+  std::string name;  // module qualified name for profiled graphs ("features.3")
+  std::string op;    // "conv2d", "linear", "lstm", ...
+  double forward_s = 0;
+  double backward_s = 0;
+  int64_t param_bytes = 0;
+  int64_t output_bytes = 0;
+  double flops = 0;  // optional in JSON (forward FLOPs at the profiled batch)
+};
+
+struct Edge {
+  NodeIndex src = 0;  // indices into Graph::nodes (JSON uses ids)
+  NodeIndex dst = 0;
+  int64_t bytes = 0;  // defaults to nodes[src].output_bytes
+};
+
+struct ProfiledAt {
+  std::string device = "unknown";
+  int64_t batch_size = 1;
+  std::string dtype = "float32";
+};
+
+struct Graph {
+  std::string name;
+  ProfiledAt profiled;
+  std::vector<Node> nodes;
+  std::vector<Edge> edges;
+
+  // Derived once by graph_from_json / finalize(): adjacency and a topological order.
+  std::vector<std::vector<NodeIndex>> preds;  // preds[v] = sources of edges into v
+  std::vector<std::vector<NodeIndex>> succs;
+  std::vector<std::vector<int32_t>> in_edges;   // edge indices into v
+  std::vector<std::vector<int32_t>> out_edges;  // edge indices out of v
+  std::vector<NodeIndex> topo_order;            // deterministic (Kahn, smallest index first)
+
+  // Checks every field and the DAG property; throws InputError naming `source` and the JSON path.
+  void validate(const std::string& source) const;
+  // Rebuilds the derived members from nodes/edges (call after building a Graph in code).
+  void finalize(const std::string& source = "graph");
+};
+
+Graph graph_from_json(const Json& j, const std::string& source);
+Json graph_to_json(const Graph& g);  // canonical: what sha256 is taken over
+Graph load_graph(const std::string& path);
+void save_graph(const Graph& g, const std::string& path);  // atomic (tmp file + rename)
+std::string graph_sha256(const Graph& g);  // hex sha256 of graph_to_json(g).dump()
+
+}  // namespace hybridplan

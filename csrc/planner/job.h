@@ -1,0 +1,43 @@
+// Job: what is trained and how it converges (kind "hybridplan.job").
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace hybridplan {
+
+using Json = nlohmann::json;
+
+enum class Optimizer { kSgd, kSgdMomentum, kAdam };  // state: 0x, 1x, 2x parameter bytes
+
+struct Convergence {
+  enum class Model { kNone, kCriticalBatch, kTable };
+  Model model = Model::kNone;
+  double epochs_min = 0;      // critical_batch: epochs(B) = epochs_min * (1 + B / critical_batch)
+  double critical_batch = 0;
+  std::vector<std::pair<double, double>> points;  // table: (global batch, epochs), B ascending
+};
+
+struct Job {
+  int64_t samples_per_epoch = 0;   // required when a convergence model is given
+  int64_t per_replica_batch = 0;   // 0: the graph's profiled batch size
+  int64_t global_batch = 0;        // >0: fixed global batch (per-replica = global / dp)
+  Optimizer optimizer = Optimizer::kSgd;
+  Convergence convergence;
+  std::vector<int64_t> num_microbatches;  // candidates for pipelines; empty: 1,2,4,...,batch
+
+  void validate(const std::string& source) const;
+};
+
+Job job_from_json(const Json& j, const std::string& source);
+Json job_to_json(const Job& job);
+Job load_job(const std::string& path);
+Job default_job();  // no convergence model: objective is samples/s at the profiled batch
+
+const char* optimizer_name(Optimizer o);
+
+}  // namespace hybridplan

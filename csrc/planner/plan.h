@@ -1,0 +1,67 @@
+// Plan: one complete decision (kind "hybridplan.plan"), the only contract between planner and
+// executor. See README "Plan" for the JSON.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/cluster.h"
+#include "planner/graph.h"
+
+namespace hybridplan {
+
+using Json = nlohmann::json;
+
+enum class MpMode { kPlacement, kPipeline };
+enum class Schedule { kNone, kGpipe, k1F1B };  // kNone for placement plans
+
+struct Prediction {
+  double step_s = 0;       // compute_s + exposed allreduce_s (transfer and bubble are inside compute)
+  double compute_s = 0;    // the replica's schedule: makespan (placement) or pipeline length
+  double allreduce_s = 0;  // exposed (not overlapped with backward) gradient all-reduce
+  double transfer_s = 0;   // time spent on cross-device activation/gradient transfers (informative)
+  double bubble_s = 0;     // pipeline idle time on the critical stage (informative)
+  std::vector<int64_t> memory_bytes;  // per local device (placement) or stage (pipeline)
+  double epochs = 0;                  // 0 without a convergence model
+  double time_to_train_s = 0;         // 0 without a convergence model
+  double samples_per_s = 0;           // global_batch / step_s
+  bool feasible = true;
+  std::string infeasible_reason;      // e.g. "device 1 needs 18.2 GB > 16.0 GB"
+};
+
+struct Plan {
+  std::string graph_name;
+  std::string graph_sha256;
+  std::string cluster_name;
+  int64_t world_size = 1;  // devices = dp * mp
+  int64_t dp = 1;
+  int64_t mp = 1;
+  MpMode mode = MpMode::kPlacement;
+  int64_t per_replica_batch = 1;
+  int64_t global_batch = 1;
+  int64_t num_microbatches = 1;
+  Schedule schedule = Schedule::kNone;
+  // mesh[replica][local] = global device index. Process ranks: placement -> rank = replica
+  // (one process owns the replica's mp devices); pipeline -> rank = replica * mp + stage.
+  std::vector<std::vector<DeviceIndex>> mesh;
+  // assignment[node index] = local device (placement) or stage (pipeline), in 0..mp-1.
+  std::vector<int32_t> assignment;
+  std::string device_mapping_note;  // e.g. "NVLink quad {0,1,2,3} of each DGX-1 node"
+  Prediction predicted;             // filled by search/evaluate
+
+  // Checks the plan against the graph and cluster it is applied to (hash, world size, mesh,
+  // assignment range, pipeline contiguity); throws InputError naming `source`.
+  void validate(const std::string& source, const Graph& graph, const Cluster& cluster) const;
+};
+
+Plan plan_from_json(const Json& j, const std::string& source);  // structural checks only
+Json plan_to_json(const Plan& p, const Graph& graph);           // includes node names
+Plan load_plan(const std::string& path);
+void save_plan(const Plan& p, const Graph& graph, const std::string& path);  // atomic
+
+const char* mode_name(MpMode m);       // "placement" | "pipeline"
+const char* schedule_name(Schedule s); // "none" | "gpipe" | "1f1b"
+
+}  // namespace hybridplan
