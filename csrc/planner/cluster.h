@@ -43,7 +43,7 @@ struct Cluster {
 
 Cluster cluster_from_json(const Json& j, const std::string& source);
 Json cluster_to_json(const Cluster& c);
-Cluster load_cluster(const std::string& path_or_preset);  // a file, or a preset name
-std::vector<std::string> preset_names();                    // from plans/presets/*.json
+// A file path, or a preset name (planner/presets.h) when no such file exists.
+Cluster load_cluster(const std::string& path_or_preset);
 
 }  // namespace hybridplan

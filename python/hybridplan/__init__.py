@@ -1,0 +1,38 @@
+"""hybridplan: plan and apply hybrid data-parallel x model-parallel training.
+
+    graph = hybridplan.profile(module, example_inputs)          # measure a module into a Graph
+    best = hybridplan.plan(graph, "dgx1-v100", job)              # search DP x MP configurations
+    model = hybridplan.apply(best, module)                       # inside a torchrun job
+
+Submodules load lazily so that the planner works without torch and torch code without the
+compiled planner where it does not need it.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it
+_EXPORTS = {
+    # planner (hybridplan._C bindings)
+    "Graph": "planner", "Cluster": "planner", "Job": "planner", "Plan": "planner",
+    "plan": "planner", "search": "planner", "evaluate": "planner", "explain": "planner",
+    "load_graph": "planner", "load_cluster": "planner", "load_job": "planner",
+    "load_plan": "planner", "presets": "planner",
+    # profiler
+    "profile": "profiler",
+    # executor
+    "apply": "executor",
+}
+_SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream"}
+
+__all__ = sorted(set(_EXPORTS) | _SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _EXPORTS:
+        module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module 'hybridplan' has no attribute {name!r}")
