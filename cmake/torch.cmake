@@ -11,6 +11,16 @@ add_library(hp_torch SHARED ${HP_TORCH_SOURCES})
 target_include_directories(hp_torch PUBLIC ${CMAKE_SOURCE_DIR}/csrc)
 target_link_libraries(hp_torch PUBLIC hp_core ${TORCH_LIBRARIES})
 
+# The executor's Gloo process groups (csrc/executor/process_groups.cc) include ProcessGroupGloo.hpp,
+# which the torch wheel ships without the gloo headers it includes. Debian's libgloo-dev provides
+# them (headers only: the gloo symbols come from libtorch_cpu.so; never link libgloo.so, it would
+# bring a second, older gloo). See process_groups.h for why this is ABI-safe.
+find_path(HP_GLOO_INCLUDE_DIR gloo/rendezvous/store.h)
+if(NOT HP_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "gloo headers not found: apt-get install libgloo-dev (scripts/install-deps.sh)")
+endif()
+target_include_directories(hp_torch SYSTEM PRIVATE ${HP_GLOO_INCLUDE_DIR})
+
 if(HYBRIDPLAN_BUILD_TESTS)
   file(GLOB HP_TORCH_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cpp/torch/*.cc)
   if(HP_TORCH_TESTS)
@@ -28,5 +38,10 @@ file(GLOB HP_CPP_EXAMPLES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/examples/cpp/*.c
 foreach(example ${HP_CPP_EXAMPLES})
   get_filename_component(example_name ${example} NAME_WE)
   add_executable(${example_name} ${example})
-  target_link_libraries(${example_name} PRIVATE hp_torch)
+  target_link_libraries(${example_name} PRIVATE hp_torch CLI11::CLI11)
+  list(APPEND HP_CPP_EXAMPLE_TARGETS ${example_name})
 endforeach()
+# The executor's multi-process tests spawn the example programs (HYBRIDPLAN_BIN_DIR).
+if(TARGET torch_tests AND HP_CPP_EXAMPLE_TARGETS)
+  add_dependencies(torch_tests ${HP_CPP_EXAMPLE_TARGETS})
+endif()

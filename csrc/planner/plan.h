@@ -51,6 +51,21 @@ struct Plan {
   std::string device_mapping_note;  // e.g. "NVLink quad {0,1,2,3} of each DGX-1 node"
   Prediction predicted;             // filled by search/evaluate
 
+  // The cluster shape recorded in the plan JSON ("cluster": {...}); 0 = not recorded (a plan
+  // built in code); plan_to_json writes the shape of the cluster passed to it.
+  int64_t cluster_num_nodes = 0;
+  int64_t cluster_devices_per_node = 0;
+  // Filled by plan_from_json: the node id and name of each assignment entry, in file order.
+  // Empty for plans built in code (assignment is then in graph node order by construction).
+  std::vector<NodeId> assignment_node_ids;
+  std::vector<std::string> assignment_names;
+
+  // Processes the executor runs: placement -> dp (one per replica), pipeline -> dp * mp.
+  int64_t num_processes() const { return mode == MpMode::kPipeline ? dp * mp : dp; }
+  // Checks that need neither graph nor cluster (dp * mp = world_size, mesh shape, enums,
+  // batch arithmetic, assignment range); plan_from_json and validate both run it.
+  void validate_structure(const std::string& source) const;
+
   // Checks the plan against the graph and cluster it is applied to (hash, world size, mesh,
   // assignment range, pipeline contiguity); throws InputError naming `source`.
   void validate(const std::string& source, const Graph& graph, const Cluster& cluster) const;
@@ -58,8 +73,19 @@ struct Plan {
 
 Plan plan_from_json(const Json& j, const std::string& source);  // structural checks only
 Json plan_to_json(const Plan& p, const Graph& graph);           // includes node names
+// As above, also recording the cluster's shape under "cluster" (what the executor checks).
+Json plan_to_json(const Plan& p, const Graph& graph, const Cluster& cluster);
 Plan load_plan(const std::string& path);
+// load_plan + reorder a hand-written assignment (any node order) into graph order by node id
+// + validate(path, graph, cluster): what the CLI and the executor should call.
+Plan load_plan(const std::string& path, const Graph& graph, const Cluster& cluster);
 void save_plan(const Plan& p, const Graph& graph, const std::string& path);  // atomic
+void save_plan(const Plan& p, const Graph& graph, const Cluster& cluster, const std::string& path);
+
+// Puts a loaded plan's assignment into graph node order using assignment_node_ids; rejects
+// unknown, duplicate and missing nodes.
+void align_assignment_to_graph(Plan& plan, const Graph& graph, const std::string& source);
+Json prediction_to_json(const Prediction& p);
 
 const char* mode_name(MpMode m);       // "placement" | "pipeline"
 const char* schedule_name(Schedule s); // "none" | "gpipe" | "1f1b"

@@ -1,5 +1,8 @@
 // Problem: everything the planner reads. evaluate() and search() both take one.
 #pragma once
+#include <cstdint>
+#include <string>
+
 #include "planner/cluster.h"
 #include "planner/graph.h"
 #include "planner/job.h"
@@ -10,6 +13,20 @@ struct Problem {
   Graph graph;
   Cluster cluster;
   Job job;
+
+  // Validates graph, cluster and job (messages name `source` + the part, e.g.
+  // "problem (graph): nodes[3].forward_s ..."); the graph must have been finalized.
+  void validate(const std::string& source = "problem") const;
 };
+
+// Loads the three files (cluster may be a preset name; empty job path = default_job()) and
+// validates the combination.
+Problem load_problem(const std::string& graph_path, const std::string& cluster_path_or_preset,
+                     const std::string& job_path = "");
+
+// The per-replica batch for `dp` replicas under the job's batch rule (formats.md, Job):
+// per_replica_batch if given; else global_batch / dp (0 when dp does not divide it);
+// else the graph's profiled batch size.
+int64_t per_replica_batch_for(const Problem& problem, int64_t dp);
 
 }  // namespace hybridplan

@@ -26,6 +26,32 @@ struct SearchResult {
   std::vector<std::string> infeasible;  // why rejected candidates did not fit (for exit 3)
 };
 
+// One point of the search space: everything about a plan except the device mapping and the
+// node -> device/stage assignment, which search() optimises for each point.
+struct SearchSpacePoint {
+  int64_t dp = 1;
+  int64_t mp = 1;
+  MpMode mode = MpMode::kPlacement;
+  Schedule schedule = Schedule::kNone;
+  int64_t num_microbatches = 1;
+  int64_t per_replica_batch = 1;
+};
+
+// The points search() considers, in its order: for every mp dividing devices_per_node and the
+// device count N (dp = N / mp; only mp = 1 with dp_only): the per-replica batch (job
+// per_replica_batch, else global_batch / dp when it divides, else the graph's profiled batch);
+// mp = 1 as one placement point (pure DP); for mp >= 2 placement (options.placement) and, when
+// the graph has at least mp nodes, pipeline (options.pipeline) with GPipe and 1F1B for every
+// micro-batch count M (job.num_microbatches, else 1, 2, 4, ...) with M dividing the batch.
+// Why a dp/mp/M was left out goes to `skipped` (may be null). Throws InputError on bad options.
+std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
+                                           std::vector<std::string>* skipped);
+
+// The plan skeleton of a point: names, hash, world size, batch, schedule and mesh (from
+// device_mapping.h) filled; assignment all zeros; predicted empty.
+Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
+                   const std::string& graph_sha256);
+
 // Throws InfeasibleError (naming what does not fit and by how much) when no candidate fits.
 SearchResult search(const Problem& problem, const SearchOptions& options);
 

@@ -1,0 +1,17 @@
+// The `hybridplan` subcommands. Each add_*_command registers one subcommand on the app; its
+// callback does the work and reports failure by throwing InputError (exit 2) or
+// InfeasibleError (exit 3), which main() turns into a message and an exit status.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace hybridplan::cli {
+
+void add_plan_command(CLI::App& app);
+void add_evaluate_command(CLI::App& app);
+void add_explain_command(CLI::App& app);
+void add_sweep_command(CLI::App& app);
+void add_presets_command(CLI::App& app);
+void add_import_pipedream_command(CLI::App& app);
+void add_probe_command(CLI::App& app);
+
+}  // namespace hybridplan::cli

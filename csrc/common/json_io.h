@@ -1,0 +1,26 @@
+// Reading and writing JSON files at the library boundary. Every failure is an InputError that
+// names the file (and, for syntax errors, the line and column), never a raw nlohmann exception.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace hybridplan {
+
+using Json = nlohmann::json;
+
+// Parses the file at `path`. Missing/unreadable file: "<path>: cannot open file (...)";
+// bad syntax: "<path>: invalid JSON: parse error at line L, column C: ...".
+Json read_json_file(const std::string& path);
+
+// Parses `text`, naming `source` in the error like read_json_file does.
+Json parse_json_text(const std::string& text, const std::string& source);
+
+// Writes `text` to `path` atomically: a temporary file next to it, flushed, then renamed over
+// `path`, so a reader never sees a half-written plan.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+// Canonical form (sorted keys, no spaces) plus a trailing newline: what save_* writes.
+void write_json_file(const std::string& path, const Json& j);
+
+}  // namespace hybridplan

@@ -1,0 +1,254 @@
+#include "executor/executor.h"
+
+#include <atomic>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/sha256.h"
+#include "executor/grad_reducer.h"
+#include "executor/pipeline_schedule.h"
+#include "executor/process_groups.h"
+#include "executor/rank_agreement.h"
+#include "executor/stage_channel.h"
+
+namespace hybridplan {
+namespace {
+
+// Keys and group names must be new for every Executor of a job, and the same on every rank:
+// ranks construct their executors in the same order.
+std::atomic<int64_t> executor_generation{0};
+
+int64_t param_bytes_of(torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const torch::Tensor& p : module.parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
+
+RankFingerprint fingerprint_of(const Plan& plan, const Graph& graph, torch::nn::Module& module) {
+  RankFingerprint f;
+  f.plan_sha256 = sha256_hex(plan_to_json(plan, graph).dump());
+  std::ostringstream summary;
+  summary << mode_name(plan.mode) << " dp=" << plan.dp << " mp=" << plan.mp << " batch "
+          << plan.per_replica_batch << "/" << plan.global_batch;
+  if (plan.mode == MpMode::kPipeline) {
+    summary << " " << schedule_name(plan.schedule) << " x" << plan.num_microbatches;
+  }
+  summary << ", graph " << plan.graph_name << " " << plan.graph_sha256.substr(0, 8);
+  f.plan_summary = summary.str();
+  std::ostringstream params;
+  int64_t values = 0;
+  const auto named = module.named_parameters();
+  for (const auto& p : named) {
+    params << p.key() << ":" << p.value().sizes() << ":" << p.value().scalar_type() << "\n";
+    values += p.value().numel();
+  }
+  f.params_sha256 = sha256_hex(params.str());
+  f.params_summary = std::to_string(named.size()) + " parameter tensors, " + std::to_string(values) + " values";
+  return f;
+}
+
+std::vector<int64_t> iota_ranks(int64_t first, int64_t count, int64_t stride) {
+  std::vector<int64_t> ranks;
+  for (int64_t i = 0; i < count; ++i) ranks.push_back(first + i * stride);
+  return ranks;
+}
+
+}  // namespace
+
+Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::nn::Module> module,
+                   const DistEnv& env, ExecutorOptions options)
+    : plan_(plan), env_(env), options_(std::move(options)), module_(std::move(module)) {
+  const std::string& src = options_.plan_source;
+  plan_.validate_structure(src);
+  if (graph_sha256(graph) != plan_.graph_sha256) {
+    throw_input_error(src, "graph.sha256", "does not match the graph given to the executor (" +
+                                               graph_sha256(graph) + ")", plan_.graph_sha256);
+  }
+  if (plan_.num_processes() != env_.world_size) {
+    throw_input_error(src, "dp/mp",
+                      std::string("need ") + std::to_string(plan_.num_processes()) + " processes for a " +
+                          mode_name(plan_.mode) + " plan, but the job was launched with WORLD_SIZE",
+                      std::to_string(env_.world_size));
+  }
+  HP_INTERNAL_ASSERT(plan_.assignment.size() == graph.nodes.size(), "plan not validated against graph");
+  all_blocks_ = blocks_of(*module_);
+  check_module_matches_graph(graph);
+
+  const bool pipeline = plan_.mode == MpMode::kPipeline;
+  replica_ = pipeline ? env_.rank / plan_.mp : env_.rank;
+  stage_ = pipeline ? env_.rank % plan_.mp : 0;
+  const bool cuda = options_.device_type == torch::kCUDA;
+  for (size_t i = 0; i < all_blocks_.size(); ++i) {
+    if (pipeline && plan_.assignment[i] != stage_) continue;
+    torch::Device device = torch::kCPU;
+    if (cuda) {
+      // pipeline: this process's device; placement: the replica's k-th device on this node.
+      int64_t local = env_.local_rank;
+      if (!pipeline) {
+        int64_t per_node = plan_.cluster_devices_per_node > 0 ? plan_.cluster_devices_per_node
+                                                               : torch::cuda::device_count();
+        local = plan_.mesh[replica_][plan_.assignment[i]] % per_node;
+      }
+      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local));
+    }
+    all_blocks_[i].module->to(device);
+    local_blocks_.push_back(all_blocks_[i]);
+    local_block_devices_.push_back(device);
+  }
+
+  const int64_t gen = executor_generation++;
+  const std::string tag = "executor" + std::to_string(gen);
+  store_ = connect_store(env_, options_.timeout);
+  check_ranks_agree(*store_, tag + "/agreement", env_.rank, env_.world_size,
+                    fingerprint_of(plan_, graph, *module_), options_.timeout);
+
+  const c10::DeviceType comm_device = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  if (pipeline && plan_.mp > 1) {
+    pipe_group_ = new_group(store_, tag + "/replica" + std::to_string(replica_),
+                            iota_ranks(replica_ * plan_.mp, plan_.mp, 1), env_, comm_device,
+                            options_.timeout);
+    channel_ = std::make_unique<StageChannel>(pipe_group_, local_block_devices_.front(), options_.timeout);
+  }
+  if (plan_.dp > 1) {
+    const std::vector<int64_t> members = pipeline ? iota_ranks(stage_, plan_.dp, plan_.mp)
+                                                  : iota_ranks(0, plan_.dp, 1);
+    dp_group_ = new_group(store_, tag + "/dp_stage" + std::to_string(stage_), members, env_,
+                          comm_device, options_.timeout);
+    broadcast_parameters();
+  }
+  reducer_ = std::make_unique<GradReducer>(parameters(), dp_group_, options_.bucket_cap_bytes,
+                                           options_.timeout);
+}
+
+Executor::~Executor() = default;
+
+void Executor::check_module_matches_graph(const Graph& graph) const {
+  const std::string& src = options_.plan_source;
+  if (all_blocks_.size() != graph.nodes.size()) {
+    throw_input_error(src, "graph", "has " + std::to_string(graph.nodes.size()) +
+                                        " nodes but the module has this many blocks",
+                      std::to_string(all_blocks_.size()));
+  }
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    const int64_t bytes = param_bytes_of(*all_blocks_[i].module);
+    if (node.name != all_blocks_[i].name || node.param_bytes != bytes) {
+      throw_input_error(src, "graph.nodes[" + std::to_string(i) + "]",
+                        "is \"" + node.name + "\" with " + std::to_string(node.param_bytes) +
+                            " param_bytes, which must match the module's block " + std::to_string(i),
+                        "\"" + all_blocks_[i].name + "\" with " + std::to_string(bytes) + " param_bytes");
+    }
+  }
+}
+
+std::vector<torch::Tensor> Executor::parameters() const {
+  std::vector<torch::Tensor> params;
+  for (const Block& b : local_blocks_) {
+    for (const torch::Tensor& p : b.module->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+  }
+  return params;
+}
+
+const std::vector<std::vector<int32_t>>& Executor::grad_buckets() const { return reducer_->buckets(); }
+
+void Executor::broadcast_parameters() {
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& p : parameters()) {
+    std::vector<torch::Tensor> tensors{p.detach()};
+    if (!dp_group_->broadcast(tensors)->wait(options_.timeout)) {
+      throw std::runtime_error("initial parameter broadcast timed out");
+    }
+  }
+}
+
+torch::Tensor Executor::replica_rows(const torch::Tensor& t, const char* what) const {
+  const int64_t b = plan_.per_replica_batch;
+  if (t.dim() >= 1 && t.size(0) == plan_.global_batch) return t.narrow(0, replica_ * b, b);
+  if (t.dim() >= 1 && t.size(0) == b) return t;
+  throw InputError(std::string("Executor::forward_backward: ") + what + " must have global_batch = " +
+                   std::to_string(plan_.global_batch) + " or per_replica_batch = " + std::to_string(b) +
+                   " rows (got " + (t.dim() >= 1 ? std::to_string(t.size(0)) : std::string("a scalar")) + ")");
+}
+
+torch::Tensor Executor::run_local_blocks(torch::Tensor x) const {
+  for (size_t i = 0; i < local_blocks_.size(); ++i) {
+    x = local_blocks_[i].forward({x.to(local_block_devices_[i])});
+  }
+  return x;
+}
+
+torch::Tensor Executor::forward_backward(const torch::Tensor& input, const torch::Tensor& target,
+                                         const LossFn& loss_fn) {
+  torch::Tensor loss = plan_.mode == MpMode::kPipeline ? step_pipeline(input, target, loss_fn)
+                                                       : step_placement(input, target, loss_fn);
+  reducer_->finish();
+  return loss;
+}
+
+torch::Tensor Executor::step_placement(const torch::Tensor& input, const torch::Tensor& target,
+                                       const LossFn& loss_fn) {
+  torch::Tensor output = run_local_blocks(replica_rows(input, "input"));
+  torch::Tensor loss = loss_fn(output, replica_rows(target, "target").to(output.device()));
+  reducer_->arm();
+  loss.backward();
+  return loss.detach();
+}
+
+// Micro-batch i of the replica's b rows is rows_i = tensor_split(b, m)[i]; its loss is weighted
+// by rows_i / b, so the micro-batch gradients sum to the gradient of the replica's mean loss.
+torch::Tensor Executor::step_pipeline(const torch::Tensor& input, const torch::Tensor& target,
+                                      const LossFn& loss_fn) {
+  const int64_t m = plan_.num_microbatches;
+  const int64_t b = plan_.per_replica_batch;
+  std::vector<torch::Tensor> inputs(m), outputs(m), targets;
+  std::vector<torch::Tensor> input_chunks;
+  if (is_first_stage()) input_chunks = replica_rows(input, "input").tensor_split(m);
+  if (is_last_stage()) targets = replica_rows(target, "target").tensor_split(m);
+  const std::vector<PipelinePass> passes = stage_passes(plan_.schedule, stage_, plan_.mp, m);
+  size_t last_backward = 0;
+  for (size_t k = 0; k < passes.size(); ++k) {
+    if (passes[k].kind == PassKind::kBackward) last_backward = k;
+  }
+  // Tags: 2 * microbatch for activations, 2 * microbatch + 1 for their gradients.
+  torch::Tensor loss_sum;
+  for (size_t k = 0; k < passes.size(); ++k) {
+    const int64_t i = passes[k].microbatch;
+    if (passes[k].kind == PassKind::kForward) {
+      torch::Tensor x = is_first_stage() ? input_chunks[i]
+                                         : channel_->recv(static_cast<int>(stage_ - 1), static_cast<int>(2 * i))
+                                               .requires_grad_(true);
+      inputs[i] = x;
+      torch::Tensor y = run_local_blocks(x);
+      if (is_last_stage()) {
+        const double weight = static_cast<double>(targets[i].size(0)) / static_cast<double>(b);
+        y = loss_fn(y, targets[i].to(y.device())) * weight;
+        loss_sum = loss_sum.defined() ? loss_sum + y.detach() : y.detach();
+      } else {
+        channel_->send(y, static_cast<int>(stage_ + 1), static_cast<int>(2 * i));
+      }
+      outputs[i] = y;
+    } else {
+      if (k == last_backward) reducer_->arm();
+      if (is_last_stage()) {
+        outputs[i].backward();
+      } else {
+        torch::Tensor grad = channel_->recv(static_cast<int>(stage_ + 1), static_cast<int>(2 * i + 1));
+        outputs[i].backward(grad.to(outputs[i].device()));
+      }
+      if (!is_first_stage()) {
+        // A stage whose output does not depend on its input differentiably still answers.
+        torch::Tensor grad = inputs[i].grad();
+        channel_->send(grad.defined() ? grad : torch::zeros_like(inputs[i]), static_cast<int>(stage_ - 1),
+                       static_cast<int>(2 * i + 1));
+      }
+      inputs[i] = torch::Tensor();
+      outputs[i] = torch::Tensor();
+    }
+  }
+  if (channel_) channel_->wait_sends();
+  return loss_sum;
+}
+
+}  // namespace hybridplan

@@ -1,0 +1,183 @@
+// Cluster loading and validation, and the point-to-point link model.
+//
+// Assumptions: all devices are identical; links are full duplex and a transfer does not slow
+// another one down (no contention model for point-to-point traffic; collectives model sharing
+// of the inter-node injection bandwidth in allreduce_cost.h). `inter_node` is the per-node
+// injection bandwidth (one NIC pool per node), so its latency/bandwidth also serve device pairs
+// on different nodes.
+#include "planner/cluster.h"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "common/error.h"
+#include "common/json_fields.h"
+#include "common/json_io.h"
+#include "planner/presets.h"
+
+namespace hybridplan {
+namespace {
+
+constexpr const char* kClusterKind = "hybridplan.cluster";
+
+std::string number_text(double v) {
+  return std::isfinite(v) ? Json(v).dump() : std::to_string(v);
+}
+
+void check_positive(const std::string& source, const std::string& path, double v) {
+  if (!std::isfinite(v) || v <= 0) throw_input_error(source, path, "must be finite and > 0", number_text(v));
+}
+
+void check_non_negative(const std::string& source, const std::string& path, double v) {
+  if (!std::isfinite(v) || v < 0) throw_input_error(source, path, "must be finite and >= 0", number_text(v));
+}
+
+Link link_from_json(const JsonReader& in, const Json& j, const std::string& path,
+                    bool bandwidth_required) {
+  Link link;
+  if (bandwidth_required || in.optional(j, "bandwidth_bytes_per_s") != nullptr) {
+    link.bandwidth_bytes_per_s = in.field_number(j, path, "bandwidth_bytes_per_s");
+  }
+  link.latency_s = in.field_number(j, path, "latency_s");
+  return link;
+}
+
+}  // namespace
+
+Link Cluster::link(DeviceIndex a, DeviceIndex b) const {
+  if (a == b) return {std::numeric_limits<double>::infinity(), 0.0};
+  const int64_t node_a = a / devices_per_node;
+  const int64_t node_b = b / devices_per_node;
+  if (node_a != node_b) return inter_node;
+  if (bandwidth_matrix.empty()) return intra_node;
+  return {bandwidth_matrix[a % devices_per_node][b % devices_per_node], intra_node.latency_s};
+}
+
+void Cluster::validate(const std::string& source) const {
+  if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
+  if (num_nodes < 1) throw_input_error(source, "num_nodes", "must be >= 1", std::to_string(num_nodes));
+  if (devices_per_node < 1) {
+    throw_input_error(source, "devices_per_node", "must be >= 1", std::to_string(devices_per_node));
+  }
+  if (device.memory_bytes <= 0) {
+    throw_input_error(source, "device.memory_bytes", "must be > 0", std::to_string(device.memory_bytes));
+  }
+  check_non_negative(source, "device.peak_flops", device.peak_flops);
+  check_non_negative(source, "intra_node.latency_s", intra_node.latency_s);
+  if (bandwidth_matrix.empty()) {
+    check_positive(source, "intra_node.bandwidth_bytes_per_s", intra_node.bandwidth_bytes_per_s);
+  } else {
+    check_non_negative(source, "intra_node.bandwidth_bytes_per_s", intra_node.bandwidth_bytes_per_s);
+    const std::string path = "intra_node.bandwidth_matrix_bytes_per_s";
+    const auto rows = static_cast<int64_t>(bandwidth_matrix.size());
+    if (rows != devices_per_node) {
+      throw_input_error(source, path,
+                        "must have devices_per_node = " + std::to_string(devices_per_node) + " rows",
+                        std::to_string(rows) + " rows");
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const auto& row = bandwidth_matrix[i];
+      const std::string row_path = json_index_path(path, i);
+      if (static_cast<int64_t>(row.size()) != devices_per_node) {
+        throw_input_error(source, row_path,
+                          "must have devices_per_node = " + std::to_string(devices_per_node) +
+                              " entries",
+                          std::to_string(row.size()) + " entries");
+      }
+      for (int64_t k = 0; k < devices_per_node; ++k) {
+        if (k == i) continue;  // the diagonal is ignored
+        check_positive(source, json_index_path(row_path, k), row[k]);
+      }
+    }
+  }
+  if (num_nodes > 1) {
+    check_positive(source, "inter_node.bandwidth_bytes_per_s", inter_node.bandwidth_bytes_per_s);
+  } else {
+    check_non_negative(source, "inter_node.bandwidth_bytes_per_s", inter_node.bandwidth_bytes_per_s);
+  }
+  check_non_negative(source, "inter_node.latency_s", inter_node.latency_s);
+  if (!sources.is_array()) throw_input_error(source, "sources", "must be an array", sources.dump());
+}
+
+Cluster cluster_from_json(const Json& j, const std::string& source) {
+  const JsonReader in(source);
+  in.header(j, kClusterKind);
+  Cluster c;
+  c.name = in.field_string(j, "", "name");
+  c.num_nodes = in.field_int(j, "", "num_nodes");
+  c.devices_per_node = in.field_int(j, "", "devices_per_node");
+
+  const Json& device = in.object(in.required(j, "", "device"), "device");
+  c.device.name = in.field_string(device, "device", "name");
+  c.device.memory_bytes = in.field_int(device, "device", "memory_bytes");
+  if (const Json* f = in.optional(device, "peak_flops")) {
+    c.device.peak_flops = in.number(*f, "device.peak_flops");
+  }
+
+  const Json& intra = in.object(in.required(j, "", "intra_node"), "intra_node");
+  const Json* matrix = in.optional(intra, "bandwidth_matrix_bytes_per_s");
+  c.intra_node = link_from_json(in, intra, "intra_node", matrix == nullptr);
+  if (matrix != nullptr) {
+    const std::string path = "intra_node.bandwidth_matrix_bytes_per_s";
+    in.array(*matrix, path);
+    for (size_t i = 0; i < matrix->size(); ++i) {
+      const std::string row_path = json_index_path(path, i);
+      const Json& row = in.array((*matrix)[i], row_path);
+      std::vector<double> values;
+      for (size_t k = 0; k < row.size(); ++k) values.push_back(in.number(row[k], json_index_path(row_path, k)));
+      c.bandwidth_matrix.push_back(std::move(values));
+    }
+  }
+
+  if (const Json* inter = in.optional(j, "inter_node")) {
+    in.object(*inter, "inter_node");
+    c.inter_node = link_from_json(in, *inter, "inter_node", true);
+  } else if (c.num_nodes > 1) {
+    in.fail("inter_node", "is required when num_nodes > 1", std::to_string(c.num_nodes) + " nodes");
+  }
+  if (const Json* s = in.optional(j, "sources")) c.sources = in.array(*s, "sources");
+  c.validate(source);
+  return c;
+}
+
+Json cluster_to_json(const Cluster& c) {
+  Json intra = {{"latency_s", c.intra_node.latency_s}};
+  if (c.intra_node.bandwidth_bytes_per_s > 0) {
+    intra["bandwidth_bytes_per_s"] = c.intra_node.bandwidth_bytes_per_s;
+  }
+  if (!c.bandwidth_matrix.empty()) intra["bandwidth_matrix_bytes_per_s"] = c.bandwidth_matrix;
+  Json j = {{"schema_version", 1},
+            {"kind", kClusterKind},
+            {"name", c.name},
+            {"num_nodes", c.num_nodes},
+            {"devices_per_node", c.devices_per_node},
+            {"device",
+             {{"name", c.device.name},
+              {"memory_bytes", c.device.memory_bytes},
+              {"peak_flops", c.device.peak_flops}}},
+            {"intra_node", std::move(intra)},
+            {"sources", c.sources}};
+  if (c.inter_node.bandwidth_bytes_per_s > 0) {
+    j["inter_node"] = {{"bandwidth_bytes_per_s", c.inter_node.bandwidth_bytes_per_s},
+                       {"latency_s", c.inter_node.latency_s}};
+  }
+  return j;
+}
+
+Cluster load_cluster(const std::string& path_or_preset) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path_or_preset, ec)) {
+    return cluster_from_json(read_json_file(path_or_preset), path_or_preset);
+  }
+  if (const std::string* text = preset_json_text(path_or_preset)) {
+    const std::string source = "preset " + path_or_preset;
+    return cluster_from_json(parse_json_text(*text, source), source);
+  }
+  std::string names;
+  for (const std::string& name : preset_names()) names += (names.empty() ? "" : ", ") + name;
+  throw InputError(path_or_preset + ": no such file, and not a cluster preset (presets: " +
+                   names + ")");
+}
+
+}  // namespace hybridplan

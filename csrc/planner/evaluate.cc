@@ -1,0 +1,222 @@
+#include "planner/evaluate.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "common/error.h"
+#include "planner/compute_cost.h"
+#include "planner/convergence.h"
+#include "planner/memory_cost.h"
+
+namespace hybridplan {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+Evaluator::Evaluator(const Problem& problem)
+    : problem_(problem),
+      order_(placement_priority_order(problem.graph)),
+      reverse_topo_(problem.graph.topo_order.rbegin(), problem.graph.topo_order.rend()) {}
+
+// Cheap shape checks so that a malformed plan is an InputError, never out-of-range access.
+void Evaluator::check_shape(const Plan& plan) const {
+  const std::string source = "plan";
+  const size_t n = problem_.graph.nodes.size();
+  if (plan.dp < 1) throw_input_error(source, "dp", "must be >= 1", str(plan.dp));
+  if (plan.mp < 1) throw_input_error(source, "mp", "must be >= 1", str(plan.mp));
+  if (plan.per_replica_batch < 1) {
+    throw_input_error(source, "per_replica_batch", "must be >= 1", str(plan.per_replica_batch));
+  }
+  if (plan.num_microbatches < 1) {
+    throw_input_error(source, "num_microbatches", "must be >= 1", str(plan.num_microbatches));
+  }
+  if (plan.assignment.size() != n) {
+    throw_input_error(source, "assignment", "must have one entry per graph node (" + str(n) + ")",
+                      str(plan.assignment.size()) + " entries");
+  }
+  for (size_t v = 0; v < n; ++v) {
+    if (plan.assignment[v] < 0 || plan.assignment[v] >= plan.mp) {
+      throw_input_error(source, "assignment[" + str(v) + "].device",
+                        "must be in 0..mp-1 = 0.." + str(plan.mp - 1), str(plan.assignment[v]));
+    }
+  }
+  if (static_cast<int64_t>(plan.mesh.size()) != plan.dp) {
+    throw_input_error(source, "mesh", "must have dp = " + str(plan.dp) + " rows",
+                      str(plan.mesh.size()) + " rows");
+  }
+  const int64_t devices = problem_.cluster.num_devices();
+  for (size_t r = 0; r < plan.mesh.size(); ++r) {
+    if (static_cast<int64_t>(plan.mesh[r].size()) != plan.mp) {
+      throw_input_error(source, "mesh[" + str(r) + "]", "must have mp = " + str(plan.mp) + " devices",
+                        str(plan.mesh[r].size()) + " devices");
+    }
+    for (size_t k = 0; k < plan.mesh[r].size(); ++k) {
+      if (plan.mesh[r][k] < 0 || plan.mesh[r][k] >= devices) {
+        throw_input_error(source, "mesh[" + str(r) + "][" + str(k) + "]",
+                          "must be a device of the cluster (0.." + str(devices - 1) + ")",
+                          str(plan.mesh[r][k]));
+      }
+    }
+  }
+}
+
+double Evaluator::placement_compute(const Plan& plan, Prediction& out) const {
+  const Graph& graph = problem_.graph;
+  fill_local_links(problem_.cluster, plan.mesh[0], links_);
+  const double scale = batch_scale(graph, static_cast<double>(plan.per_replica_batch));
+  const PlacementTimes times =
+      schedule_placement(graph, order_, plan.assignment, links_, scale, placement_);
+  gradient_ready_s_.resize(graph.nodes.size());
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    gradient_ready_s_[v] = times.forward_s + placement_.backward_finish_s[v];
+  }
+  out.transfer_s = times.transfer_s;
+  out.bubble_s = 0;
+  return times.forward_s + times.backward_s;
+}
+
+double Evaluator::pipeline_compute(const Plan& plan, Prediction& out) const {
+  const Graph& graph = problem_.graph;
+  const int64_t num_stages = plan.mp;
+  const double microbatch = static_cast<double>(plan.per_replica_batch) /
+                            static_cast<double>(plan.num_microbatches);
+  const double scale = batch_scale(graph, microbatch);
+  pipeline_stage_costs(graph, plan.assignment, num_stages, scale, stages_);
+  p2p_s_.assign(stages_.boundary_bytes.size(), 0.0);
+  for (size_t s = 0; s < p2p_s_.size(); ++s) {
+    if (stages_.boundary_bytes[s] <= 0) continue;
+    const Link link = problem_.cluster.link(plan.mesh[0][s], plan.mesh[0][s + 1]);
+    p2p_s_[s] = link.latency_s + stages_.boundary_bytes[s] / link.bandwidth_bytes_per_s;
+  }
+  const PipelineTimes times = simulate_pipeline(plan.schedule, plan.num_microbatches,
+                                                stages_.forward_s, stages_.backward_s, p2p_s_,
+                                                pipeline_);
+  // Gradients become final during each stage's last backward, in reverse topological order.
+  stage_backward_s_.assign(num_stages, 0.0);
+  gradient_ready_s_.resize(graph.nodes.size());
+  for (NodeIndex v : reverse_topo_) {
+    const int32_t s = plan.assignment[v];
+    stage_backward_s_[s] += scaled_time_s(graph.nodes[v].backward_s, scale);
+    gradient_ready_s_[v] = pipeline_.last_backward_start_s[s] + stage_backward_s_[s];
+  }
+  out.transfer_s = times.transfer_s;
+  out.bubble_s = times.bubble_s;
+  return times.compute_s;
+}
+
+double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s) const {
+  if (plan.dp <= 1) return 0.0;
+  const Graph& graph = problem_.graph;
+  const Cluster& cluster = problem_.cluster;
+  const int64_t groups = plan.mp;
+  group_bytes_.assign(groups, 0.0);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    group_bytes_[plan.assignment[v]] += static_cast<double>(graph.nodes[v].param_bytes);
+  }
+  // G per node: groups with gradient bytes that span nodes and have a member on the node.
+  groups_on_node_.assign(cluster.num_nodes, 0);
+  node_stamp_.assign(cluster.num_nodes, -1);
+  const auto spans_nodes = [&](int64_t k) {
+    const int64_t first = plan.mesh[0][k] / cluster.devices_per_node;
+    for (const auto& row : plan.mesh) {
+      if (row[k] / cluster.devices_per_node != first) return true;
+    }
+    return false;
+  };
+  for (int64_t k = 0; k < groups; ++k) {
+    if (group_bytes_[k] <= 0 || !spans_nodes(k)) continue;
+    for (const auto& row : plan.mesh) {
+      const int64_t node = row[k] / cluster.devices_per_node;
+      if (node_stamp_[node] != k) {
+        node_stamp_[node] = k;
+        ++groups_on_node_[node];
+      }
+    }
+  }
+  buckets_.resize(groups);
+  for (int64_t k = 0; k < groups; ++k) {
+    group_devices_.clear();
+    int64_t concurrent = 1;
+    for (const auto& row : plan.mesh) {
+      group_devices_.push_back(row[k]);
+      concurrent = std::max(concurrent, groups_on_node_[row[k] / cluster.devices_per_node]);
+    }
+    const AllReduceCost cost =
+        group_bytes_[k] > 0 ? group_allreduce(cluster, group_devices_, concurrent) : AllReduceCost{};
+    buckets_[k] = BucketedAllReduce(cost, bucket_cap_bytes);
+  }
+  // Feed gradients in the order they become ready on each device.
+  const std::vector<NodeIndex>& ready_order =
+      plan.mode == MpMode::kPipeline ? reverse_topo_ : order_.backward;
+  for (NodeIndex v : ready_order) {
+    buckets_[plan.assignment[v]].add_gradient(gradient_ready_s_[v],
+                                              static_cast<double>(graph.nodes[v].param_bytes));
+  }
+  double end_s = 0;
+  for (auto& bucketed : buckets_) end_s = std::max(end_s, bucketed.end_s());
+  return std::max(0.0, end_s - compute_s);
+}
+
+void Evaluator::memory(const Plan& plan, Prediction& out) const {
+  const Graph& graph = problem_.graph;
+  const bool pipeline = plan.mode == MpMode::kPipeline;
+  const double batch = pipeline ? static_cast<double>(plan.per_replica_batch) /
+                                      static_cast<double>(plan.num_microbatches)
+                                : static_cast<double>(plan.per_replica_batch);
+  const double scale = batch_scale(graph, batch);
+  activation_bytes_.assign(plan.mp, 0.0);
+  param_bytes_.assign(plan.mp, 0);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    activation_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].output_bytes, scale);
+    param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
+  }
+  out.memory_bytes.resize(plan.mp);
+  const int64_t have_bytes = problem_.cluster.device.memory_bytes;
+  for (int64_t k = 0; k < plan.mp; ++k) {
+    const int64_t in_flight =
+        in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone, plan.num_microbatches,
+                               plan.mp, k);
+    out.memory_bytes[k] = device_memory_bytes(param_bytes_[k], activation_bytes_[k], in_flight,
+                                              problem_.job.optimizer);
+    if (out.feasible && out.memory_bytes[k] > have_bytes) {
+      out.feasible = false;
+      out.infeasible_reason =
+          memory_infeasible_reason(plan.mode, k, plan.mesh[0][k], out.memory_bytes[k], have_bytes);
+    }
+  }
+}
+
+Prediction Evaluator::evaluate(const Plan& plan) const {
+  check_shape(plan);
+  Prediction out;
+  out.compute_s = plan.mode == MpMode::kPipeline ? pipeline_compute(plan, out)
+                                                 : placement_compute(plan, out);
+  out.allreduce_s = exposed_allreduce_s(plan, out.compute_s);
+  out.step_s = out.compute_s + out.allreduce_s;
+  const auto global_batch = static_cast<double>(plan.dp * plan.per_replica_batch);
+  // A graph of zero-time nodes has step_s = 0; report 0 rather than an infinite rate, which
+  // JSON cannot carry.
+  out.samples_per_s = out.step_s > 0 ? global_batch / out.step_s : 0.0;
+  memory(plan, out);
+  const Job& job = problem_.job;
+  if (job.convergence.model != Convergence::Model::kNone) {
+    out.epochs = epochs_to_target(job.convergence, global_batch);
+    out.time_to_train_s = time_to_train_s(out.epochs, job.samples_per_epoch,
+                                          plan.dp * plan.per_replica_batch, out.step_s);
+  }
+  return out;
+}
+
+Prediction evaluate(const Problem& problem, const Plan& plan) {
+  return Evaluator(problem).evaluate(plan);
+}
+
+double objective(const Problem& problem, const Prediction& p) {
+  if (!p.feasible) return std::numeric_limits<double>::infinity();
+  if (problem.job.convergence.model != Convergence::Model::kNone) return p.time_to_train_s;
+  return p.samples_per_s > 0 ? 1.0 / p.samples_per_s : 0.0;
+}
+
+}  // namespace hybridplan

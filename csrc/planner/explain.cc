@@ -1,0 +1,138 @@
+#include "planner/explain.h"
+
+#include <cctype>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace hybridplan {
+namespace {
+
+// Splits "features.12" into ("features.", 12); names without a trailing number get -1.
+std::pair<std::string, long long> split_number(const std::string& name) {
+  size_t digits = name.size();
+  while (digits > 0 && std::isdigit(static_cast<unsigned char>(name[digits - 1]))) --digits;
+  if (digits == name.size() || name.size() - digits > 15) return {name, -1};
+  return {name.substr(0, digits), std::stoll(name.substr(digits))};
+}
+
+std::vector<std::string> names_of(const Plan& plan, const Graph* graph) {
+  std::vector<std::string> names(plan.assignment.size());
+  for (size_t v = 0; v < names.size(); ++v) {
+    if (graph != nullptr && v < graph->nodes.size()) {
+      names[v] = graph->nodes[v].name;
+    } else if (v < plan.assignment_names.size() && !plan.assignment_names[v].empty()) {
+      names[v] = plan.assignment_names[v];
+    } else {
+      names[v] = "node " + std::to_string(v);
+    }
+  }
+  return names;
+}
+
+std::string explain_with(const Plan& plan, const std::vector<std::string>& names,
+                         const Problem* problem) {
+  std::ostringstream out;
+  const Prediction& p = plan.predicted;
+  const bool pipeline = plan.mode == MpMode::kPipeline;
+  out << "plan for graph \"" << plan.graph_name << "\" on cluster \"" << plan.cluster_name
+      << "\"\n";
+  out << "  " << plan.world_size << " devices = dp " << plan.dp << " x mp " << plan.mp << ", mode "
+      << mode_name(plan.mode);
+  if (pipeline) {
+    out << " (" << schedule_name(plan.schedule) << ", " << plan.num_microbatches
+        << " micro-batches of " << static_cast<double>(plan.per_replica_batch) / plan.num_microbatches
+        << ")";
+  }
+  out << "\n  batch: " << plan.per_replica_batch << " per replica, " << plan.global_batch
+      << " global\n";
+  if (!plan.device_mapping_note.empty()) out << "  device mapping: " << plan.device_mapping_note << "\n";
+
+  out << "mesh (replica: global devices)\n";
+  for (size_t r = 0; r < plan.mesh.size(); ++r) {
+    if (r == 8 && plan.mesh.size() > 9) {
+      out << "  ... (" << plan.mesh.size() - 8 << " more replicas)\n";
+      break;
+    }
+    out << "  replica " << r << ":";
+    for (DeviceIndex d : plan.mesh[r]) out << " " << d;
+    out << "\n";
+  }
+
+  out << (pipeline ? "stages\n" : "devices of each replica\n");
+  for (int64_t k = 0; k < plan.mp; ++k) {
+    std::vector<std::string> on_k;
+    for (size_t v = 0; v < plan.assignment.size(); ++v) {
+      if (plan.assignment[v] == k) on_k.push_back(names[v]);
+    }
+    out << "  " << (pipeline ? "stage " : "device ") << k << " (" << on_k.size() << " nodes";
+    if (k < static_cast<int64_t>(p.memory_bytes.size())) {
+      out << ", " << format_bytes(static_cast<double>(p.memory_bytes[k]));
+      if (problem != nullptr) {
+        out << " of " << format_bytes(static_cast<double>(problem->cluster.device.memory_bytes));
+      }
+    }
+    out << "): " << compress_names(on_k) << "\n";
+  }
+
+  out << "predicted\n";
+  out << "  step          " << format_seconds(p.step_s) << "\n";
+  out << "    compute     " << format_seconds(p.compute_s);
+  if (pipeline) out << " (bubble " << format_seconds(p.bubble_s) << ")";
+  out << "\n    all-reduce  " << format_seconds(p.allreduce_s) << " exposed after backward\n";
+  out << "  transfers     " << format_seconds(p.transfer_s) << " in total (inside compute)\n";
+  out << "  throughput    " << format_count(p.samples_per_s) << " samples/s\n";
+  if (p.epochs > 0) {
+    out << "  epochs        " << p.epochs << " at global batch " << plan.global_batch << "\n";
+    out << "  time to train " << format_seconds(p.time_to_train_s) << "\n";
+  }
+  out << "  feasible      " << (p.feasible ? "yes" : "no: " + p.infeasible_reason) << "\n";
+  return out.str();
+}
+
+}  // namespace
+
+std::string compress_names(const std::vector<std::string>& names, size_t max_groups) {
+  // Runs of "<prefix><n>", "<prefix><n+1>", ... become "<prefix>[n-m]".
+  std::string text;
+  size_t groups = 0;
+  size_t i = 0;
+  while (i < names.size() && groups < max_groups) {
+    const auto [prefix, first] = split_number(names[i]);
+    size_t j = i + 1;
+    long long last = first;
+    while (first >= 0 && j < names.size()) {
+      const auto [next_prefix, number] = split_number(names[j]);
+      if (next_prefix != prefix || number != last + 1) break;
+      last = number;
+      ++j;
+    }
+    text += groups++ ? ", " : "";
+    text += j - i >= 2 ? prefix + "[" + std::to_string(first) + "-" + std::to_string(last) + "]"
+                       : names[i];
+    i = j;
+  }
+  if (i < names.size()) text += ", ... (+" + std::to_string(names.size() - i) + " more)";
+  return text;
+}
+
+std::string explain(const Plan& plan) { return explain_with(plan, names_of(plan, nullptr), nullptr); }
+
+std::string explain(const Plan& plan, const Graph& graph) {
+  return explain_with(plan, names_of(plan, &graph), nullptr);
+}
+
+std::string explain(const Problem& problem, const Plan& plan) {
+  std::string text = explain_with(plan, names_of(plan, &problem.graph), &problem);
+  std::ostringstream links;
+  const Cluster& c = problem.cluster;
+  links << "cluster \"" << c.name << "\": " << c.num_nodes << " x " << c.devices_per_node << " "
+        << c.device.name << ", intra-node "
+        << (c.bandwidth_matrix.empty() ? format_bandwidth(c.intra_node.bandwidth_bytes_per_s)
+                                       : std::string("per-pair matrix"));
+  if (c.num_nodes > 1) links << ", inter-node " << format_bandwidth(c.inter_node.bandwidth_bytes_per_s);
+  links << "\n";
+  return text + links.str();
+}
+
+}  // namespace hybridplan

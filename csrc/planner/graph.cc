@@ -1,0 +1,258 @@
+// Graph loading, validation, canonical JSON and hashing.
+//
+// Validation happens in two layers with one message style: graph_from_json checks JSON
+// presence and types while it builds the Graph (it must, to read the values at all), then
+// Graph::validate checks every value rule (finite, >= 0, unique, in range, acyclic). Graphs
+// built in code go through the same validate() via finalize(), so there is one set of rules.
+#include "planner/graph.h"
+
+#include <cmath>
+#include <functional>
+#include <queue>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/error.h"
+#include "common/json_fields.h"
+#include "common/json_io.h"
+#include "common/sha256.h"
+
+namespace hybridplan {
+namespace {
+
+constexpr const char* kGraphKind = "hybridplan.graph";
+
+std::string quoted(const std::string& s) { return Json(s).dump(); }
+
+std::string number_text(double v) { return Json(v).dump(); }
+
+void check_time(const std::string& source, size_t i, const char* field, double value) {
+  if (!std::isfinite(value) || value < 0) {
+    throw_input_error(source, json_child_path(json_index_path("nodes", i), field),
+                      "must be finite and >= 0", std::isfinite(value) ? number_text(value)
+                                                                      : std::to_string(value));
+  }
+}
+
+void check_bytes(const std::string& source, const std::string& path, int64_t value) {
+  if (value < 0) throw_input_error(source, path, "must be >= 0", std::to_string(value));
+}
+
+// Kahn's algorithm, smallest node index first so that the order is reproducible. Returns
+// fewer than n nodes when the edges contain a cycle.
+std::vector<NodeIndex> kahn_order(size_t n, const std::vector<Edge>& edges) {
+  std::vector<int32_t> in_degree(n, 0);
+  std::vector<std::vector<NodeIndex>> succs(n);
+  for (const Edge& e : edges) {
+    ++in_degree[e.dst];
+    succs[e.src].push_back(e.dst);
+  }
+  std::priority_queue<NodeIndex, std::vector<NodeIndex>, std::greater<>> ready;
+  for (size_t v = 0; v < n; ++v) {
+    if (in_degree[v] == 0) ready.push(static_cast<NodeIndex>(v));
+  }
+  std::vector<NodeIndex> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    const NodeIndex v = ready.top();
+    ready.pop();
+    order.push_back(v);
+    for (NodeIndex w : succs[v]) {
+      if (--in_degree[w] == 0) ready.push(w);
+    }
+  }
+  return order;
+}
+
+// A node that lies on a cycle, given that Kahn's algorithm could not order all nodes: every
+// unordered node has an unordered predecessor, so walking predecessors must repeat a node, and
+// the first repeated node is on a cycle.
+NodeIndex node_on_cycle(size_t n, const std::vector<Edge>& edges,
+                        const std::vector<NodeIndex>& partial_order) {
+  std::vector<bool> ordered(n, false);
+  for (NodeIndex v : partial_order) ordered[v] = true;
+  std::vector<NodeIndex> unordered_pred(n, -1);
+  for (const Edge& e : edges) {
+    if (!ordered[e.src] && !ordered[e.dst] && unordered_pred[e.dst] < 0) {
+      unordered_pred[e.dst] = e.src;
+    }
+  }
+  NodeIndex v = 0;
+  while (ordered[v]) ++v;
+  std::vector<bool> seen(n, false);
+  while (!seen[v]) {
+    seen[v] = true;
+    v = unordered_pred[v];
+  }
+  return v;
+}
+
+}  // namespace
+
+void Graph::validate(const std::string& source) const {
+  if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
+  if (profiled.batch_size < 1) {
+    throw_input_error(source, "profiled.batch_size", "must be >= 1",
+                      std::to_string(profiled.batch_size));
+  }
+  if (nodes.empty()) throw_input_error(source, "nodes", "must list at least one node", "[]");
+  std::unordered_map<NodeId, size_t> id_at;
+  std::unordered_map<std::string, size_t> name_at;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& node = nodes[i];
+    const std::string path = json_index_path("nodes", i);
+    if (!id_at.emplace(node.id, i).second) {
+      throw_input_error(source, path + ".id",
+                        "must be unique (also nodes[" + std::to_string(id_at[node.id]) + "])",
+                        std::to_string(node.id));
+    }
+    if (node.name.empty()) throw_input_error(source, path + ".name", "must be non-empty", "\"\"");
+    if (!name_at.emplace(node.name, i).second) {
+      throw_input_error(source, path + ".name",
+                        "must be unique (also nodes[" + std::to_string(name_at[node.name]) + "])",
+                        quoted(node.name));
+    }
+    check_time(source, i, "forward_s", node.forward_s);
+    check_time(source, i, "backward_s", node.backward_s);
+    check_bytes(source, path + ".param_bytes", node.param_bytes);
+    check_bytes(source, path + ".output_bytes", node.output_bytes);
+    if (!std::isfinite(node.flops) || node.flops < 0) {
+      throw_input_error(source, path + ".flops", "must be finite and >= 0",
+                        number_text(node.flops));
+    }
+  }
+  const auto n = static_cast<NodeIndex>(nodes.size());
+  std::set<std::pair<NodeIndex, NodeIndex>> seen_edges;
+  for (size_t k = 0; k < edges.size(); ++k) {
+    const Edge& e = edges[k];
+    const std::string path = json_index_path("edges", k);
+    if (e.src < 0 || e.src >= n) {
+      throw_input_error(source, path + ".src", "names no node (node index)", std::to_string(e.src));
+    }
+    if (e.dst < 0 || e.dst >= n) {
+      throw_input_error(source, path + ".dst", "names no node (node index)", std::to_string(e.dst));
+    }
+    if (e.src == e.dst) {
+      throw_input_error(source, path, "must not be a self loop",
+                        "node " + std::to_string(nodes[e.src].id));
+    }
+    if (!seen_edges.emplace(e.src, e.dst).second) {
+      throw_input_error(source, path, "duplicates an earlier edge",
+                        std::to_string(nodes[e.src].id) + " -> " + std::to_string(nodes[e.dst].id));
+    }
+    check_bytes(source, path + ".bytes", e.bytes);
+  }
+  const std::vector<NodeIndex> order = kahn_order(nodes.size(), edges);
+  if (order.size() != nodes.size()) {
+    const NodeIndex v = node_on_cycle(nodes.size(), edges, order);
+    throw InputError(source + ": edges form a cycle through nodes[" + std::to_string(v) + "] " +
+                     quoted(nodes[v].name));
+  }
+}
+
+void Graph::finalize(const std::string& source) {
+  validate(source);
+  const size_t n = nodes.size();
+  preds.assign(n, {});
+  succs.assign(n, {});
+  in_edges.assign(n, {});
+  out_edges.assign(n, {});
+  for (size_t k = 0; k < edges.size(); ++k) {
+    const Edge& e = edges[k];
+    preds[e.dst].push_back(e.src);
+    succs[e.src].push_back(e.dst);
+    in_edges[e.dst].push_back(static_cast<int32_t>(k));
+    out_edges[e.src].push_back(static_cast<int32_t>(k));
+  }
+  topo_order = kahn_order(n, edges);
+}
+
+Graph graph_from_json(const Json& j, const std::string& source) {
+  const JsonReader in(source);
+  in.header(j, kGraphKind);
+  Graph g;
+  g.name = in.field_string(j, "", "name");
+  const Json& profiled = in.object(in.required(j, "", "profiled"), "profiled");
+  g.profiled.batch_size = in.field_int(profiled, "profiled", "batch_size");
+  if (const Json* d = in.optional(profiled, "device")) g.profiled.device = in.string(*d, "profiled.device");
+  if (const Json* d = in.optional(profiled, "dtype")) g.profiled.dtype = in.string(*d, "profiled.dtype");
+
+  const Json& nodes = in.array(in.required(j, "", "nodes"), "nodes");
+  g.nodes.reserve(nodes.size());
+  std::unordered_map<NodeId, NodeIndex> index_of;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const std::string path = json_index_path("nodes", i);
+    const Json& jn = in.object(nodes[i], path);
+    Node node;
+    node.id = in.field_int(jn, path, "id");
+    node.name = in.field_string(jn, path, "name");
+    node.op = in.field_string(jn, path, "op");
+    node.forward_s = in.field_number(jn, path, "forward_s");
+    node.backward_s = in.field_number(jn, path, "backward_s");
+    node.param_bytes = in.field_int(jn, path, "param_bytes");
+    node.output_bytes = in.field_int(jn, path, "output_bytes");
+    if (const Json* f = in.optional(jn, "flops")) node.flops = in.number(*f, path + ".flops");
+    index_of.emplace(node.id, static_cast<NodeIndex>(i));
+    g.nodes.push_back(std::move(node));
+  }
+
+  const Json& edges = in.array(in.required(j, "", "edges"), "edges");
+  g.edges.reserve(edges.size());
+  for (size_t k = 0; k < edges.size(); ++k) {
+    const std::string path = json_index_path("edges", k);
+    const Json& je = in.object(edges[k], path);
+    Edge e;
+    const NodeId src = in.field_int(je, path, "src");
+    const NodeId dst = in.field_int(je, path, "dst");
+    const auto src_it = index_of.find(src);
+    if (src_it == index_of.end()) in.fail(path + ".src", "names no node", std::to_string(src));
+    const auto dst_it = index_of.find(dst);
+    if (dst_it == index_of.end()) in.fail(path + ".dst", "names no node", std::to_string(dst));
+    e.src = src_it->second;
+    e.dst = dst_it->second;
+    const Json* bytes = in.optional(je, "bytes");
+    e.bytes = bytes ? in.integer(*bytes, path + ".bytes") : g.nodes[e.src].output_bytes;
+    g.edges.push_back(e);
+  }
+  g.finalize(source);
+  return g;
+}
+
+Json graph_to_json(const Graph& g) {
+  Json nodes = Json::array();
+  for (const Node& n : g.nodes) {
+    Json jn = {{"id", n.id},
+               {"name", n.name},
+               {"op", n.op},
+               {"forward_s", n.forward_s},
+               {"backward_s", n.backward_s},
+               {"param_bytes", n.param_bytes},
+               {"output_bytes", n.output_bytes}};
+    if (n.flops > 0) jn["flops"] = n.flops;
+    nodes.push_back(std::move(jn));
+  }
+  Json edges = Json::array();
+  for (const Edge& e : g.edges) {
+    edges.push_back({{"src", g.nodes[e.src].id}, {"dst", g.nodes[e.dst].id}, {"bytes", e.bytes}});
+  }
+  return {{"schema_version", 1},
+          {"kind", kGraphKind},
+          {"name", g.name},
+          {"profiled",
+           {{"device", g.profiled.device},
+            {"batch_size", g.profiled.batch_size},
+            {"dtype", g.profiled.dtype}}},
+          {"nodes", std::move(nodes)},
+          {"edges", std::move(edges)}};
+}
+
+Graph load_graph(const std::string& path) { return graph_from_json(read_json_file(path), path); }
+
+void save_graph(const Graph& g, const std::string& path) {
+  write_json_file(path, graph_to_json(g));
+}
+
+std::string graph_sha256(const Graph& g) { return sha256_hex(graph_to_json(g).dump()); }
+
+}  // namespace hybridplan

@@ -1,0 +1,44 @@
+#include "planner/memory_cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/units.h"
+
+namespace hybridplan {
+
+int64_t optimizer_state_copies(Optimizer optimizer) {
+  switch (optimizer) {
+    case Optimizer::kSgd: return 0;
+    case Optimizer::kSgdMomentum: return 1;
+    case Optimizer::kAdam: return 2;
+  }
+  return 0;
+}
+
+int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int64_t num_stages,
+                               int64_t stage) {
+  switch (schedule) {
+    case Schedule::kNone: return 1;
+    case Schedule::kGpipe: return num_microbatches;
+    case Schedule::k1F1B: return std::min(num_microbatches, num_stages - stage);
+  }
+  return 1;
+}
+
+int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
+                            Optimizer optimizer) {
+  const int64_t state_bytes = param_bytes * (2 + optimizer_state_copies(optimizer));
+  return state_bytes + static_cast<int64_t>(std::ceil(activation_bytes * static_cast<double>(in_flight)));
+}
+
+std::string memory_infeasible_reason(MpMode mode, int64_t local_device, DeviceIndex global_device,
+                                     int64_t need_bytes, int64_t have_bytes) {
+  const std::string what = mode == MpMode::kPipeline ? "stage " : "device ";
+  return what + std::to_string(local_device) + " (global device " + std::to_string(global_device) +
+         ") needs " + format_bytes(static_cast<double>(need_bytes)) + " > " +
+         format_bytes(static_cast<double>(have_bytes)) + " (over by " +
+         format_bytes(static_cast<double>(need_bytes - have_bytes)) + ")";
+}
+
+}  // namespace hybridplan

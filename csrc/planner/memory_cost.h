@@ -1,0 +1,37 @@
+// Memory per device: what one device must hold during a training step.
+//
+//   memory_bytes = param_bytes * (1 + 1 + k_opt)          parameters, gradients, optimizer state
+//                + activation_bytes * in_flight            activations kept for backward
+//   k_opt: sgd 0, sgd_momentum 1 (momentum buffer), adam 2 (first and second moments)
+//   activation_bytes: sum of the device's nodes' output_bytes at the (micro-)batch it runs
+//   in_flight: placement 1; pipeline GPipe M (all forwards before any backward), 1F1B
+//              min(M, S - s) on stage s (its warm-up depth plus the one in steady state).
+// Not modelled: framework workspace, allocator fragmentation, received input activations,
+// DDP's gradient buckets (another copy of the gradients in PyTorch < 1.7 / without
+// gradient_as_bucket_view). The estimate is a lower bound; leave headroom.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "planner/job.h"
+#include "planner/plan.h"
+
+namespace hybridplan {
+
+// 0, 1 or 2 copies of the parameters for the optimizer state.
+int64_t optimizer_state_copies(Optimizer optimizer);
+
+// Micro-batches whose activations stage `stage` of `num_stages` holds at once.
+int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int64_t num_stages,
+                               int64_t stage);
+
+// param_bytes * (2 + optimizer_state_copies) + activation_bytes * in_flight (rounded up).
+int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
+                            Optimizer optimizer);
+
+// "device 1 (global device 9) needs 18.2 GiB > 16.0 GiB (over by 2.2 GiB)"; pipelines name
+// the stage.
+std::string memory_infeasible_reason(MpMode mode, int64_t local_device, DeviceIndex global_device,
+                                     int64_t need_bytes, int64_t have_bytes);
+
+}  // namespace hybridplan

@@ -1,0 +1,84 @@
+// Pipeline schedule: one replica split into S = mp contiguous stages (stage s = the nodes with
+// assignment s; stages never decrease along an edge), the per-replica batch b split into M
+// micro-batches of b/M samples.
+//
+// Per micro-batch, stage s takes F_s = sum of its nodes' forward_s and B_s = sum of backward_s
+// at b/M samples (compute_cost.h). Between stages s and s+1 every value produced on a stage
+// <= s and consumed on a stage > s crosses the boundary (values needed later are forwarded
+// stage to stage), counted once per producing node:
+//   boundary_bytes[s] = sum over nodes u with stage(u) <= s < max stage of u's consumers of
+//                       max bytes of u's out-edges to later stages  (at b/M samples)
+//   p2p_s[s] = latency + boundary_bytes[s] / bandwidth  of Cluster::link(mesh[0][s], mesh[0][s+1])
+// and the same bytes go back as gradients. A transfer is a delay on that link (no contention).
+//
+// Both schedules are simulated as event schedules: each stage runs its list of operations in
+// order; an operation starts when the stage is free and its input is there:
+//   F(s,i) needs F(s-1,i) finished + p2p_s[s-1];  B(s,i) needs B(s+1,i) finished + p2p_s[s]
+//   (the last stage's B(S-1,i) needs its own F(S-1,i)).
+//
+// GPipe (https://arxiv.org/abs/1811.06965): all forwards, then all backwards (flush).
+//   S=3, M=4, F=1, B=2, no transfer:
+//   stage 0 |F0F1F2F3            B0B0B1B1B2B2B3B3|
+//   stage 1 |  F0F1F2F3      B0B0B1B1B2B2B3B3    |
+//   stage 2 |    F0F1F2F3B0B0B1B1B2B2B3B3        |
+//
+// 1F1B / PipeDream-flush (https://arxiv.org/abs/2006.09503): stage s runs min(S-s-1, M)
+// warm-up forwards, then alternates one forward and one backward, then cools down with the
+// remaining backwards. Same length as GPipe here, but at most min(M, S-s) micro-batches of
+// activations are alive on stage s instead of M (memory_cost.h).
+//   stage 0 |F0F1F2        B0B0F3B1B1  B2B2  B3B3|
+//   stage 1 |  F0F1    B0B0F2B1B1F3B2B2  B3B3    |
+//   stage 2 |    F0B0B0F1B1B1F2B2B2F3B3B3        |
+//   (tests/cpp/planner/test_pipeline_schedule.cc checks these finish times.)
+//
+// compute_s = the schedule's length (last operation's finish); bubble_s = compute_s -
+// M * (F_s + B_s) of the busiest stage; transfer_s = M * 2 * sum_s p2p_s[s] (every micro-batch
+// sends activations forward and gradients back over each boundary), informative only.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "planner/graph.h"
+#include "planner/plan.h"
+
+namespace hybridplan {
+
+// Per-micro-batch stage costs, reusable between calls.
+struct PipelineStages {
+  std::vector<double> forward_s;       // F_s, size S
+  std::vector<double> backward_s;      // B_s, size S
+  std::vector<double> boundary_bytes;  // bytes crossing s|s+1 per micro-batch, size S-1
+};
+
+// Fills `stages` for `assignment` (stage per node, 0..num_stages-1) at micro-batch factor
+// `microbatch_scale` (compute_cost.h: (b/M) / profiled.batch_size).
+void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assignment,
+                          int64_t num_stages, double microbatch_scale, PipelineStages& stages);
+
+struct PipelineTimes {
+  double compute_s = 0;
+  double bubble_s = 0;
+  double transfer_s = 0;
+};
+
+struct PipelineScratch {
+  std::vector<double> forward_finish_s;   // [s * M + i]
+  std::vector<double> backward_finish_s;  // [s * M + i]
+  std::vector<int64_t> next_op;           // per stage
+  // After simulate_pipeline: when stage s starts the backward of its last micro-batch, i.e.
+  // when its accumulated gradients start to become final (all-reduce can begin).
+  std::vector<double> last_backward_start_s;
+};
+
+// Operation `op` (0..2M-1) of stage `stage` in `schedule`: sets is_forward and microbatch.
+void pipeline_operation(Schedule schedule, int64_t num_stages, int64_t stage,
+                        int64_t num_microbatches, int64_t op, bool& is_forward,
+                        int64_t& microbatch);
+
+// Simulates GPipe or 1F1B. forward_s/backward_s: F_s, B_s per micro-batch; p2p_s: size S-1.
+PipelineTimes simulate_pipeline(Schedule schedule, int64_t num_microbatches,
+                                const std::vector<double>& forward_s,
+                                const std::vector<double>& backward_s,
+                                const std::vector<double>& p2p_s, PipelineScratch& scratch);
+
+}  // namespace hybridplan

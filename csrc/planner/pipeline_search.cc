@@ -1,0 +1,145 @@
+#include "planner/pipeline_search.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+#include "planner/compute_cost.h"
+#include "planner/memory_cost.h"
+
+namespace hybridplan {
+namespace {
+
+// Feasible first by step_s, then infeasible by the fullest stage.
+bool better(const Prediction& a, const Prediction& b) {
+  if (a.feasible != b.feasible) return a.feasible;
+  if (a.feasible) return a.step_s < b.step_s;
+  return *std::max_element(a.memory_bytes.begin(), a.memory_bytes.end()) <
+         *std::max_element(b.memory_bytes.begin(), b.memory_bytes.end());
+}
+
+// The split needing the least memory on its fullest stage, by bisection on the capacity
+// (fits() is monotone in it): used only to report how far from fitting a point is.
+std::vector<int64_t> least_memory_split(PartitionCosts costs) {
+  std::fill(costs.prefix_compute_s.begin(), costs.prefix_compute_s.end(), 0.0);
+  for (auto& row : costs.boundary_s) std::fill(row.begin(), row.end(), 0.0);
+  const int64_t n = costs.num_positions();
+  const double max_mult =
+      *std::max_element(costs.activation_multiplier.begin(), costs.activation_multiplier.end());
+  double lo = 0, hi = costs.prefix_static_bytes[n] + max_mult * costs.prefix_activation_bytes[n];
+  costs.memory_capacity_bytes = hi;
+  auto best = optimal_partition(costs);
+  for (int it = 0; it < 60 && hi - lo > 1e-6 * hi; ++it) {
+    costs.memory_capacity_bytes = (lo + hi) / 2;
+    if (auto p = optimal_partition(costs)) {
+      hi = costs.memory_capacity_bytes;
+      best = std::move(p);
+    } else {
+      lo = costs.memory_capacity_bytes;
+    }
+  }
+  return best->stage_starts;
+}
+
+}  // namespace
+
+std::vector<int32_t> stages_from_split(const Graph& graph, const std::vector<int64_t>& starts) {
+  std::vector<int32_t> a(graph.nodes.size(), 0);
+  for (size_t s = 0; s + 1 < starts.size(); ++s)
+    for (int64_t p = starts[s]; p < starts[s + 1]; ++p) a[graph.topo_order[p]] = static_cast<int32_t>(s);
+  return a;
+}
+
+PartitionCosts pipeline_partition_costs(const Problem& problem, const Plan& base) {
+  const Graph& g = problem.graph;
+  const auto n = static_cast<int64_t>(g.nodes.size());
+  const int k = static_cast<int>(base.mp);
+  const double m = static_cast<double>(base.num_microbatches);
+  const double batch_scale_b = batch_scale(g, static_cast<double>(base.per_replica_batch));
+  const double micro_scale = batch_scale_b / m;
+  const double state_copies = 2.0 + static_cast<double>(optimizer_state_copies(problem.job.optimizer));
+
+  std::vector<int64_t> position(n);
+  for (int64_t p = 0; p < n; ++p) position[g.topo_order[p]] = p;
+  // cut_bytes(p) by a difference array: node u at q with last consumer at L crosses (q, L].
+  std::vector<double> cut_bytes(n + 1, 0.0);
+  for (int64_t v = 0; v < n; ++v) {
+    int64_t last = -1, bytes = 0;
+    for (int32_t e : g.out_edges[v]) {
+      last = std::max(last, position[g.edges[e].dst]);
+      bytes = std::max(bytes, g.edges[e].bytes);
+    }
+    if (last < 0) continue;
+    cut_bytes[position[v] + 1] += static_cast<double>(bytes);
+    cut_bytes[last + 1] -= static_cast<double>(bytes);
+  }
+  for (int64_t p = 1; p <= n; ++p) cut_bytes[p] += cut_bytes[p - 1];
+
+  PartitionCosts c;
+  c.prefix_compute_s.assign(n + 1, 0.0);
+  c.prefix_static_bytes.assign(n + 1, 0.0);
+  c.prefix_activation_bytes.assign(n + 1, 0.0);
+  for (int64_t p = 0; p < n; ++p) {
+    const Node& node = g.nodes[g.topo_order[p]];
+    c.prefix_compute_s[p + 1] =
+        c.prefix_compute_s[p] + scaled_time_s(node.forward_s + node.backward_s, batch_scale_b);
+    c.prefix_static_bytes[p + 1] =
+        c.prefix_static_bytes[p] + static_cast<double>(node.param_bytes) * state_copies;
+    c.prefix_activation_bytes[p + 1] =
+        c.prefix_activation_bytes[p] + scaled_bytes(node.output_bytes, micro_scale);
+  }
+  c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
+  for (int l = 0; l + 1 < k; ++l) {
+    const Link link = problem.cluster.link(base.mesh[0][l], base.mesh[0][l + 1]);
+    for (int64_t p = 0; p <= n; ++p) {
+      if (cut_bytes[p] <= 0) continue;
+      const double p2p_s = link.latency_s + cut_bytes[p] * micro_scale / link.bandwidth_bytes_per_s;
+      c.boundary_s[l][p] = 2 * m * p2p_s;
+    }
+  }
+  c.activation_multiplier.resize(k);
+  for (int s = 0; s < k; ++s) {
+    c.activation_multiplier[s] = static_cast<double>(
+        in_flight_microbatches(base.schedule, base.num_microbatches, base.mp, s));
+  }
+  c.memory_capacity_bytes = static_cast<double>(problem.cluster.device.memory_bytes);
+  return c;
+}
+
+PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
+                                int exact_max_nodes) {
+  const Problem& problem = evaluator.problem();
+  const Graph& g = problem.graph;
+  const auto n = static_cast<int64_t>(g.nodes.size());
+  PipelineOutcome out;
+  if (n < base.mp) return out;
+  Plan plan = base;
+  const auto consider = [&](const std::vector<int64_t>& starts) {
+    plan.assignment = stages_from_split(g, starts);
+    Prediction pred = evaluator.evaluate(plan);
+    ++out.evaluations;
+    if (out.assignment.empty() || better(pred, out.predicted)) {
+      out.predicted = std::move(pred);
+      out.assignment = plan.assignment;
+    }
+  };
+  std::ostringstream note;
+  if (n <= exact_max_nodes) {
+    for_each_contiguous_partition(n, static_cast<int>(base.mp), consider);
+    out.exact = true;
+    note << "exact (all " << out.evaluations << " contiguous splits evaluated)";
+  } else {
+    const PartitionCosts costs = pipeline_partition_costs(problem, base);
+    if (auto part = optimal_partition(costs)) {
+      consider(part->stage_starts);
+      note << "bottleneck DP over the topological order (optimal for the stage-time proxy)";
+    } else {
+      consider(least_memory_split(costs));
+      note << "no split fits in memory; the least-memory split is reported";
+    }
+  }
+  out.note = note.str();
+  return out;
+}
+
+}  // namespace hybridplan

@@ -1,0 +1,46 @@
+// Pipeline search: the stage assignment of one pipeline point (dp, mp = S stages, batch b,
+// M micro-batches, schedule and mesh fixed). Stages are contiguous intervals of
+// graph.topo_order (which keeps stage numbers non-decreasing along every edge).
+//
+// Exact (graph has <= exact_max_nodes nodes): every one of the C(n-1, S-1) contiguous splits
+// is evaluated with Evaluator::evaluate and the best step_s wins, so the result is optimal for
+// the full cost model over contiguous splits.
+// Larger graphs: the bottleneck DP of pipeline_partition.h on the stage-time proxy
+//   stage_s = M * (F_s + B_s)                                       (compute at b/M samples)
+//           + 2 * M * p2p(boundary in) + 2 * M * p2p(boundary out)  (activations + gradients)
+//   p2p(cut at p between stages l, l+1) = latency + cut_bytes(p) * (b/M)/b0 / bandwidth
+//   cut_bytes(p) = sum over nodes u before p whose last consumer is at or after p of u's
+//                  largest out-edge bytes (pipeline_schedule.h counts values the same way)
+// subject to memory_cost.h per stage (parameters, gradients, optimizer state, activations
+// times the schedule's in-flight micro-batches), then evaluated. The proxy is the steady-state
+// cost of the slowest stage; the schedule's fill/drain is common to all splits.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner/evaluate.h"
+#include "planner/pipeline_partition.h"
+#include "planner/plan.h"
+
+namespace hybridplan {
+
+struct PipelineOutcome {
+  std::vector<int32_t> assignment;  // stage per node; empty when the graph has < S nodes
+  Prediction predicted;
+  bool exact = false;
+  int64_t evaluations = 0;
+  std::string note;
+};
+
+// `base`: a pipeline plan skeleton (mode, schedule, mp, num_microbatches, mesh, batch).
+PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
+                                int exact_max_nodes);
+
+// The proxy costs above for `base` (positions = graph.topo_order).
+PartitionCosts pipeline_partition_costs(const Problem& problem, const Plan& base);
+
+// Stage per node from a split of the topological order.
+std::vector<int32_t> stages_from_split(const Graph& graph, const std::vector<int64_t>& starts);
+
+}  // namespace hybridplan

@@ -1,0 +1,125 @@
+#include "planner/placement_schedule.h"
+
+#include <algorithm>
+#include <queue>
+
+#include "common/error.h"
+#include "planner/compute_cost.h"
+
+namespace hybridplan {
+namespace {
+
+// Kahn's algorithm over `succs` taking the ready node with the highest level first.
+std::vector<NodeIndex> highest_level_first(const std::vector<std::vector<NodeIndex>>& succs,
+                                           const std::vector<std::vector<NodeIndex>>& preds,
+                                           const std::vector<double>& node_s,
+                                           const std::vector<NodeIndex>& topo_of_succs) {
+  const size_t n = succs.size();
+  // level(v) = node_s(v) + max over successors level(w): walk a topological order backwards.
+  std::vector<double> level(n, 0.0);
+  for (auto it = topo_of_succs.rbegin(); it != topo_of_succs.rend(); ++it) {
+    double tail_s = 0;
+    for (NodeIndex w : succs[*it]) tail_s = std::max(tail_s, level[w]);
+    level[*it] = node_s[*it] + tail_s;
+  }
+  const auto later = [&](NodeIndex a, NodeIndex b) {  // true: b runs before a
+    if (level[a] != level[b]) return level[a] < level[b];
+    return a > b;
+  };
+  std::priority_queue<NodeIndex, std::vector<NodeIndex>, decltype(later)> ready(later);
+  std::vector<int32_t> waiting(n);
+  for (size_t v = 0; v < n; ++v) {
+    waiting[v] = static_cast<int32_t>(preds[v].size());
+    if (waiting[v] == 0) ready.push(static_cast<NodeIndex>(v));
+  }
+  std::vector<NodeIndex> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    const NodeIndex v = ready.top();
+    ready.pop();
+    order.push_back(v);
+    for (NodeIndex w : succs[v]) {
+      if (--waiting[w] == 0) ready.push(w);
+    }
+  }
+  HP_INTERNAL_ASSERT(order.size() == n, "graph is not a DAG (was it finalized?)");
+  return order;
+}
+
+}  // namespace
+
+PlacementOrder placement_priority_order(const Graph& graph) {
+  const size_t n = graph.nodes.size();
+  HP_INTERNAL_ASSERT(graph.topo_order.size() == n, "Graph::finalize() was not called");
+  std::vector<double> forward_s(n), backward_s(n);
+  for (size_t v = 0; v < n; ++v) {
+    forward_s[v] = graph.nodes[v].forward_s;
+    backward_s[v] = graph.nodes[v].backward_s;
+  }
+  std::vector<NodeIndex> reverse_topo(graph.topo_order.rbegin(), graph.topo_order.rend());
+  PlacementOrder order;
+  order.forward = highest_level_first(graph.succs, graph.preds, forward_s, graph.topo_order);
+  order.backward = highest_level_first(graph.preds, graph.succs, backward_s, reverse_topo);
+  return order;
+}
+
+void fill_local_links(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
+                      LocalLinks& links) {
+  const auto m = static_cast<int64_t>(devices.size());
+  links.num_devices = m;
+  links.latency_s.assign(m * m, 0.0);
+  links.seconds_per_byte.assign(m * m, 0.0);
+  for (int64_t a = 0; a < m; ++a) {
+    for (int64_t b = 0; b < m; ++b) {
+      if (a == b) continue;
+      const Link link = cluster.link(devices[a], devices[b]);
+      links.latency_s[a * m + b] = link.latency_s;
+      links.seconds_per_byte[a * m + b] = 1.0 / link.bandwidth_bytes_per_s;
+    }
+  }
+}
+
+PlacementTimes schedule_placement(const Graph& graph, const PlacementOrder& order,
+                                  const std::vector<int32_t>& assignment, const LocalLinks& links,
+                                  double scale, PlacementScratch& scratch) {
+  const size_t n = graph.nodes.size();
+  scratch.forward_finish_s.assign(n, 0.0);
+  scratch.backward_finish_s.assign(n, 0.0);
+  PlacementTimes times;
+
+  scratch.device_free_s.assign(links.num_devices, 0.0);
+  for (NodeIndex v : order.forward) {
+    const int32_t d = assignment[v];
+    double ready_s = scratch.device_free_s[d];
+    for (int32_t k : graph.in_edges[v]) {
+      const Edge& e = graph.edges[k];
+      const double xfer_s = links.transfer_s(assignment[e.src], d, scaled_bytes(e.bytes, scale));
+      times.transfer_s += xfer_s;
+      ready_s = std::max(ready_s, scratch.forward_finish_s[e.src] + xfer_s);
+    }
+    const double finish_s = ready_s + scaled_time_s(graph.nodes[v].forward_s, scale);
+    scratch.forward_finish_s[v] = finish_s;
+    scratch.device_free_s[d] = finish_s;
+    times.forward_s = std::max(times.forward_s, finish_s);
+  }
+
+  // Backward: gradients flow along reversed edges; the gradient of an edge has its bytes.
+  scratch.device_free_s.assign(links.num_devices, 0.0);
+  for (NodeIndex v : order.backward) {
+    const int32_t d = assignment[v];
+    double ready_s = scratch.device_free_s[d];
+    for (int32_t k : graph.out_edges[v]) {
+      const Edge& e = graph.edges[k];
+      const double xfer_s = links.transfer_s(assignment[e.dst], d, scaled_bytes(e.bytes, scale));
+      times.transfer_s += xfer_s;
+      ready_s = std::max(ready_s, scratch.backward_finish_s[e.dst] + xfer_s);
+    }
+    const double finish_s = ready_s + scaled_time_s(graph.nodes[v].backward_s, scale);
+    scratch.backward_finish_s[v] = finish_s;
+    scratch.device_free_s[d] = finish_s;
+    times.backward_s = std::max(times.backward_s, finish_s);
+  }
+  return times;
+}
+
+}  // namespace hybridplan

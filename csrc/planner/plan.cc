@@ -1,0 +1,378 @@
+// Plan JSON and its validation against the graph and cluster it is applied to.
+#include "planner/plan.h"
+
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/error.h"
+#include "common/json_fields.h"
+#include "common/json_io.h"
+
+namespace hybridplan {
+namespace {
+
+constexpr const char* kPlanKind = "hybridplan.plan";
+
+std::string quoted(const std::string& s) { return Json(s).dump(); }
+std::string str(int64_t v) { return std::to_string(v); }
+
+MpMode mode_from_json(const JsonReader& in, const Json& v) {
+  const std::string name = in.string(v, "mode");
+  if (name == "placement") return MpMode::kPlacement;
+  if (name == "pipeline") return MpMode::kPipeline;
+  in.fail("mode", "must be \"placement\" or \"pipeline\"", v);
+}
+
+Schedule schedule_from_json(const JsonReader& in, const Json& v) {
+  const std::string name = in.string(v, "schedule");
+  if (name == "none") return Schedule::kNone;
+  if (name == "gpipe") return Schedule::kGpipe;
+  if (name == "1f1b") return Schedule::k1F1B;
+  in.fail("schedule", "must be \"none\", \"gpipe\" or \"1f1b\"", v);
+}
+
+Prediction prediction_from_json(const JsonReader& in, const Json& j) {
+  const std::string path = "predicted";
+  in.object(j, path);
+  Prediction p;
+  const auto number = [&](const char* key, double& out) {
+    if (const Json* v = in.optional(j, key)) out = in.number(*v, json_child_path(path, key));
+  };
+  number("step_s", p.step_s);
+  number("compute_s", p.compute_s);
+  number("allreduce_s", p.allreduce_s);
+  number("transfer_s", p.transfer_s);
+  number("bubble_s", p.bubble_s);
+  number("epochs", p.epochs);
+  number("time_to_train_s", p.time_to_train_s);
+  number("samples_per_s", p.samples_per_s);
+  if (const Json* m = in.optional(j, "memory_bytes")) {
+    in.array(*m, "predicted.memory_bytes");
+    for (size_t i = 0; i < m->size(); ++i) {
+      p.memory_bytes.push_back(in.integer((*m)[i], json_index_path("predicted.memory_bytes", i)));
+    }
+  }
+  if (const Json* f = in.optional(j, "feasible")) {
+    if (!f->is_boolean()) in.fail("predicted.feasible", "must be true or false", *f);
+    p.feasible = f->get<bool>();
+  }
+  if (const Json* r = in.optional(j, "infeasible_reason")) {
+    p.infeasible_reason = in.string(*r, "predicted.infeasible_reason");
+  }
+  return p;
+}
+
+}  // namespace
+
+const char* mode_name(MpMode m) { return m == MpMode::kPipeline ? "pipeline" : "placement"; }
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kNone: return "none";
+    case Schedule::kGpipe: return "gpipe";
+    case Schedule::k1F1B: return "1f1b";
+  }
+  return "none";
+}
+
+void Plan::validate_structure(const std::string& source) const {
+  if (dp < 1) throw_input_error(source, "dp", "must be >= 1", str(dp));
+  if (mp < 1) throw_input_error(source, "mp", "must be >= 1", str(mp));
+  if (world_size != dp * mp) {
+    throw_input_error(source, "world_size", "must equal dp * mp = " + str(dp * mp), str(world_size));
+  }
+  if (per_replica_batch < 1) {
+    throw_input_error(source, "per_replica_batch", "must be >= 1", str(per_replica_batch));
+  }
+  if (global_batch != dp * per_replica_batch) {
+    throw_input_error(source, "global_batch",
+                      "must equal dp * per_replica_batch = " + str(dp * per_replica_batch),
+                      str(global_batch));
+  }
+  if (mode == MpMode::kPlacement) {
+    if (schedule != Schedule::kNone) {
+      throw_input_error(source, "schedule", "must be \"none\" for a placement plan",
+                        quoted(schedule_name(schedule)));
+    }
+    if (num_microbatches != 1) {
+      throw_input_error(source, "num_microbatches", "must be 1 for a placement plan",
+                        str(num_microbatches));
+    }
+  } else {
+    if (schedule == Schedule::kNone) {
+      throw_input_error(source, "schedule", "must be \"gpipe\" or \"1f1b\" for a pipeline plan",
+                        quoted(schedule_name(schedule)));
+    }
+    if (num_microbatches < 1 || num_microbatches > per_replica_batch) {
+      throw_input_error(source, "num_microbatches",
+                        "must be in 1..per_replica_batch = " + str(per_replica_batch),
+                        str(num_microbatches));
+    }
+  }
+  if (static_cast<int64_t>(mesh.size()) != dp) {
+    throw_input_error(source, "mesh", "must have dp = " + str(dp) + " rows",
+                      str(static_cast<int64_t>(mesh.size())) + " rows");
+  }
+  std::unordered_map<DeviceIndex, std::string> used;
+  for (size_t r = 0; r < mesh.size(); ++r) {
+    const std::string row_path = json_index_path("mesh", r);
+    if (static_cast<int64_t>(mesh[r].size()) != mp) {
+      throw_input_error(source, row_path, "must have mp = " + str(mp) + " devices",
+                        str(static_cast<int64_t>(mesh[r].size())) + " devices");
+    }
+    for (size_t k = 0; k < mesh[r].size(); ++k) {
+      const std::string path = json_index_path(row_path, k);
+      if (mesh[r][k] < 0) throw_input_error(source, path, "must be a device index >= 0", str(mesh[r][k]));
+      const auto [it, fresh] = used.emplace(mesh[r][k], path);
+      if (!fresh) {
+        throw_input_error(source, path, "must not reuse a device (also " + it->second + ")",
+                          str(mesh[r][k]));
+      }
+    }
+  }
+  for (size_t i = 0; i < assignment.size(); ++i) {
+    if (assignment[i] < 0 || assignment[i] >= mp) {
+      throw_input_error(source, json_index_path("assignment", i) + ".device",
+                        "must be in 0..mp-1 = 0.." + str(mp - 1), str(assignment[i]));
+    }
+  }
+}
+
+void Plan::validate(const std::string& source, const Graph& graph, const Cluster& cluster) const {
+  validate_structure(source);
+  const std::string sha = hybridplan::graph_sha256(graph);
+  if (graph_sha256 != sha) {
+    throw_input_error(source, "graph.sha256",
+                      "does not match the graph it is applied to (" + quoted(graph.name) +
+                          " has sha256 " + sha + ")",
+                      quoted(graph_sha256));
+  }
+  if (cluster_name != cluster.name) {
+    throw_input_error(source, "cluster.name",
+                      "does not match the cluster it is applied to (" + quoted(cluster.name) + ")",
+                      quoted(cluster_name));
+  }
+  if (cluster_num_nodes != 0 && cluster_num_nodes != cluster.num_nodes) {
+    throw_input_error(source, "cluster.num_nodes",
+                      "does not match the cluster it is applied to (" + str(cluster.num_nodes) + ")",
+                      str(cluster_num_nodes));
+  }
+  if (cluster_devices_per_node != 0 && cluster_devices_per_node != cluster.devices_per_node) {
+    throw_input_error(source, "cluster.devices_per_node",
+                      "does not match the cluster it is applied to (" +
+                          str(cluster.devices_per_node) + ")",
+                      str(cluster_devices_per_node));
+  }
+  if (world_size > cluster.num_devices()) {
+    throw_input_error(source, "world_size",
+                      "exceeds the cluster's " + str(cluster.num_devices()) + " devices",
+                      str(world_size));
+  }
+  for (size_t r = 0; r < mesh.size(); ++r) {
+    for (size_t k = 0; k < mesh[r].size(); ++k) {
+      if (mesh[r][k] >= cluster.num_devices()) {
+        throw_input_error(source, json_index_path(json_index_path("mesh", r), k),
+                          "names no device of cluster " + quoted(cluster.name) + " (0.." +
+                              str(cluster.num_devices() - 1) + ")",
+                          str(mesh[r][k]));
+      }
+    }
+  }
+  const size_t n = graph.nodes.size();
+  if (assignment.size() != n) {
+    throw_input_error(source, "assignment",
+                      "must have one entry per graph node (" + str(static_cast<int64_t>(n)) + ")",
+                      str(static_cast<int64_t>(assignment.size())) + " entries");
+  }
+  if (!assignment_node_ids.empty()) {
+    for (size_t i = 0; i < n; ++i) {
+      if (assignment_node_ids[i] != graph.nodes[i].id) {
+        throw_input_error(source, json_index_path("assignment", i) + ".node",
+                          "must be node id " + str(graph.nodes[i].id) + " (" +
+                              quoted(graph.nodes[i].name) +
+                              "): entries follow the graph's node order "
+                              "(load_plan(path, graph, cluster) reorders them)",
+                          str(assignment_node_ids[i]));
+      }
+    }
+  }
+  if (mode != MpMode::kPipeline) return;
+  for (size_t k = 0; k < graph.edges.size(); ++k) {
+    const Edge& e = graph.edges[k];
+    if (assignment[e.dst] < assignment[e.src]) {
+      throw_input_error(
+          source, json_index_path("assignment", e.dst) + ".device",
+          "must not be an earlier stage than its input " + quoted(graph.nodes[e.src].name) +
+              " on stage " + str(assignment[e.src]) + " (edges[" + str(static_cast<int64_t>(k)) +
+              "]): pipeline stages never decrease along an edge",
+          str(assignment[e.dst]));
+    }
+  }
+  std::vector<bool> stage_used(mp, false);
+  for (int32_t s : assignment) stage_used[s] = true;
+  for (int64_t s = 0; s < mp; ++s) {
+    if (!stage_used[s]) {
+      throw_input_error(source, "assignment", "must give every pipeline stage 0..mp-1 a node",
+                        "stage " + str(s) + " empty");
+    }
+  }
+}
+
+Plan plan_from_json(const Json& j, const std::string& source) {
+  const JsonReader in(source);
+  in.header(j, kPlanKind);
+  Plan p;
+  const Json& graph = in.object(in.required(j, "", "graph"), "graph");
+  p.graph_name = in.field_string(graph, "graph", "name");
+  p.graph_sha256 = in.field_string(graph, "graph", "sha256");
+  const Json& cluster = in.object(in.required(j, "", "cluster"), "cluster");
+  p.cluster_name = in.field_string(cluster, "cluster", "name");
+  if (in.optional(cluster, "num_nodes")) p.cluster_num_nodes = in.field_int(cluster, "cluster", "num_nodes");
+  if (in.optional(cluster, "devices_per_node")) {
+    p.cluster_devices_per_node = in.field_int(cluster, "cluster", "devices_per_node");
+  }
+  p.world_size = in.field_int(j, "", "world_size");
+  p.dp = in.field_int(j, "", "dp");
+  p.mp = in.field_int(j, "", "mp");
+  p.mode = mode_from_json(in, in.required(j, "", "mode"));
+  p.per_replica_batch = in.field_int(j, "", "per_replica_batch");
+  p.global_batch = in.field_int(j, "", "global_batch");
+  p.num_microbatches = in.field_int(j, "", "num_microbatches");
+  p.schedule = schedule_from_json(in, in.required(j, "", "schedule"));
+
+  const Json& mesh = in.array(in.required(j, "", "mesh"), "mesh");
+  for (size_t r = 0; r < mesh.size(); ++r) {
+    const std::string row_path = json_index_path("mesh", r);
+    const Json& row = in.array(mesh[r], row_path);
+    std::vector<DeviceIndex> devices;
+    for (size_t k = 0; k < row.size(); ++k) devices.push_back(in.integer(row[k], json_index_path(row_path, k)));
+    p.mesh.push_back(std::move(devices));
+  }
+
+  const Json& assignment = in.array(in.required(j, "", "assignment"), "assignment");
+  for (size_t i = 0; i < assignment.size(); ++i) {
+    const std::string path = json_index_path("assignment", i);
+    const Json& entry = in.object(assignment[i], path);
+    p.assignment_node_ids.push_back(in.field_int(entry, path, "node"));
+    const Json* name = in.optional(entry, "name");
+    p.assignment_names.push_back(name ? in.string(*name, path + ".name") : "");
+    const int64_t device = in.field_int(entry, path, "device");
+    if (device < 0 || device >= p.mp) {
+      in.fail(path + ".device", "must be in 0..mp-1 = 0.." + str(p.mp - 1), str(device));
+    }
+    p.assignment.push_back(static_cast<int32_t>(device));
+  }
+  if (const Json* note = in.optional(j, "device_mapping")) {
+    p.device_mapping_note = in.string(*note, "device_mapping");
+  }
+  if (const Json* predicted = in.optional(j, "predicted")) p.predicted = prediction_from_json(in, *predicted);
+  p.validate_structure(source);
+  return p;
+}
+
+void align_assignment_to_graph(Plan& plan, const Graph& graph, const std::string& source) {
+  if (plan.assignment_node_ids.empty()) return;  // built in code: already in graph order
+  std::unordered_map<NodeId, size_t> index_of;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) index_of.emplace(graph.nodes[i].id, i);
+  const size_t n = graph.nodes.size();
+  std::vector<int32_t> assignment(n, -1);
+  std::vector<std::string> names(n);
+  for (size_t e = 0; e < plan.assignment_node_ids.size(); ++e) {
+    const std::string path = json_index_path("assignment", e) + ".node";
+    const auto it = index_of.find(plan.assignment_node_ids[e]);
+    if (it == index_of.end()) {
+      throw_input_error(source, path, "names no node of graph " + quoted(graph.name),
+                        str(plan.assignment_node_ids[e]));
+    }
+    if (assignment[it->second] >= 0) {
+      throw_input_error(source, path, "assigns a node a second time", str(plan.assignment_node_ids[e]));
+    }
+    assignment[it->second] = plan.assignment[e];
+    names[it->second] = plan.assignment_names.size() > e ? plan.assignment_names[e] : "";
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (assignment[i] < 0) {
+      throw_input_error(source, "assignment",
+                        "misses node " + str(graph.nodes[i].id) + " " + quoted(graph.nodes[i].name),
+                        str(static_cast<int64_t>(plan.assignment_node_ids.size())) + " entries for " +
+                            str(static_cast<int64_t>(n)) + " nodes");
+    }
+  }
+  plan.assignment = std::move(assignment);
+  plan.assignment_names = std::move(names);
+  plan.assignment_node_ids.clear();
+  for (const Node& node : graph.nodes) plan.assignment_node_ids.push_back(node.id);
+}
+
+Json prediction_to_json(const Prediction& p) {
+  Json j = {{"step_s", p.step_s},
+            {"compute_s", p.compute_s},
+            {"allreduce_s", p.allreduce_s},
+            {"transfer_s", p.transfer_s},
+            {"bubble_s", p.bubble_s},
+            {"memory_bytes", p.memory_bytes},
+            {"epochs", p.epochs},
+            {"time_to_train_s", p.time_to_train_s},
+            {"samples_per_s", p.samples_per_s},
+            {"feasible", p.feasible}};
+  if (!p.infeasible_reason.empty()) j["infeasible_reason"] = p.infeasible_reason;
+  return j;
+}
+
+Json plan_to_json(const Plan& p, const Graph& graph) {
+  HP_INTERNAL_ASSERT(p.assignment.size() == graph.nodes.size(),
+                     "plan has " << p.assignment.size() << " assignments for "
+                                 << graph.nodes.size() << " nodes");
+  Json assignment = Json::array();
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    assignment.push_back({{"node", graph.nodes[i].id}, {"name", graph.nodes[i].name},
+                          {"device", p.assignment[i]}});
+  }
+  Json cluster = {{"name", p.cluster_name}};
+  if (p.cluster_num_nodes > 0) cluster["num_nodes"] = p.cluster_num_nodes;
+  if (p.cluster_devices_per_node > 0) cluster["devices_per_node"] = p.cluster_devices_per_node;
+  Json j = {{"schema_version", 1},
+            {"kind", kPlanKind},
+            {"graph", {{"name", p.graph_name}, {"sha256", p.graph_sha256}}},
+            {"cluster", std::move(cluster)},
+            {"world_size", p.world_size},
+            {"dp", p.dp},
+            {"mp", p.mp},
+            {"mode", mode_name(p.mode)},
+            {"per_replica_batch", p.per_replica_batch},
+            {"global_batch", p.global_batch},
+            {"num_microbatches", p.num_microbatches},
+            {"schedule", schedule_name(p.schedule)},
+            {"mesh", p.mesh},
+            {"assignment", std::move(assignment)},
+            {"predicted", prediction_to_json(p.predicted)}};
+  if (!p.device_mapping_note.empty()) j["device_mapping"] = p.device_mapping_note;
+  return j;
+}
+
+Json plan_to_json(const Plan& p, const Graph& graph, const Cluster& cluster) {
+  Json j = plan_to_json(p, graph);
+  j["cluster"] = {{"name", cluster.name}, {"num_nodes", cluster.num_nodes},
+                  {"devices_per_node", cluster.devices_per_node}};
+  return j;
+}
+
+Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
+
+Plan load_plan(const std::string& path, const Graph& graph, const Cluster& cluster) {
+  Plan p = load_plan(path);
+  align_assignment_to_graph(p, graph, path);
+  p.validate(path, graph, cluster);
+  return p;
+}
+
+void save_plan(const Plan& p, const Graph& graph, const std::string& path) {
+  write_json_file(path, plan_to_json(p, graph));
+}
+
+void save_plan(const Plan& p, const Graph& graph, const Cluster& cluster, const std::string& path) {
+  write_json_file(path, plan_to_json(p, graph, cluster));
+}
+
+}  // namespace hybridplan

@@ -1,0 +1,30 @@
+#include "planner/problem.h"
+
+#include "common/error.h"
+
+namespace hybridplan {
+
+void Problem::validate(const std::string& source) const {
+  graph.validate(source + " (graph)");
+  HP_INTERNAL_ASSERT(graph.topo_order.size() == graph.nodes.size(),
+                     "Graph::finalize() was not called on graph " << graph.name);
+  cluster.validate(source + " (cluster)");
+  job.validate(source + " (job)");
+}
+
+Problem load_problem(const std::string& graph_path, const std::string& cluster_path_or_preset,
+                     const std::string& job_path) {
+  Problem problem{load_graph(graph_path), load_cluster(cluster_path_or_preset),
+                  job_path.empty() ? default_job() : load_job(job_path)};
+  problem.validate();
+  return problem;
+}
+
+int64_t per_replica_batch_for(const Problem& problem, int64_t dp) {
+  const Job& job = problem.job;
+  if (job.per_replica_batch > 0) return job.per_replica_batch;
+  if (job.global_batch > 0) return job.global_batch % dp == 0 ? job.global_batch / dp : 0;
+  return problem.graph.profiled.batch_size;
+}
+
+}  // namespace hybridplan

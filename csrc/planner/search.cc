@@ -1,0 +1,222 @@
+// search: enumerate the search space (search_space), map each (dp, mp) onto devices
+// (device_mapping.h), find the best assignment of every point (placement_search.h,
+// pipeline_search.h) and rank the points by objective() of their evaluate() breakdown.
+//
+// Every point's plan is ranked by objective(problem, evaluate(plan)) and nothing else; the
+// per-point searches minimise step_s, which for a fixed point (dp and batch fixed) orders plans
+// exactly as the objective does (time to train = epochs(B) * ceil(samples / B) * step_s, or
+// step_s / B seconds per sample).
+#include "planner/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/units.h"
+#include "planner/device_mapping.h"
+#include "planner/evaluate.h"
+#include "planner/pipeline_search.h"
+#include "planner/placement_search.h"
+
+namespace hybridplan {
+namespace {
+
+const std::string kSource = "search options";
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string describe(const SearchSpacePoint& p) {
+  std::ostringstream os;
+  os << "dp=" << p.dp << " mp=" << p.mp << " " << mode_name(p.mode);
+  if (p.mode == MpMode::kPipeline)
+    os << " (" << schedule_name(p.schedule) << ", " << p.num_microbatches << " micro-batches)";
+  os << " b=" << p.per_replica_batch;
+  return os.str();
+}
+
+std::vector<int64_t> microbatch_counts(const Job& job, int64_t batch) {
+  std::vector<int64_t> out;
+  if (!job.num_microbatches.empty()) {
+    for (int64_t m : job.num_microbatches)
+      if (m >= 1 && m <= batch && batch % m == 0) out.push_back(m);
+    return out;
+  }
+  for (int64_t m = 1; m <= batch; m *= 2)
+    if (batch % m == 0) out.push_back(m);
+  return out;
+}
+
+int64_t peak_bytes(const Prediction& p) {
+  return p.memory_bytes.empty() ? 0 : *std::max_element(p.memory_bytes.begin(), p.memory_bytes.end());
+}
+
+}  // namespace
+
+std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
+                                           std::vector<std::string>* skipped) {
+  const Cluster& cluster = problem.cluster;
+  const int64_t devices = options.devices == 0 ? cluster.num_devices() : options.devices;
+  if (devices < 1 || devices > cluster.num_devices()) {
+    throw_input_error(kSource, "devices",
+                      "must be in 1.." + str(cluster.num_devices()) + " (the devices of cluster \"" +
+                          cluster.name + "\")",
+                      str(options.devices));
+  }
+  if (options.top_k < 1) throw_input_error(kSource, "top_k", "must be >= 1", str(options.top_k));
+  if (!options.placement && !options.pipeline && !options.dp_only) {
+    throw_input_error(kSource, "placement/pipeline", "at least one MP mode must be enabled",
+                      "both disabled");
+  }
+  const auto skip = [&](const std::string& why) {
+    if (skipped) skipped->push_back(why);
+  };
+  const auto n = static_cast<int64_t>(problem.graph.nodes.size());
+  std::vector<SearchSpacePoint> points;
+  for (int64_t mp = 1; mp <= cluster.devices_per_node; ++mp) {
+    if (cluster.devices_per_node % mp != 0 || devices % mp != 0) continue;
+    if (options.dp_only && mp > 1) break;
+    SearchSpacePoint p;
+    p.mp = mp;
+    p.dp = devices / mp;
+    const Job& job = problem.job;
+    if (job.per_replica_batch > 0) {
+      p.per_replica_batch = job.per_replica_batch;
+    } else if (job.global_batch > 0) {
+      if (job.global_batch % p.dp != 0) {
+        skip("dp=" + str(p.dp) + " mp=" + str(mp) + ": global batch " + str(job.global_batch) +
+             " is not divisible by dp=" + str(p.dp));
+        continue;
+      }
+      p.per_replica_batch = job.global_batch / p.dp;
+    } else {
+      p.per_replica_batch = problem.graph.profiled.batch_size;
+    }
+    if (mp == 1 || options.placement) points.push_back(p);
+    if (mp == 1 || !options.pipeline) continue;
+    if (n < mp) {
+      skip("dp=" + str(p.dp) + " mp=" + str(mp) + " pipeline: needs at least " + str(mp) +
+           " nodes for " + str(mp) + " stages (graph has " + str(n) + ")");
+      continue;
+    }
+    const auto counts = microbatch_counts(job, p.per_replica_batch);
+    if (counts.empty()) {
+      skip("dp=" + str(p.dp) + " mp=" + str(mp) + " pipeline: no micro-batch count divides the "
+           "per-replica batch " + str(p.per_replica_batch));
+    }
+    p.mode = MpMode::kPipeline;
+    for (int64_t m : counts) {
+      p.num_microbatches = m;
+      for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B}) {
+        p.schedule = s;
+        points.push_back(p);
+      }
+    }
+  }
+  return points;
+}
+
+namespace {
+
+Plan skeleton_with_mapping(const Problem& problem, const SearchSpacePoint& point,
+                           const std::string& graph_sha256, const DeviceMapping& mapping) {
+  Plan plan;
+  plan.graph_name = problem.graph.name;
+  plan.graph_sha256 = graph_sha256;
+  plan.cluster_name = problem.cluster.name;
+  plan.cluster_num_nodes = problem.cluster.num_nodes;
+  plan.cluster_devices_per_node = problem.cluster.devices_per_node;
+  plan.world_size = point.dp * point.mp;
+  plan.dp = point.dp;
+  plan.mp = point.mp;
+  plan.mode = point.mode;
+  plan.schedule = point.schedule;
+  plan.num_microbatches = point.num_microbatches;
+  plan.per_replica_batch = point.per_replica_batch;
+  plan.global_batch = point.dp * point.per_replica_batch;
+  plan.mesh = mapping.mesh;
+  plan.device_mapping_note = mapping.note;
+  plan.assignment.assign(problem.graph.nodes.size(), 0);
+  return plan;
+}
+
+}  // namespace
+
+Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
+                   const std::string& graph_sha256) {
+  return skeleton_with_mapping(problem, point, graph_sha256,
+                               map_devices(problem.cluster, point.dp, point.mp));
+}
+
+SearchResult search(const Problem& problem, const SearchOptions& options) {
+  SearchResult result;
+  const std::vector<SearchSpacePoint> points = search_space(problem, options, &result.infeasible);
+  const Evaluator evaluator(problem);
+  const std::string sha = graph_sha256(problem.graph);
+  PlacementSearchOptions placement_options;
+  placement_options.exact_max_nodes = options.exact_placement_max_nodes;
+
+  // Device mappings depend on (dp, mp) only.
+  std::map<std::pair<int64_t, int64_t>, DeviceMapping> mappings;
+  std::vector<std::pair<double, Plan>> ranked;
+  std::optional<std::pair<int64_t, std::string>> least_memory;  // (peak bytes, point)
+  std::map<std::string, std::string> pipeline_notes;
+  for (const SearchSpacePoint& point : points) {
+    auto key = std::make_pair(point.dp, point.mp);
+    auto it = mappings.find(key);
+    if (it == mappings.end())
+      it = mappings.emplace(key, map_devices(problem.cluster, point.dp, point.mp)).first;
+    Plan plan = skeleton_with_mapping(problem, point, sha, it->second);
+
+    const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) + " " +
+                             mode_name(point.mode);
+    if (point.mode == MpMode::kPlacement) {
+      PlacementOutcome o = search_placement(evaluator, plan, placement_options);
+      result.candidates_evaluated += o.evaluations;
+      if (point.mp > 1) result.notes.push_back(head + ": " + o.note);
+      plan.assignment = std::move(o.assignment);
+      plan.predicted = std::move(o.predicted);
+    } else {
+      PipelineOutcome o = search_pipeline(evaluator, plan, options.exact_placement_max_nodes);
+      result.candidates_evaluated += o.evaluations;
+      pipeline_notes.emplace(head, o.note);  // the same method for every M and schedule
+      plan.assignment = std::move(o.assignment);
+      plan.predicted = std::move(o.predicted);
+    }
+    if (!plan.predicted.feasible) {
+      const int64_t peak = peak_bytes(plan.predicted);
+      if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
+      result.infeasible.push_back(describe(point) + ": " + plan.predicted.infeasible_reason);
+      continue;
+    }
+    ranked.emplace_back(objective(problem, plan.predicted), std::move(plan));
+  }
+  for (const auto& [head, note] : pipeline_notes) result.notes.push_back(head + ": " + note);
+
+  if (ranked.empty()) {
+    std::ostringstream os;
+    const int64_t devices = options.devices == 0 ? problem.cluster.num_devices() : options.devices;
+    os << "no plan fits on " << devices << " devices of cluster \"" << problem.cluster.name << "\"";
+    if (least_memory) {
+      const int64_t have = problem.cluster.device.memory_bytes;
+      os << ": smallest per-device memory need is " << format_bytes(least_memory->first) << " at "
+         << least_memory->second << ", device has " << format_bytes(have) << " (over by "
+         << format_bytes(least_memory->first - have) << ")";
+    } else {
+      os << ":";
+      for (const std::string& why : result.infeasible) os << " " << why << ";";
+    }
+    throw InfeasibleError(os.str());
+  }
+  // Best first; ties keep search-space order (smaller mp first), so results are deterministic.
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < ranked.size() && static_cast<int>(i) < options.top_k; ++i)
+    result.plans.push_back(std::move(ranked[i].second));
+  return result;
+}
+
+}  // namespace hybridplan

@@ -1,0 +1,188 @@
+#include "profiler/profile.h"
+
+#include <sstream>
+
+#include <torch/cuda.h>
+
+#include "common/error.h"
+#include "profiler/block_timing.h"
+
+namespace hybridplan {
+namespace {
+
+torch::Device parse_device(const std::string& text) {
+  std::optional<torch::Device> device;
+  try {
+    device.emplace(text);
+  } catch (const c10::Error&) {
+    throw_input_error("profile", "options.device", "must be a torch device such as cpu or cuda:0",
+                      "\"" + text + "\"");
+  }
+  if (device->is_cuda()) {
+    const int64_t count = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+    if (device->index() >= count || count == 0) {
+      throw_input_error("profile", "options.device",
+                        "must name an existing device (" + std::to_string(count) +
+                            " CUDA devices here)",
+                        "\"" + text + "\"");
+    }
+  }
+  try {
+    (void)torch::empty({1}, torch::TensorOptions().device(*device));
+  } catch (const c10::Error& e) {
+    throw_input_error("profile", "options.device",
+                      "must name a device this build of torch can use (" +
+                          std::string(e.what_without_backtrace()) + ")",
+                      "\"" + text + "\"");
+  }
+  return *device;
+}
+
+std::string shape_of(const std::vector<torch::Tensor>& tensors) {
+  std::ostringstream os;
+  for (size_t i = 0; i < tensors.size(); ++i) os << (i ? ", " : "") << tensors[i].sizes();
+  return os.str();
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Float32 is "float32", as torch.float32 prints in Python without its "torch." prefix.
+std::string dtype_name(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat: return "float32";
+    case torch::kDouble: return "float64";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    default: return c10::toString(type);
+  }
+}
+
+int64_t bytes_of(const torch::Tensor& t) { return t.numel() * t.element_size(); }
+
+int64_t param_bytes_of(torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const torch::Tensor& p : module.parameters()) bytes += bytes_of(p);
+  return bytes;
+}
+
+void check_options(const ProfileOptions& options) {
+  if (options.warmup < 0) {
+    throw_input_error("profile", "options.warmup", "must be >= 0", std::to_string(options.warmup));
+  }
+  if (options.repeats < 1) {
+    throw_input_error("profile", "options.repeats", "must be >= 1",
+                      std::to_string(options.repeats));
+  }
+  if (options.batch_size < 0) {
+    throw_input_error("profile", "options.batch_size", "must be >= 0 (0: from the input)",
+                      std::to_string(options.batch_size));
+  }
+}
+
+void check_inputs(const std::vector<torch::Tensor>& inputs) {
+  if (inputs.empty() || inputs.size() > 3) {
+    throw_input_error("profile", "inputs", "must hold 1 to 3 tensors",
+                      std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      throw_input_error("profile", "inputs[" + std::to_string(i) + "]", "must be defined",
+                        "an undefined tensor");
+    }
+  }
+}
+
+// Runs the chain once without autograd and returns each block's input (block i's is
+// inputs_of[i]) plus the last block's output at the end.
+std::vector<std::vector<torch::Tensor>> record_inputs(const std::vector<Block>& blocks,
+                                                      std::vector<torch::Tensor> x) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::vector<torch::Tensor>> inputs_of;
+  for (const Block& block : blocks) {
+    torch::Tensor y;
+    try {
+      y = block.forward(x);
+    } catch (const InputError&) {
+      throw;
+    } catch (const c10::Error& e) {
+      throw_input_error("profile", "module." + block.name,
+                        "failed on its input: " + first_line(e.what_without_backtrace()),
+                        "input shape " + shape_of(x));
+    } catch (const std::exception& e) {
+      throw_input_error("profile", "module." + block.name,
+                        "failed on its input: " + first_line(e.what()),
+                        "input shape " + shape_of(x));
+    }
+    inputs_of.push_back(std::move(x));
+    x = {y};
+  }
+  inputs_of.push_back(std::move(x));
+  return inputs_of;
+}
+
+}  // namespace
+
+Graph profile(torch::nn::Module& module, const std::vector<torch::Tensor>& inputs,
+              const ProfileOptions& options) {
+  module.to(parse_device(options.device));
+  return profile_blocks(blocks_of(module), inputs, options);
+}
+
+Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::Tensor>& inputs,
+                     const ProfileOptions& options) {
+  check_options(options);
+  check_inputs(inputs);
+  const torch::Device device = parse_device(options.device);
+  if (blocks.empty()) {
+    throw_input_error("profile", "module", "must have at least one block", "0 blocks");
+  }
+  int64_t total_param_bytes = 0;
+  std::optional<torch::ScalarType> param_dtype;
+  for (const Block& block : blocks) {
+    block.module->to(device);
+    total_param_bytes += param_bytes_of(*block.module);
+    for (const torch::Tensor& p : block.module->parameters()) {
+      if (!param_dtype && p.is_floating_point()) param_dtype = p.scalar_type();
+    }
+  }
+  if (total_param_bytes == 0) {
+    throw_input_error("profile", "module", "must have parameters to plan for", "0 parameters");
+  }
+
+  std::vector<torch::Tensor> x;
+  for (const torch::Tensor& input : inputs) x.push_back(input.to(device));
+  const auto inputs_of = record_inputs(blocks, x);
+
+  Graph graph;
+  graph.name = options.name;
+  graph.profiled.device = device.str();
+  graph.profiled.batch_size = options.batch_size > 0 ? options.batch_size
+                              : inputs[0].dim() > 0  ? inputs[0].size(0)
+                                                     : 1;
+  graph.profiled.dtype = dtype_name(param_dtype.value_or(inputs[0].scalar_type()));
+
+  const TimingOptions timing{device, options.warmup, options.repeats};
+  bool upstream_has_params = false;  // then training computes this block's input gradient
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Block& block = blocks[i];
+    const BlockTimes times = time_block(block, inputs_of[i], upstream_has_params, timing);
+    Node node;
+    node.id = static_cast<NodeId>(i);
+    node.name = block.name;
+    node.op = block.op.empty() ? op_of(*block.module) : block.op;
+    node.forward_s = times.forward_s;
+    node.backward_s = times.backward_s;
+    node.param_bytes = param_bytes_of(*block.module);
+    node.output_bytes = bytes_of(inputs_of[i + 1][0]);
+    graph.nodes.push_back(std::move(node));
+    if (i > 0) {
+      const auto src = static_cast<NodeIndex>(i - 1);
+      graph.edges.push_back({src, static_cast<NodeIndex>(i), graph.nodes[src].output_bytes});
+    }
+    upstream_has_params = upstream_has_params || graph.nodes.back().param_bytes > 0;
+  }
+  graph.finalize("profile(" + options.name + ")");
+  return graph;
+}
+
+}  // namespace hybridplan

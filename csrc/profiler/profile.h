@@ -1,0 +1,58 @@
+// profile(): measures a LibTorch module into a hybridplan::Graph, one node per block.
+//
+// Route (the C++ frontend has no forward hooks, and Module::forward is not virtual):
+//   1. Split the module into named blocks (block_list.h): the leaves of nested
+//      Sequential/ModuleList/ModuleDict containers, or a BlockList's own blocks. Node names are
+//      the blocks' qualified names ("0", "features.3"), the names the Python profiler gives the
+//      same leaves, so a plan made from either profile applies to either twin.
+//   2. Run the blocks one by one under NoGradGuard, feeding each its predecessor's output, and
+//      record every block's input. A block that throws (wrong input shape, say) becomes an
+//      InputError naming the block and the shape it got.
+//   3. Time each block alone on its recorded input (block_timing.h): per repeat, a forward with
+//      autograd recording, then torch::autograd::grad of its output with a ones grad_output with
+//      respect to its parameters and, when an earlier block has parameters, its input (a detached
+//      copy with requires_grad, as in training: the first layers compute no input gradient).
+//      forward_s and backward_s are the medians over `repeats` after `warmup` unrecorded runs.
+//
+// Edges are block i -> i+1 carrying block i's output bytes: dataflow is taken to be sequential,
+// so a branchy module is profiled as one node per top-level block (put each branch structure in
+// one block). param_bytes counts the block's parameters (not buffers); output_bytes is
+// numel * element size of its output. The module is moved to `options.device` and left there;
+// its train/eval mode is left as the caller set it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "planner/graph.h"
+#include "profiler/block_list.h"
+
+namespace hybridplan {
+
+struct ProfileOptions {
+  std::string name = "model";  // the graph's name
+  std::string device = "cpu";  // any torch device string: "cpu", "cuda:0", ...
+  int64_t batch_size = 0;      // profiled.batch_size; 0: size(0) of the first input
+  int warmup = 3;              // unrecorded runs per block before timing
+  int repeats = 11;            // recorded runs per block; times are their median
+};
+
+// Profiles `module` (see the file comment) on `inputs` (the model's example inputs, 1 to 3
+// tensors). Throws InputError for a module with no blocks or no parameters, a block that fails
+// on its input, a device that does not exist, or bad options.
+Graph profile(torch::nn::Module& module, const std::vector<torch::Tensor>& inputs,
+              const ProfileOptions& options = {});
+
+// Same for a holder such as torch::nn::Sequential.
+template <typename Impl>
+Graph profile(torch::nn::ModuleHolder<Impl>& module, const std::vector<torch::Tensor>& inputs,
+              const ProfileOptions& options = {}) {
+  return profile(*module, inputs, options);
+}
+
+// Profiles an explicit list of blocks (their modules are moved to options.device).
+Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::Tensor>& inputs,
+                     const ProfileOptions& options = {});
+
+}  // namespace hybridplan

@@ -1,0 +1,92 @@
+// evaluate, search and explain over JSON texts. A Problem is rebuilt from canonical texts on each
+// call: parsing a few hundred nodes costs microseconds next to a search.
+#include <optional>
+#include <string>
+
+#include <pybind11/stl.h>
+
+#include "planner/evaluate.h"
+#include "planner/search.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace hybridplan::python {
+
+Problem make_problem(const std::string& graph_text, const std::string& cluster_text,
+                     const std::optional<std::string>& job_text) {
+  Problem problem;
+  problem.graph = with_source("graph", [&] {
+    return graph_from_json(parse_json_text(graph_text, "graph"), "graph");
+  });
+  problem.cluster = with_source("cluster", [&] {
+    return cluster_from_json(parse_json_text(cluster_text, "cluster"), "cluster");
+  });
+  problem.job = job_text ? with_source("job", [&] {
+    return job_from_json(parse_json_text(*job_text, "job"), "job");
+  }) : default_job();
+  return problem;
+}
+
+namespace {
+
+std::string evaluate_plan(const std::string& graph_text, const std::string& cluster_text,
+                          const std::optional<std::string>& job_text,
+                          const std::string& plan_text, const std::string& plan_source) {
+  const Problem problem = make_problem(graph_text, cluster_text, job_text);
+  return with_source(plan_source, [&] {
+    Plan plan = plan_from_json(parse_json_text(plan_text, plan_source), plan_source);
+    align_assignment_to_graph(plan, problem.graph, plan_source);
+    plan.validate(plan_source, problem.graph, problem.cluster);
+    const Prediction prediction = evaluate(problem, plan);
+    // The keys of a plan's "predicted" object, so evaluate() and a searched plan compare key by
+    // key, plus the objective search minimises.
+    Json out = prediction_to_json(prediction);
+    out["objective"] = objective(problem, prediction);
+    return out.dump();
+  });
+}
+
+std::string search_plans(const std::string& graph_text, const std::string& cluster_text,
+                         const std::optional<std::string>& job_text, int64_t devices, int top_k,
+                         bool placement, bool pipeline, bool dp_only,
+                         int exact_placement_max_nodes) {
+  const Problem problem = make_problem(graph_text, cluster_text, job_text);
+  SearchOptions options;
+  options.devices = devices;
+  options.top_k = top_k;
+  options.placement = placement;
+  options.pipeline = pipeline;
+  options.dp_only = dp_only;
+  options.exact_placement_max_nodes = exact_placement_max_nodes;
+  SearchResult result;
+  {
+    // Searches on big clusters take seconds; let other Python threads (tqdm, servers) run.
+    py::gil_scoped_release release;
+    result = search(problem, options);
+  }
+  Json out = {{"plans", Json::array()},
+              {"candidates_evaluated", result.candidates_evaluated},
+              {"notes", result.notes},
+              {"infeasible", result.infeasible}};
+  for (const Plan& plan : result.plans) {
+    out["plans"].push_back(plan_to_json(plan, problem.graph, problem.cluster));
+  }
+  return out.dump();
+}
+
+}  // namespace
+
+void bind_planner(py::module_& m) {
+  m.def("evaluate", &evaluate_plan, py::arg("graph_text"), py::arg("cluster_text"),
+        py::arg("job_text"), py::arg("plan_text"), py::arg("plan_source") = "plan",
+        "Cost breakdown of a plan (JSON text of the plan's 'predicted' object plus 'objective').");
+  m.def("search", &search_plans, py::arg("graph_text"), py::arg("cluster_text"),
+        py::arg("job_text"), py::arg("devices") = 0, py::arg("top_k") = 5,
+        py::arg("placement") = true, py::arg("pipeline") = true, py::arg("dp_only") = false,
+        py::arg("exact_placement_max_nodes") = SearchOptions{}.exact_placement_max_nodes,
+        "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. Raises "
+        "InfeasibleError when no candidate fits.");
+}
+
+}  // namespace hybridplan::python

@@ -1,0 +1,82 @@
+"""Cross-rank agreement before training: every rank must hold the same plan and the same
+parameter shapes, and no rank may have failed its local checks.
+
+Each rank gathers every rank's report (all_gather_object, under the process group's timeout) and
+then judges the same list, so a problem raises the same ValueError on every rank instead of
+leaving the healthy ranks waiting in a collective that the failed rank never joins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Tuple
+
+import torch.distributed as dist
+from torch import nn
+
+ParamSignature = List[Tuple[str, List[int], str]]  # (state_dict key, shape, dtype)
+
+
+@dataclasses.dataclass
+class RankReport:
+    rank: int
+    plan_sha256: Optional[str]   # None: the plan could not be read on this rank
+    error: Optional[str]         # this rank's local check failure, if any
+    params: ParamSignature
+
+
+def param_signature(module: nn.Module) -> ParamSignature:
+    return [(k, list(v.shape), str(v.dtype)) for k, v in module.state_dict().items()]
+
+
+def _ranks_text(ranks: List[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def judge(reports: List[RankReport]) -> Optional[str]:
+    """The message to raise on every rank, or None when all ranks agree. Plans are compared
+    first: a different plan explains most other differences."""
+    first = reports[0]
+    for other in reports[1:]:
+        if other.plan_sha256 != first.plan_sha256:
+            def sha(r):
+                return (r.plan_sha256 or "unreadable")[:12]
+            return (f"hybridplan.apply: rank {first.rank} and rank {other.rank} hold different "
+                    f"plans (canonical JSON sha256 {sha(first)}... vs {sha(other)}...); "
+                    f"every rank must apply the same plan")
+    failed = [r for r in reports if r.error is not None]
+    if failed:
+        same = [r.rank for r in failed if r.error == failed[0].error]
+        more = len(failed) - len(same)
+        tail = f" (and different errors on {more} other ranks)" if more else ""
+        return f"hybridplan.apply failed on {_ranks_text(same)}{tail}: {failed[0].error}"
+    for other in reports[1:]:
+        if other.params != first.params:
+            return _param_difference(first, other)
+    return None
+
+
+def _param_difference(a: RankReport, b: RankReport) -> str:
+    prefix = f"hybridplan.apply: rank {a.rank} and rank {b.rank} hold different models: "
+    da = {k: (s, t) for k, s, t in a.params}
+    db = {k: (s, t) for k, s, t in b.params}
+    for key in list(da) + list(db):
+        if key not in db:
+            return prefix + f"{key!r} exists on rank {a.rank} but not on rank {b.rank}"
+        if key not in da:
+            return prefix + f"{key!r} exists on rank {b.rank} but not on rank {a.rank}"
+        if da[key] != db[key]:
+            (sa, ta), (sb, tb) = da[key], db[key]
+            return (prefix + f"{key!r} is {ta}{sa} on rank {a.rank} and {tb}{sb} on "
+                    f"rank {b.rank}")
+    return prefix + "parameter order differs"
+
+
+def agree_across_ranks(report: RankReport) -> None:
+    """Gathers every rank's report and raises ValueError (the same on every rank) unless all
+    ranks hold the same plan and parameter shapes and none failed a local check."""
+    reports: List[Optional[RankReport]] = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, report)
+    message = judge([r for r in reports if r is not None])
+    if message is not None:
+        raise ValueError(message)

@@ -1,0 +1,50 @@
+"""Placement mode: one process per replica; each assigned leaf module lives on the replica
+device the plan gives it, and its inputs follow it there (a forward pre-hook moves tensor
+arguments), so branches on different devices run where the planner put them. The replica is
+then wrapped in DistributedDataParallel over all replicas (world = dp)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def _move(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_move(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _move(v, device) for k, v in value.items()}
+    return value
+
+
+def _inputs_follow(device: torch.device):
+    def hook(module, args, kwargs):
+        return _move(args, device), _move(kwargs, device)
+    return hook
+
+
+def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.device]
+          ) -> List[torch.utils.hooks.RemovableHandle]:
+    """Moves the module to devices[0], then each assigned leaf to devices[assignment[name]],
+    with a hook that brings its inputs along. Returns the hook handles."""
+    module.to(devices[0])
+    handles = []
+    for name, k in assignment.items():
+        leaf = module.get_submodule(name)
+        leaf.to(devices[k])
+        if len(set(devices)) > 1:  # on one device (e.g. CPU) there is nothing to move
+            handles.append(leaf.register_forward_pre_hook(_inputs_follow(devices[k]),
+                                                          with_kwargs=True))
+    return handles
+
+
+def wrap_ddp(module: nn.Module, devices: List[torch.device]) -> DistributedDataParallel:
+    """DDP over the default group (one process per replica). device_ids only for a module on one
+    CUDA device; a multi-device or CPU module takes device_ids=None."""
+    single_cuda = len(set(devices)) == 1 and devices[0].type == "cuda"
+    return DistributedDataParallel(module, device_ids=[devices[0]] if single_cuda else None)

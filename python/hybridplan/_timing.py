@@ -1,0 +1,201 @@
+"""Splits the wall time of one forward+backward step among the graph's nodes.
+
+Every moment of the step is charged to exactly one node, so the nodes' times add up to the
+step's time (plus the hooks' own small overhead):
+
+    forward   |--gap--|--node A--|--gap--|--node B--|--tail--|
+               charged    A        charged    B       charged to the last node that ran
+               to A                to B
+    backward  |--seed--|--B's grads ready .. A's grads ready--|--A .. end--|
+               charged     charged to B                         charged to A
+               to B
+
+- Forward: a forward pre-hook and a forward hook on each node mark the clock. The time between
+  two nodes (functional ops such as add, cat, flatten, softmax) is charged to the node that runs
+  next, i.e. the op's consumer; the time after the last node (e.g. a trailing flatten) to it.
+- Backward: a pre-hook on the autograd node (grad_fn) of each node's outputs fires when the
+  gradient of that output is ready, just before the autograd engine runs the node's own
+  backward. The time from there to
+  the next node's mark is charged to the node; so the backward of a functional op (cat, add)
+  that runs right after a node's backward is charged to that node, which is again the op's
+  consumer in the forward pass. The seed gradient's time goes to the first node to start.
+  On CPU the engine runs one autograd node at a time, most recently created first, so node
+  backward intervals do not interleave.
+- Clock (`clock`): "wall" = time.perf_counter (CPU default); "cuda" = CUDA events (read after
+  one synchronize per step; the default on GPU); "thread" = time.thread_time, the CPU time of
+  the calling thread, which on a shared, busy CPU excludes the time other processes hold the
+  cores. "thread" needs torch.get_num_threads() == 1: the CPU autograd engine runs backward on
+  the calling thread, and with one intra-op thread so does every kernel.
+"""
+
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ._tracing import tensors_in
+
+
+CLOCKS = ("auto", "wall", "thread", "cuda")
+
+
+def resolve_clock(clock: str, device: torch.device) -> str:
+    """The clock to use for `clock` on `device`; ValueError where it cannot measure there."""
+    if clock not in CLOCKS:
+        raise ValueError(f"profile: clock must be one of {', '.join(CLOCKS)} (got {clock!r})")
+    if clock == "auto":
+        return "cuda" if device.type == "cuda" else "wall"
+    if (clock == "cuda") != (device.type == "cuda"):
+        raise ValueError(f"profile: clock {clock!r} cannot time device {device} "
+                         "(cuda events time cuda devices; wall and thread time the cpu)")
+    if clock == "thread" and torch.get_num_threads() != 1:
+        raise ValueError("profile: clock 'thread' measures one thread; call "
+                         "torch.set_num_threads(1) first (got torch.get_num_threads() = "
+                         f"{torch.get_num_threads()})")
+    return clock
+
+
+class _Clock:
+    def __init__(self, clock: str):
+        self.cuda = clock == "cuda"
+        self._now = time.thread_time if clock == "thread" else time.perf_counter
+
+    def mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return self._now()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
+        return end - start
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def backward_roots(output: Any) -> List[torch.Tensor]:
+    """The output tensors a step back-propagates from (each seeded with ones)."""
+    return [t for t in tensors_in(output) if t.requires_grad]
+
+
+def run_step(module: nn.Module, inputs: Sequence[torch.Tensor]) -> None:
+    """One forward+backward step as the profiler times it: the output's floating tensors are
+    back-propagated with all-ones gradients (the gradient of sum(output))."""
+    roots = backward_roots(module(*inputs))
+    torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+
+
+class StepTimer:
+    """Hooks on the node modules that time steps; `step()` runs one and returns
+    (forward_s, backward_s) per node name."""
+
+    def __init__(self, module: nn.Module, nodes: Dict[str, nn.Module], clock: str):
+        self.module = module
+        self.clock = _Clock(clock)
+        self._handles = []
+        self._grad_hooks = {name: self._grads_ready(name) for name in nodes}
+        for name, mod in nodes.items():
+            self._handles.append(mod.register_forward_pre_hook(self._forward_mark(name)))
+            self._handles.append(mod.register_forward_hook(self._forward_end(name)))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.forward_marks: List[Tuple[Any, str]] = []   # (clock mark, node charged up to it)
+        self.backward_marks: List[Tuple[Any, str]] = []
+        self.last_forward: Optional[str] = None
+        self.backward_owner: Optional[str] = None
+
+    def _forward_mark(self, name: str) -> Callable:
+        def hook(mod, args):
+            self.forward_marks.append((self.clock.mark(), name))
+        return hook
+
+    def _forward_end(self, name: str) -> Callable:
+        def hook(mod, args, output):
+            self.forward_marks.append((self.clock.mark(), name))
+            self.last_forward = name
+            hooked = set()
+            for t in tensors_in(output):
+                fn = t.grad_fn
+                if fn is not None and fn not in hooked:
+                    # a pre-hook on the autograd node that computes this output: it runs when
+                    # the output's gradient is complete (cheaper than Tensor.register_hook)
+                    fn.register_prehook(self._grad_hooks[name])
+                    hooked.add(fn)
+        return hook
+
+    def _grads_ready(self, name: str) -> Callable:
+        def hook(grad_outputs):
+            self.backward_marks.append((self.clock.mark(), self.backward_owner or name))
+            self.backward_owner = name
+        return hook
+
+    def step(self, inputs: Sequence[torch.Tensor]) -> Tuple[Dict[str, float], Dict[str, float]]:
+        self.module.zero_grad(set_to_none=True)
+        self._reset()
+        self.clock.sync()
+        start = self.clock.mark()
+        roots = backward_roots(self.module(*inputs))
+        seeds = [torch.ones_like(t) for t in roots]
+        forward_end = self.clock.mark()
+        torch.autograd.backward(roots, seeds)
+        backward_end = self.clock.mark()
+        self.clock.sync()
+        last = self.last_forward
+        forward_s = self._split(start, self.forward_marks + [(forward_end, last)])
+        backward_s = self._split(
+            forward_end, self.backward_marks + [(backward_end, self.backward_owner or last)])
+        return forward_s, backward_s
+
+    def _split(self, start: Any, marks: List[Tuple[Any, str]]) -> Dict[str, float]:
+        charged: Dict[str, float] = {}
+        previous = start
+        for mark, owner in marks:
+            charged[owner] = charged.get(owner, 0.0) + self.clock.seconds(previous, mark)
+            previous = mark
+        return charged
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def count_flops(module: nn.Module, nodes: Dict[str, nn.Module],
+                inputs: Sequence[torch.Tensor]) -> Dict[str, float]:
+    """Forward FLOPs per node (torch.utils.flop_counter), charged like forward time: a
+    functional op's FLOPs (e.g. attention's bmm in a parent's forward) go to the next node."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    marks: List[Tuple[float, str]] = []
+    last: List[str] = []
+
+    def mark(name):
+        def hook(mod, *args):
+            marks.append((counter.get_total_flops(), name))
+            last[:] = [name]
+        return hook
+
+    handles = []
+    for name, mod in nodes.items():
+        handles.append(mod.register_forward_pre_hook(mark(name)))
+        handles.append(mod.register_forward_hook(mark(name)))
+    try:
+        with counter:
+            module(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    flops: Dict[str, float] = {}
+    previous = 0
+    for total, name in marks + [(counter.get_total_flops(), last[0] if last else "")]:
+        if name:
+            flops[name] = flops.get(name, 0.0) + float(total - previous)
+        previous = total
+    return flops

@@ -1,0 +1,288 @@
+"""Which modules become graph nodes, and which node feeds which (the graph's edges).
+
+Nodes: leaf submodules (no children), plus modules that hold parameters directly while none of
+their descendants do (e.g. an attention module with its own weight and a parameter-free child):
+such a module is one node and its children are not. Parameters held directly by a module whose
+descendants also hold parameters are charged to its first node in execution order.
+
+Edges come from the real dataflow, two ways:
+- torch.fx: trace with the node modules as leaves (call_module), then walk each node's
+  arguments back through functional ops (add, cat, flatten, getitem, ...) to the node modules
+  that produced them;
+- hooks (fallback for models fx cannot trace): run the model once with forward hooks that
+  remember which node produced which tensor (by tensor identity, by autograd grad_fn, and by
+  storage for views of tensors without autograd history) and look up each node's inputs.
+Edge bytes are the bytes of the producer's output tensors the consumer reads (for an LSTM whose
+consumer reads only `output`, not `(h, c)`, only `output`).
+"""
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx
+from torch import nn
+
+EdgeKey = Tuple[str, str]  # (producer node name, consumer node name)
+
+
+def select_nodes(module: nn.Module) -> Dict[str, nn.Module]:
+    """Qualified name -> module for every node module, in `named_modules` order. A root that is
+    itself a leaf is named after its class (a graph node name must be non-empty)."""
+    nodes: Dict[str, nn.Module] = {}
+
+    def visit(name: str, mod: nn.Module) -> None:
+        children = list(mod.named_children())
+        owns_params = any(True for _ in mod.parameters(recurse=False))
+        children_own_params = any(True for _, c in children for _ in c.parameters())
+        if not children or (owns_params and not children_own_params):
+            nodes[name or type(mod).__name__] = mod
+            return
+        for child_name, child in children:
+            visit(f"{name}.{child_name}" if name else child_name, child)
+
+    visit("", module)
+    return nodes
+
+
+def orphan_param_bytes(module: nn.Module, nodes: Dict[str, nn.Module]) -> Dict[str, int]:
+    """Owner qualified name -> bytes of parameters held directly by non-node modules."""
+    node_modules = {id(m) for m in nodes.values()}
+    inside_nodes = {id(sub) for m in nodes.values() for sub in m.modules()}
+    out: Dict[str, int] = {}
+    for name, mod in module.named_modules():
+        if id(mod) in node_modules or id(mod) in inside_nodes:
+            continue
+        total = sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
+        if total:
+            out[name] = total
+    return out
+
+
+def tensors_in(value: Any) -> List[torch.Tensor]:
+    """Every tensor in a nested tuple/list/dict, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def nbytes_tree(value: Any) -> Any:
+    """The nested structure of `value` with each tensor replaced by its size in bytes."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return [nbytes_tree(v) for v in value]
+    if isinstance(value, dict):
+        return {k: nbytes_tree(v) for k, v in value.items()}
+    return 0
+
+
+def tree_total(tree: Any) -> int:
+    if isinstance(tree, int):
+        return tree
+    if isinstance(tree, list):
+        return sum(tree_total(v) for v in tree)
+    if isinstance(tree, dict):
+        return sum(tree_total(v) for v in tree.values())
+    return 0
+
+
+def shapes_of(value: Any) -> List[List[int]]:
+    return [list(t.shape) for t in tensors_in(value)]
+
+
+@dataclass
+class Dataflow:
+    """What one hooked forward pass saw."""
+    order: List[str] = field(default_factory=list)           # node names, first-call order
+    output_tree: Dict[str, Any] = field(default_factory=dict)  # first call's output nbytes_tree
+    edges: Dict[EdgeKey, int] = field(default_factory=dict)  # hook-derived edges -> bytes
+
+
+class _Producers:
+    """Remembers which node produced which tensor during one forward pass."""
+
+    def __init__(self) -> None:
+        self.by_id: Dict[int, Tuple[str, int]] = {}        # id(tensor) -> (node, bytes)
+        self.by_grad_fn: Dict[int, Tuple[str, Dict[int, int]]] = {}  # id(grad_fn) -> node, nr->bytes
+        self.by_storage: Dict[int, Tuple[str, int]] = {}    # storage data_ptr -> (node, bytes)
+        self._keep_alive: List[Any] = []  # ids are only unique while the objects live
+
+    def add_outputs(self, name: str, output: Any) -> None:
+        for t in tensors_in(output):
+            nbytes = t.numel() * t.element_size()
+            self._keep_alive.append(t)
+            self.by_id[id(t)] = (name, nbytes)
+            if t.grad_fn is not None:
+                self._keep_alive.append(t.grad_fn)
+                _, per_output = self.by_grad_fn.setdefault(id(t.grad_fn), (name, {}))
+                per_output[t.output_nr] = per_output.get(t.output_nr, 0) + nbytes
+            if t.numel() and t.device.type != "meta":
+                self.by_storage[t.untyped_storage().data_ptr()] = (name, nbytes)
+
+    def producers_of(self, t: torch.Tensor) -> Dict[Tuple[str, Any], int]:
+        """(producer, distinguishing key) -> bytes, for the node outputs `t` was computed from."""
+        if id(t) in self.by_id:
+            name, nbytes = self.by_id[id(t)]
+            return {(name, id(t)): nbytes}
+        if t.grad_fn is not None:
+            return self._walk_autograd(t.grad_fn, t.output_nr)
+        if t.numel() and t.untyped_storage().data_ptr() in self.by_storage:
+            name, nbytes = self.by_storage[t.untyped_storage().data_ptr()]
+            return {(name, ("storage", name)): nbytes}
+        return {}
+
+    def _walk_autograd(self, grad_fn: Any, output_nr: int) -> Dict[Tuple[str, Any], int]:
+        found: Dict[Tuple[str, Any], int] = {}
+        stack = [(grad_fn, output_nr)]
+        seen = set()
+        while stack:
+            fn, nr = stack.pop()
+            if fn is None or (id(fn), nr) in seen:
+                continue
+            seen.add((id(fn), nr))
+            if id(fn) in self.by_grad_fn:
+                name, per_output = self.by_grad_fn[id(fn)]
+                found[(name, (id(fn), nr))] = per_output.get(nr, sum(per_output.values()))
+                continue
+            stack.extend(fn.next_functions)
+        return found
+
+
+def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
+                    inputs: Sequence[torch.Tensor]) -> Tuple[Dataflow, Any]:
+    """Runs module(*inputs) once with hooks; returns what it saw and the output. A failing
+    forward becomes a ValueError naming the node that was running and its input shapes."""
+    flow = Dataflow()
+    producers = _Producers()
+    running: List[Tuple[str, Any]] = []  # (node, input shapes) of nodes entered, not left
+
+    def pre_hook(name):
+        def hook(mod, args, kwargs):
+            consumed: Dict[Tuple[str, Any], int] = {}
+            for t in tensors_in((args, kwargs)):
+                consumed.update(producers.producers_of(t))
+            for (src, _), nbytes in consumed.items():
+                if src != name:
+                    flow.edges[(src, name)] = flow.edges.get((src, name), 0) + nbytes
+            running.append((name, shapes_of((args, kwargs))))
+        return hook
+
+    def post_hook(name):
+        def hook(mod, args, kwargs, output):
+            running.pop()
+            if name not in flow.output_tree:
+                flow.order.append(name)
+                flow.output_tree[name] = nbytes_tree(output)
+            producers.add_outputs(name, output)
+        return hook
+
+    handles = []
+    for name, mod in nodes.items():
+        handles.append(mod.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
+        handles.append(mod.register_forward_hook(post_hook(name), with_kwargs=True))
+    try:
+        output = module(*inputs)
+    except Exception as exc:  # re-raised as ValueError naming where the forward failed
+        raise ValueError(_forward_failure(module, nodes, flow, running, inputs, exc)) from exc
+    finally:
+        for h in handles:
+            h.remove()
+    return flow, output
+
+
+def _forward_failure(module, nodes, flow, running, inputs, exc) -> str:
+    given = shapes_of(inputs)
+    if running:
+        name, shapes = running[-1]
+        where = f"module '{name}' ({type(nodes[name]).__name__}) with input shapes {shapes}"
+    elif flow.order:
+        where = f"code after module '{flow.order[-1]}' in {type(module).__name__}.forward"
+    else:
+        where = f"{type(module).__name__}.forward before any submodule ran"
+    return (f"profile: forward failed in {where}; example_inputs shapes {given}: "
+            f"{type(exc).__name__}: {exc}")
+
+
+# ---- torch.fx ---------------------------------------------------------------------------------
+
+class _NodeTracer(torch.fx.Tracer):
+    """Traces node modules as call_module leaves and everything else through."""
+
+    def __init__(self, node_names):
+        super().__init__()
+        self.node_names = set(node_names)
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return module_qualified_name in self.node_names
+
+
+def fx_edges(module: nn.Module, nodes: Dict[str, nn.Module], flow: Dataflow) -> Dict[EdgeKey, int]:
+    """Edges from a torch.fx trace; raises whatever fx raises on untraceable models. Bytes come
+    from the hooked run's outputs, indexed by the getitem path the consumer reads."""
+    root_is_node = len(nodes) == 1 and next(iter(nodes.values())) is module
+    if root_is_node:
+        return {}
+    graph = _NodeTracer(nodes).trace(module)
+    edges: Dict[EdgeKey, int] = {}
+    for fx_node in graph.nodes:
+        if not _is_node_call(fx_node, nodes):
+            continue
+        consumer = fx_node.target
+        for producer, path in _fx_producers(fx_node, nodes):
+            if producer == consumer or producer not in flow.output_tree:
+                continue
+            nbytes = tree_total(_index(flow.output_tree[producer], path))
+            edges[(producer, consumer)] = edges.get((producer, consumer), 0) + nbytes
+    return edges
+
+
+def _is_node_call(n: torch.fx.Node, nodes) -> bool:
+    return n.op == "call_module" and n.target in nodes
+
+
+def _getitem_chain(n: torch.fx.Node, nodes) -> Optional[Tuple[str, Tuple[Any, ...]]]:
+    """For getitem(getitem(node_call, i), j): (node name, (i, j)); None if not such a chain."""
+    path: List[Any] = []
+    while n.op == "call_function" and n.target is operator.getitem:
+        path.append(n.args[1])
+        n = n.args[0]
+    if path and _is_node_call(n, nodes):
+        return n.target, tuple(reversed(path))
+    return None
+
+
+def _fx_producers(consumer: torch.fx.Node, nodes) -> set:
+    """{(producer node name, index path read)} reachable from the consumer's arguments through
+    non-node fx nodes."""
+    found = set()
+    stack = list(consumer.all_input_nodes)
+    seen = set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if _is_node_call(n, nodes):
+            found.add((n.target, ()))
+            continue
+        chain = _getitem_chain(n, nodes)
+        if chain is not None:
+            found.add(chain)
+            continue
+        stack.extend(n.all_input_nodes)
+    return found
+
+
+def _index(tree: Any, path: Tuple[Any, ...]) -> Any:
+    for key in path:
+        try:
+            tree = tree[key]
+        except (IndexError, KeyError, TypeError):
+            return tree  # a path fx saw but the run did not produce: charge the whole output
+    return tree

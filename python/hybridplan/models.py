@@ -1,0 +1,242 @@
+"""Built-in models: small stand-ins for the paper's three networks, sized to profile and train in
+milliseconds on a CPU.
+
+    branchy_cnn  Inception-style CNN: parallel branches concatenated (Inception-V3's shape)
+    gnmt_lstm    GNMT-style LSTM encoder-decoder with residual connections and attention
+    biglstm      BigLSTM-style language model: embedding, 2 projected LSTMs, a large softmax
+
+Every model is deterministic and trains the same under any split (the executor's tests compare
+against single-process training), so: no BatchNorm (GroupNorm instead), no dropout, no in-place
+ops, no data-dependent control flow (each forward is torch.fx symbolic_trace-able), and all
+sequence models are batch_first so dim 0 of every input is the batch.
+
+Each model carries its own example data and loss:
+
+    model = hybridplan.models.branchy_cnn()
+    inputs = model.example_inputs(batch_size=8)          # tuple, pass as model(*inputs)
+    target = model.example_target(batch_size=8)
+    loss = model.loss(model(*inputs), target)
+
+Factories take a `seed` and leave the global RNG untouched, so two calls build identical models.
+"""
+
+from typing import Callable, Dict, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["BranchyCNN", "GnmtLstm", "BigLstm", "branchy_cnn", "gnmt_lstm", "biglstm",
+           "MODELS", "get"]
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+class _ExampleData:
+    """Example inputs, targets and the training loss; mixed into each built-in model."""
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of logits `output` (..., classes) against class ids `target` (...)."""
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+# ---- branchy_cnn ------------------------------------------------------------------------------
+
+class ConvNormAct(nn.Module):
+    """conv -> GroupNorm -> ReLU (functional, so the ReLU folds into the next node)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride,
+                              padding=kernel_size // 2, bias=False)
+        self.norm = nn.GroupNorm(num_groups=4, num_channels=out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.norm(self.conv(x)))
+
+
+class InceptionBlock(nn.Module):
+    """Four parallel branches (1x1; 1x1->3x3; 1x1->3x3->3x3; maxpool->1x1) concatenated on
+    channels, as in Inception-V3's mixed blocks (https://arxiv.org/abs/1512.00567)."""
+
+    def __init__(self, in_channels: int, width: int):
+        super().__init__()
+        self.branch1x1 = ConvNormAct(in_channels, width, 1)
+        self.branch3x3_reduce = ConvNormAct(in_channels, width, 1)
+        self.branch3x3 = ConvNormAct(width, width, 3)
+        self.branch5x5_reduce = ConvNormAct(in_channels, width, 1)
+        self.branch5x5_a = ConvNormAct(width, width, 3)
+        self.branch5x5_b = ConvNormAct(width, width, 3)
+        self.branch_pool = nn.MaxPool2d(kernel_size=3, stride=1, padding=1)
+        self.branch_pool_proj = ConvNormAct(in_channels, width, 1)
+        self.out_channels = 4 * width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b1 = self.branch1x1(x)
+        b3 = self.branch3x3(self.branch3x3_reduce(x))
+        b5 = self.branch5x5_b(self.branch5x5_a(self.branch5x5_reduce(x)))
+        bp = self.branch_pool_proj(self.branch_pool(x))
+        return torch.cat([b1, b3, b5, bp], dim=1)
+
+
+class BranchyCNN(_ExampleData, nn.Module):
+    """Stem, two Inception-style blocks, global average pool, classifier. Input (B, 3, H, W)."""
+
+    def __init__(self, num_classes: int = 10, width: int = 16, image_size: int = 32):
+        super().__init__()
+        self.num_classes = num_classes
+        self.image_size = image_size
+        self.stem = ConvNormAct(3, 2 * width, 3, stride=2)
+        self.block1 = InceptionBlock(2 * width, width)
+        self.reduce = ConvNormAct(self.block1.out_channels, 2 * width, 3, stride=2)
+        self.block2 = InceptionBlock(2 * width, width)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(self.block2.out_channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.block2(self.reduce(self.block1(self.stem(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+        shape = (batch_size, 3, self.image_size, self.image_size)
+        return (torch.randn(shape, generator=_generator(seed)),)
+
+    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
+        return torch.randint(0, self.num_classes, (batch_size,), generator=_generator(seed))
+
+
+# ---- gnmt_lstm --------------------------------------------------------------------------------
+
+class DotAttention(nn.Module):
+    """Luong-style attention (https://arxiv.org/abs/1508.04025), one leaf with its own weight:
+    context = softmax((q W) k^T) k for decoder states q (B, T, H) and encoder states k (B, S, H)."""
+
+    def __init__(self, hidden_size: int, generator: torch.Generator):
+        super().__init__()
+        scale = hidden_size ** -0.5
+        self.query_weight = nn.Parameter(
+            torch.randn(hidden_size, hidden_size, generator=generator) * scale)
+
+    def forward(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        scores = torch.bmm(query @ self.query_weight, keys.transpose(1, 2))
+        return torch.bmm(torch.softmax(scores, dim=-1), keys)
+
+
+class GnmtLstm(_ExampleData, nn.Module):
+    """GNMT-style encoder-decoder (https://arxiv.org/abs/1609.08144), scaled down: a
+    bidirectional first encoder layer, residual connections from the third layer on, attention
+    fed into every decoder layer after the first. Inputs: source and target token ids (B, S), (B, T)."""
+
+    def __init__(self, vocab_size: int = 1000, hidden_size: int = 64, src_len: int = 12,
+                 tgt_len: int = 12, seed: int = 0):
+        super().__init__()
+        self.vocab_size, self.src_len, self.tgt_len = vocab_size, src_len, tgt_len
+        h = hidden_size
+        self.enc_embed = nn.Embedding(vocab_size, h)
+        self.enc_lstm0 = nn.LSTM(h, h // 2, batch_first=True, bidirectional=True)
+        self.enc_lstm1 = nn.LSTM(h, h, batch_first=True)
+        self.enc_lstm2 = nn.LSTM(h, h, batch_first=True)
+        self.enc_lstm3 = nn.LSTM(h, h, batch_first=True)
+        self.dec_embed = nn.Embedding(vocab_size, h)
+        self.dec_lstm0 = nn.LSTM(h, h, batch_first=True)
+        self.attention = DotAttention(h, _generator(seed + 1))
+        self.dec_lstm1 = nn.LSTM(2 * h, h, batch_first=True)
+        self.dec_lstm2 = nn.LSTM(2 * h, h, batch_first=True)
+        self.dec_lstm3 = nn.LSTM(2 * h, h, batch_first=True)
+        self.classifier = nn.Linear(h, vocab_size)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        x = self.enc_lstm0(self.enc_embed(src))[0]
+        x = self.enc_lstm1(x)[0]
+        x = x + self.enc_lstm2(x)[0]
+        enc = x + self.enc_lstm3(x)[0]
+        y = self.dec_lstm0(self.dec_embed(tgt))[0]
+        context = self.attention(y, enc)
+        y = self.dec_lstm1(torch.cat([y, context], dim=-1))[0]
+        y = y + self.dec_lstm2(torch.cat([y, context], dim=-1))[0]
+        y = y + self.dec_lstm3(torch.cat([y, context], dim=-1))[0]
+        return self.classifier(y)
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+        g = _generator(seed)
+        src = torch.randint(0, self.vocab_size, (batch_size, self.src_len), generator=g)
+        tgt = torch.randint(0, self.vocab_size, (batch_size, self.tgt_len), generator=g)
+        return (src, tgt)
+
+    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
+        return torch.randint(0, self.vocab_size, (batch_size, self.tgt_len),
+                             generator=_generator(seed))
+
+
+# ---- biglstm ----------------------------------------------------------------------------------
+
+class BigLstm(_ExampleData, nn.Module):
+    """BigLSTM-style language model (Jozefowicz et al., https://arxiv.org/abs/1602.02410), scaled
+    down: embedding, two LSTM layers with projection (LSTMP, nn.LSTM proj_size), and a softmax
+    layer over a vocabulary large relative to the rest, so the classifier dominates parameters.
+    Input: token ids (B, T); output: next-token logits (B, T, vocab)."""
+
+    def __init__(self, vocab_size: int = 4096, embed_size: int = 64, hidden_size: int = 128,
+                 seq_len: int = 16):
+        super().__init__()
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+        self.embed = nn.Embedding(vocab_size, embed_size)
+        self.lstm0 = nn.LSTM(embed_size, hidden_size, proj_size=embed_size, batch_first=True)
+        self.lstm1 = nn.LSTM(embed_size, hidden_size, proj_size=embed_size, batch_first=True)
+        self.softmax = nn.Linear(embed_size, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.lstm0(self.embed(tokens))[0]
+        x = self.lstm1(x)[0]
+        return self.softmax(x)
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+        shape = (batch_size, self.seq_len)
+        return (torch.randint(0, self.vocab_size, shape, generator=_generator(seed)),)
+
+    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
+        return torch.randint(0, self.vocab_size, (batch_size, self.seq_len),
+                             generator=_generator(seed))
+
+
+# ---- factories --------------------------------------------------------------------------------
+
+def _seeded(build: Callable[[], nn.Module], seed: int) -> nn.Module:
+    # fork_rng: parameter init draws from the global RNG; keep the caller's stream untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def branchy_cnn(seed: int = 0, **kwargs) -> BranchyCNN:
+    """Inception-style CNN; kwargs: num_classes, width, image_size."""
+    return _seeded(lambda: BranchyCNN(**kwargs), seed)
+
+
+def gnmt_lstm(seed: int = 0, **kwargs) -> GnmtLstm:
+    """GNMT-style LSTM encoder-decoder; kwargs: vocab_size, hidden_size, src_len, tgt_len."""
+    return _seeded(lambda: GnmtLstm(seed=seed, **kwargs), seed)
+
+
+def biglstm(seed: int = 0, **kwargs) -> BigLstm:
+    """BigLSTM-style language model; kwargs: vocab_size, embed_size, hidden_size, seq_len."""
+    return _seeded(lambda: BigLstm(**kwargs), seed)
+
+
+MODELS: Dict[str, Callable[..., nn.Module]] = {
+    "branchy_cnn": branchy_cnn, "gnmt_lstm": gnmt_lstm, "biglstm": biglstm}
+
+
+def get(name: str, **kwargs) -> nn.Module:
+    """Builds the built-in model `name` (one of MODELS)."""
+    if name not in MODELS:
+        raise ValueError(f"models: unknown model {name!r} (expected one of {sorted(MODELS)})")
+    return MODELS[name](**kwargs)

@@ -1,0 +1,450 @@
+"""The planner from Python: Graph, Cluster, Job and Plan values; plan, search, evaluate, explain.
+
+    graph = Graph.load("inception_v3.graph.json")           # or Graph.from_dict(d)
+    best = plan(graph, "dgx1-v100", job, devices=32)         # the best Plan
+    best.dp, best.mp, best.mode, best.predicted["step_s"]
+    best.save("plan.json"); print(best.explain())
+
+Each value wraps one validated JSON document (docs/formats.md) and is immutable: `from_dict`
+validates through the C++ planner (hybridplan._C) and `to_dict` returns a copy. Bad input raises
+ValueError carrying the C++ message, `<source>: <json.path> <rule> (got <value>)`. A valid
+request that no plan satisfies (e.g. the model does not fit in memory on that many devices)
+raises InfeasibleError, a RuntimeError subclass: it is not malformed input, so `except ValueError`
+around input handling does not swallow it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from . import _C
+
+InfeasibleError = _C.InfeasibleError
+
+PathLike = Union[str, "os.PathLike[str]"]
+MODES = ("placement", "pipeline")
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def _json_default(value: Any) -> Any:
+    # numpy and torch scalars/arrays (what a profiler tends to produce) serialise as numbers.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _dumps(d: Any, source: str) -> str:
+    if not isinstance(d, dict):
+        raise ValueError(f"{source}: $ must be a JSON object (got {type(d).__name__})")
+    try:
+        return json.dumps(d, default=_json_default, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: $ must be JSON-serializable with finite numbers ({e})") from None
+
+
+def _read_text(path: PathLike) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{os.fspath(path)}: cannot be read ({e.strerror})") from None
+
+
+def _atomic_write(path: PathLike, text: str) -> None:
+    """Writes `text` to a temporary file beside `path`, then renames it over `path`, so a reader
+    never sees half a file."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike))
+
+
+# ---- the four documents ----------------------------------------------------------------------
+
+class _Document:
+    """One validated JSON document. Subclasses name the _C function that validates it."""
+
+    _kind = "document"
+
+    def __init__(self, text: str, _validated: bool = False):
+        if not _validated:
+            raise TypeError(f"use {type(self).__name__}.from_dict / .load to build one")
+        self._text = text
+        self._dict = json.loads(text)
+
+    @classmethod
+    def _validate(cls, text: str, source: str) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>"):
+        """Validates `d` (ValueError naming `source` and the JSON path when it is bad)."""
+        return cls(cls._validate(_dumps(d, source), source), _validated=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<json>"):
+        return cls(cls._validate(text, source), _validated=True)
+
+    @classmethod
+    def load(cls, path: PathLike):
+        return cls.from_json(_read_text(path), os.fspath(path))
+
+    def to_dict(self) -> dict:
+        return copy.deepcopy(self._dict)
+
+    def to_json(self) -> str:
+        """The canonical JSON text (sorted keys, no spaces), as the C++ planner writes it."""
+        return self._text
+
+    def save(self, path: PathLike) -> None:
+        """Writes the canonical JSON atomically (temporary file + rename)."""
+        _atomic_write(path, self._text)
+
+    @property
+    def name(self) -> str:
+        return self._dict.get("name", "")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._dict == self._dict
+
+    def __hash__(self) -> int:
+        return hash(self._text)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class Graph(_Document):
+    """A profiled dataflow graph (kind "hybridplan.graph")."""
+
+    _kind = "graph"
+
+    @classmethod
+    def _validate(cls, text: str, source: str) -> str:
+        return _C.canonical_graph(text, source)
+
+    @property
+    def nodes(self) -> list:
+        return copy.deepcopy(self._dict["nodes"])
+
+    @property
+    def edges(self) -> list:
+        return copy.deepcopy(self._dict["edges"])
+
+    @property
+    def node_names(self) -> list:
+        return [n["name"] for n in self._dict["nodes"]]
+
+    @property
+    def batch_size(self) -> int:
+        """The batch the node times were measured at (profiled.batch_size)."""
+        return self._dict["profiled"]["batch_size"]
+
+    @property
+    def sha256(self) -> str:
+        """Hex sha256 of the canonical JSON: the identity a Plan names."""
+        if not hasattr(self, "_sha256"):
+            self._sha256 = _C.graph_sha256(self._text, self.name or "graph")
+        return self._sha256
+
+    def __repr__(self) -> str:
+        return f"Graph(name={self.name!r}, nodes={len(self._dict['nodes'])})"
+
+
+class Cluster(_Document):
+    """Devices and links (kind "hybridplan.cluster")."""
+
+    _kind = "cluster"
+
+    @classmethod
+    def _validate(cls, text: str, source: str) -> str:
+        return _C.canonical_cluster(text, source)
+
+    @classmethod
+    def preset(cls, name: str) -> "Cluster":
+        """A shipped preset (see presets()); ValueError listing the names when unknown."""
+        return cls.from_json(_C.preset_text(name), f"preset {name}")
+
+    @classmethod
+    def load(cls, path_or_preset: PathLike) -> "Cluster":
+        """A cluster file, or a preset name when no such file exists (as the CLI's --cluster)."""
+        if isinstance(path_or_preset, str) and not os.path.exists(path_or_preset) \
+                and path_or_preset in _C.preset_names():
+            return cls.preset(path_or_preset)
+        return super().load(path_or_preset)
+
+    def with_num_nodes(self, num_nodes: int) -> "Cluster":
+        """The same cluster with `num_nodes` nodes (e.g. DGX-1 x 128 from the one-node preset)."""
+        d = self.to_dict()
+        d["num_nodes"] = num_nodes
+        return Cluster.from_dict(d, f"{self.name} with num_nodes={num_nodes}")
+
+    @property
+    def num_nodes(self) -> int:
+        return self._dict["num_nodes"]
+
+    @property
+    def devices_per_node(self) -> int:
+        return self._dict["devices_per_node"]
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def __repr__(self) -> str:
+        return f"Cluster(name={self.name!r}, num_devices={self.num_devices})"
+
+
+class Job(_Document):
+    """What is trained and how it converges (kind "hybridplan.job")."""
+
+    _kind = "job"
+
+    @classmethod
+    def _validate(cls, text: str, source: str) -> str:
+        return _C.canonical_job(text, source)
+
+    @classmethod
+    def default(cls) -> "Job":
+        """No convergence model: the objective is samples/s at the profiled batch."""
+        return cls.from_json(_C.default_job(), "default job")
+
+    def __repr__(self) -> str:
+        model = self._dict.get("convergence", {}).get("model", "none")
+        return f"Job(convergence={model!r})"
+
+
+class Plan(_Document):
+    """One complete decision (kind "hybridplan.plan"): the contract read by the executor.
+
+    `from_dict`/`load` check the plan's structure; `validate(graph, cluster)` checks it against
+    what it is applied to (graph sha256, world size, mesh, assignment).
+    """
+
+    _kind = "plan"
+
+    @classmethod
+    def _validate(cls, text: str, source: str) -> str:
+        _C.check_plan(text, source)
+        # Without the graph there is no canonical form (names come from it); keep the text.
+        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+
+    def validate(self, graph: Union["Graph", dict, PathLike],
+                 cluster: Union["Cluster", dict, PathLike]) -> "Plan":
+        """This plan checked against `graph` and `cluster` (ValueError on any mismatch)."""
+        g, c = _as_graph(graph), _as_cluster(cluster)
+        text = _C.validate_plan(self._text, "plan", g.to_json(), c.to_json())
+        return Plan(text, _validated=True)
+
+    @property
+    def name(self) -> str:
+        return self._dict["graph"]["name"]
+
+    @property
+    def graph_sha256(self) -> str:
+        return self._dict["graph"]["sha256"]
+
+    @property
+    def cluster_name(self) -> str:
+        return self._dict["cluster"]["name"]
+
+    @property
+    def dp(self) -> int:
+        return self._dict["dp"]
+
+    @property
+    def mp(self) -> int:
+        return self._dict["mp"]
+
+    @property
+    def mode(self) -> str:
+        return self._dict["mode"]
+
+    @property
+    def world_size(self) -> int:
+        return self._dict["world_size"]
+
+    @property
+    def schedule(self) -> str:
+        return self._dict["schedule"]
+
+    @property
+    def num_microbatches(self) -> int:
+        return self._dict["num_microbatches"]
+
+    @property
+    def per_replica_batch(self) -> int:
+        return self._dict["per_replica_batch"]
+
+    @property
+    def global_batch(self) -> int:
+        return self._dict["global_batch"]
+
+    @property
+    def mesh(self) -> list:
+        """mesh[replica][k]: global device index of replica's k-th device."""
+        return copy.deepcopy(self._dict["mesh"])
+
+    @property
+    def assignment(self) -> dict:
+        """Node name -> replica-local device (placement) or stage (pipeline)."""
+        return {a["name"]: a["device"] for a in self._dict["assignment"]}
+
+    @property
+    def predicted(self) -> dict:
+        return copy.deepcopy(self._dict.get("predicted", {}))
+
+    def explain(self) -> str:
+        """A human-readable account of the plan (as `hybridplan explain`)."""
+        return explain(self)
+
+    def __repr__(self) -> str:
+        return (f"Plan(graph={self.name!r}, dp={self.dp}, mp={self.mp}, mode={self.mode!r}, "
+                f"world_size={self.world_size})")
+
+
+# ---- coercions: accept values, dicts or paths wherever a document is expected ------------------
+
+def _as_graph(g: Union[Graph, dict, PathLike]) -> Graph:
+    if isinstance(g, Graph):
+        return g
+    if isinstance(g, dict):
+        return Graph.from_dict(g)
+    if _is_path(g):
+        return Graph.load(g)
+    raise ValueError(f"graph must be a Graph, dict or path (got {type(g).__name__})")
+
+
+def _as_cluster(c: Union[Cluster, dict, PathLike]) -> Cluster:
+    if isinstance(c, Cluster):
+        return c
+    if isinstance(c, dict):
+        return Cluster.from_dict(c)
+    if _is_path(c):
+        return Cluster.load(c)
+    raise ValueError(f"cluster must be a Cluster, dict, path or preset name "
+                     f"(got {type(c).__name__})")
+
+
+def _as_job(j: Union[Job, dict, PathLike, None]) -> Optional[Job]:
+    if j is None or isinstance(j, Job):
+        return j
+    if isinstance(j, dict):
+        return Job.from_dict(j)
+    if _is_path(j):
+        return Job.load(j)
+    raise ValueError(f"job must be a Job, dict, path or None (got {type(j).__name__})")
+
+
+def _as_plan(p: Union[Plan, dict, PathLike]) -> Plan:
+    if isinstance(p, Plan):
+        return p
+    if isinstance(p, dict):
+        return Plan.from_dict(p)
+    if _is_path(p):
+        return Plan.load(p)
+    raise ValueError(f"plan must be a Plan, dict or path (got {type(p).__name__})")
+
+
+def load_graph(path: PathLike) -> Graph:
+    return Graph.load(path)
+
+
+def load_cluster(path_or_preset: PathLike) -> Cluster:
+    return Cluster.load(path_or_preset)
+
+
+def load_job(path: PathLike) -> Job:
+    return Job.load(path)
+
+
+def load_plan(path: PathLike) -> Plan:
+    return Plan.load(path)
+
+
+def presets() -> list:
+    """Names of the shipped cluster presets (Cluster.preset(name) loads one)."""
+    return list(_C.preset_names())
+
+
+# ---- planning ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    plans: list                  # best first, each with .predicted
+    candidates_evaluated: int
+    notes: list                  # e.g. heuristic placement gaps
+    infeasible: list             # why rejected candidates did not fit
+
+
+def _mode_flags(modes: Iterable[str]) -> tuple:
+    modes = tuple(modes)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"modes must be a non-empty subset of {MODES} (got {modes!r})")
+    return "placement" in modes, "pipeline" in modes
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1 (got {value!r})")
+    return value
+
+
+def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 5,
+           modes: Sequence[str] = MODES, dp_only: bool = False) -> SearchResult:
+    """Searches dp x mp x mode x micro-batches x device mapping on `devices` devices of `cluster`
+    (all of them when None). `dp_only` restricts to mp = 1, the pure data-parallel baseline.
+    Raises InfeasibleError when nothing fits."""
+    g, c, j = _as_graph(graph), _as_cluster(cluster), _as_job(job)
+    placement, pipeline = _mode_flags(modes)
+    devices = 0 if devices is None else _positive_int(devices, "devices")
+    top_k = _positive_int(top_k, "top_k")
+    out = json.loads(_C.search(g.to_json(), c.to_json(), None if j is None else j.to_json(),
+                               devices=devices, top_k=top_k, placement=placement,
+                               pipeline=pipeline, dp_only=dp_only))
+    plans = [Plan(json.dumps(p, sort_keys=True, separators=(",", ":")), _validated=True)
+             for p in out["plans"]]
+    return SearchResult(plans, out["candidates_evaluated"], out["notes"], out["infeasible"])
+
+
+def plan(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 1,
+         modes: Sequence[str] = MODES):
+    """The best Plan for training `graph` on `cluster` (a Cluster, path or preset name); with
+    top_k > 1 the best `top_k` plans, best first."""
+    result = search(graph, cluster, job, devices=devices, top_k=top_k, modes=modes)
+    return result.plans[0] if top_k == 1 else result.plans
+
+
+def evaluate(graph, cluster, plan, job=None) -> dict:
+    """The cost breakdown of any plan (keys as a plan's "predicted", plus "objective": the value
+    search minimises). Never searches."""
+    g, c, j, p = _as_graph(graph), _as_cluster(cluster), _as_job(job), _as_plan(plan)
+    return json.loads(_C.evaluate(g.to_json(), c.to_json(), None if j is None else j.to_json(),
+                                  p.to_json(), "plan"))
+
+
+def explain(plan) -> str:
+    """A human-readable account of a plan: layout, per-device load, predicted breakdown."""
+    p = _as_plan(plan)
+    return _C.explain(p.to_json(), "plan")

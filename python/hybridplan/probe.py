@@ -1,0 +1,259 @@
+"""Link probe: measures this machine's devices and links into a Cluster JSON (kind
+"hybridplan.cluster", docs/formats.md). Run one process per device under torchrun:
+
+    torchrun --nproc_per_node 2 -m hybridplan probe --out cluster.json
+
+Each level's link is modelled as time(bytes) = latency_s + bytes / bandwidth_bytes_per_s
+(alpha-beta, Hockney). Send/recv ping-pong between two ranks gives one-way times at several
+message sizes, fitted by least squares. The intra-node link pairs ranks 0 and 1; the inter-node
+link pairs rank 0 with the first rank of the second node (only measured with several nodes; a
+single node copies the intra-node numbers, and says so in "sources"). All-reduce over all ranks
+is measured too and fitted to the ring model the planner uses,
+
+    allreduce_s = 2(p-1) * alpha + 2(p-1)/p * bytes / bandwidth,
+
+and recorded under "measured" (with every raw point) so the two can be compared.
+Device: memory from CUDA (per GPU) or /proc/meminfo (MemTotal shared by the node's ranks);
+peak_flops from the fastest of several timed float32 matmuls, the slowest rank's figure.
+Gloo on CPU, NCCL on CUDA; collectives time out after `timeout_s`.
+"""
+
+import datetime
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["probe", "fit_alpha_beta", "DEFAULT_SIZES"]
+
+DEFAULT_SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # message bytes
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Tuple[float, float]:
+    """Least-squares fit of times_s = alpha + beta * sizes_bytes; returns (alpha_s, beta_s_per_byte)
+    with alpha >= 0 (a negative intercept is noise: refit through the origin) and beta > 0."""
+    import numpy as np
+
+    x = np.asarray(sizes_bytes, dtype=float)
+    y = np.asarray(times_s, dtype=float)
+    if len(x) < 2 or len(set(x.tolist())) < 2:
+        raise ValueError(f"probe: need at least two distinct message sizes (got {list(x)})")
+    a = np.stack([np.ones_like(x), x], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, y, rcond=None)
+    if alpha < 0:
+        alpha, beta = 0.0, float(x @ y / (x @ x))
+    if beta <= 0:
+        raise ValueError("probe: times do not grow with message size; cannot fit a bandwidth "
+                         f"(sizes {x.tolist()}, times {y.tolist()})")
+    return float(alpha), float(beta)
+
+
+@dataclass
+class _Env:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+
+def _env() -> _Env:
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                           "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ValueError(f"probe: environment lacks {', '.join(missing)}: run under torchrun, "
+                         "e.g. torchrun --nproc_per_node 2 -m hybridplan probe --out cluster.json")
+    env = _Env(*(int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                              "LOCAL_WORLD_SIZE")))
+    if env.world_size < 2:
+        raise ValueError(f"probe: needs at least 2 ranks to measure a link (got WORLD_SIZE="
+                         f"{env.world_size})")
+    if env.world_size % env.local_world_size:
+        raise ValueError(f"probe: WORLD_SIZE {env.world_size} is not a multiple of "
+                         f"LOCAL_WORLD_SIZE {env.local_world_size} (nodes must be alike)")
+    return env
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_allreduce(nbytes: int, device: torch.device, warmup: int, repeats: int) -> float:
+    """Median seconds of one all-reduce of `nbytes` (float32), the slowest rank's median."""
+    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    samples = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        _sync(device)
+        start = time.perf_counter()
+        dist.all_reduce(buf)
+        _sync(device)
+        if i >= warmup:
+            samples.append(time.perf_counter() - start)
+    return _max_over_ranks(statistics.median(samples), device)
+
+
+def _time_pingpong(nbytes: int, a: int, b: int, rank: int, device: torch.device, warmup: int,
+                   repeats: int) -> float:
+    """Median one-way seconds (half a round trip) of `nbytes` between ranks a and b."""
+    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    samples = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == a:
+            dist.send(buf, b)
+            dist.recv(buf, b)
+        elif rank == b:
+            dist.recv(buf, a)
+            dist.send(buf, a)
+        _sync(device)
+        if i >= warmup:
+            samples.append((time.perf_counter() - start) / 2)
+    one_way = statistics.median(samples) if rank == a else 0.0
+    return _max_over_ranks(one_way, device)
+
+
+def _max_over_ranks(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _min_over_ranks(value: float, device: torch.device) -> float:
+    return -_max_over_ranks(-value, device)
+
+
+def _peak_flops(device: torch.device, n: int = 512, repeats: int = 5) -> float:
+    """float32 FLOP/s of the fastest of `repeats` n x n matmuls (2 n^3 FLOPs each)."""
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    best_s = float("inf")
+    for _ in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        best_s = min(best_s, time.perf_counter() - start)
+    return 2 * n ** 3 / best_s
+
+
+def _device_memory_bytes(device: torch.device, local_world_size: int) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 // local_world_size  # kB, shared by ranks
+    raise ValueError("probe: /proc/meminfo has no MemTotal line")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")),
+                         "unknown cpu")
+    except OSError:
+        model = "unknown cpu"
+    return f"cpu rank ({model}, {torch.get_num_threads()} thread(s))"
+
+
+def _link(points: List[Tuple[int, float]]) -> Dict[str, float]:
+    alpha, beta = fit_alpha_beta([p[0] for p in points], [p[1] for p in points])
+    return {"bandwidth_bytes_per_s": 1.0 / beta, "latency_s": alpha}
+
+
+def _allreduce_link(points: List[Tuple[int, float]], p: int) -> Dict[str, float]:
+    """Link alpha/bandwidth that make the ring formula reproduce the measured all-reduces."""
+    alpha, beta = fit_alpha_beta([b for b, _ in points], [t for _, t in points])
+    return {"bandwidth_bytes_per_s": (2 * (p - 1) / p) / beta, "latency_s": alpha / (2 * (p - 1))}
+
+
+def probe(sizes_bytes: Sequence[int] = DEFAULT_SIZES, warmup: int = 2, repeats: int = 10,
+          timeout_s: float = 60.0, name: Optional[str] = None,
+          out: Optional[str] = None) -> Optional[dict]:
+    """Measures the cluster this torchrun job runs on; rank 0 returns the Cluster dict and
+    writes it to `out` atomically (if given), other ranks return None."""
+    if len(set(sizes_bytes)) < 2 or min(sizes_bytes) < 4:
+        raise ValueError(f"probe: sizes must hold at least two distinct sizes >= 4 bytes "
+                         f"(got {list(sizes_bytes)})")
+    env = _env()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        cluster = _measure(env, device, backend, sorted(set(sizes_bytes)), warmup, repeats, name)
+    finally:
+        dist.destroy_process_group()
+    if env.rank != 0:
+        return None
+    if out:
+        _atomic_write_json(out, cluster)
+    return cluster
+
+
+def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
+    intra_pair = (0, 1) if env.local_world_size > 1 else None
+    inter_pair = (0, env.local_world_size) if env.num_nodes > 1 else None
+    links = {}
+    raw = {"allreduce_s": [], "intra_node_one_way_s": [], "inter_node_one_way_s": []}
+    for level, pair in (("intra_node", intra_pair), ("inter_node", inter_pair)):
+        if pair is None:
+            continue
+        points = [(n, _time_pingpong(n, *pair, env.rank, device, warmup, repeats))
+                  for n in sizes]
+        raw[f"{level}_one_way_s"] = points
+        links[level] = _link(points)
+    raw["allreduce_s"] = [(n, _time_allreduce(n, device, warmup, repeats)) for n in sizes]
+    dist.barrier()
+    peak_flops = _min_over_ranks(_peak_flops(device), device)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    sources = [f"measured {date} by `torchrun --nnodes {env.num_nodes} --nproc_per_node "
+               f"{env.local_world_size} -m hybridplan probe` ({backend}, sizes "
+               f"{sizes[0]}..{sizes[-1]} bytes, median of {repeats}; least-squares "
+               "alpha-beta fit of send/recv one-way times)"]
+    for missing, copy_of in (("inter_node", "intra_node"), ("intra_node", "inter_node")):
+        if missing not in links:
+            links[missing] = dict(links[copy_of])
+            sources.append(f"{missing} not measured (no such rank pair); copied from {copy_of}")
+    return {
+        "schema_version": 1, "kind": "hybridplan.cluster",
+        "name": name or ("localhost-cpu" if device.type == "cpu" else "probed-cuda"),
+        "num_nodes": env.num_nodes, "devices_per_node": env.local_world_size,
+        "device": {"name": _device_name(device),
+                   "memory_bytes": _device_memory_bytes(device, env.local_world_size),
+                   "peak_flops": peak_flops},
+        "intra_node": links["intra_node"], "inter_node": links["inter_node"],
+        "sources": sources,
+        "measured": {"allreduce_ring_link": _allreduce_link(raw["allreduce_s"], env.world_size),
+                     "world_size": env.world_size,
+                     **{k: [[n, t] for n, t in v] for k, v in raw.items() if v}},
+    }
+
+
+def _atomic_write_json(path: str, doc: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probe-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

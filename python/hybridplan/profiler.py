@@ -1,0 +1,210 @@
+"""Profiles a torch.nn.Module into a Graph (docs/formats.md, kind "hybridplan.graph").
+
+    graph = hybridplan.profile(model, example_inputs, device="cpu")
+
+One node per node module (see _tracing.select_nodes: leaf submodules, named by qualified name so
+a plan's assignment maps back onto the modules the executor splits); edges from the real
+dataflow (torch.fx, or forward hooks where fx cannot trace); per node the median forward and
+backward seconds over `repeats` timed steps (see _timing for how a step's time is split: a
+functional op between modules is charged to the module that consumes its result, forward and
+backward), parameter bytes, output bytes and forward FLOPs.
+
+A step back-propagates all-ones gradients from the output's tensors (the gradient of
+sum(output)); the loss a real job uses adds only its own small cost after the last node.
+The module is moved to `device` in place.
+"""
+
+import re
+import statistics
+import sys
+from typing import Any, Dict, List, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from . import _timing, _tracing
+
+__all__ = ["profile", "profile_dict"]
+
+Inputs = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.device] = "cpu",
+            warmup: int = 3, repeats: int = 10, verbose: bool = True, name: str = None,
+            clock: str = "auto"):
+    """Measures `module` on `example_inputs` (a tensor or a tuple of positional inputs; dim 0 of
+    the first is the batch) and returns a hybridplan.planner.Graph. See profile_dict."""
+    from .planner import Graph  # the compiled planner validates the graph
+
+    return Graph.from_dict(profile_dict(module, example_inputs, device=device, warmup=warmup,
+                                        repeats=repeats, verbose=verbose, name=name,
+                                        clock=clock))
+
+
+def profile_dict(module: nn.Module, example_inputs: Inputs,
+                 device: Union[str, torch.device] = "cpu", warmup: int = 3, repeats: int = 10,
+                 verbose: bool = True, name: str = None, clock: str = "auto") -> Dict[str, Any]:
+    """Like profile, but returns the Graph JSON as a dict (needs no compiled planner).
+
+    `clock`: "auto" (CUDA events on GPU, time.perf_counter on CPU), "wall", "cuda", or "thread"
+    (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
+    `name`: the graph's name (default: the module's class name in snake_case).
+
+    Raises ValueError for: a module without parameters, a device that does not exist, inputs
+    the module cannot run (naming the module that failed and the shapes), a module none of
+    whose node modules runs, and reused modules whose edges would form a cycle."""
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"profile: module must be a torch.nn.Module (got {type(module).__name__})")
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"profile: need warmup >= 0 and repeats >= 1 (got {warmup}, {repeats})")
+    if not any(p.requires_grad for p in module.parameters()):
+        raise ValueError(f"profile: {type(module).__name__} has no trainable parameters: "
+                         "nothing to train or plan")
+    dev = _check_device(device)
+    clock = _timing.resolve_clock(clock, dev)
+    inputs = _check_inputs(example_inputs, dev)
+    module.to(dev)
+    graph_name = name or _snake_case(type(module).__name__)
+    log = (lambda msg: print(msg, file=sys.stderr)) if verbose else (lambda msg: None)
+
+    nodes = _tracing.select_nodes(module)
+    flow, _ = _tracing.record_dataflow(module, nodes, inputs)
+    if not flow.order:
+        raise ValueError(
+            f"profile: none of {type(module).__name__}'s {len(nodes)} leaf submodules ran in "
+            "forward (is the computation done with functional ops on their weights?); the "
+            "profiler splits a model by the submodules it calls")
+    edges, how = _edges(module, nodes, flow)
+    log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
+
+    forward_s, backward_s = _measure(module, nodes, inputs, clock, warmup, repeats, verbose,
+                                     graph_name)
+    flops = _timing.count_flops(module, nodes, inputs)
+    graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
+                   inputs)
+    _check_acyclic(graph)
+    total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
+    log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
+        f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")
+    return graph
+
+
+def _check_device(device: Union[str, torch.device]) -> torch.device:
+    available = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"profile: device {device!r} is not a device name ({exc}); "
+                         f"devices here: {', '.join(available)}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        index = 0 if dev.index is None else dev.index
+        if index < torch.cuda.device_count():
+            return torch.device("cuda", index)
+    raise ValueError(f"profile: device {str(device)!r} does not exist here; "
+                     f"devices here: {', '.join(available)}")
+
+
+def _check_inputs(example_inputs: Inputs, dev: torch.device) -> Tuple[torch.Tensor, ...]:
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(
+        example_inputs)
+    if not inputs or not isinstance(inputs[0], torch.Tensor) or inputs[0].dim() == 0:
+        raise ValueError("profile: example_inputs must be a tensor or a tuple of tensors whose "
+                         "first has a batch dimension (got "
+                         f"{[type(x).__name__ for x in inputs]})")
+    return tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _edges(module, nodes, flow) -> Tuple[Dict[_tracing.EdgeKey, int], str]:
+    """fx edges where the model traces, else the hooks' edges."""
+    try:
+        return _tracing.fx_edges(module, nodes, flow), "torch.fx"
+    except Exception as exc:  # any fx failure means: use the hook-based dataflow instead
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return flow.edges, f"forward hooks; torch.fx could not trace: {reason[:120]}"
+
+
+def _measure(module, nodes, inputs, clock, warmup, repeats, verbose, graph_name):
+    """Median forward and backward seconds per node over `repeats` steps after `warmup`."""
+    from tqdm import tqdm
+
+    timer = _timing.StepTimer(module, nodes, clock)
+    samples: List[Tuple[Dict[str, float], Dict[str, float]]] = []
+    try:
+        for i in tqdm(range(warmup + repeats), desc=f"profile {graph_name}", unit="step",
+                      disable=not verbose, leave=False):
+            step = timer.step(inputs)
+            if i >= warmup:
+                samples.append(step)
+    finally:
+        timer.remove()
+    names = list(nodes)
+    forward_s = {n: statistics.median(s[0].get(n, 0.0) for s in samples) for n in names}
+    backward_s = {n: statistics.median(s[1].get(n, 0.0) for s in samples) for n in names}
+    return forward_s, backward_s
+
+
+def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev, inputs):
+    ids = {name: i for i, name in enumerate(flow.order)}
+    param_bytes = _param_bytes(module, nodes, flow.order)
+    floating = [p.dtype for p in module.parameters() if p.is_floating_point()]
+    dtype = str(floating[0] if floating else inputs[0].dtype).replace("torch.", "")
+    return {
+        "schema_version": 1, "kind": "hybridplan.graph", "name": graph_name,
+        "profiled": {"device": str(dev), "batch_size": int(inputs[0].shape[0]), "dtype": dtype},
+        "nodes": [{"id": ids[n], "name": n, "op": _snake_case(type(nodes[n]).__name__),
+                   "forward_s": forward_s[n], "backward_s": backward_s[n],
+                   "param_bytes": param_bytes[n],
+                   "output_bytes": _tracing.tree_total(flow.output_tree[n]),
+                   "flops": flops.get(n, 0.0)} for n in flow.order],
+        "edges": [{"src": ids[s], "dst": ids[d], "bytes": int(b)}
+                  for (s, d), b in sorted(edges.items(), key=lambda e: (ids[e[0][0]],
+                                                                       ids[e[0][1]]))
+                  if s in ids and d in ids],
+    }
+
+
+def _param_bytes(module, nodes, order) -> Dict[str, int]:
+    """Bytes of each node's parameters (a tied parameter counts once, at its first node);
+    parameters held by non-node modules go to the owner's first node in execution order."""
+    seen = set()
+    out = {}
+    for name in order:
+        total = 0
+        for p in nodes[name].parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        out[name] = total
+    for owner, nbytes in _tracing.orphan_param_bytes(module, nodes).items():
+        inside = [n for n in order if owner == "" or n.startswith(owner + ".")]
+        out[(inside or order)[0]] += nbytes
+    return out
+
+
+def _check_acyclic(graph: Dict[str, Any]) -> None:
+    succs: Dict[int, List[int]] = {n["id"]: [] for n in graph["nodes"]}
+    indegree = {n["id"]: 0 for n in graph["nodes"]}
+    for e in graph["edges"]:
+        succs[e["src"]].append(e["dst"])
+        indegree[e["dst"]] += 1
+    ready = [v for v, d in indegree.items() if d == 0]
+    done = 0
+    while ready:
+        v = ready.pop()
+        done += 1
+        for w in succs[v]:
+            indegree[w] -= 1
+            if indegree[w] == 0:
+                ready.append(w)
+    if done != len(indegree):
+        cyclic = sorted(n["name"] for n in graph["nodes"] if indegree[n["id"]] > 0)
+        raise ValueError("profile: the dataflow between modules has a cycle (a module called "
+                         f"more than once?) among {cyclic}; a plan needs a DAG")
+
+
+def _snake_case(name: str) -> str:
+    """BranchyCNN -> branchy_cnn, GroupNorm -> group_norm, Conv2d -> conv2d, LSTM -> lstm."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()

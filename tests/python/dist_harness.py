@@ -1,0 +1,105 @@
+"""Runs a function on N ranks as N processes on loopback, the way torchrun would (env://
+rendezvous: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT=a free port), and
+returns each rank's exit code and output. A run that exceeds its timeout is killed and reported
+as such, so a bug that hangs a collective fails the test instead of hanging it.
+
+    results = run_ranks("test_executor_pipeline:train_rank", 4, {"out_dir": str(tmp_path)})
+    assert all(r.returncode == 0 for r in results), format_results(results)
+
+As a script (what each rank process runs):  python dist_harness.py MODULE:FUNCTION JSON_KWARGS
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    returncode: Optional[int]   # None: killed at the timeout
+    stdout: str
+    stderr: str
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, extra: Optional[Dict[str, str]] = None
+             ) -> Dict[str, str]:
+    env = dict(os.environ)
+    path = [os.path.join(REPO, "python"), HERE, env.get("PYTHONPATH", "")]
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join(p for p in path if p),
+        # one intra-op thread per rank: N ranks share 2 cores, and results stay deterministic
+        "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_ranks(target: str, world_size: int, kwargs: Dict[str, Any], *, timeout_s: float = 60,
+              env: Optional[Dict[str, str]] = None,
+              env_per_rank: Optional[List[Dict[str, str]]] = None) -> List[RankResult]:
+    """Starts `target` ("module:function", importable from tests/python) on world_size ranks
+    and waits for all of them, at most timeout_s in total."""
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        extra = dict(env or {})
+        extra.update((env_per_rank or [{}] * world_size)[rank])
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "dist_harness.py"), target, json.dumps(kwargs)],
+            env=rank_env(rank, world_size, port, extra), cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + timeout_s
+    results = []
+    for rank, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            results.append(RankResult(rank, proc.returncode, out, err))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            results.append(RankResult(rank, None, out, err))
+    return results
+
+
+def format_results(results: List[RankResult], tail_chars: int = 3000) -> str:
+    """Every rank's exit code and the tail of its output, for assertion messages."""
+    parts = []
+    for r in results:
+        code = "TIMED OUT" if r.timed_out else f"exit {r.returncode}"
+        parts.append(f"--- rank {r.rank}: {code}\n{r.stdout[-tail_chars:]}"
+                     f"{r.stderr[-tail_chars:]}")
+    return "\n".join(parts)
+
+
+def _main(argv: List[str]) -> None:
+    module_name, function_name = argv[1].split(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    function(**json.loads(argv[2]))
+
+
+if __name__ == "__main__":
+    _main(sys.argv)
