@@ -4,6 +4,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "models/biglstm.h"
 #include "models/mlp.h"
 #include "models/small_cnn.h"
 
@@ -16,6 +17,11 @@ using Factory = std::function<BuiltinModel(int64_t batch_size)>;
 // one CPU thread at batch 32), which the profile-agreement check needs.
 const std::map<std::string, Factory>& factories() {
   static const std::map<std::string, Factory> table = {
+      {"biglstm",
+       [](int64_t batch) {
+         BigLstm model;
+         return BuiltinModel{"biglstm", model.ptr(), {model->example_inputs(batch)}};
+       }},
       {"mlp",
        [](int64_t batch) {
          return BuiltinModel{"mlp", mlp({1024, 2048, 2048, 1024}).ptr(),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 
 namespace hybridplan {
 
@@ -34,15 +35,12 @@ AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIn
   if (p <= 1) return {};
   // Members per node, in ring order; nodes in order of first appearance.
   std::vector<std::pair<int64_t, std::vector<DeviceIndex>>> by_node;
+  std::unordered_map<int64_t, size_t> node_entry;  // node -> index in by_node: O(p), not O(p n)
   for (DeviceIndex d : devices) {
     const int64_t node = d / cluster.devices_per_node;
-    auto it = std::find_if(by_node.begin(), by_node.end(),
-                           [&](const auto& entry) { return entry.first == node; });
-    if (it == by_node.end()) {
-      by_node.push_back({node, {}});
-      it = by_node.end() - 1;
-    }
-    it->second.push_back(d);
+    const auto [it, fresh] = node_entry.emplace(node, by_node.size());
+    if (fresh) by_node.push_back({node, {}});
+    by_node[it->second].second.push_back(d);
   }
   // Slowest hop of the ring(s) inside each node.
   Link slowest{std::numeric_limits<double>::infinity(), 0.0};

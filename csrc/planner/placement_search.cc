@@ -259,10 +259,16 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
     consider(contiguous_assignment(g, c, mp, true, capacity, opt));
   }
 
-  // First-improvement local search: move one node to a device one of its neighbours uses.
-  const int64_t visits_per_eval = static_cast<int64_t>(g.nodes.size() + g.edges.size()) + 1;
-  const int64_t budget = std::max<int64_t>(
-      4 * static_cast<int64_t>(g.nodes.size()), options.local_search_node_visits / visits_per_eval);
+  // First-improvement local search: move one node to a device one of its neighbours uses, or
+  // to the least loaded device (which opens parallelism when every neighbour shares a device).
+  std::vector<double> load_s(mp, 0.0);
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    load_s[out.assignment[v]] += c.forward_s[v] + c.backward_s[v];
+  // evaluate() reads every node and edge, and every mesh entry for the all-reduce groups.
+  const int64_t visits_per_eval =
+      static_cast<int64_t>(g.nodes.size() + g.edges.size()) + base.dp * base.mp + 1;
+  const int64_t budget = out.evaluations +
+                         std::max<int64_t>(16, options.local_search_node_visits / visits_per_eval);
   Plan trial = with_assignment(base, out.assignment);
   std::vector<char> tried(mp);
   bool improved = mp > 1;
@@ -280,6 +286,9 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
         Prediction pred = evaluator.evaluate(trial);
         ++out.evaluations;
         if (better(pred, out.predicted)) {
+          const double node_s = c.forward_s[v] + c.backward_s[v];
+          load_s[out.assignment[v]] -= node_s;
+          load_s[d] += node_s;
           out.predicted = std::move(pred);
           out.assignment = trial.assignment;
           improved = true;
@@ -289,6 +298,8 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
       };
       for (NodeIndex u : g.preds[v]) try_device(out.assignment[u]);
       for (NodeIndex w : g.succs[v]) try_device(out.assignment[w]);
+      try_device(static_cast<int32_t>(std::min_element(load_s.begin(), load_s.end()) -
+                                      load_s.begin()));
     }
   }
 

@@ -37,7 +37,7 @@ namespace hybridplan {
 struct PlacementSearchOptions {
   int exact_max_nodes = 10;  // branch and bound up to this many nodes, heuristic above
   // Local search budget: evaluations * (nodes + edges) node visits at most (deterministic).
-  int64_t local_search_node_visits = 4'000'000;
+  int64_t local_search_node_visits = 2'000'000;
 };
 
 struct PlacementOutcome {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <optional>
+#include <regex>
 
 #include "common/error.h"
 
@@ -111,7 +112,7 @@ BlockForward any_module_forward(nn::AnyModule module, const std::string& name) {
                             std::to_string(inputs.size()));
       }
     }();
-    if (auto* tensor = out.try_get<torch::Tensor>()) return *tensor;
+    if (auto* tensor = out.try_get<torch::Tensor>()) return BlockOutput(*tensor);
     throw_input_error("profile", "module." + name,
                       "must return one Tensor (blocks pass one tensor to the next)",
                       c10::demangle(out.type_info().name()));
@@ -122,6 +123,9 @@ std::string op_of(const nn::Module& module) {
   std::string type = module.name();
   if (const size_t colon = type.rfind("::"); colon != std::string::npos) type.erase(0, colon + 2);
   if (type.size() > 4 && type.ends_with("Impl")) type.resize(type.size() - 4);
+  // python/hybridplan/profiler.py _snake_case: BranchyCNN -> branchy_cnn, ReLU -> re_lu.
+  static const std::regex acronym("([A-Z]+)([A-Z][a-z])"), word("([a-z])([A-Z])");
+  type = std::regex_replace(std::regex_replace(type, acronym, "$1_$2"), word, "$1_$2");
   std::transform(type.begin(), type.end(), type.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return type;

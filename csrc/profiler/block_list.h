@@ -23,13 +23,25 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/nn.h>
 
 namespace hybridplan {
 
+// What a block returns. `next` feeds the next block and is what the block's backward is timed
+// from; `unused` are further results no later block reads (an LSTM's final (h, c) states): they
+// count in the node's output_bytes, as the Python profiler counts a module's whole output, but
+// not in the edge to the next node.
+struct BlockOutput {
+  BlockOutput(torch::Tensor next) : next(std::move(next)) {}  // NOLINT: implicit on purpose
+  BlockOutput(torch::Tensor next, std::vector<torch::Tensor> unused)
+      : next(std::move(next)), unused(std::move(unused)) {}
+  torch::Tensor next;
+  std::vector<torch::Tensor> unused;
+};
+
 // Runs one block on its inputs. Block 0 receives the example inputs; every later block receives
-// exactly one tensor, its predecessor's output.
-using BlockForward = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+// exactly one tensor, its predecessor's `next`.
+using BlockForward = std::function<BlockOutput(const std::vector<torch::Tensor>&)>;
 
 struct Block {
   std::string name;                           // qualified name, e.g. "features.0"
@@ -54,8 +66,9 @@ std::vector<Block> blocks_of(torch::nn::Module& module);
 // Wraps a module LibTorch can call through AnyModule into a block forward (1 to 3 inputs).
 BlockForward any_module_forward(torch::nn::AnyModule module, const std::string& name);
 
-// "torch::nn::Conv2dImpl" -> "conv2d", "hybridplan::models::LstmBlockImpl" -> "lstmblock": the
-// lower-cased class name, which is what the Python profiler writes for the same layer.
+// The class name without namespace and "Impl", in snake_case by the Python profiler's rule, so
+// both profilers write the same op for the same layer: "torch::nn::Conv2dImpl" -> "conv2d",
+// "torch::nn::ReLUImpl" -> "re_lu", "torch::nn::MaxPool2dImpl" -> "max_pool2d".
 std::string op_of(const torch::nn::Module& module);
 
 }  // namespace hybridplan

@@ -1,5 +1,6 @@
 #include "profiler/profile.h"
 
+#include <optional>
 #include <sstream>
 
 #include <torch/cuda.h>
@@ -92,16 +93,20 @@ void check_inputs(const std::vector<torch::Tensor>& inputs) {
   }
 }
 
-// Runs the chain once without autograd and returns each block's input (block i's is
-// inputs_of[i]) plus the last block's output at the end.
-std::vector<std::vector<torch::Tensor>> record_inputs(const std::vector<Block>& blocks,
-                                                      std::vector<torch::Tensor> x) {
+// What one run of the chain without autograd saw, per block.
+struct Recorded {
+  std::vector<std::vector<torch::Tensor>> inputs;  // block i's inputs
+  std::vector<int64_t> output_bytes;               // all of block i's results
+  std::vector<int64_t> next_bytes;                 // what block i passes to block i + 1
+};
+
+Recorded record_chain(const std::vector<Block>& blocks, std::vector<torch::Tensor> x) {
   torch::NoGradGuard no_grad;
-  std::vector<std::vector<torch::Tensor>> inputs_of;
+  Recorded recorded;
   for (const Block& block : blocks) {
-    torch::Tensor y;
+    std::optional<BlockOutput> out;
     try {
-      y = block.forward(x);
+      out.emplace(block.forward(x));
     } catch (const InputError&) {
       throw;
     } catch (const c10::Error& e) {
@@ -113,11 +118,30 @@ std::vector<std::vector<torch::Tensor>> record_inputs(const std::vector<Block>& 
                         "failed on its input: " + first_line(e.what()),
                         "input shape " + shape_of(x));
     }
-    inputs_of.push_back(std::move(x));
-    x = {y};
+    int64_t output_bytes = bytes_of(out->next);
+    for (const torch::Tensor& t : out->unused) output_bytes += bytes_of(t);
+    recorded.inputs.push_back(std::move(x));
+    recorded.output_bytes.push_back(output_bytes);
+    recorded.next_bytes.push_back(bytes_of(out->next));
+    x = {out->next};
   }
-  inputs_of.push_back(std::move(x));
-  return inputs_of;
+  return recorded;
+}
+
+Clock clock_of(const ProfileOptions& options, const torch::Device& device) {
+  if (options.clock == "wall") return Clock::kWall;
+  if (options.clock != "thread") {
+    throw_input_error("profile", "options.clock", "must be wall or thread",
+                      "\"" + options.clock + "\"");
+  }
+  if (!device.is_cpu() || torch::get_num_threads() != 1) {
+    throw_input_error("profile", "options.clock",
+                      "thread measures one CPU thread: needs device cpu and "
+                      "torch::set_num_threads(1)",
+                      device.str() + ", " + std::to_string(torch::get_num_threads()) +
+                          " threads");
+  }
+  return Clock::kThread;
 }
 
 }  // namespace
@@ -151,7 +175,7 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
 
   std::vector<torch::Tensor> x;
   for (const torch::Tensor& input : inputs) x.push_back(input.to(device));
-  const auto inputs_of = record_inputs(blocks, x);
+  const Recorded recorded = record_chain(blocks, x);
 
   Graph graph;
   graph.name = options.name;
@@ -161,11 +185,11 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
                                                      : 1;
   graph.profiled.dtype = dtype_name(param_dtype.value_or(inputs[0].scalar_type()));
 
-  const TimingOptions timing{device, options.warmup, options.repeats};
+  const TimingOptions timing{device, clock_of(options, device), options.warmup, options.repeats};
   bool upstream_has_params = false;  // then training computes this block's input gradient
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Block& block = blocks[i];
-    const BlockTimes times = time_block(block, inputs_of[i], upstream_has_params, timing);
+    const BlockTimes times = time_block(block, recorded.inputs[i], upstream_has_params, timing);
     Node node;
     node.id = static_cast<NodeId>(i);
     node.name = block.name;
@@ -173,11 +197,11 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
     node.forward_s = times.forward_s;
     node.backward_s = times.backward_s;
     node.param_bytes = param_bytes_of(*block.module);
-    node.output_bytes = bytes_of(inputs_of[i + 1][0]);
+    node.output_bytes = recorded.output_bytes[i];
     graph.nodes.push_back(std::move(node));
     if (i > 0) {
       const auto src = static_cast<NodeIndex>(i - 1);
-      graph.edges.push_back({src, static_cast<NodeIndex>(i), graph.nodes[src].output_bytes});
+      graph.edges.push_back({src, static_cast<NodeIndex>(i), recorded.next_bytes[src]});
     }
     upstream_has_params = upstream_has_params || graph.nodes.back().param_bytes > 0;
   }

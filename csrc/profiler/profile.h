@@ -14,10 +14,11 @@
 //      copy with requires_grad, as in training: the first layers compute no input gradient).
 //      forward_s and backward_s are the medians over `repeats` after `warmup` unrecorded runs.
 //
-// Edges are block i -> i+1 carrying block i's output bytes: dataflow is taken to be sequential,
-// so a branchy module is profiled as one node per top-level block (put each branch structure in
-// one block). param_bytes counts the block's parameters (not buffers); output_bytes is
-// numel * element size of its output. The module is moved to `options.device` and left there;
+// Edges are block i -> i+1 carrying the bytes of the tensor block i passes on: dataflow is taken
+// to be sequential, so a branchy module is profiled as one node per top-level block (put each
+// branch structure in one block). param_bytes counts the block's parameters (not buffers);
+// output_bytes is numel * element size summed over all its results (BlockOutput: `next` and
+// `unused`), as the Python profiler counts a module's whole output. The module is moved to `options.device` and left there;
 // its train/eval mode is left as the caller set it.
 #pragma once
 #include <string>
@@ -36,11 +37,13 @@ struct ProfileOptions {
   int64_t batch_size = 0;      // profiled.batch_size; 0: size(0) of the first input
   int warmup = 3;              // unrecorded runs per block before timing
   int repeats = 11;            // recorded runs per block; times are their median
+  std::string clock = "wall";  // "wall" or "thread" (block_timing.h; thread: CPU, 1 thread)
 };
 
 // Profiles `module` (see the file comment) on `inputs` (the model's example inputs, 1 to 3
 // tensors). Throws InputError for a module with no blocks or no parameters, a block that fails
-// on its input, a device that does not exist, or bad options.
+// on its input, a device that does not exist, or bad options (a "thread" clock needs the CPU
+// and torch::get_num_threads() == 1).
 Graph profile(torch::nn::Module& module, const std::vector<torch::Tensor>& inputs,
               const ProfileOptions& options = {});
 

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "planner/evaluate.h"
+#include "planner/explain.h"
 #include "planner/search.h"
 #include "python/bindings.h"
 
@@ -75,6 +76,29 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
   return out.dump();
 }
 
+// The plan as text for people: with the graph, its node names; with graph and cluster too,
+// memory capacity and links (explain.h).
+std::string explain_plan(const std::string& plan_text, const std::string& plan_source,
+                         const std::optional<std::string>& graph_text,
+                         const std::optional<std::string>& cluster_text,
+                         const std::optional<std::string>& job_text) {
+  Plan plan = with_source(plan_source, [&] {
+    return plan_from_json(parse_json_text(plan_text, plan_source), plan_source);
+  });
+  if (!graph_text) return explain(plan);
+  if (!cluster_text) {
+    const Graph graph = with_source("graph", [&] {
+      return graph_from_json(parse_json_text(*graph_text, "graph"), "graph");
+    });
+    align_assignment_to_graph(plan, graph, plan_source);
+    return explain(plan, graph);
+  }
+  const Problem problem = make_problem(*graph_text, *cluster_text, job_text);
+  align_assignment_to_graph(plan, problem.graph, plan_source);
+  plan.validate(plan_source, problem.graph, problem.cluster);
+  return explain(problem, plan);
+}
+
 }  // namespace
 
 void bind_planner(py::module_& m) {
@@ -87,6 +111,10 @@ void bind_planner(py::module_& m) {
         py::arg("exact_placement_max_nodes") = SearchOptions{}.exact_placement_max_nodes,
         "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. Raises "
         "InfeasibleError when no candidate fits.");
+  m.def("explain", &explain_plan, py::arg("plan_text"), py::arg("plan_source") = "plan",
+        py::arg("graph_text") = std::nullopt, py::arg("cluster_text") = std::nullopt,
+        py::arg("job_text") = std::nullopt,
+        "The plan as text for people (node names from the graph; capacity from the cluster).");
 }
 
 }  // namespace hybridplan::python

@@ -1,6 +1,7 @@
 // profile_model: profiles a C++ built-in model (csrc/models) and writes its Graph JSON.
 //
 //   build/bin/profile_model --model mlp --batch 32 --out mlp.json [--threads 1] [--repeats 11]
+//                           [--clock wall|thread] [--device cpu]
 //
 // Bad input exits 2 with the message, like the hybridplan CLI. --threads defaults to 1 so that
 // profiles on a shared machine are repeatable and comparable with a Python profile taken under
@@ -32,6 +33,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", options.warmup, "unrecorded runs per block")->capture_default_str();
   app.add_option("--repeats", options.repeats, "recorded runs per block (median)")
+      ->capture_default_str();
+  app.add_option("--clock", options.clock, "wall, or thread: this thread's CPU time (--threads 1)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

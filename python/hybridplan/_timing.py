@@ -1,7 +1,7 @@
 """Splits the wall time of one forward+backward step among the graph's nodes.
 
-Every moment of the step is charged to exactly one node, so the nodes' times add up to the
-step's time (plus the hooks' own small overhead):
+Every moment of the step is charged to exactly one node, except the hooks' own bookkeeping, so
+the nodes' times add up to the step's time (plus the small cost of entering the hooks):
 
     forward   |--gap--|--node A--|--gap--|--node B--|--tail--|
                charged    A        charged    B       charged to the last node that ran
@@ -10,7 +10,7 @@ step's time (plus the hooks' own small overhead):
                charged     charged to B                         charged to A
                to B
 
-- Forward: a forward pre-hook and a forward hook on each node mark the clock. The time between
+- Forward: a forward hook on each node marks the clock when the node returns. The time between
   two nodes (functional ops such as add, cat, flatten, softmax) is charged to the node that runs
   next, i.e. the op's consumer; the time after the last node (e.g. a trailing flatten) to it.
 - Backward: a pre-hook on the autograd node (grad_fn) of each node's outputs fires when the
@@ -100,20 +100,18 @@ class StepTimer:
         self._handles = []
         self._grad_hooks = {name: self._grads_ready(name) for name in nodes}
         for name, mod in nodes.items():
-            self._handles.append(mod.register_forward_pre_hook(self._forward_mark(name)))
+            # Only a forward hook: the interval from the previous node's end to this node's end
+            # is this node's, gap (its input's functional ops) included. A pre-hook would only
+            # split that interval, at the cost of a second Python call per node.
             self._handles.append(mod.register_forward_hook(self._forward_end(name)))
         self._reset()
 
     def _reset(self) -> None:
-        self.forward_marks: List[Tuple[Any, str]] = []   # (clock mark, node charged up to it)
+        # (clock mark, node charged for the interval ending there; None: the profiler's own)
+        self.forward_marks: List[Tuple[Any, Optional[str]]] = []
         self.backward_marks: List[Tuple[Any, str]] = []
         self.last_forward: Optional[str] = None
         self.backward_owner: Optional[str] = None
-
-    def _forward_mark(self, name: str) -> Callable:
-        def hook(mod, args):
-            self.forward_marks.append((self.clock.mark(), name))
-        return hook
 
     def _forward_end(self, name: str) -> Callable:
         def hook(mod, args, output):
@@ -127,6 +125,9 @@ class StepTimer:
                     # the output's gradient is complete (cheaper than Tensor.register_hook)
                     fn.register_prehook(self._grad_hooks[name])
                     hooked.add(fn)
+            # registering costs tens of microseconds per node: the profiler's own time, charged
+            # to no node (None) so that it does not inflate the next node's forward
+            self.forward_marks.append((self.clock.mark(), None))
         return hook
 
     def _grads_ready(self, name: str) -> Callable:
@@ -156,7 +157,8 @@ class StepTimer:
         charged: Dict[str, float] = {}
         previous = start
         for mark, owner in marks:
-            charged[owner] = charged.get(owner, 0.0) + self.clock.seconds(previous, mark)
+            if owner is not None:
+                charged[owner] = charged.get(owner, 0.0) + self.clock.seconds(previous, mark)
             previous = mark
         return charged
 

@@ -314,9 +314,9 @@ class Plan(_Document):
     def predicted(self) -> dict:
         return copy.deepcopy(self._dict.get("predicted", {}))
 
-    def explain(self) -> str:
-        """A human-readable account of the plan (as `hybridplan explain`)."""
-        return explain(self)
+    def explain(self, graph=None, cluster=None, job=None) -> str:
+        """The plan as text for people (as `hybridplan explain`); see explain()."""
+        return explain(self, graph, cluster, job)
 
     def __repr__(self) -> str:
         return (f"Plan(graph={self.name!r}, dp={self.dp}, mp={self.mp}, mode={self.mode!r}, "
@@ -444,7 +444,14 @@ def evaluate(graph, cluster, plan, job=None) -> dict:
                                   p.to_json(), "plan"))
 
 
-def explain(plan) -> str:
-    """A human-readable account of a plan: layout, per-device load, predicted breakdown."""
+def explain(plan, graph=None, cluster=None, job=None) -> str:
+    """A plan as text for people: the configuration, the device mesh, the nodes on each device or
+    stage, the predicted breakdown. With `graph` (and `cluster`) it is first checked against them
+    and also shows memory capacity and links."""
     p = _as_plan(plan)
-    return _C.explain(p.to_json(), "plan")
+    if cluster is not None and graph is None:
+        raise ValueError("explain: a cluster needs the graph too (got cluster without graph)")
+    g = None if graph is None else _as_graph(graph).to_json()
+    c = None if cluster is None else _as_cluster(cluster).to_json()
+    j = _as_job(job)
+    return _C.explain(p.to_json(), "plan", g, c, None if j is None else j.to_json())

@@ -159,7 +159,7 @@ def _reference_step_s(model, inputs, steps):
     return samples
 
 
-def _node_sum_over_reference(model, inputs, rounds=4, steps=6):
+def _node_sum_over_reference(model, inputs, rounds=5, steps=6):
     """Median over rounds of sum(profiled node fwd+bwd) / whole-step time, each round's profile
     compared with the plain steps measured right before and after it."""
     _reference_step_s(model, inputs, 2)  # warm up

@@ -1,0 +1,149 @@
+"""Executor overhead against PyTorch's own machinery on the same ranks (not a timed test):
+
+  1. DP-only plan (placement, dp=2 x mp=1) vs torch.nn.parallel.DistributedDataParallel
+  2. pipeline plan (dp=1 x mp=2, 1F1B) vs torch.distributed.pipelining's Schedule1F1B running
+     the very same stage modules (the executor's split_module stages)
+
+Prints the median step time of each and the ratio executor / torch (1.0 = same speed; above 1 =
+the executor is slower). Runs itself under torchrun with 2 local processes (Gloo on CPU):
+
+    python bench/bench_executor.py [--model branchy_cnn] [--steps 30] [--global-batch 32]
+"""
+
+import argparse
+import functools
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import hybridplan  # noqa: E402
+import hybridplan.models as models  # noqa: E402
+from hybridplan._hand_plan import hand_plan  # noqa: E402
+from hybridplan._plan_spec import parse_plan  # noqa: E402
+from hybridplan._stage_split import build_program  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(models.MODELS), default="branchy_cnn")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--microbatches", type=int, default=4)
+    return p.parse_args()
+
+
+def timed_median_s(step, steps: int, warmup: int) -> float:
+    """Median wall time of step() over `steps` after `warmup`, the slowest rank's."""
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        started = time.perf_counter()
+        step(i)
+        if i >= warmup:
+            times.append(time.perf_counter() - started)
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    return median.item()
+
+
+def data(model, global_batch, i):
+    return model.example_inputs(global_batch, seed=i), model.example_target(global_batch, seed=7 + i)
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+def bench_dp(args):
+    """Executor under a DP-only plan vs torch DDP: same model, data, optimizer."""
+    model = models.get(args.model, seed=0)
+    plan = hand_plan(model, mode="placement", dp=2, mp=1, per_replica_batch=args.global_batch // 2)
+    hp = hybridplan.apply(plan, model, optimizer=sgd)
+
+    def executor_step(i):
+        hp.step(*hp.shard(*data(model, args.global_batch, i)))
+
+    ref = models.get(args.model, seed=0)
+    ddp = torch.nn.parallel.DistributedDataParallel(ref)
+    opt = sgd(ddp.parameters())
+
+    def ddp_step(i):
+        inputs, target = hp.shard(*data(ref, args.global_batch, i))
+        opt.zero_grad(set_to_none=True)
+        ref.loss(ddp(*inputs), target).backward()
+        opt.step()
+
+    return (timed_median_s(executor_step, args.steps, args.warmup_steps),
+            timed_median_s(ddp_step, args.steps, args.warmup_steps))
+
+
+def bench_pipeline(args):
+    """Executor under a 2-stage 1F1B plan vs Schedule1F1B on the same split_module stages."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    model = models.get(args.model, seed=0)
+    plan = hand_plan(model, mode="pipeline", dp=1, mp=2, schedule="1f1b",
+                     num_microbatches=args.microbatches, per_replica_batch=args.global_batch)
+    hp = hybridplan.apply(plan, model, optimizer=sgd)
+
+    def executor_step(i):
+        inputs, target = data(model, args.global_batch, i)
+        hp.step(inputs, target)
+
+    ref = models.get(args.model, seed=0)
+    program = build_program(ref, parse_plan(plan).assignment, 2)
+    rank = dist.get_rank()
+    if any(len(program.stage_inputs[s]) != 1 for s in range(2)) or len(program.consumers) != 1:
+        raise SystemExit(f"bench: {args.model}'s 2-stage cut is not a single-tensor chain, "
+                         f"which Schedule1F1B's PipelineStage needs")
+    stage = PipelineStage(program.submodules[rank], rank, 2, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, args.microbatches,
+                            loss_fn=lambda out, tgt: ref.loss(out[0] if isinstance(out, tuple)
+                                                              else out, tgt))
+    opt = sgd(program.submodules[rank].parameters())
+
+    def torch_step(i):
+        inputs, target = data(ref, args.global_batch, i)
+        opt.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(*inputs)
+        else:
+            schedule.step(target=target, losses=[])
+        opt.step()
+
+    return (timed_median_s(executor_step, args.steps, args.warmup_steps),
+            timed_median_s(torch_step, args.steps, args.warmup_steps))
+
+
+def main():
+    args = parse_args()
+    if "RANK" not in os.environ:  # relaunch under torchrun with 2 local ranks
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node", "2", os.path.abspath(__file__),
+                                *sys.argv[1:]], env=env)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    dp_exec_s, ddp_s = bench_dp(args)
+    pipe_exec_s, pipe_torch_s = bench_pipeline(args)
+    if dist.get_rank() == 0:
+        print(f"bench_executor: model {args.model}, global batch {args.global_batch}, "
+              f"2 ranks (Gloo, CPU, {torch.get_num_threads()} thread/rank), median of "
+              f"{args.steps} steps")
+        print(f"DP-only plan (dp=2):        executor {dp_exec_s * 1e3:8.2f} ms  "
+              f"torch DDP     {ddp_s * 1e3:8.2f} ms  ratio {dp_exec_s / ddp_s:.3f}")
+        print(f"pipeline plan (mp=2, 1F1B, {args.microbatches} mb): executor "
+              f"{pipe_exec_s * 1e3:8.2f} ms  Schedule1F1B {pipe_torch_s * 1e3:8.2f} ms  "
+              f"ratio {pipe_exec_s / pipe_torch_s:.3f}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+// search() against brute force: on random small graphs and clusters the best plan's objective
+// equals the minimum of objective(evaluate(plan)) over EVERY plan of the search space (all
+// dp x mp, all m^n placements, all contiguous pipeline splits, all micro-batch counts, both
+// schedules).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "catch.h"
+#include "common/error.h"
+#include "planner/evaluate.h"
+#include "planner/pipeline_partition.h"
+#include "planner/search.h"
+#include "random_problems.h"
+
+using namespace hybridplan;
+using hybridplan::testing::random_cluster;
+using hybridplan::testing::random_graph;
+using hybridplan::testing::random_job;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The minimum objective over every plan of one point (its mesh from plan_skeleton).
+double brute_force_point(const Problem& problem, const SearchSpacePoint& point) {
+  const Evaluator ev(problem);
+  Plan plan = plan_skeleton(problem, point, "");
+  const auto n = static_cast<int64_t>(problem.graph.nodes.size());
+  double best = kInf;
+  const auto consider = [&]() { best = std::min(best, objective(problem, ev.evaluate(plan))); };
+  if (point.mode == MpMode::kPlacement) {
+    // Every assignment in mp^n, as an n-digit base-mp counter.
+    std::fill(plan.assignment.begin(), plan.assignment.end(), 0);
+    while (true) {
+      consider();
+      int64_t i = 0;
+      while (i < n && ++plan.assignment[i] == point.mp) plan.assignment[i++] = 0;
+      if (i == n) break;
+    }
+  } else {
+    for_each_contiguous_partition(n, static_cast<int>(point.mp), [&](const std::vector<int64_t>& s) {
+      for (int64_t k = 0; k + 1 < static_cast<int64_t>(s.size()); ++k)
+        for (int64_t p = s[k]; p < s[k + 1]; ++p)
+          plan.assignment[problem.graph.topo_order[p]] = static_cast<int32_t>(k);
+      consider();
+    });
+  }
+  return best;
+}
+
+Problem random_problem(std::mt19937_64& rng, int trial) {
+  Problem problem;
+  testing::RandomGraphOptions go;
+  go.num_nodes = 2 + static_cast<int>(rng() % 5);  // 2..6 nodes
+  go.chain = trial % 4 == 0;
+  problem.graph = random_graph(rng, go);
+  testing::RandomClusterOptions co;
+  co.num_nodes = 1 + static_cast<int64_t>(rng() % 2);
+  co.devices_per_node = trial % 3 == 0 ? 2 : 4;
+  co.bandwidth_matrix = trial % 2 == 1;
+  problem.cluster = random_cluster(rng, co);
+  problem.job = random_job(rng, problem.cluster.num_devices());
+  return problem;
+}
+
+}  // namespace
+
+TEST_CASE("search: best plan equals brute force over the whole space", "[search]") {
+  std::mt19937_64 rng(7);
+  int feasible = 0, infeasible = 0, multi_device_winners = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const Problem problem = random_problem(rng, trial);
+    SearchOptions options;
+    options.top_k = 3;
+    if (trial % 5 == 4) options.devices = problem.cluster.devices_per_node;  // part of the cluster
+    INFO("trial " << trial << ": " << problem.graph.nodes.size() << " nodes, "
+                  << problem.cluster.num_nodes << "x" << problem.cluster.devices_per_node
+                  << (problem.cluster.bandwidth_matrix.empty() ? " uniform" : " matrix"));
+    double brute = kInf;
+    for (const SearchSpacePoint& point : search_space(problem, options, nullptr))
+      brute = std::min(brute, brute_force_point(problem, point));
+    if (std::isinf(brute)) {
+      ++infeasible;
+      CHECK_THROWS_AS(search(problem, options), InfeasibleError);
+      continue;
+    }
+    ++feasible;
+    const SearchResult r = search(problem, options);
+    REQUIRE(!r.plans.empty());
+    const Plan& best = r.plans.front();
+    CHECK(objective(problem, best.predicted) == Approx(brute).epsilon(1e-9));
+    if (best.mp > 1) ++multi_device_winners;
+    // Every returned plan is ranked by, and carries, its evaluate() breakdown; best first.
+    double previous = 0;
+    for (const Plan& p : r.plans) {
+      const double obj = objective(problem, evaluate(problem, p));
+      CHECK(obj == Approx(objective(problem, p.predicted)).epsilon(1e-12));
+      CHECK(obj >= previous);
+      previous = obj;
+      CHECK_NOTHROW(p.validate("search", problem.graph, problem.cluster));
+    }
+  }
+  CHECK(feasible >= 15);  // both outcomes and MP winners were exercised
+  CHECK(infeasible >= 2);
+  CHECK(multi_device_winners >= 1);
+}
+
+TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
+  std::mt19937_64 rng(3);
+  Problem problem;
+  testing::RandomGraphOptions go;
+  go.num_nodes = 3;
+  go.profiled_batch = 12;
+  problem.graph = random_graph(rng, go);
+  testing::RandomClusterOptions co;
+  co.num_nodes = 2;
+  co.devices_per_node = 4;
+  problem.cluster = random_cluster(rng, co);
+  problem.job = default_job();
+  std::vector<std::string> skipped;
+  const auto points = search_space(problem, SearchOptions{}, &skipped);
+  // mp=1 (dp=8) placement; mp=2 (dp=4) placement + pipeline M in {1,2,4} (12 = profiled batch,
+  // 8 does not divide it) x 2 schedules; mp=4 (dp=2) placement only: 3 nodes < 4 stages.
+  REQUIRE(points.size() == 1 + 1 + 6 + 1);
+  CHECK(points[0].dp == 8);
+  CHECK(points[0].mp == 1);
+  CHECK(points[2].mode == MpMode::kPipeline);
+  CHECK(points[2].num_microbatches == 1);
+  CHECK(points[7].num_microbatches == 4);
+  CHECK(points[7].schedule == Schedule::k1F1B);
+  CHECK(points[8].mp == 4);
+  CHECK(points[8].per_replica_batch == 12);
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0] == "dp=2 mp=4 pipeline: needs at least 4 nodes for 4 stages (graph has 3)");
+
+  // A fixed global batch divides by dp; 6 devices allow mp in {1, 2} only.
+  problem.job.global_batch = 24;
+  problem.job.num_microbatches = {2, 5};
+  SearchOptions six;
+  six.devices = 6;
+  skipped.clear();
+  const auto p6 = search_space(problem, six, &skipped);
+  REQUIRE(p6.size() == 1 + 1 + 2);
+  CHECK(p6[0].per_replica_batch == 4);   // 24 / 6
+  CHECK(p6[1].per_replica_batch == 8);   // 24 / 3
+  CHECK(p6[2].num_microbatches == 2);    // 5 does not divide 8
+  problem.job.global_batch = 25;
+  skipped.clear();
+  CHECK(search_space(problem, six, &skipped).empty());
+  CHECK(skipped[0] == "dp=6 mp=1: global batch 25 is not divisible by dp=6");
+
+  SearchOptions bad;
+  bad.devices = 9;
+  CHECK_THROWS_WITH(search_space(problem, bad, nullptr),
+                    "search options: devices must be in 1..8 (the devices of cluster "
+                    "\"random-cluster\") (got 9)");
+}
+
+TEST_CASE("search: plans are complete and survive save/load", "[search]") {
+  std::mt19937_64 rng(11);
+  Problem problem;
+  testing::RandomGraphOptions go;
+  go.num_nodes = 14;  // above exact_placement_max_nodes: heuristic placement, DP pipeline
+  problem.graph = random_graph(rng, go);
+  testing::RandomClusterOptions co;
+  co.num_nodes = 2;
+  co.devices_per_node = 4;
+  co.bandwidth_matrix = true;
+  co.memory_bytes = 64LL << 30;
+  problem.cluster = random_cluster(rng, co);
+  problem.job = default_job();
+  SearchOptions options;
+  options.top_k = 4;
+  const SearchResult r = search(problem, options);
+  REQUIRE(r.plans.size() == 4);
+  CHECK(r.candidates_evaluated > 10);
+  bool heuristic_note = false, dp_note = false;
+  for (const std::string& note : r.notes) {
+    heuristic_note |= note.find("placement: heuristic") != std::string::npos &&
+                      note.find("gap") != std::string::npos;
+    dp_note |= note.find("bottleneck DP") != std::string::npos;
+  }
+  CHECK(heuristic_note);
+  CHECK(dp_note);
+  const auto path = std::filesystem::temp_directory_path() / "hybridplan_test_search_plan.json";
+  for (const Plan& p : r.plans) {
+    CHECK(p.graph_name == problem.graph.name);
+    CHECK(p.graph_sha256 == graph_sha256(problem.graph));
+    CHECK(p.cluster_name == problem.cluster.name);
+    CHECK(p.world_size == 8);
+    CHECK(!p.device_mapping_note.empty());
+    save_plan(p, problem.graph, problem.cluster, path.string());
+    const Plan loaded = load_plan(path.string(), problem.graph, problem.cluster);
+    CHECK(loaded.assignment == p.assignment);
+    CHECK(loaded.mesh == p.mesh);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("search: nothing fits names the need and the device", "[search]") {
+  Problem problem;
+  Graph& g = problem.graph;
+  g.name = "too_big";
+  g.profiled.batch_size = 1;
+  for (int i = 0; i < 3; ++i) {
+    Node n;
+    n.id = i;
+    n.name = "n" + std::to_string(i);
+    n.op = "linear";
+    n.forward_s = n.backward_s = 1e-3;
+    n.param_bytes = 1LL << 30;  // 1 GiB of parameters: with sgd 2 GiB per node on its device
+    n.output_bytes = 0;
+    g.nodes.push_back(n);
+    if (i > 0) g.edges.push_back({i - 1, i, 0});
+  }
+  g.finalize("too_big");
+  testing::RandomClusterOptions co;
+  co.devices_per_node = 2;
+  co.memory_bytes = 3LL << 30;  // 3 GiB: two nodes on one device need 4 GiB
+  std::mt19937_64 rng(1);
+  problem.cluster = random_cluster(rng, co);
+  problem.job = default_job();
+  // mp=2 splits 2 + 1 nodes: the least memory is 4 GiB on the fuller device.
+  std::string message;
+  try {
+    search(problem, SearchOptions{});
+  } catch (const InfeasibleError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("no plan fits on 2 devices") != std::string::npos);
+  CHECK(message.find("smallest per-device memory need is 4.00 GiB at dp=1 mp=2") !=
+        std::string::npos);
+  CHECK(message.find("device has 3.00 GiB (over by 1.00 GiB)") != std::string::npos);
+  co.memory_bytes = 4LL << 30;
+  problem.cluster = random_cluster(rng, co);
+  const SearchResult r = search(problem, SearchOptions{});
+  CHECK(r.plans.front().mp == 2);
+  CHECK(!r.infeasible.empty());  // dp=2 mp=1 needed 6 GiB
+}

@@ -1,0 +1,90 @@
+"""The link probe: the alpha-beta fit, and a real 2-rank Gloo run on loopback."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hybridplan.probe import fit_alpha_beta, probe
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_fit_recovers_alpha_and_beta():
+    # t = 5 us + bytes / 1 GB/s, exactly
+    sizes = [1e3, 1e4, 1e5, 1e6]
+    alpha, beta = fit_alpha_beta(sizes, [5e-6 + s / 1e9 for s in sizes])
+    assert alpha == pytest.approx(5e-6, rel=1e-9, abs=0)
+    assert 1 / beta == pytest.approx(1e9, rel=1e-9)
+
+
+def test_fit_least_squares_on_noisy_points():
+    # (MB, us): (0, 3), (1, 4), (2, 9), (3, 10); means 1.5 MB, 6.5 us; deviations dx = -1.5,
+    # -0.5, 0.5, 1.5 and dt = -3.5, -2.5, 2.5, 3.5; slope = sum(dx dt) / sum(dx^2) = 13 / 5
+    # = 2.6 us/MB; intercept = 6.5 - 2.6 * 1.5 = 2.6 us
+    sizes = [0, 1e6, 2e6, 3e6]
+    times = [3e-6, 4e-6, 9e-6, 10e-6]
+    alpha, beta = fit_alpha_beta(sizes, times)
+    assert beta == pytest.approx(2.6e-12, rel=1e-9, abs=0)
+    assert alpha == pytest.approx(2.6e-6, rel=1e-9, abs=0)
+
+
+def test_fit_negative_intercept_refits_through_origin():
+    alpha, beta = fit_alpha_beta([1e3, 2e3], [0.5e-6, 2e-6])  # line would cross at -1 us
+    assert alpha == 0.0
+    assert beta == pytest.approx((1e3 * 0.5e-6 + 2e3 * 2e-6) / (1e6 + 4e6), rel=1e-9, abs=0)
+
+
+def test_fit_bad_input():
+    with pytest.raises(ValueError, match="at least two distinct message sizes"):
+        fit_alpha_beta([1e3, 1e3], [1e-6, 2e-6])
+    with pytest.raises(ValueError, match="times do not grow with message size"):
+        fit_alpha_beta([1e3, 1e6], [2e-3, 1e-3])
+
+
+def test_probe_outside_torchrun_says_how_to_run_it(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ValueError, match="run under torchrun"):
+        probe(sizes_bytes=[1024, 4096])
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_rank_probe_writes_a_cluster(tmp_path):
+    out = tmp_path / "cluster.json"
+    sizes = [1024, 16384, 262144]
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), GLOO_SOCKET_IFNAME="lo",
+               OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "hybridplan", "probe", "--out", str(out), "--sizes",
+           ",".join(map(str, sizes)), "--warmup", "1", "--repeats", "3", "--timeout-s", "20",
+           "--name", "test-loopback"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cluster = json.loads(out.read_text())
+    assert cluster["kind"] == "hybridplan.cluster" and cluster["schema_version"] == 1
+    assert cluster["name"] == "test-loopback"
+    assert (cluster["num_nodes"], cluster["devices_per_node"]) == (1, 2)
+    for level in ("intra_node", "inter_node"):
+        assert cluster[level]["latency_s"] >= 0
+        assert cluster[level]["bandwidth_bytes_per_s"] > 0
+    assert cluster["device"]["memory_bytes"] > 0 and cluster["device"]["peak_flops"] > 1e6
+    measured = cluster["measured"]
+    assert [p[0] for p in measured["allreduce_s"]] == sizes
+    assert [p[0] for p in measured["intra_node_one_way_s"]] == sizes
+    assert "inter_node not measured" in " ".join(cluster["sources"])
+    assert os.listdir(tmp_path) == ["cluster.json"]  # the atomic write left no temporary file
+    try:
+        from hybridplan.planner import Cluster
+    except ImportError:
+        return  # the compiled planner is not built: the format checks above still ran
+    assert Cluster.from_dict(cluster).devices_per_node == 2
