@@ -11,7 +11,6 @@ the executor is slower). Runs itself under torchrun with 2 local processes (Gloo
 """
 
 import argparse
-import functools
 import os
 import statistics
 import subprocess
@@ -64,7 +63,8 @@ def sgd(params):
 def bench_dp(args):
     """Executor under a DP-only plan vs torch DDP: same model, data, optimizer."""
     model = models.get(args.model, seed=0)
-    plan = hand_plan(model, mode="placement", dp=2, mp=1, per_replica_batch=args.global_batch // 2)
+    plan = hand_plan(model, mode="placement", dp=2, mp=1,
+                     per_replica_batch=args.global_batch // 2)
     hp = hybridplan.apply(plan, model, optimizer=sgd)
 
     def executor_step(i):

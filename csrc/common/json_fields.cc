@@ -15,10 +15,18 @@ std::string json_index_path(const std::string& parent, size_t index) {
 }
 
 std::string json_value_text(const Json& v) {
+  if (v.is_number_float()) return json_number_text(v.get<double>());
   std::string text = v.dump(-1, ' ', false, Json::error_handler_t::replace);
   constexpr size_t kMaxChars = 60;
   if (text.size() > kMaxChars) text = text.substr(0, kMaxChars - 3) + "...";
   return text;
+}
+
+std::string json_number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  return Json(v).dump();
 }
 
 static std::string shown_path(const std::string& path) {

@@ -18,6 +18,8 @@ std::string json_child_path(const std::string& parent, const std::string& key);
 std::string json_index_path(const std::string& parent, size_t index);
 // A value as shown after "got": compact JSON, cut to 60 characters.
 std::string json_value_text(const Json& v);
+// A number as shown after "got": -1 (not -1.0), 0.0021, 2.5e+10, nan, inf.
+std::string json_number_text(double v);
 
 class JsonReader {
  public:

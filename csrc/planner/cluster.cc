@@ -21,16 +21,12 @@ namespace {
 
 constexpr const char* kClusterKind = "hybridplan.cluster";
 
-std::string number_text(double v) {
-  return std::isfinite(v) ? Json(v).dump() : std::to_string(v);
-}
-
 void check_positive(const std::string& source, const std::string& path, double v) {
-  if (!std::isfinite(v) || v <= 0) throw_input_error(source, path, "must be finite and > 0", number_text(v));
+  if (!std::isfinite(v) || v <= 0) throw_input_error(source, path, "must be finite and > 0", json_number_text(v));
 }
 
 void check_non_negative(const std::string& source, const std::string& path, double v) {
-  if (!std::isfinite(v) || v < 0) throw_input_error(source, path, "must be finite and >= 0", number_text(v));
+  if (!std::isfinite(v) || v < 0) throw_input_error(source, path, "must be finite and >= 0", json_number_text(v));
 }
 
 Link link_from_json(const JsonReader& in, const Json& j, const std::string& path,

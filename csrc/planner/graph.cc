@@ -25,13 +25,10 @@ constexpr const char* kGraphKind = "hybridplan.graph";
 
 std::string quoted(const std::string& s) { return Json(s).dump(); }
 
-std::string number_text(double v) { return Json(v).dump(); }
-
 void check_time(const std::string& source, size_t i, const char* field, double value) {
   if (!std::isfinite(value) || value < 0) {
     throw_input_error(source, json_child_path(json_index_path("nodes", i), field),
-                      "must be finite and >= 0", std::isfinite(value) ? number_text(value)
-                                                                      : std::to_string(value));
+                      "must be finite and >= 0", json_number_text(value));
   }
 }
 
@@ -119,7 +116,7 @@ void Graph::validate(const std::string& source) const {
     check_bytes(source, path + ".output_bytes", node.output_bytes);
     if (!std::isfinite(node.flops) || node.flops < 0) {
       throw_input_error(source, path + ".flops", "must be finite and >= 0",
-                        number_text(node.flops));
+                        json_number_text(node.flops));
     }
   }
   const auto n = static_cast<NodeIndex>(nodes.size());
@@ -193,7 +190,11 @@ Graph graph_from_json(const Json& j, const std::string& source) {
     node.param_bytes = in.field_int(jn, path, "param_bytes");
     node.output_bytes = in.field_int(jn, path, "output_bytes");
     if (const Json* f = in.optional(jn, "flops")) node.flops = in.number(*f, path + ".flops");
-    index_of.emplace(node.id, static_cast<NodeIndex>(i));
+    const auto [it, fresh] = index_of.emplace(node.id, static_cast<NodeIndex>(i));
+    if (!fresh) {
+      in.fail(path + ".id", "must be unique (also nodes[" + std::to_string(it->second) + "])",
+              std::to_string(node.id));
+    }
     g.nodes.push_back(std::move(node));
   }
 

@@ -12,12 +12,8 @@ namespace {
 
 constexpr const char* kJobKind = "hybridplan.job";
 
-std::string number_text(double v) {
-  return std::isfinite(v) ? Json(v).dump() : std::to_string(v);
-}
-
 void check_positive(const std::string& source, const std::string& path, double v) {
-  if (!std::isfinite(v) || v <= 0) throw_input_error(source, path, "must be finite and > 0", number_text(v));
+  if (!std::isfinite(v) || v <= 0) throw_input_error(source, path, "must be finite and > 0", json_number_text(v));
 }
 
 Optimizer optimizer_from_name(const JsonReader& in, const Json& v) {
@@ -104,8 +100,8 @@ void Job::validate(const std::string& source) const {
         if (i > 0 && points[i].first <= points[i - 1].first) {
           throw_input_error(source, p + "[0]",
                             "must be greater than the previous point's global batch " +
-                                number_text(points[i - 1].first) + " (points increasing in B)",
-                            number_text(points[i].first));
+                                json_number_text(points[i - 1].first) + " (points increasing in B)",
+                            json_number_text(points[i].first));
         }
       }
       break;

@@ -18,7 +18,7 @@ _EXPORTS = {
     "Graph": "planner", "Cluster": "planner", "Job": "planner", "Plan": "planner",
     "plan": "planner", "search": "planner", "evaluate": "planner", "explain": "planner",
     "load_graph": "planner", "load_cluster": "planner", "load_job": "planner",
-    "load_plan": "planner", "presets": "planner",
+    "load_plan": "planner", "presets": "planner", "InfeasibleError": "planner",
     # profiler
     "profile": "profiler",
     # executor

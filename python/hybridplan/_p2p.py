@@ -18,7 +18,7 @@ tensor being sent must outlive the transfer.
 from __future__ import annotations
 
 import datetime
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 import torch.distributed as dist

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import torch
 import torch.fx

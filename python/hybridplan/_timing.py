@@ -171,33 +171,76 @@ class StepTimer:
 def count_flops(module: nn.Module, nodes: Dict[str, nn.Module],
                 inputs: Sequence[torch.Tensor]) -> Dict[str, float]:
     """Forward FLOPs per node (torch.utils.flop_counter), charged like forward time: a
-    functional op's FLOPs (e.g. attention's bmm in a parent's forward) go to the next node."""
+    functional op's FLOPs (e.g. attention's bmm in a parent's forward) go to the next node.
+    RNN nodes are counted by formula (rnn_flops), not by the counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     marks: List[Tuple[float, str]] = []
     last: List[str] = []
+    rnn_input_shapes: Dict[str, torch.Size] = {}
 
     def mark(name):
-        def hook(mod, *args):
+        def hook(mod, args, *output):
             marks.append((counter.get_total_flops(), name))
             last[:] = [name]
+            if isinstance(mod, nn.RNNBase) and args and isinstance(args[0], torch.Tensor):
+                rnn_input_shapes.setdefault(name, args[0].shape)
         return hook
 
     handles = []
     for name, mod in nodes.items():
         handles.append(mod.register_forward_pre_hook(mark(name)))
         handles.append(mod.register_forward_hook(mark(name)))
+    rnns = [mod for mod in nodes.values() if isinstance(mod, nn.RNNBase)]
     try:
+        for mod in rnns:
+            mod.forward = _outside_dispatch_modes(mod.forward)
         with counter:
             module(*inputs)
     finally:
         for h in handles:
             h.remove()
+        for mod in rnns:
+            del mod.forward  # the instance attribute: back to the class's forward
     flops: Dict[str, float] = {}
     previous = 0
     for total, name in marks + [(counter.get_total_flops(), last[0] if last else "")]:
         if name:
             flops[name] = flops.get(name, 0.0) + float(total - previous)
         previous = total
+    for name, shape in rnn_input_shapes.items():
+        flops[name] = flops.get(name, 0.0) + rnn_flops(nodes[name], shape)
     return flops
+
+
+def _outside_dispatch_modes(forward: Callable) -> Callable:
+    """forward run with the FLOP counter's dispatch mode off: an RNN that the counter cannot
+    see through fused kernels anyway, and whose decomposed CPU path (LSTM with proj_size)
+    would take seconds under it; rnn_flops counts it instead."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def run(*args, **kwargs):
+        with _disable_current_modes():
+            return forward(*args, **kwargs)
+    return run
+
+
+def rnn_flops(mod: nn.RNNBase, input_shape: torch.Size) -> float:
+    """Forward FLOPs of an nn.LSTM/GRU/RNN where fused kernels (oneDNN, cuDNN) hide them from
+    the FLOP counter: per layer, direction, step and sample, 2 * gates * hidden * (input +
+    recurrent) for the gate matmuls, plus 2 * hidden * proj for an LSTM projection."""
+    if len(input_shape) == 3:
+        batch, steps = (input_shape[0], input_shape[1]) if mod.batch_first else (
+            input_shape[1], input_shape[0])
+    else:  # unbatched (steps, features)
+        batch, steps = 1, input_shape[0]
+    gates = {"LSTM": 4, "GRU": 3}.get(mod.mode, 1)
+    directions = 2 if mod.bidirectional else 1
+    recurrent = mod.proj_size or mod.hidden_size
+    per_sample_step = 0
+    for layer in range(mod.num_layers):
+        layer_input = mod.input_size if layer == 0 else recurrent * directions
+        per_sample_step += 2 * gates * mod.hidden_size * (layer_input + recurrent)
+        per_sample_step += 2 * mod.hidden_size * mod.proj_size
+    return float(per_sample_step * directions * batch * steps)

@@ -29,7 +29,7 @@ import collections
 import datetime
 import functools
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -95,11 +95,10 @@ def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int
     """World size, graph hash and module names; in pipeline mode also cuts the stages (which
     fails where the plan's stages are not contiguous) and returns the StageProgram."""
     if spec.num_processes != world_size:
-        layout = ("one process per replica: dp" if spec.mode == "placement"
-                  else "one process per device: dp * mp")
+        layout = ("one process per replica, world = dp" if spec.mode == "placement"
+                  else "one process per device, world = dp * mp")
         raise ValueError(f"{spec.source}: {spec.mode} plan needs world size {spec.num_processes} "
-                         f"({layout} = {spec.num_processes}, dp={spec.dp}, mp={spec.mp}) "
-                         f"(got world size {world_size})")
+                         f"({layout}; dp={spec.dp}, mp={spec.mp}) (got world size {world_size})")
     if graph is not None:
         sha = graph_sha256(graph)
         if sha != spec.graph_sha256:

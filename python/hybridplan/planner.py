@@ -188,9 +188,12 @@ class Cluster(_Document):
     @classmethod
     def load(cls, path_or_preset: PathLike) -> "Cluster":
         """A cluster file, or a preset name when no such file exists (as the CLI's --cluster)."""
-        if isinstance(path_or_preset, str) and not os.path.exists(path_or_preset) \
-                and path_or_preset in _C.preset_names():
-            return cls.preset(path_or_preset)
+        if isinstance(path_or_preset, str) and not os.path.exists(path_or_preset):
+            names = _C.preset_names()
+            if path_or_preset in names:
+                return cls.preset(path_or_preset)
+            raise ValueError(f"{path_or_preset}: no such cluster file or preset "
+                             f"(presets: {', '.join(names)})")
         return super().load(path_or_preset)
 
     def with_num_nodes(self, num_nodes: int) -> "Cluster":
@@ -258,6 +261,10 @@ class Plan(_Document):
 
     @property
     def name(self) -> str:
+        return self._dict["graph"]["name"]
+
+    @property
+    def graph_name(self) -> str:
         return self._dict["graph"]["name"]
 
     @property
@@ -412,17 +419,23 @@ def _positive_int(value: Any, what: str) -> int:
 
 
 def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 5,
-           modes: Sequence[str] = MODES, dp_only: bool = False) -> SearchResult:
+           modes: Sequence[str] = MODES, dp_only: bool = False,
+           exact_placement_max_nodes: Optional[int] = None) -> SearchResult:
     """Searches dp x mp x mode x micro-batches x device mapping on `devices` devices of `cluster`
-    (all of them when None). `dp_only` restricts to mp = 1, the pure data-parallel baseline.
-    Raises InfeasibleError when nothing fits."""
+    (all of them when None). `dp_only` restricts to mp = 1, the pure data-parallel baseline;
+    placements of graphs with more nodes than `exact_placement_max_nodes` (default: the C++
+    SearchOptions default) are heuristic, with the gap in `notes`. Raises InfeasibleError when
+    nothing fits."""
     g, c, j = _as_graph(graph), _as_cluster(cluster), _as_job(job)
     placement, pipeline = _mode_flags(modes)
     devices = 0 if devices is None else _positive_int(devices, "devices")
     top_k = _positive_int(top_k, "top_k")
+    exact = {} if exact_placement_max_nodes is None else {
+        "exact_placement_max_nodes": _positive_int(exact_placement_max_nodes,
+                                                   "exact_placement_max_nodes")}
     out = json.loads(_C.search(g.to_json(), c.to_json(), None if j is None else j.to_json(),
                                devices=devices, top_k=top_k, placement=placement,
-                               pipeline=pipeline, dp_only=dp_only))
+                               pipeline=pipeline, dp_only=bool(dp_only), **exact))
     plans = [Plan(json.dumps(p, sort_keys=True, separators=(",", ":")), _validated=True)
              for p in out["plans"]]
     return SearchResult(plans, out["candidates_evaluated"], out["notes"], out["infeasible"])
@@ -455,3 +468,16 @@ def explain(plan, graph=None, cluster=None, job=None) -> str:
     c = None if cluster is None else _as_cluster(cluster).to_json()
     j = _as_job(job)
     return _C.explain(p.to_json(), "plan", g, c, None if j is None else j.to_json())
+
+
+def sweep(graph, cluster, job=None, max_devices: Optional[int] = None,
+          modes: Sequence[str] = MODES) -> dict:
+    """The paper's scaling study (as `hybridplan sweep`): for N = 1, 2, 4, ... max_devices (all of
+    the cluster when None), the best pure-DP plan and the best plan overall. Returns
+    {"points": [{"devices", "dp_only", "best", ...}], "csv": text}; see csrc/planner/sweep.h."""
+    g, c, j = _as_graph(graph), _as_cluster(cluster), _as_job(job)
+    placement, pipeline = _mode_flags(modes)
+    max_devices = c.num_devices if max_devices is None else _positive_int(max_devices,
+                                                                          "max_devices")
+    return json.loads(_C.sweep(g.to_json(), c.to_json(), None if j is None else j.to_json(),
+                               max_devices, placement=placement, pipeline=pipeline))

@@ -210,6 +210,10 @@ def probe(sizes_bytes: Sequence[int] = DEFAULT_SIZES, warmup: int = 2, repeats: 
 def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
     intra_pair = (0, 1) if env.local_world_size > 1 else None
     inter_pair = (0, env.local_world_size) if env.num_nodes > 1 else None
+    # first use of a connection pays for its setup: exercise every path once, unmeasured
+    _time_allreduce(sizes[-1], device, 1, 1)
+    for pair in filter(None, (intra_pair, inter_pair)):
+        _time_pingpong(sizes[-1], *pair, env.rank, device, 1, 1)
     links = {}
     raw = {"allreduce_s": [], "intra_node_one_way_s": [], "inter_node_one_way_s": []}
     for level, pair in (("intra_node", intra_pair), ("inter_node", inter_pair)):

@@ -68,7 +68,10 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     log = (lambda msg: print(msg, file=sys.stderr)) if verbose else (lambda msg: None)
 
     nodes = _tracing.select_nodes(module)
-    flow, _ = _tracing.record_dataflow(module, nodes, inputs)
+    flow, output = _tracing.record_dataflow(module, nodes, inputs)
+    if not _timing.backward_roots(output):
+        raise ValueError(f"profile: no output of {type(module).__name__} requires grad (got "
+                         f"output shapes {_tracing.shapes_of(output)}): nothing to train or plan")
     if not flow.order:
         raise ValueError(
             f"profile: none of {type(module).__name__}'s {len(nodes)} leaf submodules ran in "

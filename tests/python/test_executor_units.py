@@ -13,7 +13,7 @@ from hybridplan import _grad_sync, _schedules
 from hybridplan._dist_checks import RankReport, judge, param_signature
 from hybridplan._pipeline import split_microbatches
 from hybridplan._plan_spec import parse_plan, sha256_hex
-from hybridplan._stage_split import build_program, get_attr, leaf_module_names, stage_parameters
+from hybridplan._stage_split import build_program, get_attr, stage_parameters
 from hybridplan.executor import _check_module, _local_checks
 from plan_builders import leaves_in_call_order, pipeline_plan, placement_plan
 
@@ -36,7 +36,8 @@ def test_plan_is_accepted_as_dict_path_or_object(tmp_path):
     specs = [parse_plan(plan), parse_plan(str(path)), parse_plan(PlanLike())]
     assert {s.sha256 for s in specs} == {sha256_hex(plan)}
     spec = specs[0]
-    assert (spec.num_processes, spec.dp_group_ranks(1), spec.replica_ranks(1)) == (4, [1, 3], [2, 3])
+    assert spec.num_processes == 4
+    assert (spec.dp_group_ranks(1), spec.replica_ranks(1)) == ([1, 3], [2, 3])
     assert (spec.replica_of(3), spec.stage_of(3)) == (1, 1)
 
 
@@ -91,7 +92,7 @@ def test_world_size_must_match_the_mode():
     model = small_cnn()
     spec = parse_plan(placement_plan(model, dp=2, mp=2))
     with pytest.raises(ValueError, match=r"placement plan needs world size 2 \(one process per "
-                                         r"replica: dp = 2, dp=2, mp=2\) \(got world size 4\)"):
+                                         r"replica, world = dp; dp=2, mp=2\) \(got world size 4\)"):
         _local_checks(spec, model, None, 4)
     assert _local_checks(spec, model, None, 2) is None
 
@@ -99,12 +100,21 @@ def test_world_size_must_match_the_mode():
 def test_graph_hash_must_match():
     model = small_cnn()
     spec = parse_plan(placement_plan(model, dp=1, mp=1))
-    graph = {"schema_version": 1, "kind": "hybridplan.graph", "name": "other"}
 
-    class GraphLike:
+    class GraphLike:  # what hybridplan.planner.Graph offers: its canonical JSON's sha256
         sha256 = "ab" * 32
     with pytest.raises(ValueError, match="graph.sha256 must match the graph applied"):
         _local_checks(spec, model, GraphLike(), 1)
+
+
+def test_apply_outside_a_distributed_job_says_so(monkeypatch):
+    import hybridplan
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    model = small_cnn()
+    with pytest.raises(ValueError, match=r"must run inside a torch.distributed job \(launch with "
+                                         r"torchrun\): environment variables \['RANK'"):
+        hybridplan.apply(placement_plan(model, dp=1, mp=1), model)
 
 
 def test_decreasing_stages_are_rejected():

@@ -1,0 +1,91 @@
+"""How well does the Python profiler's split of a step add up, and what does profiling cost?
+
+    python3 bench/bench_profiler.py [--batch 8] [--rounds 5] [--steps 6] [--clock thread wall]
+
+For each built-in model (hybridplan.models), one intra-op thread:
+- node sum / step: sum over nodes of the profiled forward+backward medians, divided by the
+  median of plain (unhooked) forward+backward steps measured right before and after each
+  profile; the median over `rounds` profiles. 1.00 means nothing is lost or counted twice; the
+  hooks' own cost (a Python call per node per pass) shows as a few percent above 1.
+- profile_s: wall seconds of one profile_dict call (tracing, timing, FLOP counting).
+- edges: torch.fx edges == forward-hook edges (the fallback path) on the same model.
+The "thread" clock is CPU time of this thread (robust on a shared machine); "wall" is
+time.perf_counter, which on a busy machine also counts time other processes hold the cores.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+import torch  # noqa: E402
+
+from hybridplan import _tracing, models  # noqa: E402
+from hybridplan.profiler import profile_dict  # noqa: E402
+
+CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
+
+
+def plain_steps_s(model, inputs, steps, now):
+    samples = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        start = now()
+        out = model(*inputs)
+        torch.autograd.backward(out, torch.ones_like(out))
+        samples.append(now() - start)
+    return samples
+
+
+def node_sum_ratio(model, inputs, clock, rounds, steps):
+    now = CLOCKS[clock]
+    plain_steps_s(model, inputs, 2, now)
+    before = plain_steps_s(model, inputs, steps, now)
+    ratios, node_sums, profile_s = [], [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        graph = profile_dict(model, inputs, warmup=1, repeats=steps, verbose=False, clock=clock)
+        profile_s.append(time.perf_counter() - start)
+        after = plain_steps_s(model, inputs, steps, now)
+        node_sum = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"])
+        node_sums.append(node_sum)
+        ratios.append(node_sum / statistics.median(before + after))
+        before = after
+    return (statistics.median(ratios), min(ratios), max(ratios), statistics.median(node_sums),
+            statistics.median(profile_s), graph)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--clock", nargs="+", default=["thread", "wall"], choices=list(CLOCKS))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    print(f"## Python profiler: node sum vs whole step (batch {args.batch}, 1 thread, "
+          f"{args.rounds} rounds x {args.steps} steps)\n")
+    print("| model | clock | nodes | edges | fx == hooks | step ms | node sum / step (min..max)"
+          " | profile_s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in sorted(models.MODELS):
+        model = models.get(name)
+        inputs = model.example_inputs(args.batch)
+        nodes = _tracing.select_nodes(model)
+        flow, _ = _tracing.record_dataflow(model, nodes, inputs)
+        same_edges = flow.edges == _tracing.fx_edges(model, nodes, flow)
+        for clock in args.clock:
+            ratio, lo, hi, node_sum_s, profile_s, graph = node_sum_ratio(
+                model, inputs, clock, args.rounds, args.steps)
+            print(f"| {name} | {clock} | {len(graph['nodes'])} | {len(graph['edges'])} | "
+                  f"{same_edges} | {node_sum_s * 1e3:.2f} | {ratio:.3f} ({lo:.3f}..{hi:.3f}) | "
+                  f"{profile_s:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+#include <cmath>
+
+#include "catch.h"
+#include "model_fixtures.h"
+#include "planner/cluster.h"
+#include "planner/presets.h"
+
+using namespace hybridplan;
+using hybridplan::test::input_error_of;
+
+namespace {
+
+Json valid_cluster_json() {
+  return Json::parse(R"({
+    "schema_version": 1, "kind": "hybridplan.cluster", "name": "two-boxes",
+    "num_nodes": 2, "devices_per_node": 4,
+    "device": {"name": "V100-SXM2-16GB", "memory_bytes": 17179869184, "peak_flops": 1.25e14},
+    "intra_node": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 5e-06},
+    "inter_node": {"bandwidth_bytes_per_s": 1.25e10, "latency_s": 1e-05},
+    "sources": ["https://example.org/spec"]})");
+}
+
+std::string load_error(const Json& j) {
+  return input_error_of([&] { cluster_from_json(j, "cluster.json"); });
+}
+
+}  // namespace
+
+TEST_CASE("cluster_from_json reads fields and round-trips", "[cluster]") {
+  const Cluster c = cluster_from_json(valid_cluster_json(), "cluster.json");
+  REQUIRE(c.num_devices() == 8);
+  REQUIRE(c.device.memory_bytes == 17179869184);
+  REQUIRE(c.sources.size() == 1);
+  const Cluster again = cluster_from_json(cluster_to_json(c), "again");
+  REQUIRE(cluster_to_json(again) == cluster_to_json(c));
+}
+
+TEST_CASE("Cluster::link picks intra-node, matrix or inter-node links", "[cluster]") {
+  Json j = valid_cluster_json();
+  const Cluster c = cluster_from_json(j, "cluster.json");
+  REQUIRE(c.link(0, 3).bandwidth_bytes_per_s == 2.5e10);  // same node
+  REQUIRE(c.link(0, 3).latency_s == 5e-06);
+  REQUIRE(c.link(3, 4).bandwidth_bytes_per_s == 1.25e10);  // node 0 -> node 1
+  REQUIRE(c.link(3, 4).latency_s == 1e-05);
+  REQUIRE(std::isinf(c.link(2, 2).bandwidth_bytes_per_s));
+
+  // A per-pair matrix (like a DGX-1 cube mesh) replaces the uniform intra-node bandwidth.
+  j["intra_node"].erase("bandwidth_bytes_per_s");
+  j["intra_node"]["bandwidth_matrix_bytes_per_s"] = {
+      {0, 5e10, 2.5e10, 1e10}, {5e10, 0, 1e10, 2.5e10}, {2.5e10, 1e10, 0, 5e10}, {1e10, 2.5e10, 5e10, 0}};
+  const Cluster m = cluster_from_json(j, "matrix.json");
+  REQUIRE(m.link(0, 1).bandwidth_bytes_per_s == 5e10);
+  REQUIRE(m.link(5, 7).bandwidth_bytes_per_s == 2.5e10);  // node 1, local 1 -> 3
+  REQUIRE(m.link(6, 7).latency_s == 5e-06);
+  REQUIRE(m.link(1, 6).bandwidth_bytes_per_s == 1.25e10);  // across nodes: inter_node
+  REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(m), "again")) == cluster_to_json(m));
+}
+
+TEST_CASE("cluster validation messages", "[cluster]") {
+  Json j = valid_cluster_json();
+  SECTION("zero devices") {
+    j["devices_per_node"] = 0;
+    REQUIRE(load_error(j) == "cluster.json: devices_per_node must be >= 1 (got 0)");
+  }
+  SECTION("memory") {
+    j["device"]["memory_bytes"] = 0;
+    REQUIRE(load_error(j) == "cluster.json: device.memory_bytes must be > 0 (got 0)");
+  }
+  SECTION("bandwidth") {
+    j["intra_node"]["bandwidth_bytes_per_s"] = -3;
+    REQUIRE(load_error(j) == "cluster.json: intra_node.bandwidth_bytes_per_s must be finite and > 0 (got -3)");
+  }
+  SECTION("missing intra bandwidth without a matrix") {
+    j["intra_node"].erase("bandwidth_bytes_per_s");
+    REQUIRE(load_error(j) == "cluster.json: intra_node.bandwidth_bytes_per_s is required");
+  }
+  SECTION("inter_node required for several nodes") {
+    j.erase("inter_node");
+    REQUIRE(load_error(j) == "cluster.json: inter_node is required when num_nodes > 1 (got 2 nodes)");
+  }
+  SECTION("matrix rows") {
+    j["intra_node"]["bandwidth_matrix_bytes_per_s"] = {{0, 1e9}, {1e9, 0}};
+    REQUIRE(load_error(j) ==
+            "cluster.json: intra_node.bandwidth_matrix_bytes_per_s must have devices_per_node = 4 "
+            "rows (got 2 rows)");
+  }
+  SECTION("matrix columns") {
+    j["intra_node"]["bandwidth_matrix_bytes_per_s"] = {{0, 1, 1, 1}, {1, 0, 1}, {1, 1, 0, 1}, {1, 1, 1, 0}};
+    REQUIRE(load_error(j) ==
+            "cluster.json: intra_node.bandwidth_matrix_bytes_per_s[1] must have devices_per_node = "
+            "4 entries (got 3 entries)");
+  }
+  SECTION("matrix off-diagonal zero") {
+    j["intra_node"]["bandwidth_matrix_bytes_per_s"] = {{0, 1, 1, 1}, {1, 0, 1, 1}, {1, 0, 0, 1}, {1, 1, 1, 0}};
+    REQUIRE(load_error(j) ==
+            "cluster.json: intra_node.bandwidth_matrix_bytes_per_s[2][1] must be finite and > 0 (got 0)");
+  }
+  SECTION("wrong kind") {
+    j["kind"] = "hybridplan.graph";
+    REQUIRE(load_error(j) == "cluster.json: kind must be \"hybridplan.cluster\" (got \"hybridplan.graph\")");
+  }
+  SECTION("latency type") {
+    j["inter_node"]["latency_s"] = "fast";
+    REQUIRE(load_error(j) == "cluster.json: inter_node.latency_s must be a number (got \"fast\")");
+  }
+}
+
+TEST_CASE("load_cluster takes a file, else a preset name, else lists the presets", "[cluster]") {
+  const std::string path = test::write_file("two-boxes.cluster.json", valid_cluster_json().dump());
+  REQUIRE(load_cluster(path).name == "two-boxes");
+
+  const std::vector<std::string> names = preset_names();
+  for (const std::string& name : names) {
+    const Cluster preset = load_cluster(name);  // every shipped preset validates
+    REQUIRE(preset.num_devices() >= 1);
+  }
+  std::string listed;
+  for (const std::string& name : names) listed += (listed.empty() ? "" : ", ") + name;
+  REQUIRE(input_error_of([] { load_cluster("no-such-cluster"); }) ==
+          "no-such-cluster: no such file, and not a cluster preset (presets: " + listed + ")");
+}
