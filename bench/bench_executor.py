@@ -38,18 +38,20 @@ def parse_args():
     return p.parse_args()
 
 
-def timed_median_s(step, steps: int, warmup: int) -> float:
-    """Median wall time of step() over `steps` after `warmup`, the slowest rank's."""
-    times = []
+def timed_medians_s(step_a, step_b, steps: int, warmup: int):
+    """Median wall time of step_a() and of step_b(), the slowest rank's. The two alternate step
+    by step, so that load from other processes on the machine hits both alike."""
+    times = ([], [])
     for i in range(warmup + steps):
-        dist.barrier()
-        started = time.perf_counter()
-        step(i)
-        if i >= warmup:
-            times.append(time.perf_counter() - started)
-    median = torch.tensor([statistics.median(times)], dtype=torch.float64)
-    dist.all_reduce(median, op=dist.ReduceOp.MAX)
-    return median.item()
+        for step, out in ((step_a, times[0]), (step_b, times[1])):
+            dist.barrier()
+            started = time.perf_counter()
+            step(i)
+            if i >= warmup:
+                out.append(time.perf_counter() - started)
+    medians = torch.tensor([statistics.median(t) for t in times], dtype=torch.float64)
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+    return medians[0].item(), medians[1].item()
 
 
 def data(model, global_batch, i):
@@ -80,8 +82,7 @@ def bench_dp(args):
         ref.loss(ddp(*inputs), target).backward()
         opt.step()
 
-    return (timed_median_s(executor_step, args.steps, args.warmup_steps),
-            timed_median_s(ddp_step, args.steps, args.warmup_steps))
+    return timed_medians_s(executor_step, ddp_step, args.steps, args.warmup_steps)
 
 
 def bench_pipeline(args):
@@ -117,8 +118,7 @@ def bench_pipeline(args):
             schedule.step(target=target, losses=[])
         opt.step()
 
-    return (timed_median_s(executor_step, args.steps, args.warmup_steps),
-            timed_median_s(torch_step, args.steps, args.warmup_steps))
+    return timed_medians_s(executor_step, torch_step, args.steps, args.warmup_steps)
 
 
 def main():

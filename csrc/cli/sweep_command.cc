@@ -1,6 +1,7 @@
 // hybridplan sweep: best pure-DP plan vs best hybrid plan for N = 1, 2, 4, ... devices, the
 // end-to-end speedup of each over one device, optionally as CSV and as a plot (the paper's
 // scaling figure, drawn by python/hybridplan/plot.py).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -53,14 +54,23 @@ std::string describe(const std::optional<Plan>& plan, bool convergence) {
   return s;
 }
 
+// The point speedups are measured against: one device, or the fewest devices where a plan
+// fits when the model does not fit on one (plot.py makes the same choice).
+const SweepPoint& base_point(const std::vector<SweepPoint>& points) {
+  for (const SweepPoint& p : points) {
+    if (p.best) return p;
+  }
+  HP_INTERNAL_ASSERT(false, "base_point called on a sweep where nothing fits");
+}
+
 void print_sweep(const Problem& problem, const std::vector<SweepPoint>& points) {
   const bool convergence = problem.job.convergence.model != Convergence::Model::kNone;
-  // Speedup over the one-device plan (the first point; DP and hybrid coincide there).
-  const std::optional<Plan>& one = points.front().best;
-  const double base_cost = one ? cost_of(*one) : 0;
+  const SweepPoint& base = base_point(points);
+  const double base_cost = cost_of(*base.best);
   std::cout << "graph " << problem.graph.name << " on " << problem.cluster.name
             << "; speedup = " << (convergence ? "time to train" : "samples/s")
-            << " relative to 1 device\n";
+            << " relative to " << base.devices << " device" << (base.devices > 1 ? "s" : "")
+            << "\n";
   for (const SweepPoint& p : points) {
     std::cout << "N=" << p.devices << "\n"
               << "  DP only: " << describe(p.dp_only, convergence) << "  speedup "
@@ -100,6 +110,14 @@ void run_sweep(const SweepFlags& flags) {
   const Problem problem = load_problem(flags.problem);
   const std::vector<SweepPoint> points = sweep(problem, flags.max_devices);
   const Json sweep_json = sweep_to_json(points);
+  const bool anything_fits =
+      std::any_of(points.begin(), points.end(), [](const SweepPoint& p) { return p.best.has_value(); });
+  if (!anything_fits) {
+    if (flags.json) std::cout << sweep_json.dump(2) << "\n";
+    throw InfeasibleError("nothing fits on any device count up to " +
+                          std::to_string(flags.max_devices) + "; at " +
+                          std::to_string(points.back().devices) + ": " + points.back().best_infeasible);
+  }
   if (!flags.csv_path.empty()) write_file_atomic(flags.csv_path, sweep_to_csv(points));
   if (!flags.plot_path.empty()) {
     plot_sweep(sweep_json, flags.plot_path, problem.graph.name + " on " + problem.cluster.name);

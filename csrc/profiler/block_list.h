@@ -35,6 +35,9 @@ struct BlockOutput {
   BlockOutput(torch::Tensor next) : next(std::move(next)) {}  // NOLINT: implicit on purpose
   BlockOutput(torch::Tensor next, std::vector<torch::Tensor> unused)
       : next(std::move(next)), unused(std::move(unused)) {}
+  // Read as a tensor, a block's output is what it passes on: `x = block.forward({x});` chains.
+  operator torch::Tensor() const { return next; }  // NOLINT: implicit on purpose
+
   torch::Tensor next;
   std::vector<torch::Tensor> unused;
 };

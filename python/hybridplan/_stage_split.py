@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Callable, Dict, List, Set, Tuple
 
 import torch
 import torch.fx
@@ -107,46 +107,19 @@ class StageProgram:
 
 def build_program(module: nn.Module, stage_of_module: Dict[str, int], num_stages: int,
                   source: str = "plan") -> StageProgram:
+    """Traces `module`, cuts it into the plan's stages and says who sends what to whom."""
     gm = trace(module)
     stage = stage_of_nodes(gm, stage_of_module, source)
     split = split_module(gm, module, lambda node: stage[node], tuple_return=True)
     submodules = {int(name[len("submod_"):]): sub for name, sub in split.named_children()}
+    stage_inputs, output = _read_split_graph(split)
 
-    env: Dict[torch.fx.Node, Any] = {}
-    stage_inputs: Dict[int, List[ValueKey]] = {}
-    num_inputs = 0
-    output: Any = None
-    for node in split.graph.nodes:
-        if node.op == "placeholder":
-            env[node] = ("input", num_inputs)
-            num_inputs += 1
-        elif node.op == "get_attr":
-            env[node] = ("attr", node.target)
-        elif node.op == "call_module":
-            s = int(node.target[len("submod_"):])
-            stage_inputs[s] = [env[a] for a in node.args]
-            env[node] = ("tuple", s)
-        elif node.op == "call_function" and node.target is operator.getitem:
-            base, index = node.args
-            if env[base][0] != "tuple":
-                raise AssertionError(f"unexpected getitem in split graph: {node.format_node()}")
-            env[node] = ("stage", env[base][1], index)
-        elif node.op == "output":
-            output = torch.fx.node.map_aggregate(node.args[0], lambda n: env[n])
-        else:
-            raise AssertionError(f"unexpected node in split graph: {node.format_node()}")
-
-    last = num_stages - 1
     uses: Dict[ValueKey, Set[int]] = {}
     for s, keys in stage_inputs.items():
         for key in keys:
             uses.setdefault(key, set()).add(s)
-
-    def visit_output(key):
-        if isinstance(key, tuple) and key and key[0] in ("input", "stage", "attr"):
-            uses.setdefault(key, set()).add(last)  # the loss is computed on the last stage
-        return key
-    _walk(output, visit_output)
+    # the loss is computed on the last stage, so forward()'s result goes there
+    _walk(output, lambda key: uses.setdefault(key, set()).add(num_stages - 1))
 
     producer: Dict[ValueKey, int] = {}
     consumers: Dict[ValueKey, List[int]] = {}
@@ -161,9 +134,35 @@ def build_program(module: nn.Module, stage_of_module: Dict[str, int], num_stages
     return StageProgram(num_stages, submodules, stage_inputs, output, producer, consumers)
 
 
-def _walk(tree: Any, fn) -> None:
+def _read_split_graph(split: torch.fx.GraphModule) -> Tuple[Dict[int, List[ValueKey]], Any]:
+    """(stage -> keys of its submodule's arguments, forward()'s result as keys) from the
+    top-level graph split_module writes: placeholders, get_attr, submod_<s> calls and getitem
+    on their (always tuple) results, and the output."""
+    env: Dict[torch.fx.Node, Any] = {}
+    stage_inputs: Dict[int, List[ValueKey]] = {}
+    output: Any = None
+    for node in split.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = ("input", sum(1 for k in env.values() if k[0] == "input"))
+        elif node.op == "get_attr":
+            env[node] = ("attr", node.target)
+        elif node.op == "call_module":
+            s = int(node.target[len("submod_"):])
+            stage_inputs[s] = [env[a] for a in node.args]
+            env[node] = ("tuple", s)
+        elif (node.op == "call_function" and node.target is operator.getitem
+              and env[node.args[0]][0] == "tuple"):
+            env[node] = ("stage", env[node.args[0]][1], node.args[1])
+        elif node.op == "output":
+            output = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+        else:
+            raise AssertionError(f"unexpected node in split graph: {node.format_node()}")
+    return stage_inputs, output
+
+
+def _walk(tree: Any, fn: Callable[[ValueKey], Any]) -> None:
     """Calls fn on every value key in a (nested tuple/list/dict) output structure."""
-    if isinstance(tree, tuple) and tree and tree[0] in ("input", "stage", "attr", "tuple"):
+    if isinstance(tree, tuple) and tree and tree[0] in ("input", "stage", "attr"):
         fn(tree)
     elif isinstance(tree, (tuple, list)):
         for t in tree:
@@ -185,18 +184,15 @@ def stage_parameters(module: nn.Module, program: StageProgram, stage: int
         owned.update(id(t) for t in sub.buffers())
     for key in program.stage_inputs.get(stage, []):
         if key[0] == "attr":
-            owned.add(id(_get_attr(module, key[1])))
+            owned.add(id(get_attr(module, key[1])))
     named = list(module.named_parameters(remove_duplicate=False)) + list(
         module.named_buffers(remove_duplicate=False))
     return [(name, t) for name, t in named if id(t) in owned]
 
 
-def _get_attr(module: nn.Module, qualname: str) -> Any:
+def get_attr(module: nn.Module, qualname: str) -> Any:
+    """The attribute at dotted path `qualname` (a parameter or buffer read with get_attr)."""
     obj: Any = module
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def get_attr(module: nn.Module, qualname: str) -> Any:
-    return _get_attr(module, qualname)

@@ -1,12 +1,11 @@
-"""Splits the wall time of one forward+backward step among the graph's nodes.
+"""Splits the time of one forward+backward step among the graph's nodes.
 
 Every moment of the step is charged to exactly one node, except the hooks' own bookkeeping, so
 the nodes' times add up to the step's time (plus the small cost of entering the hooks):
 
-    forward   |--gap--|--node A--|--gap--|--node B--|--tail--|
-               charged    A        charged    B       charged to the last node that ran
-               to A                to B
-    backward  |--seed--|--B's grads ready .. A's grads ready--|--A .. end--|
+    forward   |--gap + node A--|--gap + node B--|--tail--|
+                charged to A     charged to B     charged to the last node that ran
+    backward  |--seed--|--B's grads ready .. A's grads ready--|--A's grads ready .. end--|
                charged     charged to B                         charged to A
                to B
 
@@ -15,12 +14,11 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
   next, i.e. the op's consumer; the time after the last node (e.g. a trailing flatten) to it.
 - Backward: a pre-hook on the autograd node (grad_fn) of each node's outputs fires when the
   gradient of that output is ready, just before the autograd engine runs the node's own
-  backward. The time from there to
-  the next node's mark is charged to the node; so the backward of a functional op (cat, add)
-  that runs right after a node's backward is charged to that node, which is again the op's
-  consumer in the forward pass. The seed gradient's time goes to the first node to start.
-  On CPU the engine runs one autograd node at a time, most recently created first, so node
-  backward intervals do not interleave.
+  backward. The time from there to the next node's mark is charged to the node; so the backward
+  of a functional op (cat, add) that runs right after a node's backward is charged to that node,
+  which is again the op's consumer in the forward pass. The seed gradient's time goes to the
+  first node to start. On CPU the engine runs one autograd node at a time, most recently
+  created first, so node backward intervals do not interleave.
 - Clock (`clock`): "wall" = time.perf_counter (CPU default); "cuda" = CUDA events (read after
   one synchronize per step; the default on GPU); "thread" = time.thread_time, the CPU time of
   the calling thread, which on a shared, busy CPU excludes the time other processes hold the

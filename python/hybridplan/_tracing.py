@@ -2,8 +2,10 @@
 
 Nodes: leaf submodules (no children), plus modules that hold parameters directly while none of
 their descendants do (e.g. an attention module with its own weight and a parameter-free child):
-such a module is one node and its children are not. Parameters held directly by a module whose
-descendants also hold parameters are charged to its first node in execution order.
+such a module is one node and its children are not. A parameter-free module called more than
+once per forward (a shared ReLU) is not a node: it is treated like a functional op. Parameters
+held directly by a module whose descendants also hold parameters are charged to its first node
+in execution order.
 
 Edges come from the real dataflow, two ways:
 - torch.fx: trace with the node modules as leaves (call_module), then walk each node's
@@ -44,6 +46,15 @@ def select_nodes(module: nn.Module) -> Dict[str, nn.Module]:
 
     visit("", module)
     return nodes
+
+
+def reused_stateless(nodes: Dict[str, nn.Module], flow: "Dataflow") -> List[str]:
+    """Parameter-free node modules called more than once in one forward, like torchvision's
+    ResNet blocks calling one self.relu twice. Such a module is a stateless function used in
+    several places, not one place in the graph: merged into one node it would make edges
+    run backwards (a cycle), so the profiler treats it as a functional op instead."""
+    return [name for name, count in flow.calls.items()
+            if count > 1 and not any(True for _ in nodes[name].parameters())]
 
 
 def orphan_param_bytes(module: nn.Module, nodes: Dict[str, nn.Module]) -> Dict[str, int]:
@@ -100,6 +111,7 @@ def shapes_of(value: Any) -> List[List[int]]:
 class Dataflow:
     """What one hooked forward pass saw."""
     order: List[str] = field(default_factory=list)           # node names, first-call order
+    calls: Dict[str, int] = field(default_factory=dict)      # node name -> times called
     output_tree: Dict[str, Any] = field(default_factory=dict)  # first call's output nbytes_tree
     edges: Dict[EdgeKey, int] = field(default_factory=dict)  # hook-derived edges -> bytes
 
@@ -109,7 +121,8 @@ class _Producers:
 
     def __init__(self) -> None:
         self.by_id: Dict[int, Tuple[str, int]] = {}        # id(tensor) -> (node, bytes)
-        self.by_grad_fn: Dict[int, Tuple[str, Dict[int, int]]] = {}  # id(grad_fn) -> node, nr->bytes
+        # id(grad_fn) -> (node, output_nr -> bytes)
+        self.by_grad_fn: Dict[int, Tuple[str, Dict[int, int]]] = {}
         self.by_storage: Dict[int, Tuple[str, int]] = {}    # storage data_ptr -> (node, bytes)
         self._keep_alive: List[Any] = []  # ids are only unique while the objects live
 
@@ -122,17 +135,20 @@ class _Producers:
                 self._keep_alive.append(t.grad_fn)
                 _, per_output = self.by_grad_fn.setdefault(id(t.grad_fn), (name, {}))
                 per_output[t.output_nr] = per_output.get(t.output_nr, 0) + nbytes
-            if t.numel() and t.device.type != "meta":
+            if t.numel() and t.layout == torch.strided and t.device.type != "meta":
                 self.by_storage[t.untyped_storage().data_ptr()] = (name, nbytes)
 
     def producers_of(self, t: torch.Tensor) -> Dict[Tuple[str, Any], int]:
         """(producer, distinguishing key) -> bytes, for the node outputs `t` was computed from."""
+        # autograd history first: it survives in-place ops (out += x), which keep the tensor
+        # object but add an input; identity and storage serve tensors without history
+        if t.grad_fn is not None:
+            return self._walk_autograd(t.grad_fn, t.output_nr)
         if id(t) in self.by_id:
             name, nbytes = self.by_id[id(t)]
             return {(name, id(t)): nbytes}
-        if t.grad_fn is not None:
-            return self._walk_autograd(t.grad_fn, t.output_nr)
-        if t.numel() and t.untyped_storage().data_ptr() in self.by_storage:
+        if (t.numel() and t.layout == torch.strided and t.device.type != "meta"
+                and t.untyped_storage().data_ptr() in self.by_storage):
             name, nbytes = self.by_storage[t.untyped_storage().data_ptr()]
             return {(name, ("storage", name)): nbytes}
         return {}
@@ -176,6 +192,7 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
     def post_hook(name):
         def hook(mod, args, kwargs, output):
             running.pop()
+            flow.calls[name] = flow.calls.get(name, 0) + 1
             if name not in flow.output_tree:
                 flow.order.append(name)
                 flow.output_tree[name] = nbytes_tree(output)

@@ -133,7 +133,8 @@ class DotAttention(nn.Module):
 class GnmtLstm(_ExampleData, nn.Module):
     """GNMT-style encoder-decoder (https://arxiv.org/abs/1609.08144), scaled down: a
     bidirectional first encoder layer, residual connections from the third layer on, attention
-    fed into every decoder layer after the first. Inputs: source and target token ids (B, S), (B, T)."""
+    fed into every decoder layer after the first. Inputs: source and target token ids (B, S) and
+    (B, T)."""
 
     def __init__(self, vocab_size: int = 1000, hidden_size: int = 64, src_len: int = 12,
                  tgt_len: int = 12, seed: int = 0):

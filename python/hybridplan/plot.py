@@ -50,6 +50,8 @@ def plot(points, out_path, title=""):
         xs = [r[0] for r in rows if r[column] is not None]
         ys = [r[column] for r in rows if r[column] is not None]
         ax.plot(xs, ys, marker=marker, label=label)
+    ns = [r[0] for r in rows]
+    ax.plot(ns, [n / base_devices for n in ns], linestyle="--", color="gray", label="linear")
     ax.set_xscale("log", base=2)
     ax.set_xticks([r[0] for r in rows])
     ax.set_xticklabels([str(r[0]) for r in rows])

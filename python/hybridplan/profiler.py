@@ -69,15 +69,22 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
 
     nodes = _tracing.select_nodes(module)
     flow, output = _tracing.record_dataflow(module, nodes, inputs)
-    if not _timing.backward_roots(output):
-        raise ValueError(f"profile: no output of {type(module).__name__} requires grad (got "
-                         f"output shapes {_tracing.shapes_of(output)}): nothing to train or plan")
+    reused = _tracing.reused_stateless(nodes, flow)
+    if reused:
+        log(f"profile {graph_name}: parameter-free modules called more than once are treated "
+            f"as functional ops: {', '.join(reused)}")
+        nodes = {n: m for n, m in nodes.items() if n not in reused}
+        flow, output = _tracing.record_dataflow(module, nodes, inputs)
     if not flow.order:
         raise ValueError(
             f"profile: none of {type(module).__name__}'s {len(nodes)} leaf submodules ran in "
             "forward (is the computation done with functional ops on their weights?); the "
             "profiler splits a model by the submodules it calls")
+    if not _timing.backward_roots(output):
+        raise ValueError(f"profile: no output of {type(module).__name__} requires grad (got "
+                         f"output shapes {_tracing.shapes_of(output)}): nothing to train or plan")
     edges, how = _edges(module, nodes, flow)
+    _check_acyclic(flow.order, edges)
     log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
 
     forward_s, backward_s = _measure(module, nodes, inputs, clock, warmup, repeats, verbose,
@@ -85,7 +92,6 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     flops = _timing.count_flops(module, nodes, inputs)
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
                    inputs)
-    _check_acyclic(graph)
     total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
     log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
         f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")
@@ -186,23 +192,25 @@ def _param_bytes(module, nodes, order) -> Dict[str, int]:
     return out
 
 
-def _check_acyclic(graph: Dict[str, Any]) -> None:
-    succs: Dict[int, List[int]] = {n["id"]: [] for n in graph["nodes"]}
-    indegree = {n["id"]: 0 for n in graph["nodes"]}
-    for e in graph["edges"]:
-        succs[e["src"]].append(e["dst"])
-        indegree[e["dst"]] += 1
-    ready = [v for v, d in indegree.items() if d == 0]
+def _check_acyclic(order: List[str], edges: Dict[_tracing.EdgeKey, int]) -> None:
+    """Kahn's algorithm; a module with parameters called in two places can close a cycle."""
+    succs: Dict[str, List[str]] = {n: [] for n in order}
+    indegree = {n: 0 for n in order}
+    for src, dst in edges:
+        if src in succs and dst in succs:
+            succs[src].append(dst)
+            indegree[dst] += 1
+    ready = [n for n, d in indegree.items() if d == 0]
     done = 0
     while ready:
-        v = ready.pop()
+        n = ready.pop()
         done += 1
-        for w in succs[v]:
-            indegree[w] -= 1
-            if indegree[w] == 0:
-                ready.append(w)
-    if done != len(indegree):
-        cyclic = sorted(n["name"] for n in graph["nodes"] if indegree[n["id"]] > 0)
+        for m in succs[n]:
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                ready.append(m)
+    if done != len(order):
+        cyclic = sorted(n for n, d in indegree.items() if d > 0)
         raise ValueError("profile: the dataflow between modules has a cycle (a module called "
                          f"more than once?) among {cyclic}; a plan needs a DAG")
 

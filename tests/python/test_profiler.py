@@ -94,6 +94,51 @@ def test_fallback_hooks_give_the_same_edges_where_fx_fails(capsys):
     assert _edges(graph) == BRANCHY_EDGES
 
 
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock: one in-place ReLU module called twice, in-place +=."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        out = self.conv2(self.relu(self.conv1(x)))
+        out += x
+        return self.relu(out)
+
+
+class ResNetish(nn.Module):
+    def __init__(self, untraceable=False):
+        super().__init__()
+        self.untraceable = untraceable
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.layer = nn.Sequential(BasicBlock(4), BasicBlock(4))
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.layer(self.stem(x))
+        if self.untraceable and float(x.detach().mean()) > -1e30:  # a Proxy to fx
+            x = x * 1.0
+        return self.fc(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize("untraceable", [False, True])
+def test_shared_relu_and_inplace_residual(untraceable, capsys):
+    graph = profile_dict(ResNetish(untraceable), torch.randn(2, 3, 8, 8), warmup=0, repeats=1)
+    err = capsys.readouterr().err
+    assert "treated as functional ops: layer.0.relu, layer.1.relu" in err
+    assert ("forward hooks" in err) == untraceable
+    act = 2 * 4 * 8 * 8 * 4  # one (2, 4, 8, 8) float32 activation
+    assert _edges(graph) == {  # the residual `out += x` adds the block input's producer
+        ("stem", "layer.0.conv1", act), ("layer.0.conv1", "layer.0.conv2", act),
+        ("stem", "layer.1.conv1", act), ("layer.0.conv2", "layer.1.conv1", act),
+        ("layer.1.conv1", "layer.1.conv2", act),
+        ("stem", "fc", act), ("layer.0.conv2", "fc", act), ("layer.1.conv2", "fc", act),
+    }
+
+
 @pytest.mark.parametrize("name", sorted(models.MODELS))
 def test_hook_edges_equal_fx_edges_on_builtin_models(name):
     model = models.get(name)

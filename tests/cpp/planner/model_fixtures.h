@@ -9,10 +9,15 @@
 #include <unistd.h>
 #include <vector>
 
+#include "catch.h"
 #include "common/error.h"
 #include "planner/cluster.h"
 #include "planner/graph.h"
 #include "planner/plan.h"
+
+#if __has_include(<catch2/catch_all.hpp>)
+using Catch::Approx;  // Catch2 v3; v2 declares ::Approx
+#endif
 
 namespace hybridplan::test {
 

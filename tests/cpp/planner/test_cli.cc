@@ -381,3 +381,12 @@ TEST_CASE("cli: PipeDream profiles plan on dgx1-v100") {
     CHECK_THAT(planned.output, Contains("rank"));
   }
 }
+
+TEST_CASE("cli sweep: exit 3 when nothing fits on any device count") {
+  const fs::path dir = temp_dir("sweep-infeasible");
+  const std::string tiny_memory = four_device_cluster(dir, 1000000);
+  const CliResult r = run_cli({"sweep", "--graph", kGraph, "--cluster", tiny_memory, "--job", kJob,
+                               "--max-devices", "4"});
+  CHECK(r.status == 3);
+  CHECK_THAT(r.output, Contains("nothing fits on any device count up to 4") && Contains("over by"));
+}

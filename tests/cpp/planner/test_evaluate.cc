@@ -1,0 +1,197 @@
+#include <chrono>
+#include <cmath>
+#include <iostream>
+
+#include "catch.h"
+#include "model_fixtures.h"
+#include "planner/compute_cost.h"
+#include "planner/evaluate.h"
+
+using namespace hybridplan;
+
+namespace {
+
+// The diamond of test_placement_schedule.cc with parameters a=100, c=200 bytes and output
+// bytes a=b=d=100, c=40; every edge carries 100 bytes. Profiled batch 1.
+Problem diamond_problem() {
+  Problem p;
+  p.graph = test::make_graph({{"a", 1, 2, 100, 100}, {"b", 2, 4, 0, 100}, {"c", 3, 6, 200, 40},
+                              {"d", 1, 2, 0, 100}},
+                             {{0, 1, 100}, {0, 2, 100}, {1, 3, 100}, {2, 3, 100}}, 1, "diamond");
+  // One node of 4 devices, 100 bytes/s, 0.5 s latency (an edge of 100 bytes costs 1.5 s).
+  p.cluster = test::make_cluster(1, 4, 100, 0.5);
+  p.job.samples_per_epoch = 5;
+  p.job.convergence.model = Convergence::Model::kCriticalBatch;
+  p.job.convergence.epochs_min = 10;
+  p.job.convergence.critical_batch = 2;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]") {
+  const Problem problem = diamond_problem();
+  // a, b, d on local device 0; c on 1. mesh [[0,1],[2,3]].
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1,
+                                    {0, 0, 1, 0});
+  const Prediction p = evaluate(problem, plan);
+  // compute: forward makespan 8 + backward makespan 13 (test_placement_schedule.cc)
+  REQUIRE(p.compute_s == 21);
+  REQUIRE(p.transfer_s == 6);
+  REQUIRE(p.bubble_s == 0);
+  // All-reduce, ring of p=2 in one node: fixed 2*1*0.5 = 1 s, 2*1/2 / 100 = 0.01 s/byte.
+  //   group 0 {0,2}: a's 100 bytes, ready at 8 + 13 = 21 -> 21 + 2 = 23: exposed 2
+  //   group 1 {1,3}: c's 200 bytes, ready at 8 + 9.5 = 17.5 -> 17.5 + 3 = 20.5 < 21: hidden
+  REQUIRE(p.allreduce_s == 2);
+  REQUIRE(p.step_s == 23);
+  REQUIRE(p.samples_per_s == 2.0 / 23);
+  // memory (sgd): device 0 params 100 * 2 + activations a, b, d 300 = 500
+  //               device 1 params 200 * 2 + activation c 40 = 440
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{500, 440});
+  REQUIRE(p.feasible);
+  // epochs(2) = 10 * (1 + 2/2) = 20; ceil(5/2) = 3 steps per epoch; 20 * 3 * 23 = 1380
+  REQUIRE(p.epochs == 20);
+  REQUIRE(p.time_to_train_s == 1380);
+  REQUIRE(objective(problem, p) == 1380);
+}
+
+TEST_CASE("evaluate: memory over the device is infeasible with a reason", "[evaluate]") {
+  Problem problem = diamond_problem();
+  problem.cluster.device.memory_bytes = 450;
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1,
+                                    {0, 0, 1, 0});
+  const Prediction p = evaluate(problem, plan);
+  REQUIRE_FALSE(p.feasible);
+  REQUIRE(p.infeasible_reason == "device 0 (global device 0) needs 500 B > 450 B (over by 50 B)");
+  REQUIRE(std::isinf(objective(problem, p)));
+  REQUIRE(p.step_s == 23);  // the breakdown is still there
+}
+
+TEST_CASE("evaluate: pure data parallelism is the single-device sum plus all-reduce", "[evaluate]") {
+  Problem problem = diamond_problem();
+  problem.job = default_job();  // objective: seconds per sample
+  const Plan dp4 = test::make_plan(problem.graph, problem.cluster, 4, 1, MpMode::kPlacement, 3,
+                                   {0, 0, 0, 0});
+  const Prediction p = evaluate(problem, dp4);
+  // compute at batch 3: (7 + 14) * 3 = 63
+  REQUIRE(p.compute_s == single_device_compute_s(problem.graph, 3));
+  REQUIRE(p.compute_s == 63);
+  // ring of 4: fixed 2*3*0.5 = 3, per byte 2*3/4/100 = 0.015. Backward order d, c, b, a at
+  // batch 3: c finishes at 6+18 = 24, a at 24+12+6 = 42 (+ forward 21). Buckets of 25 MiB hold
+  // both: one bucket of 300 bytes ready at 63 -> 63 + 3 + 4.5 = 70.5: exposed 7.5
+  REQUIRE(p.allreduce_s == 7.5);
+  REQUIRE(p.epochs == 0);
+  REQUIRE(p.time_to_train_s == 0);
+  REQUIRE(objective(problem, p) == p.step_s / 12);  // seconds per sample at global batch 12
+  // Small buckets: a's gradient is ready last (at 63), c's at 21 + 24 = 45 -> c's 200 bytes
+  // fill a bucket and reduce 45 -> 45 + 3 + 3 = 51, off the critical path; a's 100 bytes
+  // 63 -> 63 + 3 + 1.5 = 67.5: exposed 4.5.
+  Evaluator small(problem);
+  small.bucket_cap_bytes = 150;
+  REQUIRE(small.evaluate(dp4).allreduce_s == 4.5);
+}
+
+TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
+  // a -> b; profiled at batch 2: forward 1, backward 2 each; 50-byte edge; params 100 each.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
+  problem.cluster = test::make_cluster(1, 4, 100, 0);
+  // per-replica batch 4 in 2 micro-batches of 2 (the profiled batch): F=1, B=2 per stage,
+  // p2p 50 bytes / 100 B/s = 0.5 s: the S=2, M=2 case of test_pipeline_schedule.cc.
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
+    const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4,
+                                      {0, 1}, 2, schedule);
+    const Prediction p = evaluate(problem, plan);
+    REQUIRE(p.compute_s == 10);
+    REQUIRE(p.bubble_s == 4);
+    REQUIRE(p.transfer_s == 2);
+    // ring p=2 with no latency: 0.01 s/byte -> 1 s per stage's 100 bytes.
+    //   stage 1's last backward 5.5-7.5 -> reduce 7.5-8.5, hidden
+    //   stage 0's last backward 8-10 -> reduce 10-11: exposed 1
+    REQUIRE(p.allreduce_s == 1);
+    REQUIRE(p.step_s == 11);
+    REQUIRE(p.samples_per_s == 8.0 / 11);
+    // memory: params 100*2 + 50 bytes per micro-batch in flight
+    //   GPipe: 2 in flight on both stages -> 300, 300; 1F1B: min(2, 2-0)=2, min(2, 2-1)=1
+    if (schedule == Schedule::kGpipe) {
+      REQUIRE(p.memory_bytes == std::vector<int64_t>{300, 300});
+    } else {
+      REQUIRE(p.memory_bytes == std::vector<int64_t>{300, 250});
+    }
+  }
+}
+
+TEST_CASE("evaluate: a DP group spanning nodes uses the hierarchical all-reduce", "[evaluate]") {
+  // Two nodes of 2 devices; one 1000-byte-parameter node; placement mp=1, dp=4.
+  Problem problem;
+  problem.graph = test::make_graph({{"w", 1, 1, 1000, 0}}, {}, 1, "w");
+  problem.cluster = test::make_cluster(2, 2, 1000, 0, 100, 0);
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 4, 1, MpMode::kPlacement, 1, {0});
+  const Prediction p = evaluate(problem, plan);
+  // n=2 nodes, g=2 per node, G=1: intra 2*(1/2)/1000 = 0.001 s/B; inter 2*(1/2)/100 = 0.01 s/B
+  // 1000 bytes -> 11 s, all exposed (the only gradient is ready when backward ends).
+  REQUIRE(p.compute_s == 2);
+  REQUIRE(p.allreduce_s == Approx(11));
+}
+
+TEST_CASE("evaluate rejects malformed plans with InputError, never crashes", "[evaluate]") {
+  const Problem problem = diamond_problem();
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1, {0, 0, 1, 0});
+  const Evaluator evaluator(problem);
+  plan.assignment = {0, 0, 1};
+  REQUIRE(test::input_error_of([&] { evaluator.evaluate(plan); }) ==
+          "plan: assignment must have one entry per graph node (4) (got 3 entries)");
+  plan.assignment = {0, 0, 5, 0};
+  REQUIRE(test::input_error_of([&] { evaluator.evaluate(plan); }) ==
+          "plan: assignment[2].device must be in 0..mp-1 = 0..1 (got 5)");
+  plan.assignment = {0, 0, 1, 0};
+  plan.mesh[1][1] = 7;
+  REQUIRE(test::input_error_of([&] { evaluator.evaluate(plan); }) ==
+          "plan: mesh[1][1] must be a device of the cluster (0..3) (got 7)");
+}
+
+TEST_CASE("Evaluator gives the same answer as evaluate() on repeated calls", "[evaluate]") {
+  const Problem problem = diamond_problem();
+  const Evaluator evaluator(problem);
+  const Plan a = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1, {0, 0, 1, 0});
+  const Plan b = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
+                                 {0, 0, 1, 1}, 2, Schedule::k1F1B);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(evaluator.evaluate(a).step_s == evaluate(problem, a).step_s);
+    REQUIRE(evaluator.evaluate(b).step_s == evaluate(problem, b).step_s);
+    REQUIRE(evaluator.evaluate(b).memory_bytes == evaluate(problem, b).memory_bytes);
+  }
+}
+
+// Timing, not a check: hidden (run with `planner_tests "[.perf]"`).
+TEST_CASE("evaluate speed on a 2,000-node graph", "[.perf]") {
+  std::vector<test::NodeSpec> nodes;
+  std::vector<test::EdgeSpec> edges;
+  const int n = 2000;
+  for (int i = 0; i < n; ++i) {
+    nodes.push_back({"layer." + std::to_string(i), 1e-4, 2e-4, 4096 * (i % 7), 65536});
+    if (i > 0) edges.push_back({i - 1, i, 65536});
+    if (i > 3 && i % 5 == 0) edges.push_back({i - 4, i, 65536});  // skip connections
+  }
+  Problem problem;
+  problem.graph = test::make_graph(nodes, edges, 32, "long");
+  problem.cluster = test::make_cluster(4, 8, 2.5e10, 5e-6, 1.25e10, 1e-5);
+  std::vector<int32_t> stages(n), spread(n);
+  for (int i = 0; i < n; ++i) {
+    stages[i] = i * 8 / n;
+    spread[i] = i % 8;
+  }
+  const Evaluator evaluator(problem);
+  const Plan pipeline = test::make_plan(problem.graph, problem.cluster, 4, 8, MpMode::kPipeline, 64,
+                                        stages, 16, Schedule::k1F1B);
+  const Plan placement = test::make_plan(problem.graph, problem.cluster, 4, 8, MpMode::kPlacement, 64, spread);
+  for (const Plan* plan : {&pipeline, &placement}) {
+    const int calls = 2000;
+    double sink = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) sink += evaluator.evaluate(*plan).step_s;
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    std::cout << mode_name(plan->mode) << ": " << us / calls << " us per evaluate (2000 nodes, "
+              << "dp 4 x mp 8; step " << sink / calls << " s)\n";
+  }
+}

@@ -1,0 +1,30 @@
+#include "catch.h"
+#include "planner/memory_cost.h"
+
+using namespace hybridplan;
+
+TEST_CASE("memory: params + grads + optimizer state + activations x in-flight", "[memory_cost]") {
+  REQUIRE(optimizer_state_copies(Optimizer::kSgd) == 0);
+  REQUIRE(optimizer_state_copies(Optimizer::kSgdMomentum) == 1);
+  REQUIRE(optimizer_state_copies(Optimizer::kAdam) == 2);
+  REQUIRE(device_memory_bytes(100, 50.0, 3, Optimizer::kAdam) == 550);        // 100*4 + 50*3
+  REQUIRE(device_memory_bytes(100, 50.0, 1, Optimizer::kSgd) == 250);         // 100*2 + 50
+  REQUIRE(device_memory_bytes(100, 0.25, 2, Optimizer::kSgdMomentum) == 301); // 300 + ceil(0.5)
+}
+
+TEST_CASE("in-flight micro-batches: GPipe M, 1F1B min(M, S - s)", "[memory_cost]") {
+  REQUIRE(in_flight_microbatches(Schedule::kNone, 1, 1, 0) == 1);
+  REQUIRE(in_flight_microbatches(Schedule::kGpipe, 8, 4, 0) == 8);
+  REQUIRE(in_flight_microbatches(Schedule::kGpipe, 8, 4, 3) == 8);
+  REQUIRE(in_flight_microbatches(Schedule::k1F1B, 8, 4, 0) == 4);
+  REQUIRE(in_flight_microbatches(Schedule::k1F1B, 8, 4, 3) == 1);
+  REQUIRE(in_flight_microbatches(Schedule::k1F1B, 2, 4, 0) == 2);
+}
+
+TEST_CASE("the infeasibility reason names the device and how much is over", "[memory_cost]") {
+  const int64_t gib = int64_t{1} << 30;
+  REQUIRE(memory_infeasible_reason(MpMode::kPlacement, 1, 9, 18 * gib + gib / 5, 16 * gib) ==
+          "device 1 (global device 9) needs 18.2 GiB > 16.0 GiB (over by 2.20 GiB)");
+  REQUIRE(memory_infeasible_reason(MpMode::kPipeline, 0, 4, 1536, 1024) ==
+          "stage 0 (global device 4) needs 1.50 KiB > 1.00 KiB (over by 512 B)");
+}
