@@ -51,9 +51,11 @@ std::string format_count(double count) {
   if (!std::isfinite(count)) return "inf";
   const double a = std::fabs(count);
   if (a < 1e3) return printf_string("%.4g%s", count, "");
-  if (a < 1e6) return three_digits(count / 1e3, "k");
-  if (a < 1e9) return three_digits(count / 1e6, "M");
-  return three_digits(count / 1e9, "G");
+  // "2.50 M" -> "2.50M": a count reads as one word.
+  const auto joined = [](std::string text) { return text.erase(text.find(' '), 1); };
+  if (a < 1e6) return joined(three_digits(count / 1e3, "k"));
+  if (a < 1e9) return joined(three_digits(count / 1e6, "M"));
+  return joined(three_digits(count / 1e9, "G"));
 }
 
 std::string format_bandwidth(double bytes_per_s) {

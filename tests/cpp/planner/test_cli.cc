@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "catch.h"
@@ -389,4 +390,25 @@ TEST_CASE("cli sweep: exit 3 when nothing fits on any device count") {
                                "--max-devices", "4"});
   CHECK(r.status == 3);
   CHECK_THAT(r.output, Contains("nothing fits on any device count up to 4") && Contains("over by"));
+}
+
+// The documented flags (DESIGN.md "Interfaces"): renaming one breaks users' scripts.
+TEST_CASE("cli: documented flags are accepted") {
+  const std::map<std::string, std::vector<std::string>> flags = {
+      {"plan", {"--graph", "--cluster", "--job", "--devices", "--top", "--out", "--json"}},
+      {"evaluate", {"--graph", "--cluster", "--job", "--plan", "--json"}},
+      {"explain", {"--graph", "--cluster", "--job"}},
+      {"sweep", {"--graph", "--cluster", "--job", "--max-devices", "--csv", "--plot", "--json"}},
+      {"presets", {"--json"}},
+      {"import-pipedream", {"--out", "--batch-size", "--name"}},
+      {"probe", {"--nproc-per-node"}}};
+  for (const auto& [sub, names] : flags) {
+    const CliResult help = run_cli({sub, "--help"});
+    INFO(sub << "\n" << help.output);
+    CHECK(help.status == 0);
+    for (const std::string& name : names) CHECK_THAT(help.output, Contains(name));
+  }
+  const CliResult job_alone = run_cli({"explain", "plan.json", "--job", kJob});
+  CHECK(job_alone.status == 2);
+  CHECK_THAT(job_alone.output, Contains("--job requires --cluster"));
 }

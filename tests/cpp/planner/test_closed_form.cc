@@ -31,7 +31,7 @@ Setup make_setup(int branches, int64_t mp, double critical_batch) {
   std::vector<test::NodeSpec> nodes;
   for (int i = 0; i < branches; ++i) nodes.push_back({"branch." + std::to_string(i), 1, 2, 0, 0});
   setup.problem.graph = test::make_graph(nodes, {}, 32, "branches");
-  setup.problem.job.samples_per_epoch = int64_t{1} << 22;  // divisible by every global batch used
+  setup.problem.job.samples_per_epoch = int64_t{1} << 40;  // divisible by every global batch used
   setup.problem.job.convergence.model = Convergence::Model::kCriticalBatch;
   setup.problem.job.convergence.epochs_min = 30;
   setup.problem.job.convergence.critical_batch = critical_batch;
