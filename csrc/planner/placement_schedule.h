@@ -12,7 +12,9 @@
 //     start(v)  = max(device_free(d(v)), max over edges u->v of finish(u) + xfer(u, v))
 //     xfer(u,v) = 0 on the same device (or 0 bytes), else latency + bytes / bandwidth of
 //                 Cluster::link(mesh[0][d(u)], mesh[0][d(v)])
-//   Transfers are delays: links are not exclusive resources (no contention).
+//   Transfers are delays: links are not exclusive resources (no contention). Each edge is its
+//   own transfer (two consumers on another device receive the value twice), as when each
+//   submodule moves its inputs to its device.
 // - The backward pass runs the same way on the reversed graph with backward_s, after the whole
 //   forward pass (the loss needs every output): compute_s = forward makespan + backward makespan.
 // - transfer_s reports the SUM of all cross-device transfer times of the step (forward

@@ -134,6 +134,23 @@ TEST_CASE("evaluate: a DP group spanning nodes uses the hierarchical all-reduce"
   REQUIRE(p.allreduce_s == Approx(11));
 }
 
+TEST_CASE("evaluate: groups reducing across nodes at once share the injection bandwidth",
+          "[evaluate]") {
+  // Two nodes of 2 devices; w0 on local device 0, w1 on local device 1, 1000 parameter bytes
+  // each. mesh [[0,1],[2,3]]: group 0 = {0,2} and group 1 = {1,3} both span the two nodes, so
+  // each node carries G = 2 concurrent groups.
+  Problem problem;
+  problem.graph = test::make_graph({{"w0", 1, 1, 1000, 0}, {"w1", 1, 1, 1000, 0}}, {}, 1, "ww");
+  problem.cluster = test::make_cluster(2, 2, 1000, 0, 100, 0);
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1, {0, 1});
+  const Prediction p = evaluate(problem, plan);
+  // compute: forward 1 + backward 1 on each device in parallel = 2; gradients ready at 2.
+  // per group: n=2 nodes, g=1: 2 * (1/2) * G / 100 = 0.02 s/B -> 1000 B = 20 s, all exposed
+  // (alone, G=1, it would be 10 s).
+  REQUIRE(p.compute_s == 2);
+  REQUIRE(p.allreduce_s == Approx(20));
+}
+
 TEST_CASE("evaluate rejects malformed plans with InputError, never crashes", "[evaluate]") {
   const Problem problem = diamond_problem();
   Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1, {0, 0, 1, 0});
