@@ -20,11 +20,11 @@ struct EvaluateFlags {
 
 void run_evaluate(const EvaluateFlags& flags) {
   const Problem problem = load_problem(flags.problem);
-  Plan plan = load_plan(flags.plan_path);
-  plan.validate(flags.plan_path, problem.graph, problem.cluster);
+  // Hand-written plans may list nodes in any order; this reorders by node id and validates.
+  Plan plan = load_plan(flags.plan_path, problem.graph, problem.cluster);
   plan.predicted = evaluate(problem, plan);
   if (flags.json) {
-    std::cout << plan_to_json(plan, problem.graph).dump(2) << "\n";
+    std::cout << plan_to_json(plan, problem.graph, problem.cluster).dump(2) << "\n";
   } else {
     print_breakdown(std::cout, problem, plan);
   }

@@ -34,10 +34,10 @@ void run_plan(const PlanFlags& flags) {
   HP_INTERNAL_ASSERT(!result.plans.empty(), "search returned no plan and no InfeasibleError");
 
   // Write the plan before printing so a failed write is reported before any output.
-  if (!flags.out_path.empty()) save_plan(result.plans.front(), problem.graph, flags.out_path);
+  if (!flags.out_path.empty()) save_plan(result.plans.front(), problem.graph, problem.cluster, flags.out_path);
   if (flags.json) {
     Json plans = Json::array();
-    for (const Plan& p : result.plans) plans.push_back(plan_to_json(p, problem.graph));
+    for (const Plan& p : result.plans) plans.push_back(plan_to_json(p, problem.graph, problem.cluster));
     std::cout << plans.dump(2) << "\n";
   } else {
     print_plan_table(std::cout, problem, result.plans);

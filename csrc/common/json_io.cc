@@ -22,6 +22,12 @@ Json parse_json_text(const std::string& text, const std::string& source) {
       what = what.substr(bracket + 2);
     }
     throw InputError(source + ": invalid JSON: " + what);
+  } catch (const Json::exception& e) {
+    // e.g. out_of_range.406 for a number literal too large for a double ("1e999").
+    std::string what = e.what();
+    const auto bracket = what.find("] ");
+    if (bracket != std::string::npos) what = what.substr(bracket + 2);
+    throw InputError(source + ": invalid JSON: " + what);
   }
 }
 

@@ -1,8 +1,7 @@
 #include "executor/pipeline_schedule.h"
 
-#include <algorithm>
-
 #include "common/error.h"
+#include "planner/pipeline_schedule.h"
 
 namespace hybridplan {
 
@@ -15,26 +14,19 @@ std::vector<PipelinePass> stage_passes(Schedule schedule, int64_t stage, int64_t
   if (num_microbatches < 1) {
     throw InputError("num_microbatches must be >= 1 (got " + std::to_string(num_microbatches) + ")");
   }
-  std::vector<PipelinePass> passes;
-  const int64_t m = num_microbatches;
-  if (schedule == Schedule::kGpipe) {
-    for (int64_t i = 0; i < m; ++i) passes.push_back({PassKind::kForward, i});
-    for (int64_t i = m - 1; i >= 0; --i) passes.push_back({PassKind::kBackward, i});
-    return passes;
-  }
-  if (schedule != Schedule::k1F1B) {
+  if (schedule != Schedule::kGpipe && schedule != Schedule::k1F1B) {
     throw InputError(std::string("a pipeline schedule must be gpipe or 1f1b (got ") +
                      schedule_name(schedule) + ")");
   }
-  const int64_t warmup = std::min(num_stages - 1 - stage, m);
-  int64_t next_forward = 0;
-  int64_t next_backward = 0;
-  for (; next_forward < warmup; ++next_forward) passes.push_back({PassKind::kForward, next_forward});
-  while (next_forward < m) {
-    passes.push_back({PassKind::kForward, next_forward++});
-    passes.push_back({PassKind::kBackward, next_backward++});
+  // The planner's definition (planner/pipeline_schedule.h) is the one the cost model simulated;
+  // running the same order here keeps predicted and executed schedules identical.
+  std::vector<PipelinePass> passes;
+  for (int64_t op = 0; op < 2 * num_microbatches; ++op) {
+    bool is_forward = false;
+    int64_t microbatch = 0;
+    pipeline_operation(schedule, num_stages, stage, num_microbatches, op, is_forward, microbatch);
+    passes.push_back({is_forward ? PassKind::kForward : PassKind::kBackward, microbatch});
   }
-  while (next_backward < m) passes.push_back({PassKind::kBackward, next_backward++});
   return passes;
 }
 

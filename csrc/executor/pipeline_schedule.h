@@ -1,10 +1,11 @@
 // The order in which one pipeline stage runs its micro-batches' forward and backward passes.
 // Torch-free, so schedules are tested as plain sequences.
 //
-// GPipe (Huang et al. 2019, https://arxiv.org/abs/1811.06965): all forwards, then all backwards
-// (in reverse micro-batch order, so the last activations computed are the first freed).
-//   stage 0: F0 F1 F2 F3 .  .  .  .  .  .  B3 B2 B1 B0
-//   stage 1: .  F0 F1 F2 F3 .  .  .  B3 B2 B1 B0
+// The order is the planner's (planner/pipeline_schedule.h, pipeline_operation), so the executor
+// runs exactly the schedule whose length the cost model predicted.
+// GPipe (Huang et al. 2019, https://arxiv.org/abs/1811.06965): all forwards, then all backwards.
+//   stage 0: F0 F1 F2 F3 .  .  .  .  .  .  B0 B1 B2 B3
+//   stage 1: .  F0 F1 F2 F3 .  .  .  B0 B1 B2 B3
 // 1F1B (PipeDream-Flush, Narayanan et al. 2021, https://arxiv.org/abs/2006.09503): stage s of S
 // runs min(S - 1 - s, M) warm-up forwards, then alternates one forward and one backward, then
 // drains the remaining backwards. At most S - s micro-batches are in flight on stage s.

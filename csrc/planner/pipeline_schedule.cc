@@ -66,6 +66,35 @@ void pipeline_operation(Schedule schedule, int64_t num_stages, int64_t stage,
   microbatch = (m - warmup) + (j - steady_ops);
 }
 
+namespace {
+
+constexpr double kNotYet = -1.0;
+
+// When operation (s, i) can start as far as its input is concerned; false if that input is not
+// computed yet. F(s,i) needs F(s-1,i) + p2p; B(s,i) needs B(s+1,i) + p2p (last stage: F(s,i)).
+bool input_ready_s(bool is_forward, int64_t s, int64_t i, int64_t num_stages, int64_t m,
+                   const std::vector<double>& p2p_s, const PipelineScratch& scratch,
+                   double& ready_s) {
+  const std::vector<double>& ff = scratch.forward_finish_s;
+  const std::vector<double>& bf = scratch.backward_finish_s;
+  if (is_forward && s == 0) {
+    ready_s = 0;
+    return true;
+  }
+  if (is_forward) {
+    ready_s = ff[(s - 1) * m + i] + p2p_s[s - 1];
+    return ff[(s - 1) * m + i] != kNotYet;
+  }
+  if (s == num_stages - 1) {
+    ready_s = ff[s * m + i];
+    return ready_s != kNotYet;
+  }
+  ready_s = bf[(s + 1) * m + i] + p2p_s[s];
+  return bf[(s + 1) * m + i] != kNotYet;
+}
+
+}  // namespace
+
 PipelineTimes simulate_pipeline(Schedule schedule, int64_t num_microbatches,
                                 const std::vector<double>& forward_s,
                                 const std::vector<double>& backward_s,
@@ -73,61 +102,37 @@ PipelineTimes simulate_pipeline(Schedule schedule, int64_t num_microbatches,
   const auto num_stages = static_cast<int64_t>(forward_s.size());
   const int64_t m = num_microbatches;
   HP_INTERNAL_ASSERT(num_stages >= 1 && m >= 1, "stages " << num_stages << ", micro-batches " << m);
-  constexpr double kNotYet = -1.0;
   scratch.forward_finish_s.assign(num_stages * m, kNotYet);
   scratch.backward_finish_s.assign(num_stages * m, kNotYet);
   scratch.next_op.assign(num_stages, 0);
   scratch.last_backward_start_s.assign(num_stages, 0.0);
 
-  // Advance every stage as far as its dependencies allow, until all are done. Each sweep
-  // completes at least one operation for a valid schedule (the dependency graph is acyclic).
+  // Advance every stage as far as its inputs allow, until all are done. Each sweep completes
+  // at least one operation for a valid schedule (the dependency graph is acyclic).
   int64_t remaining = num_stages * 2 * m;
-  std::vector<double>& ff = scratch.forward_finish_s;
-  std::vector<double>& bf = scratch.backward_finish_s;
   double length_s = 0;
   while (remaining > 0) {
     int64_t progressed = 0;
     for (int64_t s = 0; s < num_stages; ++s) {
       int64_t& op = scratch.next_op[s];
-      while (op < 2 * m) {
+      double free_s = 0;  // the stage is free when its previous operation finished
+      if (op > 0) {
+        bool prev_forward = false;
+        int64_t prev_i = 0;
+        pipeline_operation(schedule, num_stages, s, m, op - 1, prev_forward, prev_i);
+        free_s = (prev_forward ? scratch.forward_finish_s : scratch.backward_finish_s)[s * m + prev_i];
+      }
+      for (; op < 2 * m; ++op, ++progressed, --remaining) {
         bool is_forward = false;
         int64_t i = 0;
         pipeline_operation(schedule, num_stages, s, m, op, is_forward, i);
-        double ready_s;
-        if (is_forward) {
-          if (s == 0) {
-            ready_s = 0;
-          } else if (ff[(s - 1) * m + i] == kNotYet) {
-            break;
-          } else {
-            ready_s = ff[(s - 1) * m + i] + p2p_s[s - 1];
-          }
-        } else if (s == num_stages - 1) {
-          if (ff[s * m + i] == kNotYet) break;
-          ready_s = ff[s * m + i];
-        } else {
-          if (bf[(s + 1) * m + i] == kNotYet) break;
-          ready_s = bf[(s + 1) * m + i] + p2p_s[s];
-        }
-        // The stage is free when its previous operation finished.
-        double free_s = 0;
-        if (op > 0) {
-          bool prev_forward = false;
-          int64_t prev_i = 0;
-          pipeline_operation(schedule, num_stages, s, m, op - 1, prev_forward, prev_i);
-          free_s = prev_forward ? ff[s * m + prev_i] : bf[s * m + prev_i];
-        }
+        double ready_s = 0;
+        if (!input_ready_s(is_forward, s, i, num_stages, m, p2p_s, scratch, ready_s)) break;
         const double start_s = std::max(ready_s, free_s);
-        if (is_forward) {
-          ff[s * m + i] = start_s + forward_s[s];
-        } else {
-          bf[s * m + i] = start_s + backward_s[s];
-          length_s = std::max(length_s, bf[s * m + i]);
-          if (op == 2 * m - 1) scratch.last_backward_start_s[s] = start_s;
-        }
-        ++op;
-        ++progressed;
-        --remaining;
+        free_s = start_s + (is_forward ? forward_s[s] : backward_s[s]);
+        (is_forward ? scratch.forward_finish_s : scratch.backward_finish_s)[s * m + i] = free_s;
+        if (!is_forward) length_s = std::max(length_s, free_s);
+        if (op == 2 * m - 1) scratch.last_backward_start_s[s] = start_s;
       }
     }
     HP_INTERNAL_ASSERT(progressed > 0, "pipeline schedule deadlocked");

@@ -9,6 +9,8 @@
 //     the names given to push_back). A child that is itself a Sequential, ModuleList or ModuleDict
 //     is expanded in place with a dotted prefix ("features.0"), which is the qualified name
 //     `named_modules()` gives the same leaf in Python, so plans map across the two languages.
+//     (LibTorch cannot put a Sequential directly inside a Sequential, whose forward is a
+//     template; nest Sequentials in a ModuleList or ModuleDict instead.)
 //   - torch::nn::ModuleList / ModuleDict: the same, but their children are held as plain
 //     `std::shared_ptr<Module>`, so only children of a known LibTorch layer type (Linear, Conv*,
 //     pooling, activations, Embedding, norms, Flatten, ...) or containers can be called.

@@ -159,6 +159,9 @@ int main(int argc, char** argv) {
   } catch (const hybridplan::InputError& e) {
     std::cerr << who << ": error: " << e.what() << std::endl;
     return 2;
+  } catch (const c10::Error& e) {  // store/Gloo failures: the message without the C++ backtrace
+    std::cerr << who << ": error: " << e.what_without_backtrace() << std::endl;
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << who << ": error: " << e.what() << std::endl;
     return 1;

@@ -43,6 +43,8 @@ TEST_CASE("units format bytes and seconds for people", "[common]") {
 TEST_CASE("json_io: errors name the file; writes are atomic", "[common]") {
   REQUIRE(test::input_error_of([] { parse_json_text("[1, 2", "text"); })
               .rfind("text: invalid JSON: parse error at line 1, column 6", 0) == 0);
+  REQUIRE(test::input_error_of([] { parse_json_text("{\"x\": 1e999}", "big.json"); }) ==
+          "big.json: invalid JSON: number overflow parsing '1e999'");
   const std::string path = (test::scratch_dir() / "atomic.json").string();
   write_json_file(path, Json::parse(R"({"b": 1, "a": [true]})"));
   REQUIRE(read_json_file(path) == Json::parse(R"({"a": [true], "b": 1})"));

@@ -61,19 +61,19 @@ TEST_CASE("dist_env rejects missing and malformed variables", "[executor][dist_e
 TEST_CASE("gradient buckets fill in reverse parameter order up to the cap", "[executor][buckets]") {
   using Buckets = std::vector<std::vector<int32_t>>;
   // 4 x 4 bytes, cap 8: params 3,2 fill the first bucket (8 bytes), 1,0 the second.
-  CHECK(assign_grad_buckets({4, 4, 4, 4}, 8) == Buckets{{3, 2}, {1, 0}});
+  CHECK((assign_grad_buckets({4, 4, 4, 4}, 8) == Buckets{{3, 2}, {1, 0}}));
   // A parameter larger than the cap gets its own bucket; nothing joins it afterwards.
-  CHECK(assign_grad_buckets({4, 100, 4}, 8) == Buckets{{2}, {1}, {0}});
+  CHECK((assign_grad_buckets({4, 100, 4}, 8) == Buckets{{2}, {1}, {0}}));
   // Default 25 MB: 10 + 10 MB fit, a third 10 MB would make 30 MB > 25 MB.
   const int64_t mb = 1024 * 1024;
-  CHECK(assign_grad_buckets({10 * mb, 10 * mb, 10 * mb}) == Buckets{{2, 1}, {0}});
+  CHECK((assign_grad_buckets({10 * mb, 10 * mb, 10 * mb}) == Buckets{{2, 1}, {0}}));
   CHECK(assign_grad_buckets({}, 8).empty());
 }
 
 TEST_CASE("gradient buckets never mix keys (device/dtype)", "[executor][buckets]") {
   using Buckets = std::vector<std::vector<int32_t>>;
   // Walking 3(b) 2(a) 1(b) 0(a): b's bucket opens first, then a's.
-  CHECK(assign_grad_buckets({1, 1, 1, 1}, 100, {"a", "b", "a", "b"}) == Buckets{{3, 1}, {2, 0}});
+  CHECK((assign_grad_buckets({1, 1, 1, 1}, 100, {"a", "b", "a", "b"}) == Buckets{{3, 1}, {2, 0}}));
   CHECK_THROWS_WITH(assign_grad_buckets({1, 1}, 100, {"a"}),
                     "bucket keys must be empty or one per parameter (got 1 keys for 2 parameters)");
 }
@@ -105,8 +105,8 @@ TEST_CASE("gradient buckets reject bad input", "[executor][buckets]") {
 }
 
 TEST_CASE("GPipe and 1F1B pass orders", "[executor][schedule]") {
-  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, 0, 2, 4)) == "F0 F1 F2 F3 B3 B2 B1 B0");
-  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, 1, 2, 4)) == "F0 F1 F2 F3 B3 B2 B1 B0");
+  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, 0, 2, 4)) == "F0 F1 F2 F3 B0 B1 B2 B3");
+  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, 1, 2, 4)) == "F0 F1 F2 F3 B0 B1 B2 B3");
   // Stage 0 of 2: one warm-up forward, then 1F1B, then the last backward.
   CHECK(passes_to_string(stage_passes(Schedule::k1F1B, 0, 2, 4)) == "F0 F1 B0 F2 B1 F3 B2 B3");
   CHECK(passes_to_string(stage_passes(Schedule::k1F1B, 1, 2, 4)) == "F0 B0 F1 B1 F2 B2 F3 B3");

@@ -93,10 +93,10 @@ TEST_CASE("profile: a block with nothing upstream to differentiate has no backwa
 TEST_CASE("profile: nested containers give dotted qualified names", "[profiler]") {
   nn::Sequential features(nn::Conv2d(nn::Conv2dOptions(1, 2, 3).padding(1)), nn::ReLU());
   nn::Sequential classifier(nn::Flatten(), nn::Linear(2 * 4 * 4, 3));
-  nn::Sequential net;
-  net->push_back("features", features);
-  net->push_back("classifier", classifier);
-  const Graph g = hybridplan::profile(net, {torch::randn({2, 1, 4, 4})}, quick());
+  // A C++ Sequential cannot hold a Sequential (its forward is a template): nest in a ModuleDict.
+  nn::ModuleDict net(torch::OrderedDict<std::string, std::shared_ptr<nn::Module>>{
+      {"features", features.ptr()}, {"classifier", classifier.ptr()}});
+  const Graph g = hybridplan::profile(*net, {torch::randn({2, 1, 4, 4})}, quick());
   CHECK(names_of(g) ==
         std::vector<std::string>{"features.0", "features.1", "classifier.0", "classifier.1"});
   CHECK(g.nodes[0].op == "conv2d");
@@ -129,9 +129,9 @@ TEST_CASE("profile: a BlockList module profiles its own blocks", "[profiler]") {
   CHECK(g.nodes[1].op == "dense");
   CHECK(g.nodes[1].param_bytes == (12 * 2 + 2) * 4);
 
-  nn::Sequential outer;
-  outer->push_back("body", net);
-  const Graph go = hybridplan::profile(outer, {torch::randn({3, 6})}, quick());
+  nn::ModuleDict outer(
+      torch::OrderedDict<std::string, std::shared_ptr<nn::Module>>{{"body", net.ptr()}});
+  const Graph go = hybridplan::profile(*outer, {torch::randn({3, 6})}, quick());
   CHECK(names_of(go) == std::vector<std::string>{"body.encoder", "body.decoder"});
 }
 
@@ -153,7 +153,7 @@ TEST_CASE("profile: bad input throws InputError with a clear message", "[profile
                       "profile: module must have at least one block (got 0 blocks)");
   }
   SECTION("no parameters") {
-    nn::Sequential relu_only(nn::ReLU(), nn::Tanh());
+    nn::Sequential relu_only{nn::ReLU(), nn::Tanh()};
     CHECK_THROWS_WITH(hybridplan::profile(relu_only, {x}, quick()),
                       "profile: module must have parameters to plan for (got 0 parameters)");
   }
@@ -182,7 +182,7 @@ TEST_CASE("profile: bad input throws InputError with a clear message", "[profile
     nn::Linear lone(7, 3);
     CHECK_THROWS_WITH(hybridplan::profile(lone, {x}, quick()),
                       "profile: module must be a Sequential, ModuleList, ModuleDict or derive "
-                      "from hybridplan::BlockList (got torch::nn::Linear)");
+                      "from hybridplan::BlockList (got torch::nn::LinearImpl)");
     nn::ModuleList list;
     list->push_back(std::make_shared<Opaque>());
     CHECK_THROWS_WITH(hybridplan::profile(*list, {x}, quick()),
