@@ -60,7 +60,7 @@ TEST_CASE("profile of a Sequential MLP: names, ops, edges and bytes are exact", 
   REQUIRE(g.nodes.size() == 3);
   CHECK(names_of(g) == std::vector<std::string>{"0", "1", "2"});
   CHECK(g.nodes[0].op == "linear");
-  CHECK(g.nodes[1].op == "relu");
+  CHECK(g.nodes[1].op == "re_lu");  // the Python profiler's snake_case of ReLU
   CHECK(g.nodes[0].id == 0);
   CHECK(g.nodes[2].id == 2);
   // Linear(8, 16): (8 * 16 + 16) floats * 4 bytes; Linear(16, 4): (16 * 4 + 4) * 4.
