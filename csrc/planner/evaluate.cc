@@ -143,8 +143,19 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s) const 
       group_devices_.push_back(row[k]);
       concurrent = std::max(concurrent, groups_on_node_[row[k] / cluster.devices_per_node]);
     }
-    const AllReduceCost cost =
-        group_bytes_[k] > 0 ? group_allreduce(cluster, group_devices_, concurrent) : AllReduceCost{};
+    AllReduceCost cost{};
+    if (group_bytes_[k] > 0) {
+      // A group's cost depends only on its devices and sharing; search re-evaluates the same
+      // mesh many times with other assignments, and grouping thousands of devices by node
+      // dominated evaluate() at large dp.
+      auto key = std::make_pair(group_devices_, concurrent);
+      auto it = allreduce_cache_.find(key);
+      if (it == allreduce_cache_.end()) {
+        if (allreduce_cache_.size() > kAllReduceCacheEntries) allreduce_cache_.clear();
+        it = allreduce_cache_.emplace(std::move(key), group_allreduce(cluster, group_devices_, concurrent)).first;
+      }
+      cost = it->second;
+    }
     buckets_[k] = BucketedAllReduce(cost, bucket_cap_bytes);
   }
   // Feed gradients in the order they become ready on each device.

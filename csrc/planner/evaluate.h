@@ -11,6 +11,7 @@
 //   epochs          = epochs_to_target(global_batch)                     (convergence.h)
 //   time_to_train_s = epochs * ceil(samples_per_epoch / global_batch) * step_s
 #pragma once
+#include <map>
 #include <vector>
 
 #include "planner/allreduce_cost.h"
@@ -56,6 +57,9 @@ class Evaluator {
   mutable std::vector<double> stage_backward_s_;   // per stage: cumulated backward in last mb
   mutable std::vector<double> group_bytes_;        // per local device / stage
   mutable std::vector<BucketedAllReduce> buckets_;
+  // group_allreduce() memo: (group devices, concurrent groups per node) -> cost.
+  static constexpr size_t kAllReduceCacheEntries = 4096;
+  mutable std::map<std::pair<std::vector<DeviceIndex>, int64_t>, AllReduceCost> allreduce_cache_;
   mutable std::vector<DeviceIndex> group_devices_;
   mutable std::vector<int64_t> groups_on_node_;
   mutable std::vector<int64_t> node_stamp_;

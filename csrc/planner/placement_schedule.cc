@@ -79,6 +79,39 @@ void fill_local_links(const Cluster& cluster, const std::vector<DeviceIndex>& de
   }
 }
 
+namespace {
+
+// One pass of the list schedule: nodes in `order`, each on its device once the device is free
+// and every input has arrived (producer finish + transfer). `inputs_of[v]` are the edges feeding
+// v in this pass and `producer(e)` the node at their far end: (in_edges, src) forward, and
+// (out_edges, dst) backward, where gradients flow along reversed edges with the same bytes.
+// Returns the pass's makespan; adds every cross-device transfer to transfer_s.
+template <typename Producer>
+double list_schedule_pass(const Graph& graph, const std::vector<NodeIndex>& order,
+                          const std::vector<std::vector<int32_t>>& inputs_of, Producer producer,
+                          double Node::*node_time_s, const std::vector<int32_t>& assignment,
+                          const LocalLinks& links, double scale, std::vector<double>& finish_s,
+                          std::vector<double>& device_free_s, double& transfer_s) {
+  device_free_s.assign(links.num_devices, 0.0);
+  double makespan_s = 0;
+  for (NodeIndex v : order) {
+    const int32_t d = assignment[v];
+    double ready_s = device_free_s[d];
+    for (int32_t k : inputs_of[v]) {
+      const NodeIndex u = producer(graph.edges[k]);
+      const double xfer_s = links.transfer_s(assignment[u], d, scaled_bytes(graph.edges[k].bytes, scale));
+      transfer_s += xfer_s;
+      ready_s = std::max(ready_s, finish_s[u] + xfer_s);
+    }
+    finish_s[v] = ready_s + scaled_time_s(graph.nodes[v].*node_time_s, scale);
+    device_free_s[d] = finish_s[v];
+    makespan_s = std::max(makespan_s, finish_s[v]);
+  }
+  return makespan_s;
+}
+
+}  // namespace
+
 PlacementTimes schedule_placement(const Graph& graph, const PlacementOrder& order,
                                   const std::vector<int32_t>& assignment, const LocalLinks& links,
                                   double scale, PlacementScratch& scratch) {
@@ -86,39 +119,12 @@ PlacementTimes schedule_placement(const Graph& graph, const PlacementOrder& orde
   scratch.forward_finish_s.assign(n, 0.0);
   scratch.backward_finish_s.assign(n, 0.0);
   PlacementTimes times;
-
-  scratch.device_free_s.assign(links.num_devices, 0.0);
-  for (NodeIndex v : order.forward) {
-    const int32_t d = assignment[v];
-    double ready_s = scratch.device_free_s[d];
-    for (int32_t k : graph.in_edges[v]) {
-      const Edge& e = graph.edges[k];
-      const double xfer_s = links.transfer_s(assignment[e.src], d, scaled_bytes(e.bytes, scale));
-      times.transfer_s += xfer_s;
-      ready_s = std::max(ready_s, scratch.forward_finish_s[e.src] + xfer_s);
-    }
-    const double finish_s = ready_s + scaled_time_s(graph.nodes[v].forward_s, scale);
-    scratch.forward_finish_s[v] = finish_s;
-    scratch.device_free_s[d] = finish_s;
-    times.forward_s = std::max(times.forward_s, finish_s);
-  }
-
-  // Backward: gradients flow along reversed edges; the gradient of an edge has its bytes.
-  scratch.device_free_s.assign(links.num_devices, 0.0);
-  for (NodeIndex v : order.backward) {
-    const int32_t d = assignment[v];
-    double ready_s = scratch.device_free_s[d];
-    for (int32_t k : graph.out_edges[v]) {
-      const Edge& e = graph.edges[k];
-      const double xfer_s = links.transfer_s(assignment[e.dst], d, scaled_bytes(e.bytes, scale));
-      times.transfer_s += xfer_s;
-      ready_s = std::max(ready_s, scratch.backward_finish_s[e.dst] + xfer_s);
-    }
-    const double finish_s = ready_s + scaled_time_s(graph.nodes[v].backward_s, scale);
-    scratch.backward_finish_s[v] = finish_s;
-    scratch.device_free_s[d] = finish_s;
-    times.backward_s = std::max(times.backward_s, finish_s);
-  }
+  times.forward_s = list_schedule_pass(
+      graph, order.forward, graph.in_edges, [](const Edge& e) { return e.src; }, &Node::forward_s,
+      assignment, links, scale, scratch.forward_finish_s, scratch.device_free_s, times.transfer_s);
+  times.backward_s = list_schedule_pass(
+      graph, order.backward, graph.out_edges, [](const Edge& e) { return e.dst; }, &Node::backward_s,
+      assignment, links, scale, scratch.backward_finish_s, scratch.device_free_s, times.transfer_s);
   return times;
 }
 
