@@ -36,30 +36,15 @@ void check_bytes(const std::string& source, const std::string& path, int64_t val
   if (value < 0) throw_input_error(source, path, "must be >= 0", std::to_string(value));
 }
 
-// Kahn's algorithm, smallest node index first so that the order is reproducible. Returns
-// fewer than n nodes when the edges contain a cycle.
+// Smallest node index first so that the order is reproducible. Returns fewer than n nodes when
+// the edges contain a cycle.
 std::vector<NodeIndex> kahn_order(size_t n, const std::vector<Edge>& edges) {
-  std::vector<int32_t> in_degree(n, 0);
-  std::vector<std::vector<NodeIndex>> succs(n);
+  std::vector<std::vector<NodeIndex>> succs(n), preds(n);
   for (const Edge& e : edges) {
-    ++in_degree[e.dst];
     succs[e.src].push_back(e.dst);
+    preds[e.dst].push_back(e.src);
   }
-  std::priority_queue<NodeIndex, std::vector<NodeIndex>, std::greater<>> ready;
-  for (size_t v = 0; v < n; ++v) {
-    if (in_degree[v] == 0) ready.push(static_cast<NodeIndex>(v));
-  }
-  std::vector<NodeIndex> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    const NodeIndex v = ready.top();
-    ready.pop();
-    order.push_back(v);
-    for (NodeIndex w : succs[v]) {
-      if (--in_degree[w] == 0) ready.push(w);
-    }
-  }
-  return order;
+  return hybridplan::kahn_order(succs, preds, std::greater<>());
 }
 
 // A node that lies on a cycle, given that Kahn's algorithm could not order all nodes: every

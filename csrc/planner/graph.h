@@ -2,6 +2,8 @@
 // `profiled.batch_size` samples on one device and scale linearly with the batch.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <queue>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,33 @@ struct Graph {
   // Rebuilds the derived members from nodes/edges (call after building a Graph in code).
   void finalize(const std::string& source = "graph");
 };
+
+// Kahn's algorithm over `succs` (a node is ready once all its `preds` are taken). Among ready
+// nodes, `runs_later(a, b)` true means b is taken before a (std::priority_queue's comparator).
+// Returns fewer than succs.size() nodes when the edges contain a cycle.
+template <typename RunsLater>
+std::vector<NodeIndex> kahn_order(const std::vector<std::vector<NodeIndex>>& succs,
+                                  const std::vector<std::vector<NodeIndex>>& preds,
+                                  RunsLater runs_later) {
+  const size_t n = succs.size();
+  std::priority_queue<NodeIndex, std::vector<NodeIndex>, RunsLater> ready(runs_later);
+  std::vector<int32_t> waiting(n);
+  for (size_t v = 0; v < n; ++v) {
+    waiting[v] = static_cast<int32_t>(preds[v].size());
+    if (waiting[v] == 0) ready.push(static_cast<NodeIndex>(v));
+  }
+  std::vector<NodeIndex> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    const NodeIndex v = ready.top();
+    ready.pop();
+    order.push_back(v);
+    for (NodeIndex w : succs[v]) {
+      if (--waiting[w] == 0) ready.push(w);
+    }
+  }
+  return order;
+}
 
 Graph graph_from_json(const Json& j, const std::string& source);
 Json graph_to_json(const Graph& g);  // canonical: what sha256 is taken over

@@ -9,7 +9,7 @@
 namespace hybridplan {
 namespace {
 
-// Kahn's algorithm over `succs` taking the ready node with the highest level first.
+// Kahn's algorithm (graph.h) over `succs` taking the ready node with the highest level first.
 std::vector<NodeIndex> highest_level_first(const std::vector<std::vector<NodeIndex>>& succs,
                                            const std::vector<std::vector<NodeIndex>>& preds,
                                            const std::vector<double>& node_s,
@@ -26,22 +26,7 @@ std::vector<NodeIndex> highest_level_first(const std::vector<std::vector<NodeInd
     if (level[a] != level[b]) return level[a] < level[b];
     return a > b;
   };
-  std::priority_queue<NodeIndex, std::vector<NodeIndex>, decltype(later)> ready(later);
-  std::vector<int32_t> waiting(n);
-  for (size_t v = 0; v < n; ++v) {
-    waiting[v] = static_cast<int32_t>(preds[v].size());
-    if (waiting[v] == 0) ready.push(static_cast<NodeIndex>(v));
-  }
-  std::vector<NodeIndex> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    const NodeIndex v = ready.top();
-    ready.pop();
-    order.push_back(v);
-    for (NodeIndex w : succs[v]) {
-      if (--waiting[w] == 0) ready.push(w);
-    }
-  }
+  std::vector<NodeIndex> order = kahn_order(succs, preds, later);
   HP_INTERNAL_ASSERT(order.size() == n, "graph is not a DAG (was it finalized?)");
   return order;
 }
