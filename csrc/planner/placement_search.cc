@@ -59,27 +59,28 @@ std::pair<double, double> critical_paths_s(const Graph& g, const NodeCosts& c,
     return links.transfer_s(from, to, c.edge_bytes[edge]);
   };
   dist.assign(g.nodes.size(), 0.0);
-  double cp_f = 0;
-  for (NodeIndex v : g.topo_order) {
-    double in_s = 0;
-    for (int32_t k : g.in_edges[v]) {
-      const Edge& e = g.edges[k];
-      in_s = std::max(in_s, dist[e.src] + xfer(assignment[e.src], assignment[v], k));
+  // Longest path through one pass: `inputs_of[v]` are the edges feeding v in that pass and
+  // `producer(e)` their far end (in_edges/src forward, out_edges/dst backward).
+  const auto longest_path_s = [&](auto begin, auto end,
+                                  const std::vector<std::vector<int32_t>>& inputs_of,
+                                  auto producer, const std::vector<double>& node_s) {
+    double longest_s = 0;
+    for (auto it = begin; it != end; ++it) {
+      const NodeIndex v = *it;
+      double in_s = 0;
+      for (int32_t k : inputs_of[v]) {
+        const NodeIndex u = producer(g.edges[k]);
+        in_s = std::max(in_s, dist[u] + xfer(assignment[u], assignment[v], k));
+      }
+      dist[v] = in_s + node_s[v];
+      longest_s = std::max(longest_s, dist[v]);
     }
-    dist[v] = in_s + c.forward_s[v];
-    cp_f = std::max(cp_f, dist[v]);
-  }
-  double cp_b = 0;
-  for (auto it = g.topo_order.rbegin(); it != g.topo_order.rend(); ++it) {
-    const NodeIndex v = *it;
-    double in_s = 0;
-    for (int32_t k : g.out_edges[v]) {
-      const Edge& e = g.edges[k];
-      in_s = std::max(in_s, dist[e.dst] + xfer(assignment[e.dst], assignment[v], k));
-    }
-    dist[v] = in_s + c.backward_s[v];
-    cp_b = std::max(cp_b, dist[v]);
-  }
+    return longest_s;
+  };
+  const double cp_f = longest_path_s(g.topo_order.begin(), g.topo_order.end(), g.in_edges,
+                                     [](const Edge& e) { return e.src; }, c.forward_s);
+  const double cp_b = longest_path_s(g.topo_order.rbegin(), g.topo_order.rend(), g.out_edges,
+                                     [](const Edge& e) { return e.dst; }, c.backward_s);
   return {cp_f, cp_b};
 }
 
