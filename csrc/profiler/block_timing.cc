@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <torch/cuda.h>
 
@@ -12,18 +13,70 @@
 namespace hybridplan {
 namespace {
 
-void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
+class StepClock {
+ public:
+  explicit StepClock(const TimingOptions& options)
+      : device_(options.device), clock_(options.clock) {}
 
-double now_s(Clock clock) {
-  if (clock == Clock::kThread) {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  // Seconds on this clock, after the device has finished the work queued so far.
+  double mark() const {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    if (clock_ == Clock::kThread) {
+      timespec ts{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+
+ private:
+  torch::Device device_;
+  Clock clock_;
+};
+
+struct StepSplit {
+  std::vector<double> forward_s, backward_s;
+};
+
+StepSplit time_step(const std::vector<Block>& blocks, const std::vector<torch::Tensor>& inputs,
+                    const std::vector<torch::Tensor>& params, const StepClock& clock) {
+  const size_t n = blocks.size();
+  StepSplit split{std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
+  // Backward marks: (clock, block the interval ending there is charged to).
+  std::vector<std::pair<double, size_t>> backward_marks;
+  std::optional<size_t> backward_owner;
+
+  std::vector<torch::Tensor> x;
+  for (const torch::Tensor& input : inputs) x.push_back(input.detach());
+  double previous_s = clock.mark();
+  for (size_t i = 0; i < n; ++i) {
+    torch::Tensor y = blocks[i].forward(x).next;
+    const double end_s = clock.mark();
+    split.forward_s[i] += end_s - previous_s;
+    if (y.requires_grad()) {
+      y.register_hook([&, i](const torch::Tensor&) {
+        backward_marks.emplace_back(clock.mark(), backward_owner.value_or(i));
+        backward_owner = i;
+      });
+    }
+    x = {std::move(y)};
+    previous_s = clock.mark();  // registering the hook is the profiler's own time
+  }
+  torch::Tensor output = x.front();
+  if (!output.requires_grad() || params.empty()) return split;
+  torch::Tensor seed = torch::ones_like(output);
+  const double forward_end_s = clock.mark();
+  split.forward_s[n - 1] += forward_end_s - previous_s;
+  torch::autograd::grad({output}, params, {seed}, /*retain_graph=*/false,
+                        /*create_graph=*/false, /*allow_unused=*/true);
+  backward_marks.emplace_back(clock.mark(), backward_owner.value_or(n - 1));
+  double start_s = forward_end_s;
+  for (const auto& [mark_s, owner] : backward_marks) {
+    split.backward_s[owner] += mark_s - start_s;
+    start_s = mark_s;
+  }
+  return split;
 }
 
 }  // namespace
@@ -38,44 +91,33 @@ double median_s(std::vector<double> samples_s) {
   return (lower + upper) / 2;
 }
 
-BlockTimes time_block(const Block& block, const std::vector<torch::Tensor>& inputs,
-                      bool input_requires_grad, const TimingOptions& options) {
-  std::vector<torch::Tensor> params;
-  for (const torch::Tensor& p : block.module->parameters()) {
-    if (p.requires_grad()) params.push_back(p);
+ChainTimes time_chain(const std::vector<Block>& blocks, const std::vector<torch::Tensor>& inputs,
+                      const TimingOptions& options) {
+  std::vector<torch::Tensor> params;  // each once, even where blocks share (tie) one
+  for (const Block& block : blocks) {
+    for (const torch::Tensor& p : block.module->parameters()) {
+      const bool seen = std::any_of(params.begin(), params.end(),
+                                    [&](const torch::Tensor& q) { return q.is_same(p); });
+      if (p.requires_grad() && !seen) params.push_back(p);
+    }
   }
-  std::vector<double> forward_samples_s, backward_samples_s;
+  const StepClock clock(options);
+  const size_t n = blocks.size();
+  std::vector<std::vector<double>> forward_samples_s(n), backward_samples_s(n);
   for (int run = 0; run < options.warmup + options.repeats; ++run) {
-    std::vector<torch::Tensor> x, wrt = params;
-    for (const torch::Tensor& input : inputs) {
-      x.push_back(input.detach());
-      if (input_requires_grad && input.is_floating_point()) {
-        x.back().requires_grad_(true);
-        wrt.push_back(x.back());
-      }
-    }
-    synchronize(options.device);
-    const double forward_start_s = now_s(options.clock);
-    torch::Tensor y = block.forward(x).next;
-    synchronize(options.device);
-    const double forward_s = now_s(options.clock) - forward_start_s;
-
-    double backward_s = 0;
-    if (y.requires_grad() && !wrt.empty()) {
-      torch::Tensor grad_output = torch::ones_like(y);
-      synchronize(options.device);
-      const double backward_start_s = now_s(options.clock);
-      torch::autograd::grad({y}, wrt, {grad_output}, /*retain_graph=*/false,
-                            /*create_graph=*/false, /*allow_unused=*/true);
-      synchronize(options.device);
-      backward_s = now_s(options.clock) - backward_start_s;
-    }
-    if (run >= options.warmup) {
-      forward_samples_s.push_back(forward_s);
-      backward_samples_s.push_back(backward_s);
+    const StepSplit split = time_step(blocks, inputs, params, clock);
+    if (run < options.warmup) continue;
+    for (size_t i = 0; i < n; ++i) {
+      forward_samples_s[i].push_back(split.forward_s[i]);
+      backward_samples_s[i].push_back(split.backward_s[i]);
     }
   }
-  return {median_s(forward_samples_s), median_s(backward_samples_s)};
+  ChainTimes times;
+  for (size_t i = 0; i < n; ++i) {
+    times.forward_s.push_back(median_s(forward_samples_s[i]));
+    times.backward_s.push_back(median_s(backward_samples_s[i]));
+  }
+  return times;
 }
 
 }  // namespace hybridplan

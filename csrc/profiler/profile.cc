@@ -1,6 +1,10 @@
 #include "profiler/profile.h"
 
 #include <optional>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sstream>
 
 #include <torch/cuda.h>
@@ -95,7 +99,6 @@ void check_inputs(const std::vector<torch::Tensor>& inputs) {
 
 // What one run of the chain without autograd saw, per block.
 struct Recorded {
-  std::vector<std::vector<torch::Tensor>> inputs;  // block i's inputs
   std::vector<int64_t> output_bytes;               // all of block i's results
   std::vector<int64_t> next_bytes;                 // what block i passes to block i + 1
 };
@@ -120,12 +123,19 @@ Recorded record_chain(const std::vector<Block>& blocks, std::vector<torch::Tenso
     }
     int64_t output_bytes = bytes_of(out->next);
     for (const torch::Tensor& t : out->unused) output_bytes += bytes_of(t);
-    recorded.inputs.push_back(std::move(x));
     recorded.output_bytes.push_back(output_bytes);
     recorded.next_bytes.push_back(bytes_of(out->next));
     x = {out->next};
   }
   return recorded;
+}
+
+void retain_freed_memory() {
+#if defined(__GLIBC__)
+  constexpr int kOneGiB = 1 << 30;
+  mallopt(M_MMAP_THRESHOLD, kOneGiB);
+  mallopt(M_TRIM_THRESHOLD, kOneGiB);
+#endif
 }
 
 Clock clock_of(const ProfileOptions& options, const torch::Device& device) {
@@ -185,17 +195,17 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
                                                      : 1;
   graph.profiled.dtype = dtype_name(param_dtype.value_or(inputs[0].scalar_type()));
 
+  if (options.retain_freed_memory) retain_freed_memory();
   const TimingOptions timing{device, clock_of(options, device), options.warmup, options.repeats};
-  bool upstream_has_params = false;  // then training computes this block's input gradient
+  const ChainTimes times = time_chain(blocks, x, timing);
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Block& block = blocks[i];
-    const BlockTimes times = time_block(block, recorded.inputs[i], upstream_has_params, timing);
     Node node;
     node.id = static_cast<NodeId>(i);
     node.name = block.name;
     node.op = block.op.empty() ? op_of(*block.module) : block.op;
-    node.forward_s = times.forward_s;
-    node.backward_s = times.backward_s;
+    node.forward_s = times.forward_s[i];
+    node.backward_s = times.backward_s[i];
     node.param_bytes = param_bytes_of(*block.module);
     node.output_bytes = recorded.output_bytes[i];
     graph.nodes.push_back(std::move(node));
@@ -203,7 +213,6 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
       const auto src = static_cast<NodeIndex>(i - 1);
       graph.edges.push_back({src, static_cast<NodeIndex>(i), recorded.next_bytes[src]});
     }
-    upstream_has_params = upstream_has_params || graph.nodes.back().param_bytes > 0;
   }
   graph.finalize("profile(" + options.name + ")");
   return graph;

@@ -5,14 +5,19 @@
 //      Sequential/ModuleList/ModuleDict containers, or a BlockList's own blocks. Node names are
 //      the blocks' qualified names ("0", "features.3"), the names the Python profiler gives the
 //      same leaves, so a plan made from either profile applies to either twin.
-//   2. Run the blocks one by one under NoGradGuard, feeding each its predecessor's output, and
-//      record every block's input. A block that throws (wrong input shape, say) becomes an
-//      InputError naming the block and the shape it got.
-//   3. Time each block alone on its recorded input (block_timing.h): per repeat, a forward with
-//      autograd recording, then torch::autograd::grad of its output with a ones grad_output with
-//      respect to its parameters and, when an earlier block has parameters, its input (a detached
-//      copy with requires_grad, as in training: the first layers compute no input gradient).
-//      forward_s and backward_s are the medians over `repeats` after `warmup` unrecorded runs.
+//   2. Run the blocks one by one under NoGradGuard, feeding each its predecessor's output, to
+//      check them and record output bytes. A block that throws (wrong input shape, say) becomes
+//      an InputError naming the block and the shape it got.
+//   3. Time whole training steps of the chain and split each among the blocks
+//      (block_timing.h): the forward at the points where each block returns, the backward at
+//      hooks on each block's output (Tensor::register_hook: the autograd engine runs them, so
+//      they need no forward hook), as the Python profiler splits a step among modules. So each
+//      block is timed as training runs it, in place (its weights not left warm in the cache by
+//      a previous repeat, the previous block's backward just done), and the first blocks
+//      compute no input gradient. forward_s and backward_s are the medians over `repeats`
+//      steps after `warmup` unrecorded ones.
+//   4. On glibc, while profiling, freed memory stays in the process (retain_freed_memory) so
+//      that the times are the ops' and not the kernel's page faults; see ProfileOptions.
 //
 // Edges are block i -> i+1 carrying the bytes of the tensor block i passes on: dataflow is taken
 // to be sequential, so a branchy module is profiled as one node per top-level block (put each
@@ -38,6 +43,15 @@ struct ProfileOptions {
   int warmup = 3;              // unrecorded runs per block before timing
   int repeats = 11;            // recorded runs per block; times are their median
   std::string clock = "wall";  // "wall" or "thread" (block_timing.h; thread: CPU, 1 thread)
+  // glibc's malloc returns big freed blocks (from 128 KiB, a threshold it then adapts) to the
+  // kernel, and the next allocation of that size page-faults on every page: up to several ms
+  // per step on a tensor of a few MiB, charged to whichever op allocated, and differing from
+  // process to process with the allocation history. A caching allocator (CUDA's, or
+  // jemalloc/tcmalloc on CPU) never does this. true: raise glibc's mmap and trim thresholds
+  // (mallopt) to 1 GiB before timing, so freed memory is reused without faults; this setting is
+  // process-wide and stays after profile() returns (a process may then hold up to 1 GiB of
+  // freed memory). No effect on other C libraries.
+  bool retain_freed_memory = true;
 };
 
 // Profiles `module` (see the file comment) on `inputs` (the model's example inputs, 1 to 3

@@ -26,6 +26,7 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
   the calling thread, and with one intra-op thread so does every kernel.
 """
 
+import ctypes
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -52,6 +53,23 @@ def resolve_clock(clock: str, device: torch.device) -> str:
                          "torch.set_num_threads(1) first (got torch.get_num_threads() = "
                          f"{torch.get_num_threads()})")
     return clock
+
+
+def retain_freed_memory() -> bool:
+    """Makes glibc's malloc keep freed memory in the process: mmap and trim thresholds of 1 GiB
+    (mallopt; process-wide, it stays). By default glibc returns a freed block of 128 KiB or more
+    (a threshold it adapts) to the kernel, and the next allocation of it page-faults on every
+    page, which on CPU adds up to milliseconds to whichever op allocates, varying with the
+    process's allocation history; caching allocators (CUDA's, jemalloc, tcmalloc) never do.
+    The C++ profiler does the same (csrc/profiler/profile.h). False where the C library is not
+    glibc (nothing changed)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold, one_gib = -1, -3, ctypes.c_int(1 << 30)
+    return bool(mallopt(m_mmap_threshold, one_gib)) and bool(mallopt(m_trim_threshold, one_gib))
 
 
 class _Clock:

@@ -31,24 +31,31 @@ Inputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.device] = "cpu",
             warmup: int = 3, repeats: int = 10, verbose: bool = True, name: str = None,
-            clock: str = "auto"):
+            clock: str = "auto", retain_freed_memory: bool = True):
     """Measures `module` on `example_inputs` (a tensor or a tuple of positional inputs; dim 0 of
     the first is the batch) and returns a hybridplan.planner.Graph. See profile_dict."""
     from .planner import Graph  # the compiled planner validates the graph
 
     return Graph.from_dict(profile_dict(module, example_inputs, device=device, warmup=warmup,
                                         repeats=repeats, verbose=verbose, name=name,
-                                        clock=clock))
+                                        clock=clock,
+                                        retain_freed_memory=retain_freed_memory))
 
 
 def profile_dict(module: nn.Module, example_inputs: Inputs,
                  device: Union[str, torch.device] = "cpu", warmup: int = 3, repeats: int = 10,
-                 verbose: bool = True, name: str = None, clock: str = "auto") -> Dict[str, Any]:
+                 verbose: bool = True, name: str = None, clock: str = "auto",
+                 retain_freed_memory: bool = True) -> Dict[str, Any]:
     """Like profile, but returns the Graph JSON as a dict (needs no compiled planner).
 
     `clock`: "auto" (CUDA events on GPU, time.perf_counter on CPU), "wall", "cuda", or "thread"
     (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
     `name`: the graph's name (default: the module's class name in snake_case).
+    `retain_freed_memory`: on glibc, raise malloc's mmap and trim thresholds to 1 GiB before
+    timing (process-wide, and it stays), so that freed tensors' memory is reused instead of
+    returned to the kernel and page-faulted in again by the next allocation, which would add
+    up to milliseconds per op on CPU depending on the process's allocation history
+    (_timing.retain_freed_memory). The C++ profiler does the same (ProfileOptions).
 
     Raises ValueError for: a module without parameters, a device that does not exist, inputs
     the module cannot run (naming the module that failed and the shapes), a module none of
@@ -87,6 +94,8 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     _check_acyclic(flow.order, edges)
     log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
 
+    if retain_freed_memory:
+        _timing.retain_freed_memory()
     forward_s, backward_s = _measure(module, nodes, inputs, clock, warmup, repeats, verbose,
                                      graph_name)
     flops = _timing.count_flops(module, nodes, inputs)

@@ -1,7 +1,8 @@
 """The C++ profiler (examples/cpp/profile_model) and the Python profiler agree on the same model:
 identical structure (node names, ops, edges, parameter and output bytes, profiled batch/dtype),
-and both time every node. Per-node time ratios are a benchmark
-(bench/bench_profile_agreement.py), not a test: they are too noisy on a busy 2-core machine.
+both time every node, and per-node times agree within a loose bound that catches the two
+profilers measuring different things (the 20 % figure is bench/bench_profile_agreement.py's, on
+a quiet machine; see test_node_times_agree).
 
 The binary is found in $HYBRIDPLAN_BIN_DIR, else build/bin (`make build`). Both sides run with
 one intra-op thread and the "thread" clock (CPU time of the profiling thread), so the other
@@ -20,7 +21,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_profile_agreement as agreement  # noqa: E402
 
 BATCH = 32
-REPEATS = 5
+REPEATS = 7
+ROUNDS = 3
 
 pytestmark = pytest.mark.skipif(
     not (agreement.bin_dir() / "profile_model").exists(),
@@ -35,8 +37,7 @@ def profiles():
 
     def get(model):
         if model not in cache:
-            cache[model] = (agreement.cpp_profile(model, BATCH, REPEATS, "thread"),
-                            agreement.python_profile(model, BATCH, REPEATS, "thread"))
+            cache[model] = agreement.profile_both(model, BATCH, REPEATS, ROUNDS, "thread")
         return cache[model]
 
     return get
@@ -44,13 +45,14 @@ def profiles():
 
 @pytest.mark.parametrize("model", sorted(agreement.TWINS))
 def test_structure_is_identical(profiles, model):
-    cpp, python = profiles(model)
-    assert agreement.structure(cpp) == agreement.structure(python)
+    cpps, pythons = profiles(model)
+    cpp = cpps[0]
+    assert all(agreement.structure(g) == agreement.structure(cpp) for g in cpps + pythons)
     assert cpp["profiled"] == {"device": "cpu", "batch_size": BATCH, "dtype": "float32"}
 
 
 def test_biglstm_nodes_are_the_python_modules(profiles):
-    cpp, _ = profiles("biglstm")
+    cpp = profiles("biglstm")[0][0]
     assert [n["name"] for n in cpp["nodes"]] == ["embed", "lstm0", "lstm1", "softmax"]
     assert [n["op"] for n in cpp["nodes"]] == ["embedding", "lstm", "lstm", "linear"]
     # lstm0 -> lstm1 carries the output sequence only, (32, 16, 64) floats; the node's output
@@ -62,10 +64,22 @@ def test_biglstm_nodes_are_the_python_modules(profiles):
 
 @pytest.mark.parametrize("model", sorted(agreement.TWINS))
 def test_every_node_is_timed_on_both_sides(profiles, model):
-    # Per-node time agreement is reported by bench/bench_profile_agreement.py, not asserted here:
-    # on a shared 2-core machine single nodes (the first conv, say) differ by up to 2x between
-    # runs, so a 20 % bound would be a flaky test (see the report in that file's docstring).
-    for graph in profiles(model):
+    for graph in profiles(model)[0] + profiles(model)[1]:
         assert all(n["forward_s"] > 0 for n in graph["nodes"])
         with_params = [n for n in graph["nodes"] if n["param_bytes"] > 0]
         assert with_params and all(n["backward_s"] > 0 for n in with_params)
+
+
+@pytest.mark.parametrize("model", sorted(agreement.TWINS))
+def test_node_times_agree(profiles, model):
+    """Nodes of >= 5 % of the step within 50 %, the rest within 0.5 ms (medians over 3
+    alternating rounds). The benchmark holds the judged nodes to 20 % on a quiet machine and
+    measures 0.88-1.12 there; under `make test` the other core runs other tests, whose cache and
+    memory-bandwidth pressure moves single nodes by 20 % and more, so this bound is looser. It
+    still fails when the two profilers measure different things: timing blocks alone instead of
+    in a step, or glibc's page faults charged to one side, put nodes at 0.4-0.5x before."""
+    rows = agreement.compare(*profiles(model), tolerance=0.5)
+    bad = [r for r in rows if not r["ok"]]
+    assert not bad, "\n".join(
+        f"{r['name']}: cpp {r['cpp_s'] * 1e3:.3f} ms, python {r['python_s'] * 1e3:.3f} ms "
+        f"({'judged' if r['judged'] else 'absolute'})" for r in rows)

@@ -257,6 +257,49 @@ def test_node_times_add_up_to_the_whole_step(name, one_thread):
     assert abs(ratio - 1) <= 0.15, f"node sum / whole step = {ratio:.3f} (rounds {ratios})"
 
 
+class _SleepInBackward(torch.autograd.Function):
+    """Identity whose backward sleeps: a backward of known length."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class _Sleepy(nn.Module):
+    """A leaf module (so one node) whose forward and backward sleep for given seconds."""
+
+    def __init__(self, forward_s, backward_s):
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(4))
+        self.forward_s, self.backward_s = forward_s, backward_s
+
+    def forward(self, x):
+        time.sleep(self.forward_s)
+        return _SleepInBackward.apply(x @ self.weight, self.backward_s)
+
+
+def test_each_node_is_charged_its_own_forward_and_backward():
+    """Three nodes whose forward and backward sleep for known, neighbour-distinct times (the C++
+    profiler's twin test is in tests/cpp/torch/test_profiler.cc): an interval charged to the
+    wrong node (the previous or next one) would be off by >= 20 ms."""
+    sleeps = [(0.030, 0.010), (0.010, 0.050), (0.050, 0.030)]
+    model = nn.Sequential(*[_Sleepy(f, b) for f, b in sleeps])
+    graph = profile_dict(model, torch.randn(2, 4), warmup=1, repeats=3, verbose=False,
+                         clock="wall")
+    by_name = {n["name"]: n for n in graph["nodes"]}
+    for i, (forward_s, backward_s) in enumerate(sleeps):
+        node = by_name[str(i)]
+        # at least the sleep; at most the sleep plus 10 ms of Linear, hooks and scheduling
+        assert forward_s <= node["forward_s"] <= forward_s + 0.010, node
+        assert backward_s <= node["backward_s"] <= backward_s + 0.010, node
+
+
 def test_wall_clock_times_are_positive_and_per_node(one_thread):
     model = models.gnmt_lstm()
     graph = profile_dict(model, model.example_inputs(4), warmup=1, repeats=3, verbose=False)

@@ -1,4 +1,7 @@
 // profile(): graph structure (names, edges, bytes exact), positive times, error messages.
+#include <chrono>
+#include <thread>
+
 #include <torch/torch.h>
 
 #include "catch.h"
@@ -80,6 +83,54 @@ TEST_CASE("profile of a Sequential MLP: names, ops, edges and bytes are exact", 
     CHECK(node.forward_s > 0);
     CHECK(node.backward_s > 0);  // relu too: an upstream block has parameters
   }
+}
+
+// Identity whose backward sleeps: a backward of known length.
+struct SleepInBackward : torch::autograd::Function<SleepInBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               int64_t ms) {
+    ctx->saved_data["ms"] = ms;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ctx->saved_data["ms"].toInt()));
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+TEST_CASE("profile: each block is charged its own forward and backward within a step",
+          "[profiler]") {
+  // Three blocks whose forward and backward sleep for known, neighbour-distinct times: a step
+  // interval charged to the wrong block (the previous or next one) would be off by >= 20 ms.
+  const std::vector<std::pair<int64_t, int64_t>> sleep_ms = {{30, 10}, {10, 50}, {50, 30}};
+  std::vector<hybridplan::Block> blocks;
+  for (size_t i = 0; i < sleep_ms.size(); ++i) {
+    nn::Linear layer(4, 4);
+    const auto [forward_ms, backward_ms] = sleep_ms[i];
+    blocks.push_back({"b" + std::to_string(i), "sleepy", layer.ptr(),
+                      [layer, forward_ms, backward_ms](const std::vector<torch::Tensor>& x) mutable {
+                        std::this_thread::sleep_for(std::chrono::milliseconds(forward_ms));
+                        return SleepInBackward::apply(layer->forward(x[0]), backward_ms);
+                      }});
+  }
+  ProfileOptions options = quick();
+  options.clock = "wall";
+  const Graph g = hybridplan::profile_blocks(blocks, {torch::randn({2, 4})}, options);
+  for (size_t i = 0; i < sleep_ms.size(); ++i) {
+    INFO(g.nodes[i].name);
+    // At least the sleep; at most the sleep plus 10 ms of Linear, hooks and scheduling.
+    CHECK(g.nodes[i].forward_s >= sleep_ms[i].first * 1e-3);
+    CHECK(g.nodes[i].forward_s <= sleep_ms[i].first * 1e-3 + 0.010);
+    CHECK(g.nodes[i].backward_s >= sleep_ms[i].second * 1e-3);
+    CHECK(g.nodes[i].backward_s <= sleep_ms[i].second * 1e-3 + 0.010);
+  }
+}
+
+TEST_CASE("profile: .grad fields are left untouched", "[profiler]") {
+  nn::Sequential net(nn::Linear(4, 3), nn::ReLU(), nn::Linear(3, 2));
+  (void)hybridplan::profile(net, {torch::randn({2, 4})}, quick());
+  for (const torch::Tensor& p : net->parameters()) CHECK_FALSE(p.grad().defined());
 }
 
 TEST_CASE("profile: a block with nothing upstream to differentiate has no backward", "[profiler]") {
