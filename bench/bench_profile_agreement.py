@@ -2,7 +2,7 @@
 (same layers, qualified names and shapes), the ratio of forward+backward seconds, Python / C++.
 
     python3 bench/bench_profile_agreement.py [--models mlp biglstm small_cnn] [--batch 32]
-                                             [--repeats 21] [--rounds 3] [--clock thread|wall]
+                                             [--repeats 21] [--rounds 5] [--clock thread|wall]
 
 The C++ side is `profile_model` (examples/cpp/profile_model.cc; found in $HYBRIDPLAN_BIN_DIR,
 else build/bin). Both sides run with one intra-op thread and, by default, the "thread" clock (CPU
@@ -158,7 +158,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=sorted(TWINS), choices=sorted(TWINS))
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clock", default="thread", choices=["thread", "wall"])
     args = parser.parse_args()
     if not (bin_dir() / "profile_model").exists():

@@ -27,6 +27,7 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
 """
 
 import ctypes
+import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -70,6 +71,26 @@ def retain_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold, one_gib = -1, -3, ctypes.c_int(1 << 30)
     return bool(mallopt(m_mmap_threshold, one_gib)) and bool(mallopt(m_trim_threshold, one_gib))
+
+
+def busy_cpu_warning(device: torch.device, clock: str) -> Optional[str]:
+    """A warning when wall-clock CPU times with several intra-op threads are taken on a CPU that
+    other processes keep busy (1-minute load average above half the cores): a kernel then waits
+    for its slowest OpenMP thread, and one descheduled thread can inflate a 25 us op to
+    milliseconds. None otherwise."""
+    if device.type != "cpu" or clock != "wall" or torch.get_num_threads() == 1:
+        return None
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load <= cores / 2:
+        return None
+    return (f"profile: the CPU is busy (load average {load:.1f} on {cores} cores) and "
+            f"{torch.get_num_threads()} intra-op threads time each op; times may be inflated "
+            "by descheduled threads. For repeatable profiles call torch.set_num_threads(1) "
+            "and pass clock='thread'.")
 
 
 class _Clock:

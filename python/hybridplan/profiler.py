@@ -17,6 +17,7 @@ The module is moved to `device` in place.
 import re
 import statistics
 import sys
+import warnings
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import torch
@@ -94,6 +95,9 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     _check_acyclic(flow.order, edges)
     log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
 
+    busy = _timing.busy_cpu_warning(dev, clock)
+    if busy:
+        warnings.warn(busy, stacklevel=3)
     if retain_freed_memory:
         _timing.retain_freed_memory()
     forward_s, backward_s = _measure(module, nodes, inputs, clock, warmup, repeats, verbose,

@@ -10,7 +10,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from hybridplan import _tracing, models
+from hybridplan import _timing, _tracing, models
 from hybridplan.__main__ import main as cli_main
 from hybridplan.profiler import profile_dict
 
@@ -225,7 +225,10 @@ def _reference_step_s(model, inputs, steps):
 
 def _node_sum_over_reference(model, inputs, rounds=5, steps=10):
     """Median over rounds of sum(profiled node fwd+bwd) / whole-step time, each round's profile
-    compared with the plain steps measured right before and after it."""
+    compared with the plain steps measured right before and after it. The plain steps run under
+    the allocator policy the profiler sets (retain_freed_memory), as all steps after the first
+    profile would anyway."""
+    _timing.retain_freed_memory()
     _reference_step_s(model, inputs, 2)  # warm up
     before = _reference_step_s(model, inputs, steps)
     ratios = []
@@ -431,3 +434,22 @@ def test_cli_profile_uses_the_models_example_inputs(capsys, one_thread):
 def test_cli_bad_input_exits_2(argv, message, capsys):
     assert cli_main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_busy_cpu_warning_only_for_threaded_wall_clock_cpu_profiles(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(_timing.os, "getloadavg", lambda: (float(_timing.os.cpu_count()), 0, 0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert "torch.set_num_threads(1)" in _timing.busy_cpu_warning(cpu, "wall")
+    assert _timing.busy_cpu_warning(cpu, "thread") is None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert _timing.busy_cpu_warning(cpu, "wall") is None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(_timing.os, "getloadavg", lambda: (0.0, 0, 0))
+    assert _timing.busy_cpu_warning(cpu, "wall") is None
+
+
+def test_retain_freed_memory_sets_glibc_thresholds():
+    # On glibc (this machine, CI) mallopt accepts both settings; elsewhere nothing is changed.
+    import platform
+    assert _timing.retain_freed_memory() == (platform.libc_ver()[0] == "glibc")
