@@ -1,8 +1,9 @@
 """hybridplan.profile: nodes, edges (torch.fx and the hook fallback), times, bytes, errors."""
 
 import json
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ from torch import nn
 from hybridplan import _timing, _tracing, models
 from hybridplan.__main__ import main as cli_main
 from hybridplan.profiler import profile_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import bench_profiler  # noqa: E402
 
 BATCH = 8
 
@@ -210,36 +214,12 @@ def test_node_selection_and_orphan_parameters():
 
 # ---- times ----------------------------------------------------------------------------------
 
-def _reference_step_s(model, inputs, steps):
-    """Thread CPU seconds of plain forward+backward steps (no hooks), seeded as the profiler
-    seeds them: all-ones output gradient."""
-    samples = []
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
-        start = time.thread_time()
-        out = model(*inputs)
-        torch.autograd.backward(out, torch.ones_like(out))
-        samples.append(time.thread_time() - start)
-    return samples
-
-
 def _node_sum_over_reference(model, inputs, rounds=5, steps=10):
     """Median over rounds of sum(profiled node fwd+bwd) / whole-step time, each round's profile
-    compared with the plain steps measured right before and after it. The plain steps run under
-    the allocator policy the profiler sets (retain_freed_memory), as all steps after the first
-    profile would anyway."""
-    _timing.retain_freed_memory()
-    _reference_step_s(model, inputs, 2)  # warm up
-    before = _reference_step_s(model, inputs, steps)
-    ratios = []
-    for _ in range(rounds):
-        graph = profile_dict(model, inputs, warmup=1, repeats=steps, verbose=False,
-                             clock="thread")
-        after = _reference_step_s(model, inputs, steps)
-        node_sum = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"])
-        ratios.append(node_sum / statistics.median(before + after))
-        before = after
-    return statistics.median(ratios), ratios
+    compared with the plain steps measured right before and after it (thread clock); the
+    measurement make bench reports (bench/bench_profiler.py)."""
+    ratio, low, high, *_ = bench_profiler.node_sum_ratio(model, inputs, "thread", rounds, steps)
+    return ratio, (low, high)
 
 
 @pytest.mark.parametrize("name", sorted(models.MODELS))
@@ -257,7 +237,7 @@ def test_node_times_add_up_to_the_whole_step(name, one_thread):
     ratio, ratios = _node_sum_over_reference(model, inputs)
     if abs(ratio - 1) > 0.15:  # a burst of load on a shared machine: measure once more
         ratio, ratios = _node_sum_over_reference(model, inputs)
-    assert abs(ratio - 1) <= 0.15, f"node sum / whole step = {ratio:.3f} (rounds {ratios})"
+    assert abs(ratio - 1) <= 0.15, f"node sum / whole step = {ratio:.3f} (min, max {ratios})"
 
 
 class _SleepInBackward(torch.autograd.Function):
