@@ -2,7 +2,7 @@
 (same layers, qualified names and shapes), the ratio of forward+backward seconds, Python / C++.
 
     python3 bench/bench_profile_agreement.py [--models mlp biglstm small_cnn] [--batch 32]
-                                             [--repeats 21] [--rounds 5] [--clock thread|wall]
+                                             [--repeats 31] [--rounds 7] [--clock thread|wall]
 
 The C++ side is `profile_model` (examples/cpp/profile_model.cc; found in $HYBRIDPLAN_BIN_DIR,
 else build/bin). Both sides run with one intra-op thread and, by default, the "thread" clock (CPU
@@ -94,18 +94,25 @@ def cpp_profile(model: str, batch: int, repeats: int, clock: str) -> dict:
 
 
 def python_profile(model: str, batch: int, repeats: int, clock: str) -> dict:
-    """hybridplan's Python profile of `model`'s twin (one thread; the caller's count restored)."""
+    """hybridplan's Python profile of `model`'s twin, taken in a fresh process (one thread), as
+    the C++ one is: a profile's times depend on its process's history (what the allocator
+    holds and where), which in one long-lived process would fall on the Python side only."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / f"{model}.json"
+        subprocess.run([sys.executable, __file__, "--python-profile", model, "--batch",
+                        str(batch), "--repeats", str(repeats), "--clock", clock, "--out",
+                        str(out)], check=True, capture_output=True, text=True, timeout=600)
+        return json.loads(out.read_text())
+
+
+def python_profile_here(model: str, batch: int, repeats: int, clock: str) -> dict:
+    """The Python profile in this process (one intra-op thread from here on)."""
     from hybridplan.profiler import profile_dict
 
-    saved = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
-        module, inputs = TWINS[model](batch)
-        return profile_dict(module, inputs, repeats=repeats, verbose=False, name=model,
-                            clock=clock)
-    finally:
-        torch.set_num_threads(saved)
+    torch.manual_seed(0)
+    module, inputs = TWINS[model](batch)
+    return profile_dict(module, inputs, repeats=repeats, verbose=False, name=model, clock=clock)
 
 
 def structure(graph: dict) -> dict:
@@ -157,10 +164,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=sorted(TWINS), choices=sorted(TWINS))
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=31)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--clock", default="thread", choices=["thread", "wall"])
+    parser.add_argument("--python-profile", choices=sorted(TWINS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.python_profile:  # the Python side of one round, in its own process
+        graph = python_profile_here(args.python_profile, args.batch, args.repeats, args.clock)
+        Path(args.out).write_text(json.dumps(graph))
+        return 0
     if not (bin_dir() / "profile_model").exists():
         print(f"bench_profile_agreement: {bin_dir() / 'profile_model'} not built "
               "(make build, or set HYBRIDPLAN_BIN_DIR)")

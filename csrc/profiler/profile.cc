@@ -1,5 +1,8 @@
 #include "profiler/profile.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <optional>
 
 #if defined(__GLIBC__)
@@ -138,6 +141,21 @@ void retain_freed_memory() {
 #endif
 }
 
+// Wall-clock CPU times with several intra-op threads on a CPU other processes keep busy (1-minute
+// load average above half the cores) are unreliable: a kernel waits for its slowest OpenMP
+// thread, and one descheduled thread can inflate a 25 us op to milliseconds. Warns through
+// TORCH_WARN, as the Python profiler warns through warnings.warn.
+void warn_if_busy_cpu(const torch::Device& device, Clock clock) {
+  if (!device.is_cpu() || clock != Clock::kWall || torch::get_num_threads() == 1) return;
+  double load = 0;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (getloadavg(&load, 1) != 1 || cores < 1 || load <= static_cast<double>(cores) / 2) return;
+  TORCH_WARN("profile: the CPU is busy (load average ", load, " on ", cores, " cores) and ",
+             torch::get_num_threads(), " intra-op threads time each op; times may be inflated ",
+             "by descheduled threads. For repeatable profiles call torch::set_num_threads(1) and ",
+             "set ProfileOptions::clock = \"thread\".");
+}
+
 Clock clock_of(const ProfileOptions& options, const torch::Device& device) {
   if (options.clock == "wall") return Clock::kWall;
   if (options.clock != "thread") {
@@ -197,6 +215,7 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
 
   if (options.retain_freed_memory) retain_freed_memory();
   const TimingOptions timing{device, clock_of(options, device), options.warmup, options.repeats};
+  warn_if_busy_cpu(device, timing.clock);
   const ChainTimes times = time_chain(blocks, x, timing);
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Block& block = blocks[i];
