@@ -28,6 +28,7 @@
 #include "common/json_io.h"
 #include "planner/cluster.h"
 #include "planner/graph.h"
+#include "planner/model_fixtures.h"
 #include "planner/plan.h"
 
 extern char** environ;
@@ -173,23 +174,8 @@ struct Fixture {
   std::string write_plan(const std::string& name, MpMode mode, int64_t dp, int64_t mp,
                          std::vector<int32_t> assignment, int64_t num_microbatches = 1,
                          Schedule schedule = Schedule::kNone) const {
-    Plan p;
-    p.graph_name = graph.name;
-    p.graph_sha256 = graph_sha256(graph);
-    p.cluster_name = cluster.name;
-    p.world_size = dp * mp;
-    p.dp = dp;
-    p.mp = mp;
-    p.mode = mode;
-    p.global_batch = kGlobalBatch;
-    p.per_replica_batch = kGlobalBatch / dp;
-    p.num_microbatches = num_microbatches;
-    p.schedule = schedule;
-    for (int64_t r = 0; r < dp; ++r) {
-      p.mesh.emplace_back();
-      for (int64_t k = 0; k < mp; ++k) p.mesh.back().push_back(r * mp + k);
-    }
-    p.assignment = std::move(assignment);
+    const Plan p = test::make_plan(graph, cluster, dp, mp, mode, kGlobalBatch / dp,
+                                   std::move(assignment), num_microbatches, schedule);
     const std::string path = (dir / (name + ".plan.json")).string();
     save_plan(p, graph, cluster, path);
     return path;
