@@ -35,14 +35,11 @@ class StepClock {
   Clock clock_;
 };
 
-struct StepSplit {
-  std::vector<double> forward_s, backward_s;
-};
-
-StepSplit time_step(const std::vector<Block>& blocks, const std::vector<torch::Tensor>& inputs,
+// One step's split: the same shape as the result, before taking medians.
+ChainTimes time_step(const std::vector<Block>& blocks, const std::vector<torch::Tensor>& inputs,
                     const std::vector<torch::Tensor>& params, const StepClock& clock) {
   const size_t n = blocks.size();
-  StepSplit split{std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
+  ChainTimes split{std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
   // Backward marks: (clock, block the interval ending there is charged to).
   std::vector<std::pair<double, size_t>> backward_marks;
   std::optional<size_t> backward_owner;
@@ -105,7 +102,7 @@ ChainTimes time_chain(const std::vector<Block>& blocks, const std::vector<torch:
   const size_t n = blocks.size();
   std::vector<std::vector<double>> forward_samples_s(n), backward_samples_s(n);
   for (int run = 0; run < options.warmup + options.repeats; ++run) {
-    const StepSplit split = time_step(blocks, inputs, params, clock);
+    const ChainTimes split = time_step(blocks, inputs, params, clock);
     if (run < options.warmup) continue;
     for (size_t i = 0; i < n; ++i) {
       forward_samples_s[i].push_back(split.forward_s[i]);

@@ -52,11 +52,8 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     `clock`: "auto" (CUDA events on GPU, time.perf_counter on CPU), "wall", "cuda", or "thread"
     (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
     `name`: the graph's name (default: the module's class name in snake_case).
-    `retain_freed_memory`: on glibc, raise malloc's mmap and trim thresholds to 1 GiB before
-    timing (process-wide, and it stays), so that freed tensors' memory is reused instead of
-    returned to the kernel and page-faulted in again by the next allocation, which would add
-    up to milliseconds per op on CPU depending on the process's allocation history
-    (_timing.retain_freed_memory). The C++ profiler does the same (ProfileOptions).
+    `retain_freed_memory`: keep freed memory in the process (glibc mallopt, process-wide, and it
+    stays) so that page faults do not enter op times; see _timing.retain_freed_memory.
 
     Raises ValueError for: a module without parameters, a device that does not exist, inputs
     the module cannot run (naming the module that failed and the shapes), a module none of
