@@ -6,10 +6,10 @@
 #include "common/error.h"
 #include "common/sha256.h"
 #include "executor/grad_reducer.h"
-#include "executor/pipeline_schedule.h"
 #include "executor/process_groups.h"
 #include "executor/rank_agreement.h"
 #include "executor/stage_channel.h"
+#include "planner/pipeline_schedule.h"
 
 namespace hybridplan {
 namespace {
@@ -206,7 +206,7 @@ torch::Tensor Executor::step_pipeline(const torch::Tensor& input, const torch::T
   std::vector<torch::Tensor> input_chunks;
   if (is_first_stage()) input_chunks = replica_rows(input, "input").tensor_split(m);
   if (is_last_stage()) targets = replica_rows(target, "target").tensor_split(m);
-  const std::vector<PipelinePass> passes = stage_passes(plan_.schedule, stage_, plan_.mp, m);
+  const std::vector<PipelinePass> passes = stage_passes(plan_.schedule, {.num_stages = plan_.mp, .num_microbatches = m}, stage_);
   size_t last_backward = 0;
   for (size_t k = 0; k < passes.size(); ++k) {
     if (passes[k].kind == PassKind::kBackward) last_backward = k;

@@ -40,30 +40,47 @@ void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assign
   }
 }
 
-void pipeline_operation(Schedule schedule, int64_t num_stages, int64_t stage,
-                        int64_t num_microbatches, int64_t op, bool& is_forward,
-                        int64_t& microbatch) {
-  const int64_t m = num_microbatches;
-  if (schedule != Schedule::k1F1B) {  // GPipe: F0..F(M-1), B0..B(M-1)
-    is_forward = op < m;
-    microbatch = is_forward ? op : op - m;
-    return;
+std::vector<PipelinePass> stage_passes(Schedule schedule, PipelineShape shape, int64_t stage) {
+  const int64_t m = shape.num_microbatches;
+  const int64_t num_stages = shape.num_stages;
+  if (num_stages < 1 || stage < 0 || stage >= num_stages) {
+    throw InputError("pipeline stage must be in 0..num_stages-1 (got stage " +
+                     std::to_string(stage) + " of " + std::to_string(num_stages) + ")");
   }
-  const int64_t warmup = std::min(num_stages - stage - 1, m);
-  if (op < warmup) {
-    is_forward = true;
-    microbatch = op;
-    return;
+  if (m < 1) throw InputError("num_microbatches must be >= 1 (got " + std::to_string(m) + ")");
+  std::vector<PipelinePass> passes;
+  passes.reserve(2 * m);
+  const auto forward = [&](int64_t i) { passes.push_back({PassKind::kForward, i}); };
+  const auto backward = [&](int64_t i) { passes.push_back({PassKind::kBackward, i}); };
+  switch (schedule) {
+    case Schedule::kGpipe:  // F0..F(M-1), B0..B(M-1)
+      for (int64_t i = 0; i < m; ++i) forward(i);
+      for (int64_t i = 0; i < m; ++i) backward(i);
+      return passes;
+    case Schedule::k1F1B: {  // warm-up forwards, F(warmup+j) B(j) pairs, cool-down backwards
+      const int64_t warmup = std::min(num_stages - stage - 1, m);
+      for (int64_t i = 0; i < warmup; ++i) forward(i);
+      for (int64_t j = 0; j < m - warmup; ++j) {
+        forward(warmup + j);
+        backward(j);
+      }
+      for (int64_t i = m - warmup; i < m; ++i) backward(i);
+      return passes;
+    }
+    case Schedule::kNone:
+      break;
   }
-  const int64_t steady_ops = 2 * (m - warmup);  // F(warmup+j), B(j) pairs
-  const int64_t j = op - warmup;
-  if (j < steady_ops) {
-    is_forward = (j % 2 == 0);
-    microbatch = is_forward ? warmup + j / 2 : j / 2;
-    return;
+  throw InputError(std::string("a pipeline schedule must be gpipe or 1f1b (got ") +
+                   schedule_name(schedule) + ")");
+}
+
+std::string passes_to_string(const std::vector<PipelinePass>& passes) {
+  std::string out;
+  for (const PipelinePass& p : passes) {
+    if (!out.empty()) out += ' ';
+    out += (p.kind == PassKind::kForward ? 'F' : 'B') + std::to_string(p.microbatch);
   }
-  is_forward = false;  // cool-down
-  microbatch = (m - warmup) + (j - steady_ops);
+  return out;
 }
 
 namespace {
@@ -109,23 +126,26 @@ PipelineTimes simulate_pipeline(Schedule schedule, int64_t num_microbatches,
 
   // Advance every stage as far as its inputs allow, until all are done. Each sweep completes
   // at least one operation for a valid schedule (the dependency graph is acyclic).
+  scratch.passes.resize(num_stages);
+  for (int64_t s = 0; s < num_stages; ++s) {
+    scratch.passes[s] = stage_passes(schedule, {.num_stages = num_stages, .num_microbatches = m}, s);
+  }
   int64_t remaining = num_stages * 2 * m;
   double length_s = 0;
   while (remaining > 0) {
     int64_t progressed = 0;
     for (int64_t s = 0; s < num_stages; ++s) {
+      const std::vector<PipelinePass>& passes = scratch.passes[s];
       int64_t& op = scratch.next_op[s];
       double free_s = 0;  // the stage is free when its previous operation finished
       if (op > 0) {
-        bool prev_forward = false;
-        int64_t prev_i = 0;
-        pipeline_operation(schedule, num_stages, s, m, op - 1, prev_forward, prev_i);
-        free_s = (prev_forward ? scratch.forward_finish_s : scratch.backward_finish_s)[s * m + prev_i];
+        const PipelinePass& prev = passes[op - 1];
+        free_s = (prev.kind == PassKind::kForward ? scratch.forward_finish_s
+                                                  : scratch.backward_finish_s)[s * m + prev.microbatch];
       }
       for (; op < 2 * m; ++op, ++progressed, --remaining) {
-        bool is_forward = false;
-        int64_t i = 0;
-        pipeline_operation(schedule, num_stages, s, m, op, is_forward, i);
+        const bool is_forward = passes[op].kind == PassKind::kForward;
+        const int64_t i = passes[op].microbatch;
         double ready_s = 0;
         if (!input_ready_s(is_forward, s, i, num_stages, m, p2p_s, scratch, ready_s)) break;
         const double start_s = std::max(ready_s, free_s);

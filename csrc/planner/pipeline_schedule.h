@@ -36,6 +36,7 @@
 // sends activations forward and gradients back over each boundary), informative only.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "planner/graph.h"
@@ -61,7 +62,34 @@ struct PipelineTimes {
   double transfer_s = 0;
 };
 
+// One schedule action of a stage: the forward or the backward pass of one micro-batch.
+enum class PassKind { kForward, kBackward };
+
+struct PipelinePass {
+  PassKind kind = PassKind::kForward;
+  int64_t microbatch = 0;
+  bool operator==(const PipelinePass&) const = default;
+};
+
+// The shape of one replica's pipeline. A struct rather than two int64_t arguments, so that a
+// caller cannot swap the stage count and the micro-batch count silently.
+struct PipelineShape {
+  int64_t num_stages = 1;
+  int64_t num_microbatches = 1;
+};
+
+// The schedule as data: the passes stage `stage` runs, in order, for one training step. The one
+// definition of GPipe and 1F1B: the simulator below and the C++ executor both read it, and
+// torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B run the same orders (a parity
+// test holds them together). Throws InputError for Schedule::kNone, a stage outside
+// 0..num_stages-1 or a count < 1.
+std::vector<PipelinePass> stage_passes(Schedule schedule, PipelineShape shape, int64_t stage);
+
+// "F0 F1 B0 B1": compact form for messages and tests.
+std::string passes_to_string(const std::vector<PipelinePass>& passes);
+
 struct PipelineScratch {
+  std::vector<std::vector<PipelinePass>> passes;  // per stage, from stage_passes
   std::vector<double> forward_finish_s;   // [s * M + i]
   std::vector<double> backward_finish_s;  // [s * M + i]
   std::vector<int64_t> next_op;           // per stage
@@ -69,11 +97,6 @@ struct PipelineScratch {
   // when its accumulated gradients start to become final (all-reduce can begin).
   std::vector<double> last_backward_start_s;
 };
-
-// Operation `op` (0..2M-1) of stage `stage` in `schedule`: sets is_forward and microbatch.
-void pipeline_operation(Schedule schedule, int64_t num_stages, int64_t stage,
-                        int64_t num_microbatches, int64_t op, bool& is_forward,
-                        int64_t& microbatch);
 
 // Simulates GPipe or 1F1B. forward_s/backward_s: F_s, B_s per micro-batch; p2p_s: size S-1.
 PipelineTimes simulate_pipeline(Schedule schedule, int64_t num_microbatches,

@@ -6,22 +6,73 @@ using namespace hybridplan;
 
 TEST_CASE("1F1B operation order: warm-up, steady 1F1B, cool-down", "[pipeline_schedule]") {
   const auto ops = [](Schedule schedule, int64_t stages, int64_t stage, int64_t m) {
-    std::string text;
-    for (int64_t op = 0; op < 2 * m; ++op) {
-      bool forward = false;
-      int64_t i = 0;
-      pipeline_operation(schedule, stages, stage, m, op, forward, i);
-      text += (forward ? "F" : "B") + std::to_string(i) + " ";
-    }
-    return text;
+    return passes_to_string(stage_passes(schedule, {.num_stages = stages, .num_microbatches = m}, stage));
   };
   // S=4, M=6: stage 0 warms up with 3 forwards, the last stage with none.
-  REQUIRE(ops(Schedule::k1F1B, 4, 0, 6) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5 ");
-  REQUIRE(ops(Schedule::k1F1B, 4, 2, 6) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5 ");
-  REQUIRE(ops(Schedule::k1F1B, 4, 3, 6) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 ");
+  REQUIRE(ops(Schedule::k1F1B, 4, 0, 6) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
+  REQUIRE(ops(Schedule::k1F1B, 4, 2, 6) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
+  REQUIRE(ops(Schedule::k1F1B, 4, 3, 6) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
   // Fewer micro-batches than the warm-up depth: all forwards, then all backwards.
-  REQUIRE(ops(Schedule::k1F1B, 4, 0, 2) == "F0 F1 B0 B1 ");
-  REQUIRE(ops(Schedule::kGpipe, 4, 0, 3) == "F0 F1 F2 B0 B1 B2 ");
+  REQUIRE(ops(Schedule::k1F1B, 4, 0, 2) == "F0 F1 B0 B1");
+  REQUIRE(ops(Schedule::kGpipe, 4, 0, 3) == "F0 F1 F2 B0 B1 B2");
+}
+
+TEST_CASE("GPipe and 1F1B pass orders", "[pipeline_schedule]") {
+  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, {.num_stages = 2, .num_microbatches = 4}, 0)) == "F0 F1 F2 F3 B0 B1 B2 B3");
+  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, {.num_stages = 2, .num_microbatches = 4}, 1)) == "F0 F1 F2 F3 B0 B1 B2 B3");
+  // Stage 0 of 2: one warm-up forward, then 1F1B, then the last backward.
+  CHECK(passes_to_string(stage_passes(Schedule::k1F1B, {.num_stages = 2, .num_microbatches = 4}, 0)) == "F0 F1 B0 F2 B1 F3 B2 B3");
+  CHECK(passes_to_string(stage_passes(Schedule::k1F1B, {.num_stages = 2, .num_microbatches = 4}, 1)) == "F0 B0 F1 B1 F2 B2 F3 B3");
+  // Warm-up is capped by the micro-batch count: stage 0 of 4 with 2 micro-batches.
+  CHECK(passes_to_string(stage_passes(Schedule::k1F1B, {.num_stages = 4, .num_microbatches = 2}, 0)) == "F0 F1 B0 B1");
+  CHECK_THROWS_WITH(stage_passes(Schedule::kNone, {.num_stages = 2, .num_microbatches = 4}, 0),
+                    "a pipeline schedule must be gpipe or 1f1b (got none)");
+  CHECK_THROWS_WITH(stage_passes(Schedule::kGpipe, {.num_stages = 2, .num_microbatches = 4}, 2),
+                    "pipeline stage must be in 0..num_stages-1 (got stage 2 of 2)");
+}
+
+// Simulates S stages with blocking receives and asynchronous sends: F(i) on stage s > 0 needs
+// stage s-1's F(i); B(i) on stage s < S-1 needs stage s+1's B(i). Every schedule must finish,
+// and 1F1B must keep at most S - s micro-batches in flight on stage s.
+TEST_CASE("pipeline schedules never deadlock", "[pipeline_schedule]") {
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
+    for (int64_t S = 1; S <= 4; ++S) {
+      for (int64_t m = 1; m <= 6; ++m) {
+        std::vector<std::vector<PipelinePass>> passes;
+        for (int64_t s = 0; s < S; ++s) passes.push_back(stage_passes(schedule, {.num_stages = S, .num_microbatches = m}, s));
+        std::vector<size_t> next(S, 0);
+        std::vector<std::vector<bool>> fwd_done(S, std::vector<bool>(m)), bwd_done = fwd_done;
+        bool progress = true;
+        while (progress) {
+          progress = false;
+          for (int64_t s = 0; s < S; ++s) {
+            if (next[s] == passes[s].size()) continue;
+            const PipelinePass p = passes[s][next[s]];
+            const bool ready = p.kind == PassKind::kForward
+                                   ? (s == 0 || fwd_done[s - 1][p.microbatch])
+                                   : (s == S - 1 || bwd_done[s + 1][p.microbatch]) && fwd_done[s][p.microbatch];
+            if (!ready) continue;
+            (p.kind == PassKind::kForward ? fwd_done : bwd_done)[s][p.microbatch] = true;
+            ++next[s];
+            progress = true;
+          }
+        }
+        for (int64_t s = 0; s < S; ++s) {
+          INFO(schedule_name(schedule) << " S=" << S << " m=" << m << " stage " << s);
+          CHECK(next[s] == passes[s].size());
+          CHECK(passes[s].size() == static_cast<size_t>(2 * m));
+          if (schedule == Schedule::k1F1B) {
+            int64_t in_flight = 0, peak = 0;
+            for (const PipelinePass& p : passes[s]) {
+              in_flight += p.kind == PassKind::kForward ? 1 : -1;
+              peak = std::max(peak, in_flight);
+            }
+            CHECK(peak <= S - s);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("the timelines drawn in pipeline_schedule.h", "[pipeline_schedule]") {

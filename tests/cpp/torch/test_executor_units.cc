@@ -1,5 +1,5 @@
 // The executor's pure parts, without a process group: torchrun environment parsing, gradient
-// bucket assignment, pipeline schedules (including a deadlock simulation), rank agreement.
+// bucket assignment, rank agreement. (Pipeline schedules are torch-free: tests/cpp/planner.)
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -9,7 +9,6 @@
 #include "common/error.h"
 #include "executor/dist_env.h"
 #include "executor/grad_buckets.h"
-#include "executor/pipeline_schedule.h"
 #include "executor/rank_agreement.h"
 
 using namespace hybridplan;
@@ -102,64 +101,6 @@ TEST_CASE("gradient buckets cover every parameter once and respect the cap", "[e
 TEST_CASE("gradient buckets reject bad input", "[executor][buckets]") {
   CHECK_THROWS_WITH(assign_grad_buckets({1}, 0), "bucket_cap_bytes must be >= 1 (got 0)");
   CHECK_THROWS_WITH(assign_grad_buckets({1, -2}, 8), "param_bytes[1] must be >= 0 (got -2)");
-}
-
-TEST_CASE("GPipe and 1F1B pass orders", "[executor][schedule]") {
-  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, 0, 2, 4)) == "F0 F1 F2 F3 B0 B1 B2 B3");
-  CHECK(passes_to_string(stage_passes(Schedule::kGpipe, 1, 2, 4)) == "F0 F1 F2 F3 B0 B1 B2 B3");
-  // Stage 0 of 2: one warm-up forward, then 1F1B, then the last backward.
-  CHECK(passes_to_string(stage_passes(Schedule::k1F1B, 0, 2, 4)) == "F0 F1 B0 F2 B1 F3 B2 B3");
-  CHECK(passes_to_string(stage_passes(Schedule::k1F1B, 1, 2, 4)) == "F0 B0 F1 B1 F2 B2 F3 B3");
-  // Warm-up is capped by the micro-batch count: stage 0 of 4 with 2 micro-batches.
-  CHECK(passes_to_string(stage_passes(Schedule::k1F1B, 0, 4, 2)) == "F0 F1 B0 B1");
-  CHECK_THROWS_WITH(stage_passes(Schedule::kNone, 0, 2, 4),
-                    "a pipeline schedule must be gpipe or 1f1b (got none)");
-  CHECK_THROWS_WITH(stage_passes(Schedule::kGpipe, 2, 2, 4),
-                    "pipeline stage must be in 0..num_stages-1 (got stage 2 of 2)");
-}
-
-// Simulates S stages with blocking receives and asynchronous sends: F(i) on stage s > 0 needs
-// stage s-1's F(i); B(i) on stage s < S-1 needs stage s+1's B(i). Every schedule must finish,
-// and 1F1B must keep at most S - s micro-batches in flight on stage s.
-TEST_CASE("pipeline schedules never deadlock", "[executor][schedule]") {
-  for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
-    for (int64_t S = 1; S <= 4; ++S) {
-      for (int64_t m = 1; m <= 6; ++m) {
-        std::vector<std::vector<PipelinePass>> passes;
-        for (int64_t s = 0; s < S; ++s) passes.push_back(stage_passes(schedule, s, S, m));
-        std::vector<size_t> next(S, 0);
-        std::vector<std::vector<bool>> fwd_done(S, std::vector<bool>(m)), bwd_done = fwd_done;
-        bool progress = true;
-        while (progress) {
-          progress = false;
-          for (int64_t s = 0; s < S; ++s) {
-            if (next[s] == passes[s].size()) continue;
-            const PipelinePass p = passes[s][next[s]];
-            const bool ready = p.kind == PassKind::kForward
-                                   ? (s == 0 || fwd_done[s - 1][p.microbatch])
-                                   : (s == S - 1 || bwd_done[s + 1][p.microbatch]) && fwd_done[s][p.microbatch];
-            if (!ready) continue;
-            (p.kind == PassKind::kForward ? fwd_done : bwd_done)[s][p.microbatch] = true;
-            ++next[s];
-            progress = true;
-          }
-        }
-        for (int64_t s = 0; s < S; ++s) {
-          INFO(schedule_name(schedule) << " S=" << S << " m=" << m << " stage " << s);
-          CHECK(next[s] == passes[s].size());
-          CHECK(passes[s].size() == static_cast<size_t>(2 * m));
-          if (schedule == Schedule::k1F1B) {
-            int64_t in_flight = 0, peak = 0;
-            for (const PipelinePass& p : passes[s]) {
-              in_flight += p.kind == PassKind::kForward ? 1 : -1;
-              peak = std::max(peak, in_flight);
-            }
-            CHECK(peak <= S - s);
-          }
-        }
-      }
-    }
-  }
 }
 
 TEST_CASE("rank agreement names the first two ranks that differ", "[executor][agreement]") {
