@@ -75,7 +75,7 @@ void bench_chain() {
   problem.cluster = load_cluster("dgx1-v100");
   problem.cluster.num_nodes = 512;
   problem.job = default_job();
-  problem.job.per_replica_batch = 32;
+  problem.job.per_replica_batches = {8, 16, 32, 64};  // the search chooses the batch
   const auto t0 = Clock::now();
   const double cpu0_s = cpu_seconds();
   const SearchResult r = search(problem, SearchOptions{});

@@ -107,6 +107,11 @@ std::string JsonReader::string(const Json& v, const std::string& path) const {
   return v.get<std::string>();
 }
 
+bool JsonReader::boolean(const Json& v, const std::string& path) const {
+  if (!v.is_boolean()) fail(path, "must be true or false", v);
+  return v.get<bool>();
+}
+
 int64_t JsonReader::field_int(const Json& obj, const std::string& obj_path,
                               const std::string& key) const {
   return integer(required(obj, obj_path, key), json_child_path(obj_path, key));

@@ -45,10 +45,11 @@ class JsonReader {
   void header(const Json& doc, const std::string& kind) const;
 
   // Scalars: an integer (a float is accepted only when integral, e.g. 1e9), a finite number,
-  // a string.
+  // a string, true/false.
   int64_t integer(const Json& v, const std::string& path) const;
   double number(const Json& v, const std::string& path) const;
   std::string string(const Json& v, const std::string& path) const;
+  bool boolean(const Json& v, const std::string& path) const;
 
   // Required member shortcuts: field_int(obj, "nodes[3]", "param_bytes").
   int64_t field_int(const Json& obj, const std::string& obj_path, const std::string& key) const;

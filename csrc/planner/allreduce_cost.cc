@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <unordered_map>
 
 namespace hybridplan {
@@ -29,11 +30,105 @@ AllReduceCost hierarchical_allreduce(int64_t num_nodes, int64_t per_node, const 
   return cost;
 }
 
+namespace {
+
+// Lexicographic (slowest hop, sum of hops) of a directed ring; larger is better.
+struct RingScore {
+  double slowest = -1;
+  double total = 0;
+  bool better_than(const RingScore& o) const {
+    return slowest != o.slowest ? slowest > o.slowest : total > o.total;
+  }
+};
+
+// Bottleneck Hamiltonian cycle over p <= kMaxExactRingMembers members by dynamic programming on
+// subsets (Held-Karp with (min, sum) path scores): best[S][v] = the best path from member 0
+// through exactly the members of S, ending at v. Exact for the lexicographic score above,
+// because extending a path by an edge is monotone in both components.
+std::vector<int64_t> best_ring_exact(const std::vector<std::vector<double>>& bw) {
+  const auto p = static_cast<int64_t>(bw.size());
+  const int64_t full = (int64_t{1} << p) - 1;
+  std::vector<RingScore> best(static_cast<size_t>((full + 1) * p));
+  std::vector<int8_t> from(best.size(), -1);
+  const auto at = [p](int64_t set, int64_t v) { return static_cast<size_t>(set * p + v); };
+  best[at(1, 0)] = {std::numeric_limits<double>::infinity(), 0};
+  for (int64_t set = 1; set <= full; set += 2) {  // every path starts at member 0
+    for (int64_t v = 0; v < p; ++v) {
+      const RingScore here = best[at(set, v)];
+      if (here.slowest < 0) continue;
+      for (int64_t w = 1; w < p; ++w) {
+        if (set & (int64_t{1} << w)) continue;
+        const RingScore next{std::min(here.slowest, bw[v][w]), here.total + bw[v][w]};
+        const size_t k = at(set | (int64_t{1} << w), w);
+        if (next.better_than(best[k])) {
+          best[k] = next;
+          from[k] = static_cast<int8_t>(v);
+        }
+      }
+    }
+  }
+  int64_t end = 1;
+  RingScore closed;
+  for (int64_t v = 1; v < p; ++v) {
+    const RingScore path = best[at(full, v)];
+    const RingScore ring{std::min(path.slowest, bw[v][0]), path.total + bw[v][0]};
+    if (ring.better_than(closed)) {
+      closed = ring;
+      end = v;
+    }
+  }
+  std::vector<int64_t> order;
+  for (int64_t set = full, v = end; v >= 0;) {
+    order.push_back(v);
+    const int64_t prev = from[at(set, v)];
+    set &= ~(int64_t{1} << v);
+    v = prev;
+  }
+  std::reverse(order.begin(), order.end());
+  return order;
+}
+
+// Greedy nearest neighbour from member 0 (the widest next hop), for nodes too big to search.
+std::vector<int64_t> best_ring_greedy(const std::vector<std::vector<double>>& bw) {
+  const auto p = static_cast<int64_t>(bw.size());
+  std::vector<int64_t> order{0};
+  std::vector<char> used(p, 0);
+  used[0] = 1;
+  while (static_cast<int64_t>(order.size()) < p) {
+    int64_t next = -1;
+    for (int64_t w = 0; w < p; ++w)
+      if (!used[w] && (next < 0 || bw[order.back()][w] > bw[order.back()][next])) next = w;
+    used[next] = 1;
+    order.push_back(next);
+  }
+  return order;
+}
+
+}  // namespace
+
+std::vector<DeviceIndex> ring_order(const Cluster& cluster, const std::vector<DeviceIndex>& members) {
+  const auto p = static_cast<int64_t>(members.size());
+  if (cluster.collectives == CollectiveLibrary::kGloo || p <= 2) return members;
+  std::vector<std::vector<double>> bw(p, std::vector<double>(p, 0.0));
+  for (int64_t i = 0; i < p; ++i)
+    for (int64_t j = 0; j < p; ++j)
+      if (i != j) bw[i][j] = cluster.allreduce_link(members[i], members[j]).bandwidth_bytes_per_s;
+  const std::vector<int64_t> order = p <= kMaxExactRingMembers ? best_ring_exact(bw) : best_ring_greedy(bw);
+  std::vector<DeviceIndex> ring;
+  ring.reserve(p);
+  for (int64_t i : order) ring.push_back(members[i]);
+  return ring;
+}
+
 AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
-                              int64_t concurrent_groups_per_node) {
+                              int64_t concurrent_groups_per_node, std::vector<DeviceIndex>* rings) {
   const auto p = static_cast<int64_t>(devices.size());
-  if (p <= 1) return {};
-  // Members per node, in ring order; nodes in order of first appearance.
+  if (rings) rings->clear();
+  if (p <= 1) {
+    if (rings) *rings = devices;
+    return {};
+  }
+  // Members per node, in rank order; nodes in order of first appearance.
   std::vector<std::pair<int64_t, std::vector<DeviceIndex>>> by_node;
   std::unordered_map<int64_t, size_t> node_entry;  // node -> index in by_node: O(p), not O(p n)
   for (DeviceIndex d : devices) {
@@ -42,25 +137,36 @@ AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIn
     if (fresh) by_node.push_back({node, {}});
     by_node[it->second].second.push_back(d);
   }
-  // Slowest hop of the ring(s) inside each node.
+  // Slowest hop of the ring(s) inside each node. Every node holds the same pattern of members
+  // in the usual meshes, so the ring search runs once per distinct local pattern.
   Link slowest{std::numeric_limits<double>::infinity(), 0.0};
   int64_t per_node = 0;
+  std::map<std::vector<int64_t>, std::vector<int64_t>> ring_of_pattern;  // local -> local ring
   for (const auto& [node, members] : by_node) {
     per_node = std::max<int64_t>(per_node, static_cast<int64_t>(members.size()));
-    for (size_t i = 0; members.size() > 1 && i < members.size(); ++i) {
-      const Link hop = cluster.link(members[i], members[(i + 1) % members.size()]);
+    std::vector<int64_t> local;
+    for (DeviceIndex d : members) local.push_back(d % cluster.devices_per_node);
+    auto it = ring_of_pattern.find(local);
+    if (it == ring_of_pattern.end()) it = ring_of_pattern.emplace(local, ring_order(cluster, local)).first;
+    std::vector<DeviceIndex> ring;
+    for (int64_t l : it->second) ring.push_back(node * cluster.devices_per_node + l);
+    for (size_t i = 0; ring.size() > 1 && i < ring.size(); ++i) {
+      const Link hop = cluster.allreduce_link(ring[i], ring[(i + 1) % ring.size()]);
       slowest.bandwidth_bytes_per_s = std::min(slowest.bandwidth_bytes_per_s, hop.bandwidth_bytes_per_s);
       slowest.latency_s = std::max(slowest.latency_s, hop.latency_s);
     }
+    if (rings) rings->insert(rings->end(), ring.begin(), ring.end());
   }
   if (by_node.size() == 1) return ring_allreduce(p, slowest.bandwidth_bytes_per_s, slowest.latency_s);
-  return hierarchical_allreduce(static_cast<int64_t>(by_node.size()), per_node, slowest,
-                                cluster.inter_node, concurrent_groups_per_node);
+  const Link inter = cluster.allreduce_link(by_node[0].second[0], by_node[1].second[0]);
+  return hierarchical_allreduce(static_cast<int64_t>(by_node.size()), per_node, slowest, inter,
+                                concurrent_groups_per_node);
 }
 
 void BucketedAllReduce::launch() {
   const double start_s = std::max(bucket_ready_s_, stream_free_s_);
   stream_free_s_ = start_s + cost_.time_s(bucket_bytes_);
+  ++launched_;
   bucket_bytes_ = 0;
   bucket_ready_s_ = 0;
 }
@@ -69,7 +175,7 @@ void BucketedAllReduce::add_gradient(double ready_s, double bytes) {
   if (bytes <= 0) return;
   bucket_bytes_ += bytes;
   bucket_ready_s_ = std::max(bucket_ready_s_, ready_s);
-  if (bucket_bytes_ >= bucket_cap_bytes_) launch();
+  if (bucket_bytes_ >= (launched_ == 0 ? first_bucket_cap_bytes_ : bucket_cap_bytes_)) launch();
 }
 
 double BucketedAllReduce::end_s() {

@@ -6,9 +6,14 @@
 // Every collective here costs fixed_s + per_byte_s * bytes (AllReduceCost):
 // - ring (all members on one node), Patarasuk & Yuan 2009, as in NCCL/Gloo:
 //     t = 2(p-1)/p * bytes / bw + 2(p-1) * alpha
-//   bw is the slowest hop of the ring mesh order m0 -> m1 -> ... -> m(p-1) -> m0 (with a
-//   pairwise bandwidth matrix, e.g. a DGX-1 cube mesh, a ring runs at its slowest hop), alpha
-//   the largest hop latency.
+//   bw is the slowest hop of the ring (with a pairwise bandwidth matrix, e.g. a DGX-1 cube mesh,
+//   a ring runs at its slowest hop), alpha the largest hop latency, both of
+//   Cluster::allreduce_link (the calibrated collective link where the cluster gives one).
+//   The ring is the one the collective library runs (Cluster::collectives):
+//     NCCL: the order of the node's members that maximises the slowest hop (NCCL searches the
+//           topology for its best ring; exact by a bottleneck Hamiltonian-cycle search over the
+//           members of one node, ties broken by the larger sum of hop bandwidths);
+//     Gloo: rank order, i.e. the group's members in mesh (replica) order.
 // - hierarchical (members on n > 1 nodes, at most g per node), as Horovod/NCCL do:
 //     intra-node reduce-scatter  (g-1)/g * bytes / bw_intra + (g-1) * alpha_intra
 //     inter-node all-reduce of each 1/g shard, g shards at once:
@@ -20,9 +25,11 @@
 //   overlap, which is pessimistic when their backward passes end at different times).
 //
 // Overlap (DDP buckets, https://arxiv.org/abs/2006.15704): gradients become ready during the
-// backward pass in reverse order; they are packed into buckets of bucket_cap bytes (25 MiB,
-// DDP's bucket_cap_mb default) in the order they become ready; a bucket is reduced when its last
-// gradient is ready and the previous bucket's reduction is done (one communication stream):
+// backward pass in reverse order; they are packed into buckets in the order they become ready,
+// the first bucket up to first_bucket_cap bytes (1 MiB, DDP's _DEFAULT_FIRST_BUCKET_BYTES) and
+// every later one up to bucket_cap bytes (25 MiB, DDP's bucket_cap_mb default); a bucket is
+// reduced when its last gradient is ready and the previous bucket's reduction is done (one
+// communication stream):
 //     start_k = max(ready_k, end_{k-1}),  end_k = start_k + t(bytes_k)
 // Only the part that ends after the backward pass is exposed: exposed = max(0, end_last - end_bwd).
 #pragma once
@@ -34,6 +41,7 @@
 namespace hybridplan {
 
 constexpr double kDefaultBucketCapBytes = 25.0 * 1024 * 1024;
+constexpr double kDefaultFirstBucketCapBytes = 1.0 * 1024 * 1024;
 
 struct AllReduceCost {
   double fixed_s = 0;     // latency terms
@@ -49,18 +57,27 @@ AllReduceCost ring_allreduce(int64_t p, double bandwidth_bytes_per_s, double lat
 AllReduceCost hierarchical_allreduce(int64_t num_nodes, int64_t per_node, const Link& intra,
                                      const Link& inter, int64_t concurrent_groups_per_node);
 
-// The cost for the group `devices` (global indices, ring order) on `cluster`: ring when on one
-// node, hierarchical otherwise. `concurrent_groups_per_node` is G above (>= 1).
+// The order in which the collective library runs a ring over `members` (global devices of one
+// node, in rank order): NCCL's best ring (see above; exact up to kMaxExactRingMembers members,
+// a greedy nearest-neighbour ring beyond), Gloo's rank order.
+constexpr int64_t kMaxExactRingMembers = 16;
+std::vector<DeviceIndex> ring_order(const Cluster& cluster, const std::vector<DeviceIndex>& members);
+
+// The cost for the group `devices` (global indices in rank order) on `cluster`: ring when on one
+// node, hierarchical otherwise. `concurrent_groups_per_node` is G above (>= 1). When `rings` is
+// given it receives the members in the order the rings run (node by node).
 AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
-                              int64_t concurrent_groups_per_node);
+                              int64_t concurrent_groups_per_node,
+                              std::vector<DeviceIndex>* rings = nullptr);
 
 // Bucketed all-reduce overlapped with backward: feed gradients in the order they become
 // ready, then end_s() gives when the last bucket's reduction finishes (0 if no bytes).
 class BucketedAllReduce {
  public:
   BucketedAllReduce() = default;
-  BucketedAllReduce(AllReduceCost cost, double bucket_cap_bytes)
-      : cost_(cost), bucket_cap_bytes_(bucket_cap_bytes) {}
+  BucketedAllReduce(AllReduceCost cost, double bucket_cap_bytes,
+                    double first_bucket_cap_bytes = kDefaultFirstBucketCapBytes)
+      : cost_(cost), bucket_cap_bytes_(bucket_cap_bytes), first_bucket_cap_bytes_(first_bucket_cap_bytes) {}
 
   void add_gradient(double ready_s, double bytes);
   double end_s();  // flushes the last partial bucket
@@ -69,6 +86,8 @@ class BucketedAllReduce {
   void launch();
   AllReduceCost cost_;
   double bucket_cap_bytes_ = kDefaultBucketCapBytes;
+  double first_bucket_cap_bytes_ = kDefaultFirstBucketCapBytes;
+  int64_t launched_ = 0;
   double bucket_bytes_ = 0;
   double bucket_ready_s_ = 0;
   double stream_free_s_ = 0;

@@ -39,7 +39,73 @@ Link link_from_json(const JsonReader& in, const Json& j, const std::string& path
   return link;
 }
 
+std::optional<Link> allreduce_override(const JsonReader& in, const Json& level,
+                                      const std::string& path) {
+  const Json* j = in.optional(level, "allreduce");
+  if (j == nullptr) return std::nullopt;
+  in.object(*j, path + ".allreduce");
+  return link_from_json(in, *j, path + ".allreduce", true);
+}
+
+Json link_to_json(const Link& link) {
+  return {{"bandwidth_bytes_per_s", link.bandwidth_bytes_per_s}, {"latency_s", link.latency_s}};
+}
+
+Runtime runtime_from_json(const JsonReader& in, const Json& j) {
+  in.object(j, "runtime");
+  Runtime r;
+  if (const Json* v = in.optional(j, "step_s")) r.step_s = in.number(*v, "runtime.step_s");
+  if (const Json* v = in.optional(j, "action_s")) r.action_s = in.number(*v, "runtime.action_s");
+  if (const Json* table = in.optional(j, "shared_host_slowdown")) {
+    const std::string path = "runtime.shared_host_slowdown";
+    in.array(*table, path);
+    for (size_t k = 0; k < table->size(); ++k) {
+      const std::string p = json_index_path(path, k);
+      const Json& pair = in.array((*table)[k], p);
+      if (pair.size() != 2) in.fail(p, "must be a [processes, factor] pair", pair);
+      r.shared_host_slowdown.emplace_back(in.integer(pair[0], p + "[0]"), in.number(pair[1], p + "[1]"));
+    }
+  }
+  return r;
+}
+
+void validate_runtime(const std::string& source, const Runtime& r) {
+  check_non_negative(source, "runtime.step_s", r.step_s);
+  check_non_negative(source, "runtime.action_s", r.action_s);
+  const auto& table = r.shared_host_slowdown;
+  for (size_t k = 0; k < table.size(); ++k) {
+    const std::string p = json_index_path("runtime.shared_host_slowdown", k);
+    if (table[k].first < 1) throw_input_error(source, p + "[0]", "must be >= 1", std::to_string(table[k].first));
+    if (k > 0 && table[k].first <= table[k - 1].first) {
+      throw_input_error(source, p + "[0]",
+                        "must be greater than the previous entry's " +
+                            std::to_string(table[k - 1].first) + " (processes increasing)",
+                        std::to_string(table[k].first));
+    }
+    check_positive(source, p + "[1]", table[k].second);
+  }
+}
+
 }  // namespace
+
+const char* collective_library_name(CollectiveLibrary library) {
+  return library == CollectiveLibrary::kGloo ? "gloo" : "nccl";
+}
+
+double Runtime::slowdown(int64_t processes) const {
+  double factor = 1.0;
+  for (const auto& [k, f] : shared_host_slowdown) {
+    if (k > processes) break;
+    factor = f;
+  }
+  return factor;
+}
+
+Link Cluster::allreduce_link(DeviceIndex a, DeviceIndex b) const {
+  const bool same_node = a / devices_per_node == b / devices_per_node;
+  const std::optional<Link>& calibrated = same_node ? intra_node_allreduce : inter_node_allreduce;
+  return calibrated ? *calibrated : link(a, b);
+}
 
 Link Cluster::link(DeviceIndex a, DeviceIndex b) const {
   if (a == b) return {std::numeric_limits<double>::infinity(), 0.0};
@@ -60,6 +126,15 @@ void Cluster::validate(const std::string& source) const {
     throw_input_error(source, "device.memory_bytes", "must be > 0", std::to_string(device.memory_bytes));
   }
   check_non_negative(source, "device.peak_flops", device.peak_flops);
+  check_non_negative(source, "device.memory_bandwidth_bytes_per_s", device.memory_bandwidth_bytes_per_s);
+  check_non_negative(source, "device.call_floor_s", device.call_floor_s);
+  for (const auto& [path, link] : {std::pair{"intra_node.allreduce", &intra_node_allreduce},
+                                   {"inter_node.allreduce", &inter_node_allreduce}}) {
+    if (!*link) continue;
+    check_positive(source, std::string(path) + ".bandwidth_bytes_per_s", (*link)->bandwidth_bytes_per_s);
+    check_non_negative(source, std::string(path) + ".latency_s", (*link)->latency_s);
+  }
+  validate_runtime(source, runtime);
   check_non_negative(source, "intra_node.latency_s", intra_node.latency_s);
   if (bandwidth_matrix.empty()) {
     check_positive(source, "intra_node.bandwidth_bytes_per_s", intra_node.bandwidth_bytes_per_s);
@@ -107,13 +182,24 @@ Cluster cluster_from_json(const Json& j, const std::string& source) {
   const Json& device = in.object(in.required(j, "", "device"), "device");
   c.device.name = in.field_string(device, "device", "name");
   c.device.memory_bytes = in.field_int(device, "device", "memory_bytes");
+  if (const Json* t = in.optional(device, "type")) {
+    c.device.type = in.string(*t, "device.type");
+    if (c.device.type != "cuda" && c.device.type != "cpu") in.fail("device.type", "must be \"cuda\" or \"cpu\"", *t);
+  }
   if (const Json* f = in.optional(device, "peak_flops")) {
     c.device.peak_flops = in.number(*f, "device.peak_flops");
+  }
+  if (const Json* f = in.optional(device, "memory_bandwidth_bytes_per_s")) {
+    c.device.memory_bandwidth_bytes_per_s = in.number(*f, "device.memory_bandwidth_bytes_per_s");
+  }
+  if (const Json* f = in.optional(device, "call_floor_s")) {
+    c.device.call_floor_s = in.number(*f, "device.call_floor_s");
   }
 
   const Json& intra = in.object(in.required(j, "", "intra_node"), "intra_node");
   const Json* matrix = in.optional(intra, "bandwidth_matrix_bytes_per_s");
   c.intra_node = link_from_json(in, intra, "intra_node", matrix == nullptr);
+  c.intra_node_allreduce = allreduce_override(in, intra, "intra_node");
   if (matrix != nullptr) {
     const std::string path = "intra_node.bandwidth_matrix_bytes_per_s";
     in.array(*matrix, path);
@@ -129,10 +215,25 @@ Cluster cluster_from_json(const Json& j, const std::string& source) {
   if (const Json* inter = in.optional(j, "inter_node")) {
     in.object(*inter, "inter_node");
     c.inter_node = link_from_json(in, *inter, "inter_node", true);
+    c.inter_node_allreduce = allreduce_override(in, *inter, "inter_node");
   } else if (c.num_nodes > 1) {
     in.fail("inter_node", "is required when num_nodes > 1", std::to_string(c.num_nodes) + " nodes");
   }
+  if (const Json* col = in.optional(j, "collectives")) {
+    in.object(*col, "collectives");
+    const Json& lib = in.required(*col, "collectives", "library");
+    const std::string name = in.string(lib, "collectives.library");
+    if (name == "nccl") {
+      c.collectives = CollectiveLibrary::kNccl;
+    } else if (name == "gloo") {
+      c.collectives = CollectiveLibrary::kGloo;
+    } else {
+      in.fail("collectives.library", "must be \"nccl\" or \"gloo\"", lib);
+    }
+  }
+  if (const Json* r = in.optional(j, "runtime")) c.runtime = runtime_from_json(in, *r);
   if (const Json* s = in.optional(j, "sources")) c.sources = in.array(*s, "sources");
+  if (const Json* m = in.optional(j, "measured")) c.measured = *m;
   c.validate(source);
   return c;
 }
@@ -143,21 +244,34 @@ Json cluster_to_json(const Cluster& c) {
     intra["bandwidth_bytes_per_s"] = c.intra_node.bandwidth_bytes_per_s;
   }
   if (!c.bandwidth_matrix.empty()) intra["bandwidth_matrix_bytes_per_s"] = c.bandwidth_matrix;
+  if (c.intra_node_allreduce) intra["allreduce"] = link_to_json(*c.intra_node_allreduce);
+  Json device = {{"name", c.device.name},
+                 {"type", c.device.type},
+                 {"memory_bytes", c.device.memory_bytes},
+                 {"peak_flops", c.device.peak_flops}};
+  if (c.device.memory_bandwidth_bytes_per_s > 0) {
+    device["memory_bandwidth_bytes_per_s"] = c.device.memory_bandwidth_bytes_per_s;
+  }
+  if (c.device.call_floor_s > 0) device["call_floor_s"] = c.device.call_floor_s;
   Json j = {{"schema_version", 1},
             {"kind", kClusterKind},
             {"name", c.name},
             {"num_nodes", c.num_nodes},
             {"devices_per_node", c.devices_per_node},
-            {"device",
-             {{"name", c.device.name},
-              {"memory_bytes", c.device.memory_bytes},
-              {"peak_flops", c.device.peak_flops}}},
+            {"device", std::move(device)},
             {"intra_node", std::move(intra)},
+            {"collectives", {{"library", collective_library_name(c.collectives)}}},
             {"sources", c.sources}};
   if (c.inter_node.bandwidth_bytes_per_s > 0) {
-    j["inter_node"] = {{"bandwidth_bytes_per_s", c.inter_node.bandwidth_bytes_per_s},
-                       {"latency_s", c.inter_node.latency_s}};
+    j["inter_node"] = link_to_json(c.inter_node);
+    if (c.inter_node_allreduce) j["inter_node"]["allreduce"] = link_to_json(*c.inter_node_allreduce);
   }
+  const Runtime& r = c.runtime;
+  if (r.step_s > 0 || r.action_s > 0 || !r.shared_host_slowdown.empty()) {
+    j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
+                    {"shared_host_slowdown", r.shared_host_slowdown}};
+  }
+  if (!c.measured.is_null()) j["measured"] = c.measured;
   return j;
 }
 

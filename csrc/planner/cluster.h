@@ -15,13 +15,44 @@ using DeviceIndex = int64_t;  // global device index, 0..num_nodes*devices_per_n
 
 struct DeviceSpec {
   std::string name;
+  // "cuda" (an accelerator: a process drives several concurrently) or "cpu" (a CPU rank: the
+  // devices one process drives run its work one after another, see placement_schedule.h).
+  std::string type = "cuda";
   int64_t memory_bytes = 0;
   double peak_flops = 0;
+  // Optional (0 = not given). Memory bandwidth prices the optimizer step (optimizer_cost.h);
+  // call_floor_s is what one node's forward or backward pass costs however small its batch
+  // (kernel launches, framework dispatch), used for graphs measured at one batch size only
+  // (compute_cost.h). The plan says when either is missing.
+  double memory_bandwidth_bytes_per_s = 0;
+  double call_floor_s = 0;
 };
 
 struct Link {
   double bandwidth_bytes_per_s = 0;  // per direction
   double latency_s = 0;
+};
+
+// Which collective library the executor uses, which decides how a group is ordered into a ring
+// (allreduce_cost.h): NCCL searches the node's topology for its best ring, Gloo follows rank
+// order.
+enum class CollectiveLibrary { kNccl, kGloo };
+
+// What the executor's runtime pays beyond compute and communication, measured by
+// `hybridplan calibrate` on the machine itself (0 where not measured):
+//   step_s        once per training step per process (zero_grad, the step's bookkeeping)
+//   action_s      per pipeline schedule action: one forward or one backward of one micro-batch
+//                 on one stage (micro-batch slicing, p2p posting and waiting, autograd setup)
+//   shared_host_slowdown[k]: compute time multiplier when k processes of the job compute on one
+//                 node at once (CPU ranks share cores, caches and memory bandwidth; GPUs: 1)
+struct Runtime {
+  double step_s = 0;
+  double action_s = 0;
+  std::vector<std::pair<int64_t, double>> shared_host_slowdown;  // (processes, factor), k ascending
+
+  // The multiplier for `processes` computing at once on a node: the table's entry for the
+  // largest k <= processes (1 below the table).
+  double slowdown(int64_t processes) const;
 };
 
 struct Cluster {
@@ -33,13 +64,24 @@ struct Cluster {
   // bandwidth_matrix[i][j]: bytes/s from local device i to j inside a node (0 on the diagonal).
   std::vector<std::vector<double>> bandwidth_matrix;
   Link inter_node;
+  // Link parameters that make the ring formula reproduce the all-reduce the executor really
+  // runs (calibrated: Gloo on loopback is not its p2p link); unset: the links above.
+  std::optional<Link> intra_node_allreduce;
+  std::optional<Link> inter_node_allreduce;
+  CollectiveLibrary collectives = CollectiveLibrary::kNccl;
+  Runtime runtime;
   Json sources = Json::array();  // citations for the numbers, carried through untouched
+  Json measured;                 // calibration's raw points and fit residuals, carried through
 
   int64_t num_devices() const { return num_nodes * devices_per_node; }
   // Point-to-point link between two global devices (intra: matrix entry or intra_node).
   Link link(DeviceIndex a, DeviceIndex b) const;
+  // The link the all-reduce of a group behaves as: the calibrated override where given.
+  Link allreduce_link(DeviceIndex a, DeviceIndex b) const;
   void validate(const std::string& source) const;
 };
+
+const char* collective_library_name(CollectiveLibrary library);  // "nccl" | "gloo"
 
 Cluster cluster_from_json(const Json& j, const std::string& source);
 Json cluster_to_json(const Cluster& c);

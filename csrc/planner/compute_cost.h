@@ -1,32 +1,81 @@
-// Compute cost: how a node's profiled numbers change with the batch it runs at.
+// Compute cost: a node's forward and backward time at any batch size. A micro-batch of 1 costs
+// more than 1/b of a batch of b (kernel launches, framework dispatch, poor utilisation of small
+// operands), so time is never silently linear in the batch.
 //
-// Assumption (DESIGN.md): times and activation sizes are measured for profiled.batch_size
-// samples on one device and scale linearly with the batch; parameter bytes do not scale.
-//   forward_s(b)  = forward_s  * b / profiled.batch_size
-//   backward_s(b) = backward_s * b / profiled.batch_size
-//   bytes(b)      = bytes      * b / profiled.batch_size     (output_bytes, edges[].bytes)
-// Linear scaling ignores the poor utilisation of very small batches; for micro-batches much
-// smaller than the profiled batch this is optimistic for pipelines.
+// Measured curve: the node's profiled point (profiled.batch_size, forward_s, backward_s) plus its
+// batch_times, sorted by batch. Between measured batch sizes b_i <= b <= b_j, piecewise linear:
+//   t(b) = t_i + (t_j - t_i) * (b - b_i) / (b_j - b_i)
+// Outside the measured range, the line through the two nearest points, clamped between flat
+// (the nearest point's time) and proportional scaling (t_near * b / b_near):
+//   b < b_first: t_first * b / b_first <= t(b) <= t_first
+//   b > b_last:  t_last <= t(b) <= t_last * b / b_last
+// so an extrapolated batch is never cheaper per sample than the measurements suggest, and never
+// dearer than linear scaling from the nearest measurement.
+//
+// One batch size only (e.g. PipeDream imports): the per-call floor of the cluster's device,
+// device.call_floor_s = f_half / peak for a device that reaches half its FLOP rate at f_half
+// FLOPs per call (time = (f + f_half) / peak), anchored at the profiled time t0:
+//   t(b) = floor + (t0 - floor) * b / b0,   floor = min(device.call_floor_s, t0)
+// call_floor_s = 0 is linear scaling; the plan's `compute_model` says which model was used.
+//
+// Activation and edge bytes are sizes, exactly linear in the batch:
+//   bytes(b) = bytes * b / profiled.batch_size
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "planner/cluster.h"
 #include "planner/graph.h"
 
 namespace hybridplan {
 
-// The linear factor b / profiled.batch_size for a (micro-)batch of `batch_samples`.
+// The linear factor b / profiled.batch_size for a (micro-)batch of `batch_samples` (bytes only).
 double batch_scale(const Graph& graph, double batch_samples);
-
-// profiled_s * scale: a node's forward or backward time at the batch of `scale`.
-inline double scaled_time_s(double profiled_s, double scale) { return profiled_s * scale; }
 
 // profiled_bytes * scale: activation or edge bytes at the batch of `scale`.
 inline double scaled_bytes(int64_t profiled_bytes, double scale) {
   return static_cast<double>(profiled_bytes) * scale;
 }
 
-// Forward + backward of the whole graph on one device at `batch_samples`: the compute of a
-// pure data-parallel replica (sum over nodes of (forward_s + backward_s) * scale).
-double single_device_compute_s(const Graph& graph, double batch_samples);
+// One measured (or profiled) point of a node's curve.
+struct CurvePoint {
+  double batch = 0;
+  double seconds = 0;
+};
+
+// t(b) from points sorted by batch (at least one), by the rules above; `floor_s` is used only
+// when there is a single point.
+double curve_time_s(const std::vector<CurvePoint>& points, double batch, double floor_s);
+
+// Every node's forward and backward seconds at one batch size.
+struct NodeTimes {
+  double batch = 0;
+  std::vector<double> forward_s;
+  std::vector<double> backward_s;
+  double total_s() const;  // sum of both, the single-device compute of the batch
+};
+
+// The compute model of one graph on one cluster's device: builds each node's curves once and
+// answers node times at any batch. Cheap to query repeatedly for the same few batch sizes
+// (the evaluator keeps what it asked for).
+class ComputeModel {
+ public:
+  ComputeModel(const Graph& graph, const Cluster& cluster);
+
+  NodeTimes at_batch(double batch_samples) const;
+  // "measured at batch sizes 1, 2, 4, 8 (piecewise linear)" or "one batch size (64): per-call
+  // floor 2e-05 s from device.call_floor_s" or "... linear (the cluster gives no call_floor_s)".
+  const std::string& description() const { return description_; }
+
+ private:
+  std::vector<std::vector<CurvePoint>> forward_, backward_;  // per node, sorted by batch
+  double floor_s_ = 0;
+  std::string description_;
+};
+
+// Forward + backward of the whole graph on one device at `batch_samples`: the compute of a pure
+// data-parallel replica.
+double single_device_compute_s(const ComputeModel& model, double batch_samples);
 
 }  // namespace hybridplan

@@ -7,6 +7,7 @@
 #include "planner/compute_cost.h"
 #include "planner/convergence.h"
 #include "planner/memory_cost.h"
+#include "planner/optimizer_cost.h"
 
 namespace hybridplan {
 namespace {
@@ -17,8 +18,44 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 Evaluator::Evaluator(const Problem& problem)
     : problem_(problem),
-      order_(placement_priority_order(problem.graph)),
+      compute_(problem.graph, problem.cluster),
       reverse_topo_(problem.graph.topo_order.rbegin(), problem.graph.topo_order.rend()) {}
+
+Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown) const {
+  auto& slot = batch_costs_[{batch, slowdown}];
+  if (!slot) {
+    slot = std::make_unique<BatchCosts>();
+    slot->times = compute_.at_batch(batch);
+    for (double& t : slot->times.forward_s) t *= slowdown;
+    for (double& t : slot->times.backward_s) t *= slowdown;
+  }
+  return *slot;
+}
+
+const NodeTimes& Evaluator::node_times(double batch, double slowdown) const {
+  return batch_costs(batch, slowdown).times;
+}
+
+const PlacementOrder& Evaluator::placement_order(double batch, double slowdown) const {
+  BatchCosts& costs = batch_costs(batch, slowdown);
+  if (!costs.order) costs.order = placement_priority_order(problem_.graph, costs.times);
+  return *costs.order;
+}
+
+double Evaluator::compute_slowdown(const Plan& plan) const {
+  const Cluster& cluster = problem_.cluster;
+  if (cluster.runtime.shared_host_slowdown.empty()) return 1.0;
+  // Placement runs one process per replica (on its first device's node), pipeline one per device.
+  processes_on_node_.assign(cluster.num_nodes, 0);
+  int64_t busiest = 0;
+  for (const auto& row : plan.mesh) {
+    const size_t count = plan.mode == MpMode::kPipeline ? row.size() : 1;
+    for (size_t k = 0; k < count; ++k) {
+      busiest = std::max(busiest, ++processes_on_node_[row[k] / cluster.devices_per_node]);
+    }
+  }
+  return cluster.runtime.slowdown(busiest);
+}
 
 // Cheap shape checks so that a malformed plan is an InputError, never out-of-range access.
 void Evaluator::check_shape(const Plan& plan) const {
@@ -62,12 +99,18 @@ void Evaluator::check_shape(const Plan& plan) const {
   }
 }
 
-double Evaluator::placement_compute(const Plan& plan, Prediction& out) const {
+double Evaluator::placement_compute(const Plan& plan, double slowdown, Prediction& out) const {
   const Graph& graph = problem_.graph;
+  const auto batch = static_cast<double>(plan.per_replica_batch);
+  const std::vector<int32_t>* assignment = &plan.assignment;
+  if (serial_replica_devices()) {  // one process runs every node in turn: one device, no transfers
+    serial_assignment_.assign(graph.nodes.size(), 0);
+    assignment = &serial_assignment_;
+  }
   fill_local_links(problem_.cluster, plan.mesh[0], links_);
-  const double scale = batch_scale(graph, static_cast<double>(plan.per_replica_batch));
   const PlacementTimes times =
-      schedule_placement(graph, order_, plan.assignment, links_, scale, placement_);
+      schedule_placement(graph, placement_order(batch, slowdown), *assignment, links_,
+                         node_times(batch, slowdown), batch_scale(graph, batch), placement_);
   gradient_ready_s_.resize(graph.nodes.size());
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     gradient_ready_s_[v] = times.forward_s + placement_.backward_finish_s[v];
@@ -77,13 +120,14 @@ double Evaluator::placement_compute(const Plan& plan, Prediction& out) const {
   return times.forward_s + times.backward_s;
 }
 
-double Evaluator::pipeline_compute(const Plan& plan, Prediction& out) const {
+double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const {
   const Graph& graph = problem_.graph;
   const int64_t num_stages = plan.mp;
   const double microbatch = static_cast<double>(plan.per_replica_batch) /
                             static_cast<double>(plan.num_microbatches);
-  const double scale = batch_scale(graph, microbatch);
-  pipeline_stage_costs(graph, plan.assignment, num_stages, scale, stages_);
+  const NodeTimes& micro_times = node_times(microbatch, slowdown);
+  pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,
+                       batch_scale(graph, microbatch), problem_.cluster.runtime.action_s, stages_);
   p2p_s_.assign(stages_.boundary_bytes.size(), 0.0);
   for (size_t s = 0; s < p2p_s_.size(); ++s) {
     if (stages_.boundary_bytes[s] <= 0) continue;
@@ -94,11 +138,11 @@ double Evaluator::pipeline_compute(const Plan& plan, Prediction& out) const {
                                                 stages_.forward_s, stages_.backward_s, p2p_s_,
                                                 pipeline_);
   // Gradients become final during each stage's last backward, in reverse topological order.
-  stage_backward_s_.assign(num_stages, 0.0);
+  stage_backward_s_.assign(num_stages, problem_.cluster.runtime.action_s);
   gradient_ready_s_.resize(graph.nodes.size());
   for (NodeIndex v : reverse_topo_) {
     const int32_t s = plan.assignment[v];
-    stage_backward_s_[s] += scaled_time_s(graph.nodes[v].backward_s, scale);
+    stage_backward_s_[s] += micro_times.backward_s[v];
     gradient_ready_s_[v] = pipeline_.last_backward_start_s[s] + stage_backward_s_[s];
   }
   out.transfer_s = times.transfer_s;
@@ -106,7 +150,8 @@ double Evaluator::pipeline_compute(const Plan& plan, Prediction& out) const {
   return times.compute_s;
 }
 
-double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s) const {
+double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const {
+  out.allreduce_rings.clear();
   if (plan.dp <= 1) return 0.0;
   const Graph& graph = problem_.graph;
   const Cluster& cluster = problem_.cluster;
@@ -136,6 +181,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s) const 
     }
   }
   buckets_.resize(groups);
+  out.allreduce_rings.resize(groups);
   for (int64_t k = 0; k < groups; ++k) {
     group_devices_.clear();
     int64_t concurrent = 1;
@@ -143,24 +189,26 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s) const 
       group_devices_.push_back(row[k]);
       concurrent = std::max(concurrent, groups_on_node_[row[k] / cluster.devices_per_node]);
     }
-    AllReduceCost cost{};
-    if (group_bytes_[k] > 0) {
-      // A group's cost depends only on its devices and sharing; search re-evaluates the same
-      // mesh many times with other assignments, and grouping thousands of devices by node
-      // dominated evaluate() at large dp.
-      auto key = std::make_pair(group_devices_, concurrent);
-      auto it = allreduce_cache_.find(key);
-      if (it == allreduce_cache_.end()) {
-        if (allreduce_cache_.size() > kAllReduceCacheEntries) allreduce_cache_.clear();
-        it = allreduce_cache_.emplace(std::move(key), group_allreduce(cluster, group_devices_, concurrent)).first;
-      }
-      cost = it->second;
+    // A group's cost depends only on its devices and sharing; search re-evaluates the same
+    // mesh many times with other assignments, and grouping thousands of devices by node
+    // dominated evaluate() at large dp.
+    auto key = std::make_pair(group_devices_, concurrent);
+    auto it = allreduce_cache_.find(key);
+    if (it == allreduce_cache_.end()) {
+      if (allreduce_cache_.size() > kAllReduceCacheEntries) allreduce_cache_.clear();
+      std::vector<DeviceIndex> ring;
+      const AllReduceCost cost = group_allreduce(cluster, group_devices_, concurrent, &ring);
+      it = allreduce_cache_.emplace(std::move(key), std::make_pair(cost, std::move(ring))).first;
     }
-    buckets_[k] = BucketedAllReduce(cost, bucket_cap_bytes);
+    out.allreduce_rings[k] = it->second.second;
+    const AllReduceCost cost = group_bytes_[k] > 0 ? it->second.first : AllReduceCost{};
+    buckets_[k] = BucketedAllReduce(cost, bucket_cap_bytes, first_bucket_cap_bytes);
   }
   // Feed gradients in the order they become ready on each device.
   const std::vector<NodeIndex>& ready_order =
-      plan.mode == MpMode::kPipeline ? reverse_topo_ : order_.backward;
+      plan.mode == MpMode::kPipeline
+          ? reverse_topo_
+          : placement_order(static_cast<double>(plan.per_replica_batch), out.compute_slowdown).backward;
   for (NodeIndex v : ready_order) {
     buckets_[plan.assignment[v]].add_gradient(gradient_ready_s_[v],
                                               static_cast<double>(graph.nodes[v].param_bytes));
@@ -170,13 +218,24 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s) const 
   return std::max(0.0, end_s - compute_s);
 }
 
+double Evaluator::optimizer_s(const Plan& plan) const {
+  const Graph& graph = problem_.graph;
+  group_bytes_.assign(plan.mp, 0.0);
+  const bool one_process = plan.mode == MpMode::kPlacement && serial_replica_devices();
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    group_bytes_[one_process ? 0 : plan.assignment[v]] += static_cast<double>(graph.nodes[v].param_bytes);
+  }
+  const double fullest = *std::max_element(group_bytes_.begin(), group_bytes_.end());
+  return optimizer_step_s(problem_.cluster, problem_.job.optimizer, fullest);
+}
+
 void Evaluator::memory(const Plan& plan, Prediction& out) const {
   const Graph& graph = problem_.graph;
   const bool pipeline = plan.mode == MpMode::kPipeline;
   const double batch = pipeline ? static_cast<double>(plan.per_replica_batch) /
                                       static_cast<double>(plan.num_microbatches)
                                 : static_cast<double>(plan.per_replica_batch);
-  const double scale = batch_scale(graph, batch);
+  const double scale = batch_scale(graph, batch);  // bytes are exactly linear in the batch
   activation_bytes_.assign(plan.mp, 0.0);
   param_bytes_.assign(plan.mp, 0);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
@@ -202,10 +261,14 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
 Prediction Evaluator::evaluate(const Plan& plan) const {
   check_shape(plan);
   Prediction out;
-  out.compute_s = plan.mode == MpMode::kPipeline ? pipeline_compute(plan, out)
-                                                 : placement_compute(plan, out);
-  out.allreduce_s = exposed_allreduce_s(plan, out.compute_s);
-  out.step_s = out.compute_s + out.allreduce_s;
+  out.compute_model = compute_.description();
+  out.compute_slowdown = compute_slowdown(plan);
+  out.compute_s = plan.mode == MpMode::kPipeline ? pipeline_compute(plan, out.compute_slowdown, out)
+                                                 : placement_compute(plan, out.compute_slowdown, out);
+  out.allreduce_s = exposed_allreduce_s(plan, out.compute_s, out);
+  out.optimizer_s = optimizer_s(plan);
+  out.overhead_s = problem_.cluster.runtime.step_s;
+  out.step_s = out.compute_s + out.allreduce_s + out.optimizer_s + out.overhead_s;
   const auto global_batch = static_cast<double>(plan.dp * plan.per_replica_batch);
   // A graph of zero-time nodes has step_s = 0; report 0 rather than an infinite rate, which
   // JSON cannot carry.

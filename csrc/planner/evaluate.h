@@ -1,20 +1,33 @@
 // evaluate(problem, plan): the full cost breakdown of any plan (from search, by hand, or from
 // another tool). It never searches; search() ranks candidates by exactly this function.
 //
-//   step_s          = compute_s + allreduce_s
-//   compute_s       = placement: forward + backward makespan (placement_schedule.h)
-//                     pipeline:  GPipe / 1F1B schedule length (pipeline_schedule.h)
+//   step_s          = compute_s + allreduce_s + optimizer_s + overhead_s
+//   compute_s       = placement: forward + backward makespan (placement_schedule.h); on "cpu"
+//                                devices the replica's devices are one process, which runs every
+//                                node one after another without transfers
+//                     pipeline:  GPipe / 1F1B schedule length (pipeline_schedule.h), each action
+//                                paying Cluster runtime.action_s
+//                     node times at the (micro-)batch from compute_cost.h, multiplied by
+//                     runtime.slowdown(processes of the plan on the busiest node)
 //   allreduce_s     = max over DP groups of the all-reduce time left after backward ends
-//                     (allreduce_cost.h: bucketed, overlapped with the backward pass)
+//                     (allreduce_cost.h: the library's ring, DDP's buckets, overlapped with the
+//                     backward pass)
+//   optimizer_s     = optimizer_cost.h for the device (placement "cpu": the process) holding
+//                     the most parameters
+//   overhead_s      = Cluster runtime.step_s
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
 //   samples_per_s   = global_batch / step_s
 //   epochs          = epochs_to_target(global_batch)                     (convergence.h)
 //   time_to_train_s = epochs * ceil(samples_per_epoch / global_batch) * step_s
 #pragma once
 #include <map>
+#include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "planner/allreduce_cost.h"
+#include "planner/compute_cost.h"
 #include "planner/pipeline_schedule.h"
 #include "planner/placement_schedule.h"
 #include "planner/plan.h"
@@ -22,10 +35,10 @@
 
 namespace hybridplan {
 
-// Evaluates many plans of one Problem quickly: per-graph data (priority orders) is computed
-// once and buffers are reused, so evaluate() allocates almost nothing. Holds a reference to
-// `problem`, which must outlive it. Not safe for concurrent evaluate() calls on one object
-// (use one Evaluator per thread).
+// Evaluates many plans of one Problem quickly: per-batch data (node times, priority orders) is
+// computed once per batch size and buffers are reused, so evaluate() allocates almost nothing.
+// Holds a reference to `problem`, which must outlive it. Not safe for concurrent evaluate()
+// calls on one object (use one Evaluator per thread).
 class Evaluator {
  public:
   explicit Evaluator(const Problem& problem);
@@ -35,21 +48,41 @@ class Evaluator {
   Prediction evaluate(const Plan& plan) const;
   const Problem& problem() const { return problem_; }
   double bucket_cap_bytes = kDefaultBucketCapBytes;
+  double first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
+
+  // Node times at `batch` samples, multiplied by `slowdown` (cached per pair).
+  const NodeTimes& node_times(double batch, double slowdown = 1.0) const;
+  // The placement priority order for those times (cached with them).
+  const PlacementOrder& placement_order(double batch, double slowdown = 1.0) const;
+  // The compute multiplier of the plan's process layout: Cluster runtime.slowdown of the number
+  // of the plan's processes on its busiest node.
+  double compute_slowdown(const Plan& plan) const;
+  // True when a replica's devices are one process that runs them one after another ("cpu").
+  bool serial_replica_devices() const { return problem_.cluster.device.type == "cpu"; }
+  const ComputeModel& compute_model() const { return compute_; }
 
  private:
+  struct BatchCosts {
+    NodeTimes times;
+    std::optional<PlacementOrder> order;
+  };
+  BatchCosts& batch_costs(double batch, double slowdown) const;
   void check_shape(const Plan& plan) const;
-  double placement_compute(const Plan& plan, Prediction& out) const;
-  double pipeline_compute(const Plan& plan, Prediction& out) const;
-  double exposed_allreduce_s(const Plan& plan, double compute_s) const;
+  double placement_compute(const Plan& plan, double slowdown, Prediction& out) const;
+  double pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const;
+  double exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const;
+  double optimizer_s(const Plan& plan) const;
   void memory(const Plan& plan, Prediction& out) const;
 
   const Problem& problem_;
-  PlacementOrder order_;
+  ComputeModel compute_;
   std::vector<NodeIndex> reverse_topo_;
+  mutable std::map<std::pair<double, double>, std::unique_ptr<BatchCosts>> batch_costs_;
 
   // Reused between calls.
   mutable LocalLinks links_;
   mutable PlacementScratch placement_;
+  mutable std::vector<int32_t> serial_assignment_;
   mutable PipelineStages stages_;
   mutable std::vector<double> p2p_s_;
   mutable PipelineScratch pipeline_;
@@ -57,12 +90,15 @@ class Evaluator {
   mutable std::vector<double> stage_backward_s_;   // per stage: cumulated backward in last mb
   mutable std::vector<double> group_bytes_;        // per local device / stage
   mutable std::vector<BucketedAllReduce> buckets_;
-  // group_allreduce() memo: (group devices, concurrent groups per node) -> cost.
+  // group_allreduce() memo: (group devices, concurrent groups per node) -> (cost, ring order).
   static constexpr size_t kAllReduceCacheEntries = 4096;
-  mutable std::map<std::pair<std::vector<DeviceIndex>, int64_t>, AllReduceCost> allreduce_cache_;
+  mutable std::map<std::pair<std::vector<DeviceIndex>, int64_t>,
+                   std::pair<AllReduceCost, std::vector<DeviceIndex>>>
+      allreduce_cache_;
   mutable std::vector<DeviceIndex> group_devices_;
   mutable std::vector<int64_t> groups_on_node_;
   mutable std::vector<int64_t> node_stamp_;
+  mutable std::vector<int64_t> processes_on_node_;
   mutable std::vector<double> activation_bytes_;
   mutable std::vector<int64_t> param_bytes_;
 };

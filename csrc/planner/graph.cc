@@ -36,6 +36,35 @@ void check_bytes(const std::string& source, const std::string& path, int64_t val
   if (value < 0) throw_input_error(source, path, "must be >= 0", std::to_string(value));
 }
 
+void validate_batch_times(const std::string& source, const std::string& node_path,
+                          const std::vector<BatchTime>& points, int64_t profiled_batch) {
+  for (size_t k = 0; k < points.size(); ++k) {
+    const std::string path = json_index_path(node_path + ".batch_times", k);
+    const BatchTime& p = points[k];
+    if (p.batch_size < 1) {
+      throw_input_error(source, path + ".batch_size", "must be >= 1", std::to_string(p.batch_size));
+    }
+    if (p.batch_size == profiled_batch) {
+      throw_input_error(source, path + ".batch_size",
+                        "must differ from profiled.batch_size (whose times are the node's "
+                        "forward_s and backward_s)",
+                        std::to_string(p.batch_size));
+    }
+    if (k > 0 && p.batch_size <= points[k - 1].batch_size) {
+      throw_input_error(source, path + ".batch_size",
+                        "must be greater than the previous entry's " +
+                            std::to_string(points[k - 1].batch_size) + " (strictly increasing)",
+                        std::to_string(p.batch_size));
+    }
+    for (const auto& [field, value] : {std::pair{"forward_s", p.forward_s}, {"backward_s", p.backward_s}}) {
+      if (!std::isfinite(value) || value < 0) {
+        throw_input_error(source, path + "." + field, "must be finite and >= 0",
+                          json_number_text(value));
+      }
+    }
+  }
+}
+
 // Smallest node index first so that the order is reproducible. Returns fewer than n nodes when
 // the edges contain a cycle.
 std::vector<NodeIndex> kahn_order(size_t n, const std::vector<Edge>& edges) {
@@ -68,6 +97,19 @@ NodeIndex node_on_cycle(size_t n, const std::vector<Edge>& edges,
     v = unordered_pred[v];
   }
   return v;
+}
+
+std::vector<BatchTime> batch_times_from_json(const JsonReader& in, const Json& j,
+                                            const std::string& path) {
+  in.array(j, path);
+  std::vector<BatchTime> points;
+  for (size_t k = 0; k < j.size(); ++k) {
+    const std::string p = json_index_path(path, k);
+    const Json& jp = in.object(j[k], p);
+    points.push_back({in.field_int(jp, p, "batch_size"), in.field_number(jp, p, "forward_s"),
+                      in.field_number(jp, p, "backward_s")});
+  }
+  return points;
 }
 
 }  // namespace
@@ -103,6 +145,11 @@ void Graph::validate(const std::string& source) const {
       throw_input_error(source, path + ".flops", "must be finite and >= 0",
                         json_number_text(node.flops));
     }
+    validate_batch_times(source, path, node.batch_times, profiled.batch_size);
+  }
+  if (!pipeline_split.supported && pipeline_split.reason.empty()) {
+    throw_input_error(source, "pipeline_split.reason",
+                      "must say why the model cannot be split when supported is false", "\"\"");
   }
   const auto n = static_cast<NodeIndex>(nodes.size());
   std::set<std::pair<NodeIndex, NodeIndex>> seen_edges;
@@ -160,6 +207,14 @@ Graph graph_from_json(const Json& j, const std::string& source) {
   if (const Json* d = in.optional(profiled, "device")) g.profiled.device = in.string(*d, "profiled.device");
   if (const Json* d = in.optional(profiled, "dtype")) g.profiled.dtype = in.string(*d, "profiled.dtype");
 
+  if (const Json* split = in.optional(j, "pipeline_split")) {
+    in.object(*split, "pipeline_split");
+    g.pipeline_split.supported = in.boolean(in.required(*split, "pipeline_split", "supported"),
+                                            "pipeline_split.supported");
+    if (const Json* r = in.optional(*split, "reason")) {
+      g.pipeline_split.reason = in.string(*r, "pipeline_split.reason");
+    }
+  }
   const Json& nodes = in.array(in.required(j, "", "nodes"), "nodes");
   g.nodes.reserve(nodes.size());
   std::unordered_map<NodeId, NodeIndex> index_of;
@@ -175,6 +230,10 @@ Graph graph_from_json(const Json& j, const std::string& source) {
     node.param_bytes = in.field_int(jn, path, "param_bytes");
     node.output_bytes = in.field_int(jn, path, "output_bytes");
     if (const Json* f = in.optional(jn, "flops")) node.flops = in.number(*f, path + ".flops");
+    if (const Json* bt = in.optional(jn, "batch_times")) {
+      node.batch_times = batch_times_from_json(in, *bt, path + ".batch_times");
+    }
+    if (const Json* c = in.optional(jn, "cut_before")) node.cut_before = in.boolean(*c, path + ".cut_before");
     const auto [it, fresh] = index_of.emplace(node.id, static_cast<NodeIndex>(i));
     if (!fresh) {
       in.fail(path + ".id", "must be unique (also nodes[" + std::to_string(it->second) + "])",
@@ -216,21 +275,35 @@ Json graph_to_json(const Graph& g) {
                {"param_bytes", n.param_bytes},
                {"output_bytes", n.output_bytes}};
     if (n.flops > 0) jn["flops"] = n.flops;
+    if (!n.batch_times.empty()) {
+      Json points = Json::array();
+      for (const BatchTime& p : n.batch_times) {
+        points.push_back({{"batch_size", p.batch_size}, {"forward_s", p.forward_s},
+                          {"backward_s", p.backward_s}});
+      }
+      jn["batch_times"] = std::move(points);
+    }
+    if (!n.cut_before) jn["cut_before"] = false;
     nodes.push_back(std::move(jn));
   }
   Json edges = Json::array();
   for (const Edge& e : g.edges) {
     edges.push_back({{"src", g.nodes[e.src].id}, {"dst", g.nodes[e.dst].id}, {"bytes", e.bytes}});
   }
-  return {{"schema_version", 1},
-          {"kind", kGraphKind},
-          {"name", g.name},
-          {"profiled",
-           {{"device", g.profiled.device},
-            {"batch_size", g.profiled.batch_size},
-            {"dtype", g.profiled.dtype}}},
-          {"nodes", std::move(nodes)},
-          {"edges", std::move(edges)}};
+  Json j = {{"schema_version", 1},
+            {"kind", kGraphKind},
+            {"name", g.name},
+            {"profiled",
+             {{"device", g.profiled.device},
+              {"batch_size", g.profiled.batch_size},
+              {"dtype", g.profiled.dtype}}},
+            {"nodes", std::move(nodes)},
+            {"edges", std::move(edges)}};
+  // Written only when they say something, so graphs without them keep their hash.
+  if (!g.pipeline_split.supported) {
+    j["pipeline_split"] = {{"supported", false}, {"reason", g.pipeline_split.reason}};
+  }
+  return j;
 }
 
 Graph load_graph(const std::string& path) { return graph_from_json(read_json_file(path), path); }

@@ -1,5 +1,6 @@
 // Graph: the profiled dataflow graph of one model (kind "hybridplan.graph"). Times are for
-// `profiled.batch_size` samples on one device and scale linearly with the batch.
+// `profiled.batch_size` samples on one device; a node may also carry its times at other batch
+// sizes (batch_times), from which compute_cost.h takes its time at any batch.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,13 @@ using Json = nlohmann::json;
 using NodeId = int64_t;     // a node's id as written in the JSON (unique, any order)
 using NodeIndex = int32_t;  // a node's position in Graph::nodes (dense, 0..n-1)
 
+// A node's measured times at one batch size other than the profiled one.
+struct BatchTime {
+  int64_t batch_size = 1;
+  double forward_s = 0;
+  double backward_s = 0;
+};
+
 struct Node {
   NodeId id = 0;
   std::string name;  // module qualified name for profiled graphs ("features.3")
@@ -24,6 +32,12 @@ struct Node {
   int64_t param_bytes = 0;
   int64_t output_bytes = 0;
   double flops = 0;  // optional in JSON (forward FLOPs at the profiled batch)
+  // Optional: times at other batch sizes, batch_size strictly increasing, never the profiled one
+  // (that is forward_s/backward_s). Empty: only the profiled batch was measured.
+  std::vector<BatchTime> batch_times;
+  // Optional, default true: false when a pipeline stage may not begin at this node (the
+  // executor's splitter cannot place a split point before it).
+  bool cut_before = true;
 };
 
 struct Edge {
@@ -38,9 +52,16 @@ struct ProfiledAt {
   std::string dtype = "float32";
 };
 
+// Whether the model can be cut into pipeline stages at all (found at profile time).
+struct PipelineSplit {
+  bool supported = true;
+  std::string reason;  // why not, naming the module and the cause
+};
+
 struct Graph {
   std::string name;
   ProfiledAt profiled;
+  PipelineSplit pipeline_split;  // JSON "pipeline_split"; absent = supported
   std::vector<Node> nodes;
   std::vector<Edge> edges;
 

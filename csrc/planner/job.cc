@@ -1,6 +1,7 @@
 // Job loading and validation. The convergence formulas themselves live in convergence.h.
 #include "planner/job.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -51,6 +52,37 @@ Convergence convergence_from_json(const JsonReader& in, const Json& j) {
 
 }  // namespace
 
+BatchCandidates batch_candidates_from_json(const Json& v, const std::string& source,
+                                           const std::string& path) {
+  const JsonReader in(source);
+  const auto positive = [&](const Json& x, const std::string& p) {
+    const int64_t b = in.integer(x, p);
+    if (b < 1) in.fail(p, "must be >= 1", x);
+    return b;
+  };
+  BatchCandidates out;
+  if (v.is_array()) {
+    if (v.empty()) in.fail(path, "must list at least one batch size", v);
+    for (size_t i = 0; i < v.size(); ++i) out.push_back(positive(v[i], json_index_path(path, i)));
+  } else if (v.is_object()) {
+    const int64_t lo = positive(in.required(v, path, "min"), json_child_path(path, "min"));
+    const int64_t hi = positive(in.required(v, path, "max"), json_child_path(path, "max"));
+    if (hi < lo) {
+      in.fail(json_child_path(path, "max"), "must be >= min = " + std::to_string(lo), v["max"]);
+    }
+    out = {lo, hi};
+    for (int64_t b = 1; b <= hi; b *= 2)
+      if (b > lo && b < hi) out.push_back(b);
+  } else if (v.is_number()) {
+    out.push_back(positive(v, path));
+  } else {
+    in.fail(path, "must be a batch size, a list of batch sizes or {\"min\": a, \"max\": b}", v);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 const char* optimizer_name(Optimizer o) {
   switch (o) {
     case Optimizer::kSgd: return "sgd";
@@ -64,16 +96,19 @@ void Job::validate(const std::string& source) const {
   if (samples_per_epoch < 0) {
     throw_input_error(source, "samples_per_epoch", "must be >= 1", std::to_string(samples_per_epoch));
   }
-  if (per_replica_batch < 0) {
-    throw_input_error(source, "per_replica_batch", "must be >= 1", std::to_string(per_replica_batch));
+  for (const auto& [field, batches] : {std::pair{"per_replica_batch", &per_replica_batches},
+                                        {"global_batch", &global_batches}}) {
+    for (size_t i = 0; i < batches->size(); ++i) {
+      if ((*batches)[i] < 1) {
+        throw_input_error(source, batches->size() == 1 ? field : json_index_path(field, i),
+                          "must be >= 1", std::to_string((*batches)[i]));
+      }
+    }
   }
-  if (global_batch < 0) {
-    throw_input_error(source, "global_batch", "must be >= 1", std::to_string(global_batch));
-  }
-  if (per_replica_batch > 0 && global_batch > 0) {
+  if (!per_replica_batches.empty() && !global_batches.empty()) {
     throw_input_error(source, "global_batch",
                       "must not be given together with per_replica_batch (give one of them)",
-                      std::to_string(global_batch));
+                      std::to_string(global_batches.front()));
   }
   for (size_t i = 0; i < num_microbatches.size(); ++i) {
     if (num_microbatches[i] < 1) {
@@ -125,8 +160,12 @@ Job job_from_json(const Json& j, const std::string& source) {
     }
   };
   positive_int("samples_per_epoch", job.samples_per_epoch);
-  positive_int("per_replica_batch", job.per_replica_batch);
-  positive_int("global_batch", job.global_batch);
+  if (const Json* b = in.optional(j, "per_replica_batch")) {
+    job.per_replica_batches = batch_candidates_from_json(*b, source, "per_replica_batch");
+  }
+  if (const Json* b = in.optional(j, "global_batch")) {
+    job.global_batches = batch_candidates_from_json(*b, source, "global_batch");
+  }
   if (const Json* o = in.optional(j, "optimizer")) job.optimizer = optimizer_from_name(in, *o);
   if (const Json* c = in.optional(j, "convergence")) job.convergence = convergence_from_json(in, *c);
   if (const Json* m = in.optional(j, "num_microbatches")) {
@@ -142,8 +181,11 @@ Job job_from_json(const Json& j, const std::string& source) {
 Json job_to_json(const Job& job) {
   Json j = {{"schema_version", 1}, {"kind", kJobKind}, {"optimizer", optimizer_name(job.optimizer)}};
   if (job.samples_per_epoch > 0) j["samples_per_epoch"] = job.samples_per_epoch;
-  if (job.per_replica_batch > 0) j["per_replica_batch"] = job.per_replica_batch;
-  if (job.global_batch > 0) j["global_batch"] = job.global_batch;
+  for (const auto& [key, batches] : {std::pair{"per_replica_batch", &job.per_replica_batches},
+                                      {"global_batch", &job.global_batches}}) {
+    if (batches->size() == 1) j[key] = batches->front();
+    if (batches->size() > 1) j[key] = *batches;
+  }
   if (!job.num_microbatches.empty()) j["num_microbatches"] = job.num_microbatches;
   const Convergence& c = job.convergence;
   if (c.model == Convergence::Model::kCriticalBatch) {

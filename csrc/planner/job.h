@@ -22,16 +22,27 @@ struct Convergence {
   std::vector<std::pair<double, double>> points;  // table: (global batch, epochs), B ascending
 };
 
+// The batch sizes a job allows. JSON: an integer (that batch), a list of integers, or a range
+// {"min": a, "max": b} meaning a, b and every power of two between them. Sorted, unique.
+using BatchCandidates = std::vector<int64_t>;
+
 struct Job {
   int64_t samples_per_epoch = 0;   // required when a convergence model is given
-  int64_t per_replica_batch = 0;   // 0: the graph's profiled batch size
-  int64_t global_batch = 0;        // >0: fixed global batch (per-replica = global / dp)
+  // At most one of the two is non-empty. per_replica_batches: samples per replica per step the
+  // search may choose; global_batches: global batches it may choose (per-replica = global / dp
+  // where dp divides it). Both empty: the graph's profiled batch size per replica.
+  BatchCandidates per_replica_batches;
+  BatchCandidates global_batches;
   Optimizer optimizer = Optimizer::kSgd;
   Convergence convergence;
   std::vector<int64_t> num_microbatches;  // candidates for pipelines; empty: 1,2,4,...,batch
 
   void validate(const std::string& source) const;
 };
+
+// The candidates of a JSON batch field at `path` (see BatchCandidates).
+BatchCandidates batch_candidates_from_json(const Json& v, const std::string& source,
+                                           const std::string& path);
 
 Job job_from_json(const Json& j, const std::string& source);
 Json job_to_json(const Job& job);

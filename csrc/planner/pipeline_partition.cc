@@ -51,7 +51,7 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
         if (compute_s + out_s >= b) break;
         if (!costs.fits(s, i, j)) break;
         const double prev = best[s - 1][i];
-        if (prev >= b) continue;
+        if (prev >= b || !costs.cut_allowed(i)) continue;
         const double cand = std::max(prev, compute_s + out_s + costs.boundary_s[s - 1][i]);
         if (cand < b) {
           b = cand;
@@ -80,6 +80,7 @@ double partition_bottleneck_s(const PartitionCosts& costs, const std::vector<int
   double worst = 0;
   for (int s = 0; s < costs.num_stages(); ++s) {
     if (!costs.fits(s, starts[s], starts[s + 1])) return kInf;
+    if (s > 0 && !costs.cut_allowed(starts[s])) return kInf;
     worst = std::max(worst, costs.stage_s(s, starts[s], starts[s + 1]));
   }
   return worst;

@@ -12,6 +12,8 @@
 //       out_s(s, j)     = boundary_s[s][j]     (s < k-1; send activations, receive gradients)
 //   fits_s(i, j)    = static_bytes(i, j) + activation_multiplier[s] * activation_bytes(i, j)
 //                     <= memory_capacity_bytes
+//   a stage may start at position i > 0 only where cut_allowed(i) (graph nodes with
+//   cut_before = false)
 //   best[0][j]  = stage_0(0, j)                                    if fits_0(0, j)
 //   best[s][j]  = min_{s <= i < j, fits_s(i, j)} max(best[s-1][i], stage_s(i, j))
 //   answer      = best[k-1][n]
@@ -36,6 +38,9 @@ struct PartitionCosts {
   std::vector<double> prefix_activation_bytes;     // n+1: activations kept per in-flight batch
   std::vector<double> activation_multiplier;       // k: in-flight (micro-)batches of stage s
   double memory_capacity_bytes = 0;                // <= 0: unlimited
+  std::vector<char> cut_before;                    // n+1 or empty (all allowed): stage may start at p
+
+  bool cut_allowed(int64_t p) const { return cut_before.empty() || cut_before[p] != 0; }
 
   int64_t num_positions() const { return static_cast<int64_t>(prefix_compute_s.size()) - 1; }
   int num_stages() const { return static_cast<int>(activation_multiplier.size()); }

@@ -8,16 +8,16 @@
 namespace hybridplan {
 
 void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assignment,
-                          int64_t num_stages, double microbatch_scale, PipelineStages& stages) {
-  stages.forward_s.assign(num_stages, 0.0);
-  stages.backward_s.assign(num_stages, 0.0);
+                          int64_t num_stages, const NodeTimes& micro_times, double bytes_scale,
+                          double action_s, PipelineStages& stages) {
+  stages.forward_s.assign(num_stages, action_s);
+  stages.backward_s.assign(num_stages, action_s);
   stages.boundary_bytes.assign(num_stages > 1 ? num_stages - 1 : 0, 0.0);
   const size_t n = graph.nodes.size();
   for (size_t v = 0; v < n; ++v) {
-    const Node& node = graph.nodes[v];
     const int32_t s = assignment[v];
-    stages.forward_s[s] += scaled_time_s(node.forward_s, microbatch_scale);
-    stages.backward_s[s] += scaled_time_s(node.backward_s, microbatch_scale);
+    stages.forward_s[s] += micro_times.forward_s[v];
+    stages.backward_s[s] += micro_times.backward_s[v];
     // The value of v is sent once per boundary from its own stage to its last consumer's stage:
     // add its bytes to boundaries s..last-1 (a running sum over stages below does the range).
     int32_t last_stage = s;
@@ -30,7 +30,7 @@ void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assign
       }
     }
     if (last_stage > s) {
-      const double scaled = scaled_bytes(bytes, microbatch_scale);
+      const double scaled = scaled_bytes(bytes, bytes_scale);
       stages.boundary_bytes[s] += scaled;
       if (last_stage < num_stages - 1) stages.boundary_bytes[last_stage] -= scaled;
     }

@@ -2,8 +2,10 @@
 // assignment s; stages never decrease along an edge), the per-replica batch b split into M
 // micro-batches of b/M samples.
 //
-// Per micro-batch, stage s takes F_s = sum of its nodes' forward_s and B_s = sum of backward_s
-// at b/M samples (compute_cost.h). Between stages s and s+1 every value produced on a stage
+// Per micro-batch, stage s takes F_s = action_s + sum of its nodes' forward times and
+// B_s = action_s + sum of their backward times at b/M samples (compute_cost.h: a micro-batch of
+// 1 costs more than 1/b of the batch; action_s is the runtime's fixed cost per schedule action,
+// Cluster runtime.action_s). Between stages s and s+1 every value produced on a stage
 // <= s and consumed on a stage > s crosses the boundary (values needed later are forwarded
 // stage to stage), counted once per producing node:
 //   boundary_bytes[s] = sum over nodes u with stage(u) <= s < max stage of u's consumers of
@@ -39,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/compute_cost.h"
 #include "planner/graph.h"
 #include "planner/plan.h"
 
@@ -51,10 +54,13 @@ struct PipelineStages {
   std::vector<double> boundary_bytes;  // bytes crossing s|s+1 per micro-batch, size S-1
 };
 
-// Fills `stages` for `assignment` (stage per node, 0..num_stages-1) at micro-batch factor
-// `microbatch_scale` (compute_cost.h: (b/M) / profiled.batch_size).
+// Fills `stages` for `assignment` (stage per node, 0..num_stages-1) with the nodes' times at the
+// micro-batch (`micro_times`, compute_cost.h) and boundary bytes scaled by `bytes_scale`
+// ((b/M) / profiled.batch_size); every forward and backward action also pays `action_s`
+// (Cluster runtime.action_s).
 void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assignment,
-                          int64_t num_stages, double microbatch_scale, PipelineStages& stages);
+                          int64_t num_stages, const NodeTimes& micro_times, double bytes_scale,
+                          double action_s, PipelineStages& stages);
 
 struct PipelineTimes {
   double compute_s = 0;

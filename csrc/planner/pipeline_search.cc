@@ -50,13 +50,15 @@ std::vector<int32_t> stages_from_split(const Graph& graph, const std::vector<int
   return a;
 }
 
-PartitionCosts pipeline_partition_costs(const Problem& problem, const Plan& base) {
+PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& base) {
+  const Problem& problem = evaluator.problem();
   const Graph& g = problem.graph;
   const auto n = static_cast<int64_t>(g.nodes.size());
   const int k = static_cast<int>(base.mp);
   const double m = static_cast<double>(base.num_microbatches);
-  const double batch_scale_b = batch_scale(g, static_cast<double>(base.per_replica_batch));
-  const double micro_scale = batch_scale_b / m;
+  const double microbatch = static_cast<double>(base.per_replica_batch) / m;
+  const double micro_scale = batch_scale(g, microbatch);
+  const NodeTimes& micro = evaluator.node_times(microbatch, evaluator.compute_slowdown(base));
   const double state_copies = 2.0 + static_cast<double>(optimizer_state_copies(problem.job.optimizer));
 
   std::vector<int64_t> position(n);
@@ -79,10 +81,13 @@ PartitionCosts pipeline_partition_costs(const Problem& problem, const Plan& base
   c.prefix_compute_s.assign(n + 1, 0.0);
   c.prefix_static_bytes.assign(n + 1, 0.0);
   c.prefix_activation_bytes.assign(n + 1, 0.0);
+  c.cut_before.assign(n + 1, 1);
   for (int64_t p = 0; p < n; ++p) {
-    const Node& node = g.nodes[g.topo_order[p]];
+    const NodeIndex v = g.topo_order[p];
+    const Node& node = g.nodes[v];
+    c.cut_before[p] = node.cut_before ? 1 : 0;
     c.prefix_compute_s[p + 1] =
-        c.prefix_compute_s[p] + scaled_time_s(node.forward_s + node.backward_s, batch_scale_b);
+        c.prefix_compute_s[p] + m * (micro.forward_s[v] + micro.backward_s[v]);
     c.prefix_static_bytes[p + 1] =
         c.prefix_static_bytes[p] + static_cast<double>(node.param_bytes) * state_copies;
     c.prefix_activation_bytes[p + 1] =
@@ -125,11 +130,15 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
   };
   std::ostringstream note;
   if (n <= exact_max_nodes) {
-    for_each_contiguous_partition(n, static_cast<int>(base.mp), consider);
+    for_each_contiguous_partition(n, static_cast<int>(base.mp), [&](const std::vector<int64_t>& starts) {
+      for (size_t s = 1; s + 1 < starts.size(); ++s)
+        if (!g.nodes[g.topo_order[starts[s]]].cut_before) return;
+      consider(starts);
+    });
     out.exact = true;
     note << "exact (all " << out.evaluations << " contiguous splits evaluated)";
   } else {
-    const PartitionCosts costs = pipeline_partition_costs(problem, base);
+    const PartitionCosts costs = pipeline_partition_costs(evaluator, base);
     if (auto part = optimal_partition(costs)) {
       consider(part->stage_starts);
       note << "bottleneck DP over the topological order (optimal for the stage-time proxy)";

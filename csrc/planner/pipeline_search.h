@@ -5,6 +5,7 @@
 // Exact (graph has <= exact_max_nodes nodes): every one of the C(n-1, S-1) contiguous splits
 // is evaluated with Evaluator::evaluate and the best step_s wins, so the result is optimal for
 // the full cost model over contiguous splits.
+// Stages begin only at nodes whose cut_before is true (graph.h).
 // Larger graphs: the bottleneck DP of pipeline_partition.h on the stage-time proxy
 //   stage_s = M * (F_s + B_s)                                       (compute at b/M samples)
 //           + 2 * M * p2p(boundary in) + 2 * M * p2p(boundary out)  (activations + gradients)
@@ -37,8 +38,9 @@ struct PipelineOutcome {
 PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
                                 int exact_max_nodes);
 
-// The proxy costs above for `base` (positions = graph.topo_order).
-PartitionCosts pipeline_partition_costs(const Problem& problem, const Plan& base);
+// The proxy costs above for `base` (positions = graph.topo_order), with node times from the
+// evaluator's compute model at the micro-batch and the stage starts the graph allows.
+PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& base);
 
 // Stage per node from a split of the topological order.
 std::vector<int32_t> stages_from_split(const Graph& graph, const std::vector<int64_t>& starts);

@@ -33,18 +33,14 @@ std::vector<NodeIndex> highest_level_first(const std::vector<std::vector<NodeInd
 
 }  // namespace
 
-PlacementOrder placement_priority_order(const Graph& graph) {
+PlacementOrder placement_priority_order(const Graph& graph, const NodeTimes& times) {
   const size_t n = graph.nodes.size();
   HP_INTERNAL_ASSERT(graph.topo_order.size() == n, "Graph::finalize() was not called");
-  std::vector<double> forward_s(n), backward_s(n);
-  for (size_t v = 0; v < n; ++v) {
-    forward_s[v] = graph.nodes[v].forward_s;
-    backward_s[v] = graph.nodes[v].backward_s;
-  }
+  HP_INTERNAL_ASSERT(times.forward_s.size() == n, "node times for another graph");
   std::vector<NodeIndex> reverse_topo(graph.topo_order.rbegin(), graph.topo_order.rend());
   PlacementOrder order;
-  order.forward = highest_level_first(graph.succs, graph.preds, forward_s, graph.topo_order);
-  order.backward = highest_level_first(graph.preds, graph.succs, backward_s, reverse_topo);
+  order.forward = highest_level_first(graph.succs, graph.preds, times.forward_s, graph.topo_order);
+  order.backward = highest_level_first(graph.preds, graph.succs, times.backward_s, reverse_topo);
   return order;
 }
 
@@ -74,8 +70,8 @@ namespace {
 template <typename Producer>
 double list_schedule_pass(const Graph& graph, const std::vector<NodeIndex>& order,
                           const std::vector<std::vector<int32_t>>& inputs_of, Producer producer,
-                          double Node::*node_time_s, const std::vector<int32_t>& assignment,
-                          const LocalLinks& links, double scale, std::vector<double>& finish_s,
+                          const std::vector<double>& node_s, const std::vector<int32_t>& assignment,
+                          const LocalLinks& links, double bytes_scale, std::vector<double>& finish_s,
                           std::vector<double>& device_free_s, double& transfer_s) {
   device_free_s.assign(links.num_devices, 0.0);
   double makespan_s = 0;
@@ -84,11 +80,12 @@ double list_schedule_pass(const Graph& graph, const std::vector<NodeIndex>& orde
     double ready_s = device_free_s[d];
     for (int32_t k : inputs_of[v]) {
       const NodeIndex u = producer(graph.edges[k]);
-      const double xfer_s = links.transfer_s(assignment[u], d, scaled_bytes(graph.edges[k].bytes, scale));
+      const double xfer_s =
+          links.transfer_s(assignment[u], d, scaled_bytes(graph.edges[k].bytes, bytes_scale));
       transfer_s += xfer_s;
       ready_s = std::max(ready_s, finish_s[u] + xfer_s);
     }
-    finish_s[v] = ready_s + scaled_time_s(graph.nodes[v].*node_time_s, scale);
+    finish_s[v] = ready_s + node_s[v];
     device_free_s[d] = finish_s[v];
     makespan_s = std::max(makespan_s, finish_s[v]);
   }
@@ -99,17 +96,18 @@ double list_schedule_pass(const Graph& graph, const std::vector<NodeIndex>& orde
 
 PlacementTimes schedule_placement(const Graph& graph, const PlacementOrder& order,
                                   const std::vector<int32_t>& assignment, const LocalLinks& links,
-                                  double scale, PlacementScratch& scratch) {
+                                  const NodeTimes& node_times, double bytes_scale,
+                                  PlacementScratch& scratch) {
   const size_t n = graph.nodes.size();
   scratch.forward_finish_s.assign(n, 0.0);
   scratch.backward_finish_s.assign(n, 0.0);
   PlacementTimes times;
   times.forward_s = list_schedule_pass(
-      graph, order.forward, graph.in_edges, [](const Edge& e) { return e.src; }, &Node::forward_s,
-      assignment, links, scale, scratch.forward_finish_s, scratch.device_free_s, times.transfer_s);
+      graph, order.forward, graph.in_edges, [](const Edge& e) { return e.src; }, node_times.forward_s,
+      assignment, links, bytes_scale, scratch.forward_finish_s, scratch.device_free_s, times.transfer_s);
   times.backward_s = list_schedule_pass(
-      graph, order.backward, graph.out_edges, [](const Edge& e) { return e.dst; }, &Node::backward_s,
-      assignment, links, scale, scratch.backward_finish_s, scratch.device_free_s, times.transfer_s);
+      graph, order.backward, graph.out_edges, [](const Edge& e) { return e.dst; }, node_times.backward_s,
+      assignment, links, bytes_scale, scratch.backward_finish_s, scratch.device_free_s, times.transfer_s);
   return times;
 }
 

@@ -5,8 +5,8 @@
 // - Priority: a node's "level" is the longest path from it to a sink counting node times only
 //   (forward: forward_s along edges; backward: backward_s along reversed edges). The order is
 //   Kahn's topological order that always takes the ready node of highest level (ties: smaller
-//   node index). Because every time scales by the same batch factor, the order is a property of
-//   the graph alone and is computed once.
+//   node index). Times are the nodes' times at the batch evaluated (compute_cost.h), so the
+//   order is computed per batch size (the evaluator keeps it).
 // - Each device runs its nodes one at a time in that order. A node starts when its device is
 //   free and all its inputs have arrived:
 //     start(v)  = max(device_free(d(v)), max over edges u->v of finish(u) + xfer(u, v))
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "planner/cluster.h"
+#include "planner/compute_cost.h"
 #include "planner/graph.h"
 
 namespace hybridplan {
@@ -34,7 +35,7 @@ struct PlacementOrder {
   std::vector<NodeIndex> backward;  // HLFET order of the reversed DAG (backward_s levels)
 };
 
-PlacementOrder placement_priority_order(const Graph& graph);
+PlacementOrder placement_priority_order(const Graph& graph, const NodeTimes& times);
 
 // Point-to-point costs between a replica's local devices: latency_s and 1/bandwidth per pair.
 struct LocalLinks {
@@ -68,9 +69,11 @@ struct PlacementScratch {
   std::vector<double> device_free_s;
 };
 
-// The schedule for `assignment[v]` in 0..mp-1 at batch factor `scale` (compute_cost.h).
+// The schedule for `assignment[v]` in 0..mp-1 with node times `times` and edge bytes scaled by
+// `bytes_scale` (compute_cost.h: batch / profiled.batch_size).
 PlacementTimes schedule_placement(const Graph& graph, const PlacementOrder& order,
                                   const std::vector<int32_t>& assignment, const LocalLinks& links,
-                                  double scale, PlacementScratch& scratch);
+                                  const NodeTimes& times, double bytes_scale,
+                                  PlacementScratch& scratch);
 
 }  // namespace hybridplan

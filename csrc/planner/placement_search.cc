@@ -19,21 +19,25 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Relative slack on pruning so that rounding in the bound never cuts off a better leaf.
 constexpr double kPruneSlack = 1e-9;
 
-// Per-node numbers at the plan's per-replica batch.
+// Per-node numbers at the plan's per-replica batch, as evaluate() sees them (node times from the
+// compute model, times the plan's shared-node slowdown), so the bounds hold for its compute_s.
 struct NodeCosts {
   std::vector<double> forward_s, backward_s, activation_bytes, edge_bytes;
   std::vector<int64_t> param_bytes;
   double total_forward_s = 0, total_backward_s = 0;
 
-  NodeCosts(const Graph& g, int64_t per_replica_batch) {
-    const double scale = batch_scale(g, static_cast<double>(per_replica_batch));
-    for (const Node& n : g.nodes) {
-      forward_s.push_back(scaled_time_s(n.forward_s, scale));
-      backward_s.push_back(scaled_time_s(n.backward_s, scale));
-      activation_bytes.push_back(scaled_bytes(n.output_bytes, scale));
-      param_bytes.push_back(n.param_bytes);
-      total_forward_s += forward_s.back();
-      total_backward_s += backward_s.back();
+  NodeCosts(const Evaluator& evaluator, const Plan& base) {
+    const Graph& g = evaluator.problem().graph;
+    const auto batch = static_cast<double>(base.per_replica_batch);
+    const NodeTimes& times = evaluator.node_times(batch, evaluator.compute_slowdown(base));
+    forward_s = times.forward_s;
+    backward_s = times.backward_s;
+    const double scale = batch_scale(g, batch);
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      activation_bytes.push_back(scaled_bytes(g.nodes[v].output_bytes, scale));
+      param_bytes.push_back(g.nodes[v].param_bytes);
+      total_forward_s += forward_s[v];
+      total_backward_s += backward_s[v];
     }
     for (const Edge& e : g.edges) edge_bytes.push_back(scaled_bytes(e.bytes, scale));
   }
@@ -93,13 +97,14 @@ Plan with_assignment(const Plan& base, std::vector<int32_t> assignment) {
 // HEFT-style: in forward priority order, each node goes to the device where it would finish
 // earliest (forward + backward time, inputs' transfers included) among devices it fits on.
 std::vector<int32_t> earliest_finish_assignment(const Graph& g, const NodeCosts& c,
+                                                const PlacementOrder& order,
                                                 const LocalLinks& links, int64_t mp,
                                                 int64_t capacity_bytes, Optimizer optimizer) {
   const size_t n = g.nodes.size();
   std::vector<int32_t> a(n, 0);
   std::vector<double> finish(n, 0), free_s(mp, 0), act(mp, 0);
   std::vector<int64_t> params(mp, 0);
-  for (NodeIndex v : placement_priority_order(g).forward) {
+  for (NodeIndex v : order.forward) {
     int32_t best = -1, least_memory = 0;
     double best_finish = kInf;
     int64_t least_memory_bytes = std::numeric_limits<int64_t>::max();
@@ -181,8 +186,10 @@ std::string percent(double x) {
 
 }  // namespace
 
-double placement_lower_bound_s(const Graph& graph, int64_t mp, int64_t per_replica_batch) {
-  const NodeCosts c(graph, per_replica_batch);
+double placement_lower_bound_s(const Evaluator& evaluator, const Plan& base) {
+  const Graph& graph = evaluator.problem().graph;
+  const int64_t mp = base.mp;
+  const NodeCosts c(evaluator, base);
   LocalLinks none;
   std::vector<double> dist;
   const auto [cp_f, cp_b] =
@@ -236,14 +243,14 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
   const Problem& problem = evaluator.problem();
   const Graph& g = problem.graph;
   const int64_t mp = base.mp;
-  const NodeCosts c(g, base.per_replica_batch);
+  const NodeCosts c(evaluator, base);
   LocalLinks links;
   fill_local_links(problem.cluster, base.mesh[0], links);
   const int64_t capacity = problem.cluster.device.memory_bytes;
   const Optimizer opt = problem.job.optimizer;
 
   PlacementOutcome out;
-  out.lower_bound_compute_s = placement_lower_bound_s(g, mp, base.per_replica_batch);
+  out.lower_bound_compute_s = placement_lower_bound_s(evaluator, base);
   const auto consider = [&](std::vector<int32_t> a) {
     Plan p = with_assignment(base, std::move(a));
     Prediction pred = evaluator.evaluate(p);
@@ -255,7 +262,9 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
   };
   consider(std::vector<int32_t>(g.nodes.size(), 0));
   if (mp > 1) {
-    consider(earliest_finish_assignment(g, c, links, mp, capacity, opt));
+    const PlacementOrder& order = evaluator.placement_order(
+        static_cast<double>(base.per_replica_batch), evaluator.compute_slowdown(base));
+    consider(earliest_finish_assignment(g, c, order, links, mp, capacity, opt));
     consider(contiguous_assignment(g, c, mp, false, capacity, opt));
     consider(contiguous_assignment(g, c, mp, true, capacity, opt));
   }
@@ -324,7 +333,7 @@ class BranchAndBound {
   BranchAndBound(const Evaluator& evaluator, const Plan& base, PlacementOutcome& best)
       : ev_(evaluator),
         g_(evaluator.problem().graph),
-        c_(g_, base.per_replica_batch),
+        c_(evaluator, base),
         mp_(static_cast<int32_t>(base.mp)),
         capacity_(evaluator.problem().cluster.device.memory_bytes),
         optimizer_(evaluator.problem().job.optimizer),

@@ -58,8 +58,8 @@ PlacementOutcome search_placement(const Evaluator& evaluator, const Plan& base,
 PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& base,
                                      const PlacementSearchOptions& options);
 
-// LB of the empty assignment at the plan's per-replica batch, in seconds.
-double placement_lower_bound_s(const Graph& graph, int64_t mp, int64_t per_replica_batch);
+// LB of the empty assignment at the plan's per-replica batch and process layout, in seconds.
+double placement_lower_bound_s(const Evaluator& evaluator, const Plan& base);
 
 // interchangeable[i] = the smallest local device j with i and j interchangeable (see above).
 std::vector<int32_t> interchangeable_devices(const Cluster& cluster,

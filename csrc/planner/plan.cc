@@ -42,6 +42,9 @@ Prediction prediction_from_json(const JsonReader& in, const Json& j) {
   number("step_s", p.step_s);
   number("compute_s", p.compute_s);
   number("allreduce_s", p.allreduce_s);
+  number("optimizer_s", p.optimizer_s);
+  number("overhead_s", p.overhead_s);
+  number("compute_slowdown", p.compute_slowdown);
   number("transfer_s", p.transfer_s);
   number("bubble_s", p.bubble_s);
   number("epochs", p.epochs);
@@ -59,6 +62,20 @@ Prediction prediction_from_json(const JsonReader& in, const Json& j) {
   }
   if (const Json* r = in.optional(j, "infeasible_reason")) {
     p.infeasible_reason = in.string(*r, "predicted.infeasible_reason");
+  }
+  if (const Json* c = in.optional(j, "compute_model")) {
+    p.compute_model = in.string(*c, "predicted.compute_model");
+  }
+  if (const Json* rings = in.optional(j, "allreduce_rings")) {
+    const std::string rings_path = "predicted.allreduce_rings";
+    in.array(*rings, rings_path);
+    for (size_t k = 0; k < rings->size(); ++k) {
+      const std::string ring_path = json_index_path(rings_path, k);
+      const Json& ring = in.array((*rings)[k], ring_path);
+      std::vector<DeviceIndex> devices;
+      for (size_t i = 0; i < ring.size(); ++i) devices.push_back(in.integer(ring[i], json_index_path(ring_path, i)));
+      p.allreduce_rings.push_back(std::move(devices));
+    }
   }
   return p;
 }
@@ -309,13 +326,18 @@ Json prediction_to_json(const Prediction& p) {
   Json j = {{"step_s", p.step_s},
             {"compute_s", p.compute_s},
             {"allreduce_s", p.allreduce_s},
+            {"optimizer_s", p.optimizer_s},
+            {"overhead_s", p.overhead_s},
             {"transfer_s", p.transfer_s},
             {"bubble_s", p.bubble_s},
             {"memory_bytes", p.memory_bytes},
             {"epochs", p.epochs},
             {"time_to_train_s", p.time_to_train_s},
             {"samples_per_s", p.samples_per_s},
+            {"compute_model", p.compute_model},
+            {"compute_slowdown", p.compute_slowdown},
             {"feasible", p.feasible}};
+  if (!p.allreduce_rings.empty()) j["allreduce_rings"] = p.allreduce_rings;
   if (!p.infeasible_reason.empty()) j["infeasible_reason"] = p.infeasible_reason;
   return j;
 }

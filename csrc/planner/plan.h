@@ -18,15 +18,26 @@ enum class MpMode { kPlacement, kPipeline };
 enum class Schedule { kNone, kGpipe, k1F1B };  // kNone for placement plans
 
 struct Prediction {
-  double step_s = 0;       // compute_s + exposed allreduce_s (transfer and bubble are inside compute)
+  // compute_s + exposed allreduce_s + optimizer_s + overhead_s (transfer and bubble are inside
+  // compute)
+  double step_s = 0;
   double compute_s = 0;    // the replica's schedule: makespan (placement) or pipeline length
   double allreduce_s = 0;  // exposed (not overlapped with backward) gradient all-reduce
+  double optimizer_s = 0;  // the optimizer step of the fullest device (optimizer_cost.h)
+  double overhead_s = 0;   // the runtime's fixed cost per step (Cluster runtime.step_s)
   double transfer_s = 0;   // time spent on cross-device activation/gradient transfers (informative)
   double bubble_s = 0;     // pipeline idle time on the critical stage (informative)
   std::vector<int64_t> memory_bytes;  // per local device (placement) or stage (pipeline)
   double epochs = 0;                  // 0 without a convergence model
   double time_to_train_s = 0;         // 0 without a convergence model
   double samples_per_s = 0;           // global_batch / step_s
+  // How node times were taken at the plan's batch (compute_cost.h), and the compute multiplier
+  // for processes sharing a node (Cluster runtime.shared_host_slowdown), as evaluated.
+  std::string compute_model;
+  double compute_slowdown = 1;
+  // Per data-parallel group (local device or stage k): its members in the order the
+  // collective library runs the ring (allreduce_cost.h); empty when dp == 1.
+  std::vector<std::vector<DeviceIndex>> allreduce_rings;
   bool feasible = true;
   std::string infeasible_reason;      // e.g. "device 1 needs 18.2 GB > 16.0 GB"
 };

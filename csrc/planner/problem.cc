@@ -20,11 +20,14 @@ Problem load_problem(const std::string& graph_path, const std::string& cluster_p
   return problem;
 }
 
-int64_t per_replica_batch_for(const Problem& problem, int64_t dp) {
+std::vector<int64_t> per_replica_batches_for(const Problem& problem, int64_t dp) {
   const Job& job = problem.job;
-  if (job.per_replica_batch > 0) return job.per_replica_batch;
-  if (job.global_batch > 0) return job.global_batch % dp == 0 ? job.global_batch / dp : 0;
-  return problem.graph.profiled.batch_size;
+  if (!job.per_replica_batches.empty()) return job.per_replica_batches;
+  if (job.global_batches.empty()) return {problem.graph.profiled.batch_size};
+  std::vector<int64_t> out;
+  for (int64_t global : job.global_batches)
+    if (global % dp == 0) out.push_back(global / dp);
+  return out;
 }
 
 }  // namespace hybridplan

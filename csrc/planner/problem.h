@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "planner/cluster.h"
 #include "planner/graph.h"
@@ -24,9 +25,9 @@ struct Problem {
 Problem load_problem(const std::string& graph_path, const std::string& cluster_path_or_preset,
                      const std::string& job_path = "");
 
-// The per-replica batch for `dp` replicas under the job's batch rule (formats.md, Job):
-// per_replica_batch if given; else global_batch / dp (0 when dp does not divide it);
-// else the graph's profiled batch size.
-int64_t per_replica_batch_for(const Problem& problem, int64_t dp);
+// The per-replica batches the search may choose for `dp` replicas under the job's batch rule
+// (formats.md, Job): the per_replica_batch candidates if given; else global / dp for every
+// global_batch candidate that dp divides (empty when none does); else the graph's profiled batch.
+std::vector<int64_t> per_replica_batches_for(const Problem& problem, int64_t dp);
 
 }  // namespace hybridplan

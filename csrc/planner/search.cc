@@ -56,6 +56,17 @@ int64_t peak_bytes(const Prediction& p) {
 
 }  // namespace
 
+namespace {
+
+// Positions 1..n-1 of the topological order where a pipeline stage may begin.
+int64_t allowed_stage_starts(const Graph& graph) {
+  int64_t count = 0;
+  for (size_t p = 1; p < graph.topo_order.size(); ++p) count += graph.nodes[graph.topo_order[p]].cut_before;
+  return count;
+}
+
+}  // namespace
+
 std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
                                            std::vector<std::string>* skipped) {
   const Cluster& cluster = problem.cluster;
@@ -74,45 +85,63 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
   const auto skip = [&](const std::string& why) {
     if (skipped) skipped->push_back(why);
   };
-  const auto n = static_cast<int64_t>(problem.graph.nodes.size());
+  const Graph& graph = problem.graph;
+  const auto n = static_cast<int64_t>(graph.nodes.size());
+  const int64_t stage_starts = allowed_stage_starts(graph);
+  const bool serial_devices = cluster.device.type == "cpu";
+  bool said_serial = false, said_split = false;
   std::vector<SearchSpacePoint> points;
   for (int64_t mp = 1; mp <= cluster.devices_per_node; ++mp) {
     if (cluster.devices_per_node % mp != 0 || devices % mp != 0) continue;
     if (options.dp_only && mp > 1) break;
-    SearchSpacePoint p;
-    p.mp = mp;
-    p.dp = devices / mp;
-    const Job& job = problem.job;
-    if (job.per_replica_batch > 0) {
-      p.per_replica_batch = job.per_replica_batch;
-    } else if (job.global_batch > 0) {
-      if (job.global_batch % p.dp != 0) {
-        skip("dp=" + str(p.dp) + " mp=" + str(mp) + ": global batch " + str(job.global_batch) +
-             " is not divisible by dp=" + str(p.dp));
-        continue;
-      }
-      p.per_replica_batch = job.global_batch / p.dp;
-    } else {
-      p.per_replica_batch = problem.graph.profiled.batch_size;
-    }
-    if (mp == 1 || options.placement) points.push_back(p);
-    if (mp == 1 || !options.pipeline) continue;
-    if (n < mp) {
-      skip("dp=" + str(p.dp) + " mp=" + str(mp) + " pipeline: needs at least " + str(mp) +
-           " nodes for " + str(mp) + " stages (graph has " + str(n) + ")");
+    const int64_t dp = devices / mp;
+    const std::string head = "dp=" + str(dp) + " mp=" + str(mp);
+    const std::vector<int64_t> batches = per_replica_batches_for(problem, dp);
+    if (batches.empty()) {
+      std::string globals;
+      for (int64_t b : problem.job.global_batches) globals += (globals.empty() ? "" : ", ") + str(b);
+      skip(head + ": no global batch of the job (" + globals + ") is divisible by dp=" + str(dp));
       continue;
     }
-    const auto counts = microbatch_counts(job, p.per_replica_batch);
-    if (counts.empty()) {
-      skip("dp=" + str(p.dp) + " mp=" + str(mp) + " pipeline: no micro-batch count divides the "
-           "per-replica batch " + str(p.per_replica_batch));
+    const bool pipeline_ok = mp > 1 && options.pipeline && graph.pipeline_split.supported &&
+                             n >= mp && stage_starts >= mp - 1;
+    if (mp > 1 && options.pipeline && !pipeline_ok) {
+      if (!graph.pipeline_split.supported) {
+        if (!said_split) skip("pipeline: the model cannot be cut into stages: " + graph.pipeline_split.reason);
+        said_split = true;
+      } else if (n < mp) {
+        skip(head + " pipeline: needs at least " + str(mp) + " nodes for " + str(mp) +
+             " stages (graph has " + str(n) + ")");
+      } else {
+        skip(head + " pipeline: needs " + str(mp - 1) + " nodes where a stage may begin; the "
+             "graph has " + str(stage_starts) + " (the others have cut_before false)");
+      }
     }
-    p.mode = MpMode::kPipeline;
-    for (int64_t m : counts) {
-      p.num_microbatches = m;
-      for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B}) {
-        p.schedule = s;
-        points.push_back(p);
+    if (mp > 1 && options.placement && serial_devices && !said_serial) {
+      skip("placement mp>1: the cluster's devices are CPU ranks, and one process runs a "
+           "replica's devices one after another: the same compute as mp=1 on fewer devices");
+      said_serial = true;
+    }
+    for (int64_t batch : batches) {
+      SearchSpacePoint p;
+      p.mp = mp;
+      p.dp = dp;
+      p.per_replica_batch = batch;
+      if (mp == 1 || (options.placement && !serial_devices)) points.push_back(p);
+      if (!pipeline_ok) continue;
+      const auto counts = microbatch_counts(problem.job, batch);
+      if (counts.empty()) {
+        skip(head + " pipeline: no micro-batch count divides the per-replica batch " + str(batch));
+      }
+      p.mode = MpMode::kPipeline;
+      for (int64_t m : counts) {
+        p.num_microbatches = m;
+        for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B}) {
+          // torch.distributed.pipelining's Schedule1F1B (the Python executor's) refuses M < S.
+          if (s == Schedule::k1F1B && m < mp) continue;
+          p.schedule = s;
+          points.push_back(p);
+        }
       }
     }
   }

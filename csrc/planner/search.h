@@ -38,11 +38,14 @@ struct SearchSpacePoint {
 };
 
 // The points search() considers, in its order: for every mp dividing devices_per_node and the
-// device count N (dp = N / mp; only mp = 1 with dp_only): the per-replica batch (job
-// per_replica_batch, else global_batch / dp when it divides, else the graph's profiled batch);
-// mp = 1 as one placement point (pure DP); for mp >= 2 placement (options.placement) and, when
-// the graph has at least mp nodes, pipeline (options.pipeline) with GPipe and 1F1B for every
-// micro-batch count M (job.num_microbatches, else 1, 2, 4, ...) with M dividing the batch.
+// device count N (dp = N / mp; only mp = 1 with dp_only), for every per-replica batch the job
+// allows (problem.h per_replica_batches_for: the search chooses the batch, hence the global
+// batch): mp = 1 as one placement point (pure DP); for mp >= 2 placement (options.placement;
+// not on "cpu" devices, where a replica's devices run one after another in one process) and
+// pipeline (options.pipeline; when the graph can be split, has at least mp nodes and mp - 1
+// places where a stage may begin) with GPipe and 1F1B for every micro-batch count M
+// (job.num_microbatches, else 1, 2, 4, ...) with M dividing the batch, 1F1B only for M >= mp
+// (torch.distributed.pipelining's Schedule1F1B requires it).
 // Why a dp/mp/M was left out goes to `skipped` (may be null). Throws InputError on bad options.
 std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
                                            std::vector<std::string>* skipped);

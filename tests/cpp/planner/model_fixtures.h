@@ -67,7 +67,9 @@ inline Cluster make_cluster(int64_t num_nodes, int64_t devices_per_node,
   c.name = "test-cluster";
   c.num_nodes = num_nodes;
   c.devices_per_node = devices_per_node;
-  c.device = {"test-device", memory_bytes, 1e12};
+  c.device.name = "test-device";
+  c.device.memory_bytes = memory_bytes;
+  c.device.peak_flops = 1e12;
   c.intra_node = {intra_bytes_per_s, intra_latency_s};
   c.inter_node = {inter_bytes_per_s, inter_latency_s};
   c.validate("test cluster");

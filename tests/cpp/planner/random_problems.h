@@ -16,6 +16,8 @@ struct RandomGraphOptions {
   double edge_probability = 0.3;  // extra forward edges beyond the spanning chain/tree
   bool chain = false;             // only the edges i -> i+1
   int64_t profiled_batch = 8;
+  bool batch_curves = false;      // nodes also measured at batch sizes 1, 2, 4 (sublinear)
+  bool cut_constraints = false;   // some nodes (never the first) forbid a stage to begin there
 };
 
 // Node i's times are in [1, 10] ms, params up to 64 MiB, outputs up to 32 MiB. Every node but
@@ -37,6 +39,14 @@ inline Graph random_graph(std::mt19937_64& rng, const RandomGraphOptions& o) {
     n.backward_s = 2 * ms(rng);
     n.param_bytes = mib(rng) << 20;
     n.output_bytes = (mib(rng) / 2 + 1) << 20;
+    if (o.batch_curves) {  // a per-call share f of the profiled time: t(b) = t0 (f + (1-f) b/b0)
+      const double f = coin(rng) * 0.5;
+      for (int64_t b = 1; b < o.profiled_batch; b *= 2) {
+        const double x = f + (1 - f) * static_cast<double>(b) / static_cast<double>(o.profiled_batch);
+        n.batch_times.push_back({b, n.forward_s * x, n.backward_s * x});
+      }
+    }
+    if (o.cut_constraints && i > 0) n.cut_before = coin(rng) < 0.5;
     g.nodes.push_back(n);
   }
   auto add_edge = [&](int src, int dst) {
@@ -80,6 +90,11 @@ inline Cluster random_cluster(std::mt19937_64& rng, const RandomClusterOptions& 
       o.memory_bytes > 0 ? o.memory_bytes : static_cast<int64_t>((64 + rng() % 960)) << 20;
   c.intra_node = {gbps(rng), 5e-6};
   c.inter_node = {gbps(rng) / 4, 2e-5};
+  // Runtime terms and the collective library, sometimes (they must not break optimality).
+  if (rng() % 2) c.device.call_floor_s = 2e-4;
+  if (rng() % 2) c.runtime.action_s = 1e-4;
+  if (rng() % 2) c.device.memory_bandwidth_bytes_per_s = 5e11;
+  if (rng() % 2) c.collectives = CollectiveLibrary::kGloo;
   if (o.bandwidth_matrix) {
     c.bandwidth_matrix.assign(o.devices_per_node, std::vector<double>(o.devices_per_node, 0));
     // A few distinct values so that some pairs of devices are interchangeable and some not.
@@ -93,12 +108,13 @@ inline Cluster random_cluster(std::mt19937_64& rng, const RandomClusterOptions& 
 }
 
 // Samples/s (no convergence model) or a critical-batch model; batch fixed per replica, by the
-// global batch, or left to the graph's profiled batch.
+// global batch, chosen by the search among candidates, or left to the graph's profiled batch.
 inline Job random_job(std::mt19937_64& rng, int64_t world) {
   Job job;
-  switch (rng() % 3) {
-    case 0: job.per_replica_batch = 1 << (rng() % 4); break;
-    case 1: job.global_batch = world * (1 << (rng() % 3)); break;
+  switch (rng() % 4) {
+    case 0: job.per_replica_batches = {int64_t{1} << (rng() % 4)}; break;
+    case 1: job.global_batches = {world * (int64_t{1} << (rng() % 3))}; break;
+    case 2: job.per_replica_batches = {2, 4, 8}; break;
     default: break;  // profiled batch
   }
   if (rng() % 2) {

@@ -35,6 +35,51 @@ TEST_CASE("cluster_from_json reads fields and round-trips", "[cluster]") {
   REQUIRE(cluster_to_json(again) == cluster_to_json(c));
 }
 
+TEST_CASE("cluster: device extras, collectives, calibrated all-reduce link and runtime", "[cluster]") {
+  Json j = valid_cluster_json();
+  REQUIRE(cluster_from_json(j, "c").collectives == CollectiveLibrary::kNccl);  // the default
+  j["device"]["type"] = "cpu";
+  j["device"]["memory_bandwidth_bytes_per_s"] = 9e11;
+  j["device"]["call_floor_s"] = 2e-5;
+  j["collectives"] = {{"library", "gloo"}};
+  j["intra_node"]["allreduce"] = {{"bandwidth_bytes_per_s", 3e8}, {"latency_s", 1e-3}};
+  j["runtime"] = Json::parse(R"({"step_s": 0.002, "action_s": 0.0004,
+                                 "shared_host_slowdown": [[1, 1.0], [2, 1.3]]})");
+  j["measured"] = {{"points", 3}};
+  const Cluster c = cluster_from_json(j, "cluster.json");
+  REQUIRE(c.device.type == "cpu");
+  REQUIRE(c.device.call_floor_s == 2e-5);
+  REQUIRE(c.collectives == CollectiveLibrary::kGloo);
+  REQUIRE(c.allreduce_link(0, 1).bandwidth_bytes_per_s == 3e8);   // calibrated, same node
+  REQUIRE(c.allreduce_link(0, 5).bandwidth_bytes_per_s == 1.25e10);  // across: the link
+  REQUIRE(c.link(0, 1).bandwidth_bytes_per_s == 2.5e10);          // p2p keeps its own link
+  REQUIRE(c.runtime.slowdown(1) == 1.0);
+  REQUIRE(c.runtime.slowdown(4) == 1.3);
+  REQUIRE(c.runtime.action_s == 0.0004);
+  REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(c), "again")) == cluster_to_json(c));
+  REQUIRE(cluster_to_json(c)["measured"]["points"] == 3);
+
+  j["collectives"]["library"] = "mpi";
+  REQUIRE(load_error(j) == "cluster.json: collectives.library must be \"nccl\" or \"gloo\" (got \"mpi\")");
+  j["collectives"]["library"] = "gloo";
+  j["runtime"]["shared_host_slowdown"] = Json::parse("[[2, 1.3], [2, 1.4]]");
+  REQUIRE(load_error(j) ==
+          "cluster.json: runtime.shared_host_slowdown[1][0] must be greater than the previous "
+          "entry's 2 (processes increasing) (got 2)");
+  j["runtime"]["shared_host_slowdown"] = Json::parse("[[1, 0]]");
+  REQUIRE(load_error(j) == "cluster.json: runtime.shared_host_slowdown[0][1] must be finite and > 0 (got 0)");
+  j["runtime"].erase("shared_host_slowdown");
+  j["runtime"]["action_s"] = -1;
+  REQUIRE(load_error(j) == "cluster.json: runtime.action_s must be finite and >= 0 (got -1)");
+  j.erase("runtime");
+  j["device"]["type"] = "tpu";
+  REQUIRE(load_error(j) == "cluster.json: device.type must be \"cuda\" or \"cpu\" (got \"tpu\")");
+  j["device"]["type"] = "cpu";
+  j["intra_node"]["allreduce"]["bandwidth_bytes_per_s"] = 0;
+  REQUIRE(load_error(j) ==
+          "cluster.json: intra_node.allreduce.bandwidth_bytes_per_s must be finite and > 0 (got 0)");
+}
+
 TEST_CASE("Cluster::link picks intra-node, matrix or inter-node links", "[cluster]") {
   Json j = valid_cluster_json();
   const Cluster c = cluster_from_json(j, "cluster.json");

@@ -75,7 +75,7 @@ TEST_CASE("evaluate: pure data parallelism is the single-device sum plus all-red
                                    {0, 0, 0, 0});
   const Prediction p = evaluate(problem, dp4);
   // compute at batch 3: (7 + 14) * 3 = 63
-  REQUIRE(p.compute_s == single_device_compute_s(problem.graph, 3));
+  REQUIRE(p.compute_s == single_device_compute_s(ComputeModel(problem.graph, problem.cluster), 3));
   REQUIRE(p.compute_s == 63);
   // ring of 4: fixed 2*3*0.5 = 3, per byte 2*3/4/100 = 0.015. Backward order d, c, b, a at
   // batch 3: c finishes at 6+18 = 24, a at 24+12+6 = 42 (+ forward 21). Buckets of 25 MiB hold
@@ -88,7 +88,7 @@ TEST_CASE("evaluate: pure data parallelism is the single-device sum plus all-red
   // fill a bucket and reduce 45 -> 45 + 3 + 3 = 51, off the critical path; a's 100 bytes
   // 63 -> 63 + 3 + 1.5 = 67.5: exposed 4.5.
   Evaluator small(problem);
-  small.bucket_cap_bytes = 150;
+  small.bucket_cap_bytes = small.first_bucket_cap_bytes = 150;
   REQUIRE(small.evaluate(dp4).allreduce_s == 4.5);
 }
 
@@ -214,4 +214,83 @@ TEST_CASE("evaluate speed on a 2,000-node graph", "[.perf]") {
     std::cout << mode_name(plan->mode) << ": " << cpu_us / calls << " us CPU (" << us / calls
               << " us wall) per evaluate (2000 nodes, dp 4 x mp 8; step " << sink / calls << " s)\n";
   }
+}
+
+TEST_CASE("evaluate: micro-batches take their time from the node's batch curve", "[evaluate]") {
+  // a -> b profiled at batch 8 (forward 4, backward 8 each) and measured at batch 1 (forward 1,
+  // backward 2: a micro-batch of 1 costs 1/4 of a batch of 8, not 1/8); no transfers.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 4, 8, 0, 0}, {"b", 4, 8, 0, 0}}, {{0, 1, 0}}, 8, "ab");
+  for (Node& n : problem.graph.nodes) n.batch_times = {{1, 1.0, 2.0}};
+  problem.graph.finalize("ab");
+  problem.cluster = test::make_cluster(1, 2, 1e12, 0);
+  // 1x2 pipeline, batch 8 in 8 micro-batches of 1: F = 1, B = 2 per stage. GPipe S=2, M=8:
+  // stage 1 forwards end at 2..9, its backwards 9-11, ..., 23-25; stage 0's backwards follow
+  // each by 2: the last ends at 27 = (M + S - 1) * (F + B).
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 8,
+                                    {0, 1}, 8, Schedule::kGpipe);
+  REQUIRE(evaluate(problem, plan).compute_s == 27);
+  // Linear scaling (the old model) would have said F = 0.5, B = 1: (8 + 1) * 1.5 = 13.5.
+  // Two micro-batches of 4 sit between the measured points: F = 1 + 3 * 3/7 = 2.2857...
+  Plan two = plan;
+  two.num_microbatches = 2;
+  const double f = 1 + 3.0 * 3 / 7, b = 2 + 6.0 * 3 / 7;
+  REQUIRE(evaluate(problem, two).compute_s == Approx(3 * (f + b)));
+  REQUIRE_THAT(evaluate(problem, two).compute_model, Catch::Matchers::Contains("1, 8"));
+  // The runtime's cost per schedule action: every F and B of every stage pays it.
+  problem.cluster.runtime.action_s = 0.5;
+  REQUIRE(evaluate(problem, plan).compute_s == 27 + 9 * 1.0);  // (M + S - 1) * (F + B + 2 * 0.5)
+}
+
+TEST_CASE("evaluate: optimizer step, fixed step overhead and shared-host slowdown", "[evaluate]") {
+  Problem problem = diamond_problem();
+  problem.job = default_job();
+  problem.job.optimizer = Optimizer::kAdam;
+  problem.cluster.device.memory_bandwidth_bytes_per_s = 700;  // B/s
+  problem.cluster.runtime.step_s = 0.25;
+  const Plan dp1 = test::make_plan(problem.graph, problem.cluster, 1, 1, MpMode::kPlacement, 1,
+                                   {0, 0, 0, 0});
+  const Prediction p = evaluate(problem, dp1);
+  REQUIRE(p.compute_s == 21);       // 7 forward + 14 backward
+  // Adam touches 7 bytes per parameter byte: 300 parameter bytes * 7 / 700 B/s = 3 s.
+  REQUIRE(p.optimizer_s == 3);
+  REQUIRE(p.overhead_s == 0.25);
+  REQUIRE(p.step_s == 21 + 3 + 0.25);
+  // Placement mp=2 puts a, b, d on device 0 (100 B of params) and c on device 1 (200 B): the
+  // devices update at once, the fuller one decides: 200 * 7 / 700 = 2 s.
+  const Plan mp2 = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
+                                   {0, 0, 1, 0});
+  REQUIRE(evaluate(problem, mp2).optimizer_s == 2);
+  // Two processes computing on one node at once run 1.5x slower (CPU ranks sharing cores).
+  problem.cluster.runtime.shared_host_slowdown = {{1, 1.0}, {2, 1.5}};
+  const Plan dp2 = test::make_plan(problem.graph, problem.cluster, 2, 1, MpMode::kPlacement, 1,
+                                   {0, 0, 0, 0});
+  const Prediction shared = evaluate(problem, dp2);
+  REQUIRE(shared.compute_slowdown == 1.5);
+  REQUIRE(shared.compute_s == 21 * 1.5);
+  REQUIRE(evaluate(problem, dp1).compute_slowdown == 1.0);  // one process: no sharing
+}
+
+TEST_CASE("evaluate: a replica's CPU devices run one after another", "[evaluate]") {
+  // On "cpu" devices one process drives the replica: placement mp=2 is the serial sum, with
+  // no transfers, whatever the assignment (test_placement_schedule.cc: 8 + 13 on "cuda").
+  Problem problem = diamond_problem();
+  problem.cluster.device.type = "cpu";
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
+                                    {0, 0, 1, 0});
+  const Prediction p = evaluate(problem, plan);
+  REQUIRE(p.compute_s == 7 + 14);
+  REQUIRE(p.transfer_s == 0);
+}
+
+TEST_CASE("evaluate: the plan records the rings the all-reduce runs", "[evaluate]") {
+  Problem problem = diamond_problem();
+  problem.cluster.collectives = CollectiveLibrary::kGloo;
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1,
+                                    {0, 0, 1, 0});
+  const Prediction p = evaluate(problem, plan);
+  REQUIRE(p.allreduce_rings == std::vector<std::vector<DeviceIndex>>{{0, 2}, {1, 3}});
+  const Plan single = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
+                                      {0, 0, 1, 0});
+  REQUIRE(evaluate(problem, single).allreduce_rings.empty());
 }

@@ -86,6 +86,33 @@ TEST_CASE("graph validation names the file, the JSON path and the rule", "[graph
     j["nodes"][0]["flops"] = -2.5;
     REQUIRE(load_error(j) == "graph.json: nodes[0].flops must be finite and >= 0 (got -2.5)");
   }
+  SECTION("batch_times at the profiled batch") {
+    j["nodes"][0]["batch_times"] = Json::parse(R"([{"batch_size": 8, "forward_s": 1, "backward_s": 2}])");
+    REQUIRE(load_error(j) ==
+            "graph.json: nodes[0].batch_times[0].batch_size must differ from "
+            "profiled.batch_size (whose times are the node's forward_s and backward_s) (got 8)");
+  }
+  SECTION("batch_times not increasing") {
+    j["nodes"][0]["batch_times"] = Json::parse(
+        R"([{"batch_size": 4, "forward_s": 1, "backward_s": 2}, {"batch_size": 2, "forward_s": 1, "backward_s": 2}])");
+    REQUIRE(load_error(j) ==
+            "graph.json: nodes[0].batch_times[1].batch_size must be greater than the previous "
+            "entry's 4 (strictly increasing) (got 2)");
+  }
+  SECTION("batch_times negative time") {
+    j["nodes"][0]["batch_times"] = Json::parse(R"([{"batch_size": 1, "forward_s": -1, "backward_s": 2}])");
+    REQUIRE(load_error(j) == "graph.json: nodes[0].batch_times[0].forward_s must be finite and >= 0 (got -1)");
+  }
+  SECTION("cut_before not a boolean") {
+    j["nodes"][1]["cut_before"] = 0;
+    REQUIRE(load_error(j) == "graph.json: nodes[1].cut_before must be true or false (got 0)");
+  }
+  SECTION("pipeline_split without a reason") {
+    j["pipeline_split"] = Json::parse(R"({"supported": false})");
+    REQUIRE(load_error(j) ==
+            "graph.json: pipeline_split.reason must say why the model cannot be split when "
+            "supported is false (got \"\")");
+  }
   SECTION("edge to a missing node") {
     j["edges"][2]["dst"] = 17;
     REQUIRE(load_error(j) == "graph.json: edges[2].dst names no node (got 17)");
@@ -160,6 +187,32 @@ TEST_CASE("graph validation names the file, the JSON path and the rule", "[graph
     REQUIRE(load_error(Json::array({1, 2})) ==
             "graph.json: top level must be a JSON object (got [1,2])");
   }
+}
+
+TEST_CASE("batch curves, stage cuts and splittability round-trip; old graphs keep their hash",
+          "[graph]") {
+  Json j = valid_graph_json();
+  const Graph plain = graph_from_json(j, "graph.json");
+  const Json canonical = graph_to_json(plain);
+  REQUIRE(canonical.find("pipeline_split") == canonical.end());
+  REQUIRE(canonical["nodes"][0].find("batch_times") == canonical["nodes"][0].end());
+  REQUIRE(canonical["nodes"][0].find("cut_before") == canonical["nodes"][0].end());
+  REQUIRE(plain.pipeline_split.supported);
+  REQUIRE(plain.nodes[1].cut_before);
+
+  j["nodes"][0]["batch_times"] = Json::parse(
+      R"([{"batch_size": 1, "forward_s": 0.0002, "backward_s": 0.0004},
+          {"batch_size": 4, "forward_s": 0.0006, "backward_s": 0.0011}])");
+  j["nodes"][1]["cut_before"] = false;
+  j["pipeline_split"] = {{"supported", false}, {"reason", "torch.export failed in 'enc': data-dependent control flow"}};
+  const Graph g = graph_from_json(j, "graph.json");
+  REQUIRE(g.nodes[0].batch_times.size() == 2);
+  REQUIRE(g.nodes[0].batch_times[1].batch_size == 4);
+  REQUIRE(g.nodes[0].batch_times[1].backward_s == 0.0011);
+  REQUIRE_FALSE(g.nodes[1].cut_before);
+  REQUIRE_FALSE(g.pipeline_split.supported);
+  REQUIRE(graph_to_json(graph_from_json(graph_to_json(g), "again")) == graph_to_json(g));
+  REQUIRE(graph_sha256(g) != graph_sha256(plain));
 }
 
 TEST_CASE("Graph::validate applies the same rules to graphs built in code", "[graph]") {

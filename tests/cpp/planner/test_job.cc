@@ -24,7 +24,7 @@ std::string load_error(const Json& j) {
 TEST_CASE("job_from_json reads both convergence models and round-trips", "[job]") {
   const Job job = job_from_json(valid_job_json(), "job.json");
   REQUIRE(job.samples_per_epoch == 1281167);
-  REQUIRE(job.per_replica_batch == 64);
+  REQUIRE(job.per_replica_batches == BatchCandidates{64});
   REQUIRE(job.optimizer == Optimizer::kSgdMomentum);
   REQUIRE(job.convergence.model == Convergence::Model::kCriticalBatch);
   REQUIRE(job.convergence.critical_batch == 8192);
@@ -44,7 +44,22 @@ TEST_CASE("a job needs only its header", "[job]") {
   const Job job = job_from_json(Json::parse(R"({"schema_version": 1, "kind": "hybridplan.job"})"), "j");
   REQUIRE(job.convergence.model == Convergence::Model::kNone);
   REQUIRE(job.optimizer == Optimizer::kSgd);
-  REQUIRE(job.per_replica_batch == 0);
+  REQUIRE(job.per_replica_batches.empty());
+  REQUIRE(job.global_batches.empty());
+}
+
+TEST_CASE("batch candidates: one, a list, or a range of powers of two", "[job]") {
+  Json j = valid_job_json();
+  j["per_replica_batch"] = Json::parse("[64, 16, 32, 16]");
+  REQUIRE(job_from_json(j, "job.json").per_replica_batches == BatchCandidates{16, 32, 64});
+  j["per_replica_batch"] = Json::parse(R"({"min": 6, "max": 40})");
+  REQUIRE(job_from_json(j, "job.json").per_replica_batches == BatchCandidates{6, 8, 16, 32, 40});
+  const Job listed = job_from_json(j, "job.json");
+  REQUIRE(job_to_json(listed)["per_replica_batch"] == Json::parse("[6, 8, 16, 32, 40]"));
+  REQUIRE(job_to_json(job_from_json(job_to_json(listed), "again")) == job_to_json(listed));
+  j.erase("per_replica_batch");
+  j["global_batch"] = Json::parse("[256, 1024]");
+  REQUIRE(job_from_json(j, "job.json").global_batches == BatchCandidates{256, 1024});
 }
 
 TEST_CASE("job validation messages", "[job]") {
@@ -88,6 +103,24 @@ TEST_CASE("job validation messages", "[job]") {
   SECTION("batch") {
     j["per_replica_batch"] = 0;
     REQUIRE(load_error(j) == "job.json: per_replica_batch must be >= 1 (got 0)");
+  }
+  SECTION("batch list") {
+    j["per_replica_batch"] = Json::parse("[8, -2]");
+    REQUIRE(load_error(j) == "job.json: per_replica_batch[1] must be >= 1 (got -2)");
+  }
+  SECTION("empty batch list") {
+    j["per_replica_batch"] = Json::array();
+    REQUIRE(load_error(j) == "job.json: per_replica_batch must list at least one batch size (got [])");
+  }
+  SECTION("batch range") {
+    j["per_replica_batch"] = Json::parse(R"({"min": 64, "max": 8})");
+    REQUIRE(load_error(j) == "job.json: per_replica_batch.max must be >= min = 64 (got 8)");
+  }
+  SECTION("batch of the wrong type") {
+    j["per_replica_batch"] = "big";
+    REQUIRE(load_error(j) ==
+            "job.json: per_replica_batch must be a batch size, a list of batch sizes or "
+            "{\"min\": a, \"max\": b} (got \"big\")");
   }
   SECTION("micro-batches") {
     j["num_microbatches"] = {4, 0};

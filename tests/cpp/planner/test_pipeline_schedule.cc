@@ -133,9 +133,11 @@ TEST_CASE("stage costs count each value once per boundary it crosses", "[pipelin
       {{"a", 1, 2, 0, 100}, {"b", 2, 4, 0, 50}, {"c", 3, 6, 0, 30}, {"d", 4, 8, 0, 0}},
       {{0, 1, 100}, {1, 2, 50}, {2, 3, 30}, {0, 2, 100}, {0, 3, 100}}, 4);
   PipelineStages stages;
-  pipeline_stage_costs(g, {0, 0, 1, 2}, 3, 0.5, stages);  // micro-batch of 2 at profiled 4
-  REQUIRE(stages.forward_s == std::vector<double>{1.5, 1.5, 2});   // (1+2)/2, 3/2, 4/2
-  REQUIRE(stages.backward_s == std::vector<double>{3, 3, 4});
+  // micro-batch of 2 at profiled 4, linear times (no call floor), 0.25 s per schedule action
+  const NodeTimes micro = ComputeModel(g, test::make_cluster(1, 3)).at_batch(2);
+  pipeline_stage_costs(g, {0, 0, 1, 2}, 3, micro, 0.5, 0.25, stages);
+  REQUIRE(stages.forward_s == std::vector<double>{1.75, 1.75, 2.25});  // (1+2)/2, 3/2, 4/2 + 0.25
+  REQUIRE(stages.backward_s == std::vector<double>{3.25, 3.25, 4.25});
   // boundary 0|1: a (once, though consumed by c and d) 100 + b 50 = 150, halved = 75
   // boundary 1|2: a forwarded 100 + c 30 = 130, halved = 65
   REQUIRE(stages.boundary_bytes == std::vector<double>{75, 65});

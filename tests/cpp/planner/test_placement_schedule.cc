@@ -13,10 +13,15 @@ Graph diamond() {
                           {{0, 1, 100}, {0, 2, 100}, {1, 3, 100}, {2, 3, 100}});
 }
 
+// Node times at `batch` with linear scaling (the fixtures' cluster gives no call floor).
+NodeTimes times_at(const Graph& g, double batch) {
+  return ComputeModel(g, test::make_cluster(1, 2)).at_batch(batch);
+}
+
 }  // namespace
 
 TEST_CASE("priority order is highest level first", "[placement_schedule]") {
-  const PlacementOrder order = placement_priority_order(diamond());
+  const PlacementOrder order = placement_priority_order(diamond(), times_at(diamond(), 1));
   // forward levels: d=1, b=2+1=3, c=3+1=4, a=1+max(3,4)=5 -> a, c, b, d
   REQUIRE(order.forward == std::vector<NodeIndex>{0, 2, 1, 3});
   // backward levels (reversed edges): a=2, b=4+2=6, c=6+2=8, d=2+8=10 -> d, c, b, a
@@ -25,7 +30,7 @@ TEST_CASE("priority order is highest level first", "[placement_schedule]") {
 
 TEST_CASE("placement schedule: hand-computed diamond on two devices", "[placement_schedule]") {
   const Graph g = diamond();
-  const PlacementOrder order = placement_priority_order(g);
+  const PlacementOrder order = placement_priority_order(g, times_at(g, 1));
   // Two devices, 100 bytes/s and 0.5 s latency: one 100-byte edge costs 0.5 + 100/100 = 1.5 s.
   const Cluster c = test::make_cluster(1, 2, 100, 0.5);
   LocalLinks links;
@@ -36,7 +41,7 @@ TEST_CASE("placement schedule: hand-computed diamond on two devices", "[placemen
 
   PlacementScratch scratch;
   // a, b, d on device 0; c on device 1.
-  const PlacementTimes t = schedule_placement(g, order, {0, 0, 1, 0}, links, 1.0, scratch);
+  const PlacementTimes t = schedule_placement(g, order, {0, 0, 1, 0}, links, times_at(g, 1), 1.0, scratch);
   // forward, order a c b d:
   //   a dev0 0-1;  c dev1 ready 1+1.5=2.5 -> 2.5-5.5;  b dev0 1-3;
   //   d dev0 ready max(3, 5.5+1.5=7) -> 7-8                          makespan 8
@@ -51,7 +56,7 @@ TEST_CASE("placement schedule: hand-computed diamond on two devices", "[placemen
   REQUIRE(t.transfer_s == 6);
 
   // All on one device: the sums, 1+2+3+1 = 7 and 2+4+6+2 = 14, no transfers.
-  const PlacementTimes one = schedule_placement(g, order, {0, 0, 0, 0}, links, 1.0, scratch);
+  const PlacementTimes one = schedule_placement(g, order, {0, 0, 0, 0}, links, times_at(g, 1), 1.0, scratch);
   REQUIRE(one.forward_s == 7);
   REQUIRE(one.backward_s == 14);
   REQUIRE(one.transfer_s == 0);
@@ -60,7 +65,7 @@ TEST_CASE("placement schedule: hand-computed diamond on two devices", "[placemen
   //   forward: a 0-1; c dev1 2.5-5.5; b dev0 1-3; d ready 7 -> 8 (same as above: c is longer)
   // At batch factor 2 every time and every byte doubles: transfer 0.5 + 200/100 = 2.5 s.
   //   forward: a 0-2; c dev1 4.5-10.5; b 2-6; d ready max(6, 13) -> 13-15
-  const PlacementTimes doubled = schedule_placement(g, order, {0, 0, 1, 0}, links, 2.0, scratch);
+  const PlacementTimes doubled = schedule_placement(g, order, {0, 0, 1, 0}, links, times_at(g, 2), 2.0, scratch);
   REQUIRE(doubled.forward_s == 15);
   //   backward: d 0-4; c ready 6.5 -> 6.5-18.5; b 4-12; a ready max(12, 21) -> 21-25
   REQUIRE(doubled.backward_s == 25);
@@ -74,7 +79,7 @@ TEST_CASE("a device runs its nodes one at a time in priority order", "[placement
   LocalLinks links;
   fill_local_links(c, {0, 1}, links);
   PlacementScratch scratch;
-  const PlacementTimes t = schedule_placement(g, placement_priority_order(g), {0, 0, 1}, links, 1.0, scratch);
+  const PlacementTimes t = schedule_placement(g, placement_priority_order(g, times_at(g, 1)), {0, 0, 1}, links, times_at(g, 1), 1.0, scratch);
   REQUIRE(scratch.forward_finish_s == std::vector<double>{1, 2, 1});
   REQUIRE(t.forward_s == 2);
   REQUIRE(t.backward_s == 2);

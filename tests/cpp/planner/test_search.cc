@@ -43,6 +43,8 @@ double brute_force_point(const Problem& problem, const SearchSpacePoint& point) 
     }
   } else {
     for_each_contiguous_partition(n, static_cast<int>(point.mp), [&](const std::vector<int64_t>& s) {
+      for (size_t k = 1; k + 1 < s.size(); ++k)  // a stage may begin only where the graph allows
+        if (!problem.graph.nodes[problem.graph.topo_order[s[k]]].cut_before) return;
       for (int64_t k = 0; k + 1 < static_cast<int64_t>(s.size()); ++k)
         for (int64_t p = s[k]; p < s[k + 1]; ++p)
           plan.assignment[problem.graph.topo_order[p]] = static_cast<int32_t>(k);
@@ -57,6 +59,8 @@ Problem random_problem(std::mt19937_64& rng, int trial) {
   testing::RandomGraphOptions go;
   go.num_nodes = 2 + static_cast<int>(rng() % 5);  // 2..6 nodes
   go.chain = trial % 4 == 0;
+  go.batch_curves = trial % 3 != 0;
+  go.cut_constraints = trial % 5 == 1;
   problem.graph = random_graph(rng, go);
   testing::RandomClusterOptions co;
   co.num_nodes = 1 + static_cast<int64_t>(rng() % 2);
@@ -124,21 +128,25 @@ TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
   std::vector<std::string> skipped;
   const auto points = search_space(problem, SearchOptions{}, &skipped);
   // mp=1 (dp=8) placement; mp=2 (dp=4) placement + pipeline M in {1,2,4} (12 = profiled batch,
-  // 8 does not divide it) x 2 schedules; mp=4 (dp=2) placement only: 3 nodes < 4 stages.
-  REQUIRE(points.size() == 1 + 1 + 6 + 1);
+  // 8 does not divide it), GPipe for each and 1F1B for M >= 2 stages; mp=4 (dp=2) placement
+  // only: 3 nodes < 4 stages.
+  REQUIRE(points.size() == 1 + 1 + 5 + 1);
   CHECK(points[0].dp == 8);
   CHECK(points[0].mp == 1);
   CHECK(points[2].mode == MpMode::kPipeline);
   CHECK(points[2].num_microbatches == 1);
-  CHECK(points[7].num_microbatches == 4);
-  CHECK(points[7].schedule == Schedule::k1F1B);
-  CHECK(points[8].mp == 4);
-  CHECK(points[8].per_replica_batch == 12);
+  CHECK(points[2].schedule == Schedule::kGpipe);
+  CHECK(points[3].schedule == Schedule::kGpipe);  // M = 2
+  CHECK(points[4].schedule == Schedule::k1F1B);
+  CHECK(points[6].num_microbatches == 4);
+  CHECK(points[6].schedule == Schedule::k1F1B);
+  CHECK(points[7].mp == 4);
+  CHECK(points[7].per_replica_batch == 12);
   REQUIRE(skipped.size() == 1);
   CHECK(skipped[0] == "dp=2 mp=4 pipeline: needs at least 4 nodes for 4 stages (graph has 3)");
 
   // A fixed global batch divides by dp; 6 devices allow mp in {1, 2} only.
-  problem.job.global_batch = 24;
+  problem.job.global_batches = {24};
   problem.job.num_microbatches = {2, 5};
   SearchOptions six;
   six.devices = 6;
@@ -148,10 +156,14 @@ TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
   CHECK(p6[0].per_replica_batch == 4);   // 24 / 6
   CHECK(p6[1].per_replica_batch == 8);   // 24 / 3
   CHECK(p6[2].num_microbatches == 2);    // 5 does not divide 8
-  problem.job.global_batch = 25;
+  problem.job.global_batches = {25};
   skipped.clear();
   CHECK(search_space(problem, six, &skipped).empty());
-  CHECK(skipped[0] == "dp=6 mp=1: global batch 25 is not divisible by dp=6");
+  CHECK(skipped[0] == "dp=6 mp=1: no global batch of the job (25) is divisible by dp=6");
+
+  // Candidate batches multiply the points; the search chooses among them.
+  problem.job.global_batches = {24, 48};
+  CHECK(search_space(problem, six, nullptr).size() == 2 * 4);
 
   SearchOptions bad;
   bad.devices = 9;
