@@ -81,18 +81,20 @@ void bench_chain() {
   const SearchResult r = search(problem, SearchOptions{});
   const double wall_s = seconds_since(t0);
   const double cpu_s = cpu_seconds() - cpu0_s;
-  std::printf("== full search: 2,000-node chain on %lld devices (512 x DGX-1 V100) ==\n",
+  std::printf("== full search: 2,000-node chain on %lld devices (512 x DGX-1 V100), batch chosen "
+              "from 8, 16, 32, 64 ==\n",
               static_cast<long long>(problem.cluster.num_devices()));
   std::printf("wall %.3f s, cpu %.3f s (target < 1 s), peak RSS %s (target < 1 GB), "
               "%lld evaluations\n",
               wall_s, cpu_s, format_bytes(peak_rss_bytes()).c_str(),
               static_cast<long long>(r.candidates_evaluated));
-  std::printf("%-4s %-5s %-3s %-10s %-5s %-4s %12s %14s\n", "rank", "dp", "mp", "mode",
+  std::printf("%-4s %-5s %-3s %-5s %-10s %-5s %-4s %12s %14s\n", "rank", "dp", "mp", "b", "mode",
               "sched", "M", "step", "samples/s");
   for (size_t i = 0; i < r.plans.size(); ++i) {
     const Plan& p = r.plans[i];
-    std::printf("%-4zu %-5lld %-3lld %-10s %-5s %-4lld %12s %14s\n", i + 1,
-                static_cast<long long>(p.dp), static_cast<long long>(p.mp), mode_name(p.mode),
+    std::printf("%-4zu %-5lld %-3lld %-5lld %-10s %-5s %-4lld %12s %14s\n", i + 1,
+                static_cast<long long>(p.dp), static_cast<long long>(p.mp),
+                static_cast<long long>(p.per_replica_batch), mode_name(p.mode),
                 schedule_name(p.schedule), static_cast<long long>(p.num_microbatches),
                 format_seconds(p.predicted.step_s).c_str(),
                 format_count(p.predicted.samples_per_s).c_str());

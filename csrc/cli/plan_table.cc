@@ -60,7 +60,7 @@ std::string plan_shape(const Plan& plan) {
 
 void print_plan_table(std::ostream& os, const Problem& problem, const std::vector<Plan>& plans) {
   const bool convergence = has_convergence(problem);
-  Table table({"rank", "dp", "mp", "mode", "schedule", "M", "global batch", "step", "compute",
+  Table table({"rank", "dp", "mp", "mode", "schedule", "M", "batch", "global batch", "step", "compute",
                "all-reduce", "bubble", "max mem/device", "epochs",
                convergence ? "time-to-train" : "samples/s"});
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -68,7 +68,8 @@ void print_plan_table(std::ostream& os, const Problem& problem, const std::vecto
     const Prediction& q = p.predicted;
     table.add({std::to_string(i + 1), std::to_string(p.dp), std::to_string(p.mp),
                mode_name(p.mode), schedule_name(p.schedule), std::to_string(p.num_microbatches),
-               std::to_string(p.global_batch), format_seconds(q.step_s),
+               std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
+               format_seconds(q.step_s),
                format_seconds(q.compute_s), format_seconds(q.allreduce_s),
                format_seconds(q.bubble_s), format_bytes(static_cast<double>(max_memory_bytes(q))),
                convergence ? fixed(q.epochs, 1) : "-",
@@ -90,10 +91,15 @@ void print_breakdown(std::ostream& os, const Problem& problem, const Plan& plan)
   os << "  per-replica batch " << plan.per_replica_batch << ", global batch " << plan.global_batch
      << "\n";
   Table table({"term", "value", "note"});
-  table.add({"step", format_seconds(q.step_s), "compute + exposed all-reduce"});
-  table.add({"  compute", format_seconds(q.compute_s),
-             plan.mode == MpMode::kPipeline ? "pipeline schedule length" : "fwd+bwd makespan"});
+  table.add({"step", format_seconds(q.step_s),
+             "compute + exposed all-reduce + optimizer + overhead"});
+  std::string compute_note =
+      plan.mode == MpMode::kPipeline ? "pipeline schedule length" : "fwd+bwd makespan";
+  if (q.compute_slowdown != 1) compute_note += ", x" + fixed(q.compute_slowdown, 2) + " shared node";
+  table.add({"  compute", format_seconds(q.compute_s), compute_note});
   table.add({"  all-reduce", format_seconds(q.allreduce_s), "exposed (not hidden by backward)"});
+  table.add({"  optimizer", format_seconds(q.optimizer_s), "parameter update of the fullest device"});
+  table.add({"  overhead", format_seconds(q.overhead_s), "the runtime's fixed cost per step"});
   table.add({"  transfer", format_seconds(q.transfer_s), "cross-device activations (in compute)"});
   table.add({"  bubble", format_seconds(q.bubble_s), "pipeline idle time (in compute)"});
   table.add({"samples/s", format_count(q.samples_per_s), "global batch / step"});
@@ -107,6 +113,7 @@ void print_breakdown(std::ostream& os, const Problem& problem, const Plan& plan)
   os << " (limit " << format_bytes(static_cast<double>(problem.cluster.device.memory_bytes))
      << ")\n";
   os << "  feasible: " << (q.feasible ? "yes" : "no, " + q.infeasible_reason) << "\n";
+  if (!q.compute_model.empty()) os << "  node times: " << q.compute_model << "\n";
   if (!plan.device_mapping_note.empty()) os << "  device mapping: " << plan.device_mapping_note << "\n";
 }
 

@@ -79,8 +79,23 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   out << "  step          " << format_seconds(p.step_s) << "\n";
   out << "    compute     " << format_seconds(p.compute_s);
   if (pipeline) out << " (bubble " << format_seconds(p.bubble_s) << ")";
+  if (p.compute_slowdown != 1) out << " (x" << p.compute_slowdown << ": processes sharing a node)";
   out << "\n    all-reduce  " << format_seconds(p.allreduce_s) << " exposed after backward\n";
+  out << "    optimizer   " << format_seconds(p.optimizer_s) << "\n";
+  out << "    overhead    " << format_seconds(p.overhead_s) << " per step (runtime)\n";
   out << "  transfers     " << format_seconds(p.transfer_s) << " in total (inside compute)\n";
+  if (!p.compute_model.empty()) out << "  node times    " << p.compute_model << "\n";
+  if (!p.allreduce_rings.empty()) {
+    out << "  rings         ";
+    for (size_t k = 0; k < p.allreduce_rings.size() && k < 4; ++k) {
+      out << (k ? "; " : "") << (pipeline ? "stage " : "device ") << k << ":";
+      const auto& ring = p.allreduce_rings[k];
+      for (size_t i = 0; i < ring.size() && i < 16; ++i) out << " " << ring[i];
+      if (ring.size() > 16) out << " ...";
+    }
+    if (p.allreduce_rings.size() > 4) out << "; ...";
+    out << "\n";
+  }
   out << "  throughput    " << format_count(p.samples_per_s) << " samples/s\n";
   if (p.epochs > 0) {
     out << "  epochs        " << p.epochs << " at global batch " << plan.global_batch << "\n";

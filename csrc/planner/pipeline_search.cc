@@ -1,6 +1,7 @@
 #include "planner/pipeline_search.h"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 
 #include "common/error.h"
@@ -9,6 +10,8 @@
 
 namespace hybridplan {
 namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 // Feasible first by step_s, then infeasible by the fullest stage.
 bool better(const Prediction& a, const Prediction& b) {
@@ -19,7 +22,8 @@ bool better(const Prediction& a, const Prediction& b) {
 }
 
 // The split needing the least memory on its fullest stage, by bisection on the capacity
-// (fits() is monotone in it): used only to report how far from fitting a point is.
+// (fits() is monotone in it), to 0.1 % (the message prints three digits): used only to report
+// how far from fitting a point is.
 std::vector<int64_t> least_memory_split(PartitionCosts costs) {
   std::fill(costs.prefix_compute_s.begin(), costs.prefix_compute_s.end(), 0.0);
   for (auto& row : costs.boundary_s) std::fill(row.begin(), row.end(), 0.0);
@@ -29,7 +33,7 @@ std::vector<int64_t> least_memory_split(PartitionCosts costs) {
   double lo = 0, hi = costs.prefix_static_bytes[n] + max_mult * costs.prefix_activation_bytes[n];
   costs.memory_capacity_bytes = hi;
   auto best = optimal_partition(costs);
-  for (int it = 0; it < 60 && hi - lo > 1e-6 * hi; ++it) {
+  for (int it = 0; it < 60 && hi - lo > 1e-3 * hi; ++it) {
     costs.memory_capacity_bytes = (lo + hi) / 2;
     if (auto p = optimal_partition(costs)) {
       hi = costs.memory_capacity_bytes;
@@ -111,8 +115,30 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   return c;
 }
 
+std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& costs,
+                                                         const Plan& base) {
+  // The proxy is M * (per-micro-batch stage time) for compute and transfers alike, so without
+  // memory limits the best split depends on the micro-batch size, not on M or the schedule.
+  // It is optimal with limits too whenever it fits them (a constrained optimum is never
+  // better than the unconstrained one); only then is the constrained DP needed.
+  const auto key = std::make_tuple(base.mp,
+                                   static_cast<double>(base.per_replica_batch) /
+                                       static_cast<double>(base.num_microbatches),
+                                   base.mesh[0]);
+  auto it = unconstrained_.find(key);
+  if (it == unconstrained_.end()) {
+    PartitionCosts unlimited = costs;
+    unlimited.memory_capacity_bytes = 0;
+    it = unconstrained_.emplace(key, optimal_partition(unlimited)).first;
+  }
+  if (it->second && partition_bottleneck_s(costs, it->second->stage_starts) < kInfinity) {
+    return it->second;
+  }
+  return optimal_partition(costs);
+}
+
 PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
-                                int exact_max_nodes) {
+                                int exact_max_nodes, PipelinePartitionCache* cache) {
   const Problem& problem = evaluator.problem();
   const Graph& g = problem.graph;
   const auto n = static_cast<int64_t>(g.nodes.size());
@@ -139,7 +165,7 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
     note << "exact (all " << out.evaluations << " contiguous splits evaluated)";
   } else {
     const PartitionCosts costs = pipeline_partition_costs(evaluator, base);
-    if (auto part = optimal_partition(costs)) {
+    if (auto part = cache ? cache->optimal(costs, base) : optimal_partition(costs)) {
       consider(part->stage_starts);
       note << "bottleneck DP over the topological order (optimal for the stage-time proxy)";
     } else {

@@ -17,6 +17,9 @@
 // cost of the slowest stage; the schedule's fill/drain is common to all splits.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -34,9 +37,20 @@ struct PipelineOutcome {
   std::string note;
 };
 
-// `base`: a pipeline plan skeleton (mode, schedule, mp, num_microbatches, mesh, batch).
+// Remembers the DP's split without memory limits per (stages, micro-batch size, stage devices),
+// shared by the points of one search: see optimal() in pipeline_search.cc.
+class PipelinePartitionCache {
+ public:
+  std::optional<Partition> optimal(const PartitionCosts& costs, const Plan& base);
+
+ private:
+  std::map<std::tuple<int64_t, double, std::vector<DeviceIndex>>, std::optional<Partition>> unconstrained_;
+};
+
+// `base`: a pipeline plan skeleton (mode, schedule, mp, num_microbatches, mesh, batch). `cache`
+// (optional) shares DP results between points of one search.
 PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
-                                int exact_max_nodes);
+                                int exact_max_nodes, PipelinePartitionCache* cache = nullptr);
 
 // The proxy costs above for `base` (positions = graph.topo_order), with node times from the
 // evaluator's compute model at the micro-batch and the stage starts the graph allows.

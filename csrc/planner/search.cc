@@ -13,10 +13,13 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <queue>
+#include <tuple>
 #include <sstream>
 
 #include "common/error.h"
 #include "common/units.h"
+#include "planner/convergence.h"
 #include "planner/device_mapping.h"
 #include "planner/evaluate.h"
 #include "planner/pipeline_search.h"
@@ -180,6 +183,44 @@ Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
                                map_devices(problem.cluster, point.dp, point.mp));
 }
 
+namespace {
+
+// A lower bound on evaluate(plan).step_s for any assignment of the point (the plan's mesh,
+// batch and micro-batches fixed): compute at least the placement bound (critical path, work per
+// device), or for pipelines the stage work M * (F + B) spread perfectly over S stages with every
+// action's runtime cost, plus the fixed step overhead; all-reduce and optimizer >= 0.
+double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
+  const Cluster& cluster = evaluator.problem().cluster;
+  const double slowdown = evaluator.compute_slowdown(plan);
+  double compute_s = 0;
+  if (plan.mode == MpMode::kPipeline) {
+    const auto m = static_cast<double>(plan.num_microbatches);
+    const double micro = static_cast<double>(plan.per_replica_batch) / m;
+    compute_s = evaluator.node_times(micro, slowdown).total_s() * m / static_cast<double>(plan.mp) +
+                2 * m * cluster.runtime.action_s;
+  } else if (evaluator.serial_replica_devices()) {
+    compute_s = evaluator.node_times(static_cast<double>(plan.per_replica_batch), slowdown).total_s();
+  } else {
+    compute_s = placement_lower_bound_s(evaluator, plan);
+  }
+  return compute_s + cluster.runtime.step_s;
+}
+
+// objective() of a plan of `point` whose step takes `step_s` (monotone in step_s).
+double objective_of_step(const Problem& problem, const Plan& plan, double step_s) {
+  Prediction p;
+  p.step_s = step_s;
+  const int64_t global_batch = plan.dp * plan.per_replica_batch;
+  p.samples_per_s = step_s > 0 ? static_cast<double>(global_batch) / step_s : 0.0;
+  if (problem.job.convergence.model != Convergence::Model::kNone) {
+    p.epochs = epochs_to_target(problem.job.convergence, static_cast<double>(global_batch));
+    p.time_to_train_s = time_to_train_s(p.epochs, problem.job.samples_per_epoch, global_batch, step_s);
+  }
+  return objective(problem, p);
+}
+
+}  // namespace
+
 SearchResult search(const Problem& problem, const SearchOptions& options) {
   SearchResult result;
   const std::vector<SearchSpacePoint> points = search_space(problem, options, &result.infeasible);
@@ -190,26 +231,48 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
 
   // Device mappings depend on (dp, mp) only.
   std::map<std::pair<int64_t, int64_t>, DeviceMapping> mappings;
-  std::vector<std::pair<double, Plan>> ranked;
-  std::optional<std::pair<int64_t, std::string>> least_memory;  // (peak bytes, point)
-  std::map<std::string, std::string> pipeline_notes;
-  for (const SearchSpacePoint& point : points) {
+  std::vector<Plan> skeletons;
+  std::vector<std::pair<double, size_t>> by_bound;  // (objective lower bound, point index)
+  for (size_t i = 0; i < points.size(); ++i) {
+    const SearchSpacePoint& point = points[i];
     auto key = std::make_pair(point.dp, point.mp);
     auto it = mappings.find(key);
     if (it == mappings.end())
       it = mappings.emplace(key, map_devices(problem.cluster, point.dp, point.mp)).first;
-    Plan plan = skeleton_with_mapping(problem, point, sha, it->second);
-
+    skeletons.push_back(skeleton_with_mapping(problem, point, sha, it->second));
+    by_bound.emplace_back(
+        objective_of_step(problem, skeletons.back(), step_lower_bound_s(evaluator, skeletons.back())), i);
+  }
+  // Branch and bound over the points: most promising first; a point whose lower bound exceeds
+  // the top_k-th best objective found cannot enter the result and is not searched.
+  std::stable_sort(by_bound.begin(), by_bound.end());
+  std::vector<std::tuple<double, size_t, Plan>> ranked;  // (objective, point index, plan)
+  std::priority_queue<double> best_k;                     // the top_k smallest objectives
+  int64_t pruned = 0;
+  std::optional<std::pair<int64_t, std::string>> least_memory;  // (peak bytes, point)
+  std::map<std::string, std::string> pipeline_notes;
+  PipelinePartitionCache partitions;
+  for (const auto& [bound, index] : by_bound) {
+    if (static_cast<int>(best_k.size()) == options.top_k && bound > best_k.top()) {
+      ++pruned;
+      continue;
+    }
+    const SearchSpacePoint& point = points[index];
+    Plan plan = std::move(skeletons[index]);
     const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) + " " +
                              mode_name(point.mode);
     if (point.mode == MpMode::kPlacement) {
       PlacementOutcome o = search_placement(evaluator, plan, placement_options);
       result.candidates_evaluated += o.evaluations;
-      if (point.mp > 1) result.notes.push_back(head + ": " + o.note);
+      if (point.mp > 1) {
+        result.notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
+                               str(point.per_replica_batch) + " placement: " + o.note);
+      }
       plan.assignment = std::move(o.assignment);
       plan.predicted = std::move(o.predicted);
     } else {
-      PipelineOutcome o = search_pipeline(evaluator, plan, options.exact_placement_max_nodes);
+      PipelineOutcome o =
+          search_pipeline(evaluator, plan, options.exact_placement_max_nodes, &partitions);
       result.candidates_evaluated += o.evaluations;
       pipeline_notes.emplace(head, o.note);  // the same method for every M and schedule
       plan.assignment = std::move(o.assignment);
@@ -221,7 +284,16 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
       result.infeasible.push_back(describe(point) + ": " + plan.predicted.infeasible_reason);
       continue;
     }
-    ranked.emplace_back(objective(problem, plan.predicted), std::move(plan));
+    const double obj = objective(problem, plan.predicted);
+    best_k.push(obj);
+    if (static_cast<int>(best_k.size()) > options.top_k) best_k.pop();
+    ranked.emplace_back(obj, index, std::move(plan));
+  }
+  if (pruned > 0) {
+    result.notes.push_back(std::to_string(pruned) + " of " + std::to_string(points.size()) +
+                           " points not searched: a lower bound on their objective (compute "
+                           "bound + fixed overhead) exceeds the top " +
+                           std::to_string(options.top_k) + " found");
   }
   for (const auto& [head, note] : pipeline_notes) result.notes.push_back(head + ": " + note);
 
@@ -241,10 +313,11 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
     throw InfeasibleError(os.str());
   }
   // Best first; ties keep search-space order (smaller mp first), so results are deterministic.
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+  });
   for (size_t i = 0; i < ranked.size() && static_cast<int>(i) < options.top_k; ++i)
-    result.plans.push_back(std::move(ranked[i].second));
+    result.plans.push_back(std::move(std::get<2>(ranked[i])));
   return result;
 }
 

@@ -196,7 +196,8 @@ def write_figure(out: Path, results: dict, titles: dict) -> None:
                                    ("hybrid", "best hybrid (placement or pipeline)", "s-")):
             pts = [(r.devices, speedup(t1, r)) for r in rows if r.kind == kind and r.plan]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
-        ax.set_xscale("log", base=2)
+        ax.set_xscale("log", base=2)  # log-log, as scaling figures are read
+        ax.set_yscale("log", base=2)
         ax.set_title(titles[name])
         ax.set_xlabel("V100 devices (N)")
         ax.set_ylabel("time-to-train speedup over 1 device")

@@ -39,6 +39,15 @@ def speedups(points):
 
 def plot(points, out_path, title=""):
     """Draws the speedup lines to out_path (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(points, title)
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+
+
+def figure(points, title=""):
+    """The speedup figure (a matplotlib Figure) of a sweep."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -52,7 +61,10 @@ def plot(points, out_path, title=""):
         ax.plot(xs, ys, marker=marker, label=label)
     ns = [r[0] for r in rows]
     ax.plot(ns, [n / base_devices for n in ns], linestyle="--", color="gray", label="linear")
+    # Scaling figures are read on log-log axes: linear speedup is a straight diagonal there,
+    # and it bends upward on a log x-axis with a linear y-axis.
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
     ax.set_xticks([r[0] for r in rows])
     ax.set_xticklabels([str(r[0]) for r in rows])
     ax.set_xlabel("devices")
@@ -62,8 +74,7 @@ def plot(points, out_path, title=""):
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def main(argv=None):

@@ -59,3 +59,13 @@ def test_main_writes_png(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("[{\"devices\": 1}]")
     assert plot.main([str(bad), "--out", str(out)]) == 2
+
+
+def test_speedup_axes_are_log_log():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    fig = plot.figure(SWEEP)
+    ax = fig.axes[0]
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    plt.close(fig)
