@@ -13,5 +13,7 @@ void add_sweep_command(CLI::App& app);
 void add_presets_command(CLI::App& app);
 void add_import_pipedream_command(CLI::App& app);
 void add_probe_command(CLI::App& app);
+void add_calibrate_command(CLI::App& app);
+void add_validate_command(CLI::App& app);
 
 }  // namespace hybridplan::cli

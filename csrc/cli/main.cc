@@ -25,6 +25,8 @@ int run(int argc, char** argv) {
   hybridplan::cli::add_presets_command(app);
   hybridplan::cli::add_import_pipedream_command(app);
   hybridplan::cli::add_probe_command(app);
+  hybridplan::cli::add_calibrate_command(app);
+  hybridplan::cli::add_validate_command(app);
   try {
     app.parse(argc, argv);  // runs the chosen subcommand's callback
   } catch (const CLI::ParseError& e) {

@@ -104,6 +104,16 @@ NodeTimes ComputeModel::at_batch(double batch_samples) const {
   return t;
 }
 
+std::vector<int64_t> default_profile_batch_sizes(int64_t batch) {
+  std::vector<int64_t> sizes;
+  for (int64_t size = batch / 2; size >= 1; size = (size == 2 || size == 3) ? 1 : size / 2) {
+    sizes.push_back(size);
+    if (size == 1) break;
+  }
+  std::reverse(sizes.begin(), sizes.end());
+  return sizes;
+}
+
 double single_device_compute_s(const ComputeModel& model, double batch_samples) {
   return model.at_batch(batch_samples).total_s();
 }

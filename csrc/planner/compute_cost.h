@@ -74,6 +74,11 @@ class ComputeModel {
   std::string description_;
 };
 
+// The batch sizes a profile measures besides its example batch b, smallest first: halving b
+// (rounding down; 3 halves to 1) down to 1, e.g. 32 -> 1, 2, 4, 8, 16 and 48 -> 1, 3, 6, 12, 24.
+// The Python and C++ profilers both use this rule (tests/python hold Python's twin to it).
+std::vector<int64_t> default_profile_batch_sizes(int64_t batch);
+
 // Forward + backward of the whole graph on one device at `batch_samples`: the compute of a pure
 // data-parallel replica.
 double single_device_compute_s(const ComputeModel& model, double batch_samples);

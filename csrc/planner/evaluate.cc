@@ -150,6 +150,23 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   return times.compute_s;
 }
 
+std::vector<std::vector<Evaluator::TimedPass>> Evaluator::pipeline_timeline(const Plan& plan) const {
+  check_shape(plan);
+  HP_INTERNAL_ASSERT(plan.mode == MpMode::kPipeline, "pipeline_timeline of a placement plan");
+  Prediction scratch;
+  pipeline_compute(plan, compute_slowdown(plan), scratch);
+  const int64_t m = plan.num_microbatches;
+  std::vector<std::vector<TimedPass>> out(plan.mp);
+  for (int64_t s = 0; s < plan.mp; ++s) {
+    for (const PipelinePass& pass : pipeline_.passes[s]) {
+      const bool forward = pass.kind == PassKind::kForward;
+      const double end_s = (forward ? pipeline_.forward_finish_s : pipeline_.backward_finish_s)[s * m + pass.microbatch];
+      out[s].push_back({pass, end_s - (forward ? stages_.forward_s[s] : stages_.backward_s[s]), end_s});
+    }
+  }
+  return out;
+}
+
 double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const {
   out.allreduce_rings.clear();
   if (plan.dp <= 1) return 0.0;

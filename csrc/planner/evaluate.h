@@ -57,6 +57,14 @@ class Evaluator {
   // The compute multiplier of the plan's process layout: Cluster runtime.slowdown of the number
   // of the plan's processes on its busiest node.
   double compute_slowdown(const Plan& plan) const;
+  // The simulated schedule of a pipeline plan: per stage, its passes with start and end times
+  // from the step's start (what pipeline_compute() simulated).
+  struct TimedPass {
+    PipelinePass pass;
+    double start_s = 0;
+    double end_s = 0;
+  };
+  std::vector<std::vector<TimedPass>> pipeline_timeline(const Plan& plan) const;
   // True when a replica's devices are one process that runs them one after another ("cpu").
   bool serial_replica_devices() const { return problem_.cluster.device.type == "cpu"; }
   const ComputeModel& compute_model() const { return compute_; }

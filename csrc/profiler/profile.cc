@@ -1,5 +1,8 @@
 #include "profiler/profile.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -13,6 +16,7 @@
 #include <torch/cuda.h>
 
 #include "common/error.h"
+#include "planner/compute_cost.h"
 #include "profiler/block_timing.h"
 
 namespace hybridplan {
@@ -156,6 +160,44 @@ void warn_if_busy_cpu(const torch::Device& device, Clock clock) {
              "set ProfileOptions::clock = \"thread\".");
 }
 
+// The first `size` rows of every input whose size(0) is the batch.
+std::vector<torch::Tensor> slice_batch(const std::vector<torch::Tensor>& x, int64_t batch, int64_t size) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& t : x) out.push_back(t.dim() > 0 && t.size(0) == batch ? t.narrow(0, 0, size) : t);
+  return out;
+}
+
+std::vector<int64_t> batch_sizes_of(const ProfileOptions& options, int64_t batch) {
+  if (options.auto_batch_sizes) return default_profile_batch_sizes(batch);
+  std::vector<int64_t> sizes = options.batch_sizes;
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  for (int64_t size : sizes) {
+    if (size < 1 || size >= batch) {
+      throw_input_error("profile", "options.batch_sizes",
+                        "must lie in 1.." + std::to_string(batch - 1) +
+                            " (below the example batch, whose inputs are sliced)",
+                        std::to_string(size));
+    }
+  }
+  return sizes;
+}
+
+// Each node's times at the other batch sizes, smallest first, within the time budget.
+void time_other_batches(const std::vector<Block>& blocks, const std::vector<torch::Tensor>& x,
+                        int64_t batch, const ProfileOptions& options, const TimingOptions& timing,
+                        Graph& graph) {
+  const auto started = std::chrono::steady_clock::now();
+  for (int64_t size : batch_sizes_of(options, batch)) {
+    const double spent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (!graph.nodes.front().batch_times.empty() && spent_s > options.batch_time_budget_s) break;
+    const ChainTimes times = time_chain(blocks, slice_batch(x, batch, size), timing);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      graph.nodes[i].batch_times.push_back({size, times.forward_s[i], times.backward_s[i]});
+    }
+  }
+}
+
 Clock clock_of(const ProfileOptions& options, const torch::Device& device) {
   if (options.clock == "wall") return Clock::kWall;
   if (options.clock != "thread") {
@@ -232,6 +274,10 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
       const auto src = static_cast<NodeIndex>(i - 1);
       graph.edges.push_back({src, static_cast<NodeIndex>(i), recorded.next_bytes[src]});
     }
+  }
+  const int64_t first_rows = inputs[0].dim() > 0 ? inputs[0].size(0) : 1;
+  if (first_rows == graph.profiled.batch_size) {  // slicing needs the batch along dim 0
+    time_other_batches(blocks, x, graph.profiled.batch_size, options, timing, graph);
   }
   graph.finalize("profile(" + options.name + ")");
   return graph;

@@ -16,7 +16,9 @@
 //      a previous repeat, the previous block's backward just done), and the first blocks
 //      compute no input gradient. forward_s and backward_s are the medians over `repeats`
 //      steps after `warmup` unrecorded ones.
-//   4. On glibc, while profiling, freed memory stays in the process (retain_freed_memory) so
+//   4. The same timing at smaller batch sizes (ProfileOptions::batch_sizes) gives each node its
+//      batch_times, as the Python profiler does.
+//   5. On glibc, while profiling, freed memory stays in the process (retain_freed_memory) so
 //      that the times are the ops' and not the kernel's page faults; see ProfileOptions.
 //
 // Edges are block i -> i+1 carrying the bytes of the tensor block i passes on: dataflow is taken
@@ -52,6 +54,14 @@ struct ProfileOptions {
   // process-wide and stays after profile() returns (a process may then hold up to 1 GiB of
   // freed memory). No effect on other C libraries.
   bool retain_freed_memory = true;
+  // The other batch sizes each block is also measured at (the graph's batch_times, from which
+  // the planner takes a block's time at any micro-batch): the first inputs' rows sliced to each
+  // size. auto_batch_sizes: default_profile_batch_sizes(batch) (planner/compute_cost.h), smallest
+  // first, until batch_time_budget_s of measuring them is spent; else `batch_sizes` (each in
+  // 1..batch-1), which may be empty.
+  bool auto_batch_sizes = true;
+  std::vector<int64_t> batch_sizes;
+  double batch_time_budget_s = 60;
 };
 
 // Profiles `module` (see the file comment) on `inputs` (the model's example inputs, 1 to 3

@@ -48,6 +48,32 @@ std::string evaluate_plan(const std::string& graph_text, const std::string& clus
   });
 }
 
+// The simulated schedule of a pipeline plan: [[{"kind": "F", "microbatch": i, "start_s",
+// "end_s"}, ...] per stage].
+std::string pipeline_timeline_text(const std::string& graph_text, const std::string& cluster_text,
+                                   const std::optional<std::string>& job_text,
+                                   const std::string& plan_text) {
+  const Problem problem = make_problem(graph_text, cluster_text, job_text);
+  return with_source("plan", [&] {
+    Plan plan = plan_from_json(parse_json_text(plan_text, "plan"), "plan");
+    align_assignment_to_graph(plan, problem.graph, "plan");
+    plan.validate("plan", problem.graph, problem.cluster);
+    if (plan.mode != MpMode::kPipeline) {
+      throw_input_error("plan", "mode", "must be pipeline for a pipeline timeline", mode_name(plan.mode));
+    }
+    Json out = Json::array();
+    for (const auto& stage : Evaluator(problem).pipeline_timeline(plan)) {
+      Json passes = Json::array();
+      for (const auto& t : stage) {
+        passes.push_back({{"kind", t.pass.kind == PassKind::kForward ? "F" : "B"},
+                          {"microbatch", t.pass.microbatch}, {"start_s", t.start_s}, {"end_s", t.end_s}});
+      }
+      out.push_back(std::move(passes));
+    }
+    return out.dump();
+  });
+}
+
 std::string search_plans(const std::string& graph_text, const std::string& cluster_text,
                          const std::optional<std::string>& job_text, int64_t devices, int top_k,
                          bool placement, bool pipeline, bool dp_only,
@@ -105,6 +131,9 @@ void bind_planner(py::module_& m) {
   m.def("evaluate", &evaluate_plan, py::arg("graph_text"), py::arg("cluster_text"),
         py::arg("job_text"), py::arg("plan_text"), py::arg("plan_source") = "plan",
         "Cost breakdown of a plan (JSON text of the plan's 'predicted' object plus 'objective').");
+  m.def("pipeline_timeline", &pipeline_timeline_text, py::arg("graph_text"),
+        py::arg("cluster_text"), py::arg("job_text"), py::arg("plan_text"),
+        "The cost model's simulated schedule of a pipeline plan (JSON text, per stage).");
   m.def("search", &search_plans, py::arg("graph_text"), py::arg("cluster_text"),
         py::arg("job_text"), py::arg("devices") = 0, py::arg("top_k") = 5,
         py::arg("placement") = true, py::arg("pipeline") = true, py::arg("dp_only") = false,

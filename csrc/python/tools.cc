@@ -5,6 +5,7 @@
 
 #include <pybind11/stl.h>
 
+#include "planner/compute_cost.h"
 #include "planner/pipedream_import.h"
 #include "planner/presets.h"
 #include "planner/sweep.h"
@@ -52,6 +53,8 @@ std::string sweep_text(const std::string& graph_text, const std::string& cluster
 
 void bind_tools(py::module_& m) {
   m.def("preset_names", &preset_names, "Names of the shipped cluster presets, sorted.");
+  m.def("default_profile_batch_sizes", &default_profile_batch_sizes, py::arg("batch"),
+        "The batch sizes a profile measures besides its example batch (compute_cost.h).");
   m.def("preset_text", &preset_text, py::arg("name"), "The JSON text of a cluster preset.");
   m.attr("PIPEDREAM_DEFAULT_BATCH_SIZE") = kPipeDreamDefaultBatchSize;
   m.def("import_pipedream", &import_pipedream_text, py::arg("path"), py::arg("batch_size"),

@@ -2,18 +2,22 @@
 Deep Learning Training", IEEE Micro 2019 (https://arxiv.org/abs/1907.13257), with our planner.
 
 For Inception-V3, GNMT and BigLSTM on N = 8, 16, ..., 1024 V100s (DGX-1 nodes: the dgx1-v100
-preset with num_nodes = N / 8) it searches three plans per N:
+preset with num_nodes = N / 8) it searches three plans per N, each choosing its per-replica batch
+from the job's candidates (so DP alone is compared at its own best batch, not at a fixed one):
   dp         the best pure data-parallel plan (dp = N, mp = 1);
   placement  the best hybrid whose MP is the paper's (each node on one device of the replica);
   hybrid     the best plan overall (placement or pipeline MP, any dp x mp);
 and writes to out/paper/:
   results.csv, results.md    one row per (model, N): both plans, epochs, step and time-to-train
+  sensitivity.md             the gains again under other modelling choices (VARIANTS below): the
+                             ring, the small-batch efficiency, the convergence inputs, the batch
   speedup.png                end-to-end speedup over one device vs N, DP alone and best hybrid
   <model>.best_plan.json     the best hybrid plan found at any N
 and prints, per model, the gain of the best hybrid over the best that DP alone reaches at any N
 next to the paper's projection. See plans/paper/README.md for inputs, sources and caveats.
 
     python3 plans/paper/reproduce.py [--max-devices 1024] [--models inception_v3 gnmt biglstm]
+                                     [--no-sensitivity]
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Model:
     title: str
     graph: Callable[[], Graph]
     paper_gain: float                        # the paper's projected end-to-end gain (lower bound)
+    reference_batch: int                     # the per-replica batch the old fixed-batch runs used
     device_memory_bytes: Optional[int] = None  # override of the preset's 16 GB (see README)
 
 
@@ -59,12 +64,66 @@ def _pipedream(model: str, batch_size: int) -> Callable[[], Graph]:
 
 
 MODELS = [
-    Model("inception_v3", "Inception-V3", _pipedream("inception_v3", 64), 0.265),
-    Model("gnmt", "GNMT-8", _pipedream("gnmt", 64), 0.08),
+    Model("inception_v3", "Inception-V3", _pipedream("inception_v3", 64), 0.265, 64),
+    Model("gnmt", "GNMT-8", _pipedream("gnmt", 64), 0.08, 64),
     # Dense gradients + AdaGrad state put BigLSTM at ~21 GB per replica (README): the 32 GB
     # V100 (sold in DGX-1 from 2018) is used so that DP alone has a baseline at all.
     Model("biglstm", "BigLSTM", lambda: Graph.from_dict(biglstm_graph.build_graph(), "biglstm"),
-          0.22, device_memory_bytes=32 * 2**30),
+          0.22, 128, device_memory_bytes=32 * 2**30),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One modelling choice changed from the defaults (edits the cluster and job dicts)."""
+    name: str
+    what: str
+    edit: Callable[[dict, dict, Model], None] = lambda cluster, job, model: None
+
+
+def _scale_convergence(factor: float) -> Callable[[dict, dict, Model], None]:
+    """Critical batch (or the table's batch axis) times `factor`: how sensitive the gains are to
+    the statistical-efficiency inputs, which are estimates for GNMT and BigLSTM."""
+    def edit(cluster: dict, job: dict, model: Model) -> None:
+        conv = job["convergence"]
+        if conv["model"] == "critical_batch":
+            conv["critical_batch"] *= factor
+        else:
+            conv["points"] = [[b * factor, e] for b, e in conv["points"]]
+    return edit
+
+
+def _fixed_batch(cluster: dict, job: dict, model: Model) -> None:
+    job["per_replica_batch"] = model.reference_batch
+
+
+def _old_model(cluster: dict, job: dict, model: Model) -> None:
+    """What the first round assumed: rings in device order, node times linear in the batch, a
+    fixed per-replica batch, and at most 8 micro-batches (to hold linear scaling in check)."""
+    cluster["collectives"] = {"library": "gloo"}
+    cluster["device"]["call_floor_s"] = 0
+    _fixed_batch(cluster, job, model)
+    job["num_microbatches"] = [1, 2, 4, 8]
+
+
+VARIANTS = [
+    Variant("as modelled", "NCCL best rings; per-call floor 20 us; batch chosen per plan; "
+            "convergence as in the jobs"),
+    Variant("rings in device order", "each DP group's ring in device-index order (what the first "
+            "round assumed; Gloo's rank order)",
+            lambda c, j, m: c.update(collectives={"library": "gloo"})),
+    Variant("linear micro-batches", "no per-call floor: a node's time linear in the batch",
+            lambda c, j, m: c["device"].update(call_floor_s=0)),
+    Variant("call floor 50 us", "a per-call floor of 50 us instead of 20 us",
+            lambda c, j, m: c["device"].update(call_floor_s=5e-5)),
+    Variant("critical batch / 2", "convergence: critical batch (table: batch axis) halved",
+            _scale_convergence(0.5)),
+    Variant("critical batch x 2", "convergence: critical batch (table: batch axis) doubled",
+            _scale_convergence(2.0)),
+    Variant("batch fixed", "per-replica batch fixed at the profiled one (64; BigLSTM 128) for DP "
+            "and hybrids alike", _fixed_batch),
+    Variant("first-round model", "device-order rings, linear times, fixed batch, <= 8 "
+            "micro-batches together", _old_model),
 ]
 
 
@@ -97,29 +156,31 @@ def best_plan(graph: Graph, cluster: Cluster, job: Job, devices: int, kind: str)
         return None, str(e)
 
 
-def base_cluster(model: Model) -> Cluster:
-    base = Cluster.preset("dgx1-v100")
-    if model.device_memory_bytes is None:
-        return base
-    d = base.to_dict()
-    d["device"]["memory_bytes"] = model.device_memory_bytes
-    d["device"]["name"] = "V100-SXM2-32GB"
-    d["name"] = "dgx1-v100-32gb"
-    return Cluster.from_dict(d, "dgx1-v100 with 32 GB V100s")
+def cluster_and_job(model: Model, variant: Variant) -> tuple:
+    """The dgx1-v100 preset (32 GB V100s where the model says so) and the model's job, with the
+    variant's edits."""
+    d = Cluster.preset("dgx1-v100").to_dict()
+    if model.device_memory_bytes is not None:
+        d["device"]["memory_bytes"] = model.device_memory_bytes
+        d["device"]["name"] = "V100-SXM2-32GB"
+        d["name"] = "dgx1-v100-32gb"
+    job = Job.load(HERE / f"{model.name}.job.json").to_dict()
+    variant.edit(d, job, model)
+    return (Cluster.from_dict(d, f"dgx1-v100 ({variant.name})"),
+            Job.from_dict(job, f"{model.name}.job.json ({variant.name})"))
 
 
-def run_model(model: Model, device_counts: list, progress) -> tuple:
-    """(one-device time-to-train, rows) for one model."""
-    graph = model.graph()
-    job = Job.load(HERE / f"{model.name}.job.json")
-    base = base_cluster(model)
+def run_model(model: Model, graph: Graph, variant: Variant, device_counts: list, kinds,
+              progress) -> tuple:
+    """(one-device time-to-train, rows) for one model under one variant."""
+    base, job = cluster_and_job(model, variant)
     single, why = best_plan(graph, cluster_for(base, 1), job, 1, "dp")
     if single is None:
         raise SystemExit(f"{model.name}: no one-device plan, so no speedup baseline: {why}")
     rows = []
     for n in device_counts:
         cluster = cluster_for(base, n)
-        for kind in KINDS:
+        for kind in kinds:
             progress.set_postfix_str(f"{model.name} N={n} {kind}")
             plan, why = best_plan(graph, cluster, job, n, kind)
             rows.append(Row(model.name, n, kind, plan, why))
@@ -208,6 +269,49 @@ def write_figure(out: Path, results: dict, titles: dict) -> None:
     plt.close(fig)
 
 
+def best_gain(rows: list, kind: str) -> tuple:
+    """(gain of the best `kind` plan over the best DP alone, each at its own N, that row)."""
+    def best(k):
+        feasible = [r for r in rows if r.kind == k and r.plan is not None]
+        return min(feasible, key=lambda r: r.field("time_to_train_s"), default=None)
+    dp, other = best("dp"), best(kind)
+    if dp is None or other is None:
+        return None, other
+    return dp.field("time_to_train_s") / other.field("time_to_train_s") - 1, other
+
+
+def write_sensitivity(out: Path, table: dict, models: list) -> str:
+    """sensitivity.md: per variant, each model's gain of the best hybrid (and of placement MP)
+    over the best DP alone; returns the markdown."""
+    head = "| variant | what changes | " + " | ".join(
+        f"{m.title} (paper >= {100 * m.paper_gain:.1f} %)" for m in models) + " |"
+    lines = ["# Sensitivity of the hybrid-over-DP gains to the modelling choices", "",
+             "Each cell: gain of the best hybrid (placement or pipeline) over the best DP alone, "
+             "each at its own N in 8..1024, then the plan; `placement` is the paper's kind of MP "
+             "alone. `as modelled` is the default; every other row changes one input (the last "
+             "row all of the first round's at once).", "", head,
+             "|---|---|" + "---|" * len(models)]
+    for variant in VARIANTS:
+        if variant.name not in table:
+            continue
+        cells = []
+        for m in models:
+            entry = table[variant.name].get(m.name)
+            if entry is None:
+                cells.append("-")
+                continue
+            (gain, row), (pl_gain, _) = entry
+            pct = lambda g: "none fits" if g is None else f"{100 * g:+.1f} %"  # noqa: E731
+            where = "" if row is None else (f" ({row.field('dp')} x {row.field('mp')} "
+                                            f"{row.field('mode')}, b={row.plan.per_replica_batch}, "
+                                            f"N={row.devices})")
+            cells.append(f"{pct(gain)}{where}; placement {pct(pl_gain)}")
+        lines.append(f"| {variant.name} | {variant.what} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    (out / "sensitivity.md").write_text(text)
+    return text
+
+
 def summarize(model: Model, t1: float, rows: list, out: Path) -> str:
     """Gains over the best DP alone reaches at any N: of the best placement-MP hybrid (the
     paper's kind of MP) and of the best hybrid overall, each at its own best N."""
@@ -239,6 +343,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", choices=[m.name for m in MODELS],
                         default=[m.name for m in MODELS])
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "paper")
+    parser.add_argument("--no-sensitivity", action="store_true",
+                        help="only the default model (skip sensitivity.md)")
     args = parser.parse_args(argv)
 
     device_counts = [n for n in (2**k for k in range(3, 11)) if n <= args.max_devices]
@@ -251,23 +357,35 @@ def main(argv=None) -> int:
         print(f"skipping {m.name}: no PipeDream profile in {pipedream.profiles_dir()}. "
               f"{pipedream.WHERE_FROM}")
     models = [m for m in models if m not in missing]
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    results, lines = {}, []
-    start = time.monotonic()
-    with tqdm(total=len(KINDS) * len(device_counts) * len(models), unit="search") as progress:
-        for model in models:
-            t1, rows = run_model(model, device_counts, progress)
-            results[model.name] = (t1, rows)
-            lines.append(summarize(model, t1, rows, args.out))
-    if not results:
+    if not models:
         return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    variants = VARIANTS[:1] if args.no_sensitivity else VARIANTS
+    graphs = {m.name: m.graph() for m in models}
+
+    results, lines, sensitivity = {}, [], {}
+    start = time.monotonic()
+    total = len(models) * len(device_counts) * len(KINDS) * len(variants)
+    with tqdm(total=total, unit="search") as progress:
+        for variant in variants:
+            sensitivity[variant.name] = {}
+            for model in models:
+                t1, rows = run_model(model, graphs[model.name], variant, device_counts,
+                                     list(KINDS), progress)
+                sensitivity[variant.name][model.name] = (best_gain(rows, "hybrid"),
+                                                         best_gain(rows, "placement"))
+                if variant is VARIANTS[0]:
+                    results[model.name] = (t1, rows)
+                    lines.append(summarize(model, t1, rows, args.out))
     write_tables(args.out, results)
     write_figure(args.out, results, {m.name: m.title for m in models})
     print(f"\nhybrid over the best DP alone reaches, N = {device_counts[0]} .. {device_counts[-1]} "
           f"({time.monotonic() - start:.0f} s):")
     print("\n".join(lines))
-    print(f"\nwrote {args.out}/results.md, results.csv, speedup.png, <model>.best_plan.json")
+    if len(variants) > 1:
+        print("\n" + write_sensitivity(args.out, sensitivity, models))
+    print(f"\nwrote {args.out}/results.md, results.csv, speedup.png, <model>.best_plan.json"
+          + (", sensitivity.md" if len(variants) > 1 else ""))
     return 0
 
 

@@ -23,8 +23,11 @@ _EXPORTS = {
     "profile": "profiler",
     # executor
     "apply": "executor",
+    # measuring the machine and the model against the cost model
+    "calibrate": "calibration", "validate": "validation",
 }
-_SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream"}
+_SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "calibration",
+               "validation", "fitting"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 

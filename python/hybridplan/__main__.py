@@ -4,6 +4,7 @@
     python -m hybridplan profile hybridplan.models:branchy_cnn --input-shape 8,3,32,32 --out g.json
     python -m hybridplan profile hybridplan.models:gnmt_lstm --batch-size 8 --out g.json
     torchrun --nproc_per_node 2 -m hybridplan probe --out cluster.json
+    torchrun --nproc_per_node 2 -m hybridplan calibrate --graph g.json --out cluster.json
 
 Bad input exits 2 with a one-line message, as the C++ CLI does.
 """
@@ -68,6 +69,35 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--repeats", type=int, default=10)
     probe.add_argument("--timeout-s", type=float, default=60.0)
     probe.add_argument("--name", help="cluster name (default localhost-cpu / probed-cuda)")
+    cal = sub.add_parser("calibrate", help="measure what the executor pays on this machine into "
+                                           "a Cluster JSON (run under torchrun)")
+    cal.add_argument("--out", required=True, help="Cluster JSON path (rank 0 writes it)")
+    cal.add_argument("--graph", help="the Graph JSON to size messages for (its gradient bytes "
+                                     "and largest edge)")
+    cal.add_argument("--model", metavar="MODULE:FACTORY",
+                     help="workload for the shared-core measurement (default: the built-in "
+                          "branchy_cnn)")
+    cal.add_argument("--batch", type=int, default=32, help="the workload's batch")
+    cal.add_argument("--warmup", type=int, default=3)
+    cal.add_argument("--repeats", type=int, default=15)
+    cal.add_argument("--timeout-s", type=float, default=120.0)
+    cal.add_argument("--name", help="cluster name (default localhost-cpu / calibrated-cuda)")
+
+    val = sub.add_parser("validate", help="run plans of a model on this machine and compare "
+                                          "every term with its prediction")
+    val.add_argument("--graph", required=True, help="the model's Graph JSON")
+    val.add_argument("--cluster", required=True, help="Cluster JSON or preset name (a "
+                                                      "calibrated one: hybridplan calibrate)")
+    val.add_argument("--model", required=True, metavar="MODULE:FACTORY",
+                     help="the model (its module has example_inputs/example_target)")
+    val.add_argument("--job", help="Job JSON (default: samples/s at the graph's batch)")
+    val.add_argument("--devices", type=int, default=2)
+    val.add_argument("--plans", type=int, default=8, help="how many plans to run")
+    val.add_argument("--steps", type=int, default=20)
+    val.add_argument("--warmup", type=int, default=5)
+    val.add_argument("--timeout-s", type=float, default=120.0)
+    val.add_argument("--out-dir", default="out/validate")
+    val.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
 
 
@@ -159,10 +189,50 @@ def _probe(args) -> int:
     return 0
 
 
+def _calibrate(args) -> int:
+    from .calibration import calibrate
+
+    if args.warmup < 0 or args.repeats < 3 or args.batch < 1:
+        raise ValueError(f"calibrate: need --warmup >= 0, --repeats >= 3 and --batch >= 1 (got "
+                         f"{args.warmup}, {args.repeats}, {args.batch})")
+    cluster = calibrate(graph_path=args.graph, model=args.model, batch=args.batch, out=args.out,
+                        name=args.name, warmup=args.warmup, repeats=args.repeats,
+                        timeout_s=args.timeout_s)
+    if cluster is not None:
+        rt, intra = cluster["runtime"], cluster["intra_node"]
+        print(f"wrote {args.out}: p2p {intra['latency_s'] * 1e6:.0f} us + "
+              f"{intra['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, all-reduce link "
+              f"{intra['allreduce']['latency_s'] * 1e6:.0f} us + "
+              f"{intra['allreduce']['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, step "
+              f"{rt['step_s'] * 1e3:.2f} ms, pipeline action {rt['action_s'] * 1e3:.2f} ms, "
+              f"shared-node slowdown x{rt['shared_host_slowdown'][-1][1]:.2f}",
+              file=sys.stderr)
+    return 0
+
+
+def _validate(args) -> int:
+    from .validation import markdown, validate
+
+    if args.devices < 1 or args.plans < 1 or args.steps < 1 or args.warmup < 0:
+        raise ValueError(f"validate: need --devices, --plans, --steps >= 1 and --warmup >= 0 "
+                         f"(got {args.devices}, {args.plans}, {args.steps}, {args.warmup})")
+    _load_factory(args.model)  # fail here, naming the factory, not in every rank
+    result = validate(args.graph, args.cluster, args.model, job=args.job, devices=args.devices,
+                      plans=args.plans, steps=args.steps, warmup=args.warmup,
+                      timeout_s=args.timeout_s, out_dir=args.out_dir)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(markdown(result, "predicted vs measured"))
+        print(f"wrote {args.out_dir}/validate.json, validate.md, scatter.png", file=sys.stderr)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"profile": _profile, "probe": _probe}[args.command](args)
+        return {"profile": _profile, "probe": _probe, "calibrate": _calibrate,
+                "validate": _validate}[args.command](args)
     except ValueError as exc:
         print(f"python -m hybridplan {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -32,26 +32,9 @@ import torch.distributed as dist
 
 __all__ = ["probe", "fit_alpha_beta", "DEFAULT_SIZES"]
 
+from .fitting import fit_alpha_beta, fit_line  # noqa: E402  (fit_alpha_beta: public here too)
+
 DEFAULT_SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # message bytes
-
-
-def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Tuple[float, float]:
-    """Least-squares fit of times_s = alpha + beta * sizes_bytes; returns (alpha_s, beta_s_per_byte)
-    with alpha >= 0 (a negative intercept is noise: refit through the origin) and beta > 0."""
-    import numpy as np
-
-    x = np.asarray(sizes_bytes, dtype=float)
-    y = np.asarray(times_s, dtype=float)
-    if len(x) < 2 or len(set(x.tolist())) < 2:
-        raise ValueError(f"probe: need at least two distinct message sizes (got {list(x)})")
-    a = np.stack([np.ones_like(x), x], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(a, y, rcond=None)
-    if alpha < 0:
-        alpha, beta = 0.0, float(x @ y / (x @ x))
-    if beta <= 0:
-        raise ValueError("probe: times do not grow with message size; cannot fit a bandwidth "
-                         f"(sizes {x.tolist()}, times {y.tolist()})")
-    return float(alpha), float(beta)
 
 
 @dataclass
@@ -170,15 +153,22 @@ def _device_name(device: torch.device) -> str:
     return f"cpu rank ({model}, {torch.get_num_threads()} thread(s))"
 
 
-def _link(points: List[Tuple[int, float]]) -> Dict[str, float]:
-    alpha, beta = fit_alpha_beta([p[0] for p in points], [p[1] for p in points])
-    return {"bandwidth_bytes_per_s": 1.0 / beta, "latency_s": alpha}
+def _link(points: List[Tuple[int, float]], fits: Dict[str, dict], name: str) -> Dict[str, float]:
+    """alpha-beta link of one-way times; the fit (residuals, and whether the bandwidth was
+    resolved at all) goes to `fits[name]`."""
+    fit = fit_line([p[0] for p in points], [p[1] for p in points])
+    fits[name] = fit.to_dict()
+    return {"bandwidth_bytes_per_s": 1.0 / fit.beta, "latency_s": fit.alpha}
 
 
-def _allreduce_link(points: List[Tuple[int, float]], p: int) -> Dict[str, float]:
-    """Link alpha/bandwidth that make the ring formula reproduce the measured all-reduces."""
-    alpha, beta = fit_alpha_beta([b for b, _ in points], [t for _, t in points])
-    return {"bandwidth_bytes_per_s": (2 * (p - 1) / p) / beta, "latency_s": alpha / (2 * (p - 1))}
+def allreduce_link(points: List[Tuple[int, float]], p: int, fits: Dict[str, dict],
+                   name: str) -> Dict[str, float]:
+    """Link alpha/bandwidth that make the ring formula 2(p-1) alpha + 2(p-1)/p bytes / bw
+    reproduce the measured all-reduces of p ranks."""
+    fit = fit_line([b for b, _ in points], [t for _, t in points])
+    fits[name] = fit.to_dict()
+    return {"bandwidth_bytes_per_s": (2 * (p - 1) / p) / fit.beta,
+            "latency_s": fit.alpha / (2 * (p - 1))}
 
 
 def probe(sizes_bytes: Sequence[int] = DEFAULT_SIZES, warmup: int = 2, repeats: int = 10,
@@ -214,7 +204,7 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
     _time_allreduce(sizes[-1], device, 1, 1)
     for pair in filter(None, (intra_pair, inter_pair)):
         _time_pingpong(sizes[-1], *pair, env.rank, device, 1, 1)
-    links = {}
+    links, fits = {}, {}
     raw = {"allreduce_s": [], "intra_node_one_way_s": [], "inter_node_one_way_s": []}
     for level, pair in (("intra_node", intra_pair), ("inter_node", inter_pair)):
         if pair is None:
@@ -222,7 +212,7 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
         points = [(n, _time_pingpong(n, *pair, env.rank, device, warmup, repeats))
                   for n in sizes]
         raw[f"{level}_one_way_s"] = points
-        links[level] = _link(points)
+        links[level] = _link(points, fits, level)
     raw["allreduce_s"] = [(n, _time_allreduce(n, device, warmup, repeats)) for n in sizes]
     dist.barrier()
     peak_flops = _min_over_ranks(_peak_flops(device), device)
@@ -244,8 +234,9 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
                    "peak_flops": peak_flops},
         "intra_node": links["intra_node"], "inter_node": links["inter_node"],
         "sources": sources,
-        "measured": {"allreduce_ring_link": _allreduce_link(raw["allreduce_s"], env.world_size),
-                     "world_size": env.world_size,
+        "measured": {"allreduce_ring_link": allreduce_link(raw["allreduce_s"], env.world_size,
+                                                           fits, "allreduce"),
+                     "world_size": env.world_size, "fits": fits,
                      **{k: [[n, t] for n, t in v] for k, v in raw.items() if v}},
     }
 

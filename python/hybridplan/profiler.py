@@ -27,12 +27,18 @@ from . import _timing, _tracing
 
 __all__ = ["profile", "profile_dict"]
 
+# Measuring the extra batch sizes stops once this much time went into them (they are smaller
+# than the example batch, so each costs less than the main measurement).
+kBatchTimeBudgetS = 60.0
+
 Inputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
 def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.device] = "cpu",
             warmup: int = 3, repeats: int = 10, verbose: bool = True, name: str = None,
-            clock: str = "auto", retain_freed_memory: bool = True):
+            clock: str = "auto", retain_freed_memory: bool = True,
+            batch_sizes: Union[str, Sequence[int]] = "auto",
+            batch_time_budget_s: float = kBatchTimeBudgetS):
     """Measures `module` on `example_inputs` (a tensor or a tuple of positional inputs; dim 0 of
     the first is the batch) and returns a hybridplan.planner.Graph. See profile_dict."""
     from .planner import Graph  # the compiled planner validates the graph
@@ -40,14 +46,25 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
     return Graph.from_dict(profile_dict(module, example_inputs, device=device, warmup=warmup,
                                         repeats=repeats, verbose=verbose, name=name,
                                         clock=clock,
-                                        retain_freed_memory=retain_freed_memory))
+                                        retain_freed_memory=retain_freed_memory,
+                                        batch_sizes=batch_sizes,
+                                        batch_time_budget_s=batch_time_budget_s))
 
 
 def profile_dict(module: nn.Module, example_inputs: Inputs,
                  device: Union[str, torch.device] = "cpu", warmup: int = 3, repeats: int = 10,
                  verbose: bool = True, name: str = None, clock: str = "auto",
-                 retain_freed_memory: bool = True) -> Dict[str, Any]:
+                 retain_freed_memory: bool = True,
+                 batch_sizes: Union[str, Sequence[int]] = "auto",
+                 batch_time_budget_s: float = kBatchTimeBudgetS) -> Dict[str, Any]:
     """Like profile, but returns the Graph JSON as a dict (needs no compiled planner).
+
+    `batch_sizes`: the other batch sizes each node is also measured at (the graph's nodes then
+    carry `batch_times`, from which the planner takes a node's time at any micro-batch or
+    per-replica batch: a micro-batch of 1 costs more than 1/b of a batch of b). "auto": 1, ...,
+    b/4, b/2 (halving the example batch b), smallest first, until `batch_time_budget_s` of
+    measuring these extra sizes is spent (what was measured is logged); a list: exactly those
+    (each < b, sliced from the example inputs); () or []: the example batch only.
 
     `clock`: "auto" (CUDA events on GPU, time.perf_counter on CPU), "wall", "cuda", or "thread"
     (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
@@ -99,9 +116,12 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
         _timing.retain_freed_memory()
     forward_s, backward_s = _measure(module, nodes, inputs, clock, warmup, repeats, verbose,
                                      graph_name)
+    batch_times = _measure_other_batches(module, nodes, inputs, clock, warmup, repeats, verbose,
+                                         graph_name, _batch_sizes(batch_sizes, inputs),
+                                         batch_time_budget_s, log)
     flops = _timing.count_flops(module, nodes, inputs)
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
-                   inputs)
+                   inputs, batch_times)
     total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
     log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
         f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")
@@ -164,7 +184,59 @@ def _measure(module, nodes, inputs, clock, warmup, repeats, verbose, graph_name)
     return forward_s, backward_s
 
 
-def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev, inputs):
+def _batch_sizes(batch_sizes, inputs) -> List[int]:
+    """The other batch sizes to measure, smallest first: the small ones cost least and are the
+    furthest from the example batch, so they matter most when the budget runs out."""
+    b = int(inputs[0].shape[0])
+    if isinstance(batch_sizes, str):
+        if batch_sizes != "auto":
+            raise ValueError(f"profile: batch_sizes must be \"auto\" or a list of batch sizes "
+                             f"below the example batch {b} (got {batch_sizes!r})")
+        sizes, size = [], b // 2
+        while size >= 1:
+            sizes.append(size)
+            size = 1 if size in (2, 3) else size // 2
+            if sizes[-1] == 1:
+                break
+        return sorted(sizes)
+    sizes = sorted({int(x) for x in batch_sizes})
+    bad = [x for x in sizes if not 1 <= x < b]
+    if bad:
+        raise ValueError(f"profile: batch_sizes must lie in 1..{b - 1} (below the example batch "
+                         f"{b}, whose inputs are sliced) (got {bad})")
+    return sizes
+
+
+def _slice_batch(inputs, b: int, size: int):
+    """The first `size` samples of every input whose dim 0 is the batch b."""
+    return tuple(x[:size] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == b
+                 else x for x in inputs)
+
+
+def _measure_other_batches(module, nodes, inputs, clock, warmup, repeats, verbose, graph_name,
+                           sizes, budget_s, log) -> Dict[int, Tuple[Dict[str, float],
+                                                                    Dict[str, float]]]:
+    """{batch size: (forward_s, backward_s)} for the sizes measured within the time budget."""
+    import time
+
+    b = int(inputs[0].shape[0])
+    out = {}
+    started = time.monotonic()
+    for size in sizes:
+        if out and time.monotonic() - started > budget_s:
+            log(f"profile {graph_name}: batch-size budget of {budget_s:.0f} s spent; not "
+                f"measured: {sizes[len(out):]}")
+            break
+        out[size] = _measure(module, nodes, _slice_batch(inputs, b, size), clock, warmup,
+                             repeats, verbose, f"{graph_name} b={size}")
+    if out:
+        log(f"profile {graph_name}: also measured at batch sizes "
+            f"{', '.join(map(str, sorted(out)))} ({time.monotonic() - started:.1f} s)")
+    return out
+
+
+def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev, inputs,
+           batch_times=None):
     ids = {name: i for i, name in enumerate(flow.order)}
     param_bytes = _param_bytes(module, nodes, flow.order)
     floating = [p.dtype for p in module.parameters() if p.is_floating_point()]
@@ -176,12 +248,21 @@ def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops,
                    "forward_s": forward_s[n], "backward_s": backward_s[n],
                    "param_bytes": param_bytes[n],
                    "output_bytes": _tracing.tree_total(flow.output_tree[n]),
-                   "flops": flops.get(n, 0.0)} for n in flow.order],
+                   "flops": flops.get(n, 0.0),
+                   **_batch_times_of(n, batch_times)} for n in flow.order],
         "edges": [{"src": ids[s], "dst": ids[d], "bytes": int(b)}
                   for (s, d), b in sorted(edges.items(), key=lambda e: (ids[e[0][0]],
                                                                        ids[e[0][1]]))
                   if s in ids and d in ids],
     }
+
+
+def _batch_times_of(name: str, batch_times) -> Dict[str, Any]:
+    """The node's "batch_times" entry (docs/formats.md), ascending batch size; {} if none."""
+    if not batch_times:
+        return {}
+    return {"batch_times": [{"batch_size": size, "forward_s": f[name], "backward_s": bw[name]}
+                            for size, (f, bw) in sorted(batch_times.items())]}
 
 
 def _param_bytes(module, nodes, order) -> Dict[str, int]:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from hybridplan.fitting import fit_line
 from hybridplan.probe import fit_alpha_beta, probe
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,6 +44,18 @@ def test_fit_bad_input():
         fit_alpha_beta([1e3, 1e3], [1e-6, 2e-6])
     with pytest.raises(ValueError, match="times do not grow with message size"):
         fit_alpha_beta([1e3, 1e6], [2e-3, 1e-3])
+
+
+def test_fit_that_cannot_resolve_a_bandwidth_says_so_instead_of_failing():
+    # What a busy machine gave once: 1 KB 3.7 ms, 64 KB 3.2 ms, 4 MB 3.0 ms (noise dominates).
+    sizes, times = [1e3, 64e3, 4e6], [3.7e-3, 3.2e-3, 3.0e-3]
+    fit = fit_line(sizes, times)
+    assert not fit.resolved and "do not grow with size" in fit.note
+    assert fit.alpha == pytest.approx(3.2e-3)            # the median time
+    assert fit.beta == pytest.approx(3.0e-3 / 4e6)       # an upper bound of the per-byte cost
+    resolved = fit_line([1e3, 1e4, 1e5, 1e6], [5e-6 + s / 1e9 for s in (1e3, 1e4, 1e5, 1e6)])
+    assert resolved.resolved and resolved.r2 == pytest.approx(1.0)
+    assert resolved.rmse_s == pytest.approx(0, abs=1e-15)
 
 
 def test_probe_outside_torchrun_says_how_to_run_it(monkeypatch):
@@ -81,6 +94,9 @@ def test_two_rank_probe_writes_a_cluster(tmp_path):
     measured = cluster["measured"]
     assert [p[0] for p in measured["allreduce_s"]] == sizes
     assert [p[0] for p in measured["intra_node_one_way_s"]] == sizes
+    # each fit reports its residuals and whether it resolved a bandwidth (never a failed run)
+    assert set(measured["fits"]) == {"intra_node", "allreduce"}
+    assert all("rmse_s" in f and "resolved" in f for f in measured["fits"].values())
     assert "inter_node not measured" in " ".join(cluster["sources"])
     assert os.listdir(tmp_path) == ["cluster.json"]  # the atomic write left no temporary file
     try:

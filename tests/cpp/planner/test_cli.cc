@@ -94,7 +94,8 @@ TEST_CASE("cli: the binary is there") {
   REQUIRE(fs::exists(cli_path()));
   const CliResult r = run_cli({"--help"});
   CHECK(r.status == 0);
-  for (const char* sub : {"plan", "evaluate", "explain", "sweep", "presets", "import-pipedream", "probe"}) {
+  for (const char* sub : {"plan", "evaluate", "explain", "sweep", "presets", "import-pipedream", "probe",
+                          "calibrate", "validate"}) {
     CHECK_THAT(r.output, Contains(sub));
   }
 }
@@ -351,10 +352,15 @@ TEST_CASE("cli: infeasible exits 3 saying what does not fit; --out is left alone
   CHECK_THAT(eval.output, Contains("feasible: no"));
 }
 
-TEST_CASE("cli probe without torchrun exits 2") {
-  const CliResult r = run_cli({"probe", "--nproc-per-node", "2"}, "env PATH=/nonexistent");
-  CHECK(r.status == 2);
-  CHECK_THAT(r.output, Contains("torchrun not found on PATH"));
+TEST_CASE("cli probe and calibrate without torchrun, validate without python, exit 2") {
+  for (const char* sub : {"probe", "calibrate"}) {
+    const CliResult r = run_cli({sub, "--nproc-per-node", "2"}, "env PATH=/nonexistent");
+    CHECK(r.status == 2);
+    CHECK_THAT(r.output, Contains("torchrun not found on PATH"));
+  }
+  const CliResult v = run_cli({"validate"}, "env PATH=/nonexistent");
+  CHECK(v.status == 2);
+  CHECK_THAT(v.output, Contains("python3 not found on PATH"));
 }
 
 // Every published PipeDream profile imports and plans on a DGX-1 V100 cluster.
@@ -401,7 +407,8 @@ TEST_CASE("cli: documented flags are accepted") {
       {"sweep", {"--graph", "--cluster", "--job", "--max-devices", "--csv", "--plot", "--json"}},
       {"presets", {"--json"}},
       {"import-pipedream", {"--out", "--batch-size", "--name"}},
-      {"probe", {"--nproc-per-node"}}};
+      {"probe", {"--nproc-per-node"}},
+      {"calibrate", {"--nproc-per-node"}}};
   for (const auto& [sub, names] : flags) {
     const CliResult help = run_cli({sub, "--help"});
     INFO(sub << "\n" << help.output);

@@ -62,3 +62,11 @@ TEST_CASE("the graph's batch_times are the curve", "[compute_cost]") {
   REQUIRE_THAT(model.description(), Catch::Matchers::Contains("1, 4, 8"));
   REQUIRE(single_device_compute_s(model, 8) == 6.0);
 }
+
+TEST_CASE("profiles measure halvings of the example batch down to 1", "[compute_cost]") {
+  REQUIRE(default_profile_batch_sizes(32) == std::vector<int64_t>{1, 2, 4, 8, 16});
+  REQUIRE(default_profile_batch_sizes(48) == std::vector<int64_t>{1, 3, 6, 12, 24});
+  REQUIRE(default_profile_batch_sizes(7) == std::vector<int64_t>{1, 3});
+  REQUIRE(default_profile_batch_sizes(2) == std::vector<int64_t>{1});
+  REQUIRE(default_profile_batch_sizes(1).empty());
+}

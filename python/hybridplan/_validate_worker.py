@@ -1,0 +1,160 @@
+"""One rank of `hybridplan validate`: trains a model under a plan and measures the step's terms
+from the executor's own clock (see hybridplan/validation.py). Run under torchrun:
+
+    torchrun --nproc-per-node P -m hybridplan._validate_worker --plan p.json \\
+        --model hybridplan.models:branchy_cnn --steps 20 --warmup 5 --out measured.json
+
+Every rank builds the same model (torch.manual_seed(0) before the factory) and draws the same
+global batch per step (the module's example_inputs / example_target, seeded by the step); rank 0
+writes the measurements of all ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+TERMS = ("step_s", "compute_s", "allreduce_s", "optimizer_s", "overhead_s")
+
+
+class _Clock:
+    """Timestamps of one step: the last gradient accumulated, the optimizer's start and end."""
+
+    def __init__(self):
+        self.last_grad = None
+        self.opt_start = None
+        self.opt_end = None
+
+    def grad_hook(self, _param):
+        self.last_grad = time.perf_counter()
+
+    def optimizer(self, factory):
+        clock = self
+
+        def build(params):
+            opt = factory(params)
+            original = opt.step
+
+            def step(*args, **kwargs):
+                clock.opt_start = time.perf_counter()
+                out = original(*args, **kwargs)
+                clock.opt_end = time.perf_counter()
+                return out
+            opt.step = step
+            return opt
+        return build
+
+
+def _peak_tensor_bytes(run_step) -> int:
+    """Peak bytes of live tensors during one step (torch.profiler's memory timeline)."""
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        run_step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "timeline.json")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated in favour of CUDA-only tools
+            prof.export_memory_timeline(path, device="cpu")
+        with open(path) as f:
+            _, sizes = json.load(f)
+    return int(max((sum(s) for s in sizes), default=0))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--plan", required=True)
+    p.add_argument("--model", required=True, help="MODULE:FACTORY")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--lr", type=float, default=0.01)
+    args = p.parse_args(argv)
+
+    import hybridplan
+    from hybridplan.__main__ import _load_factory
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    module = _load_factory(args.model)()
+    with open(args.plan) as f:
+        plan = json.load(f)
+    clock = _Clock()
+    hp = hybridplan.apply(plan, module, timeout_s=args.timeout_s, optimizer=clock.optimizer(
+        lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)))
+    for param in module.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(clock.grad_hook)
+    global_batch = plan["global_batch"]
+    rank = dist.get_rank()
+    samples: Dict[str, List[float]] = {t: [] for t in TERMS}
+    actions = []
+
+    def run_step(step: int):
+        inputs = module.example_inputs(global_batch, seed=step)
+        target = module.example_target(global_batch, seed=10_000 + step)
+        shard = hp.shard(inputs, target)
+        dist.barrier()
+        clock.last_grad = clock.opt_start = clock.opt_end = None
+        start = time.perf_counter()
+        hp.step(*shard)
+        end = time.perf_counter()
+        return start, end
+
+    for step in range(args.warmup + args.steps):
+        record = getattr(hp, "record_actions", None)
+        if record is not None:
+            record(step >= args.warmup and step == args.warmup + args.steps - 1)
+        start, end = run_step(step)
+        if step < args.warmup:
+            continue
+        opt_start = clock.opt_start if clock.opt_start is not None else end
+        opt_end = clock.opt_end if clock.opt_end is not None else opt_start
+        last_grad = clock.last_grad if clock.last_grad is not None else opt_start
+        samples["step_s"].append(end - start)
+        samples["compute_s"].append(last_grad - start)
+        samples["allreduce_s"].append(max(0.0, opt_start - last_grad))
+        samples["optimizer_s"].append(opt_end - opt_start)
+        samples["overhead_s"].append(max(0.0, (end - start) - (opt_end - start)))
+        if record is not None and step == args.warmup + args.steps - 1:
+            actions = [{"kind": k, "microbatch": i, "start_s": a - start, "end_s": b - start}
+                       for k, i, a, b in getattr(hp, "recorded_actions", [])]
+    mine = {t: statistics.median(v) for t, v in samples.items()}
+    mine["rank"] = rank
+    mine["actions"] = actions
+    mine["memory_bytes"] = _peak_tensor_bytes(lambda: run_step(args.warmup + args.steps))
+    ranks: List[dict] = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    if rank == 0:
+        slowest = max(ranks, key=lambda r: r["step_s"])
+        out = {t: slowest[t] for t in TERMS}
+        out["per_rank"] = ranks
+        out["memory_bytes"] = [r["memory_bytes"] for r in ranks]
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f)
+        os.replace(tmp, args.out)
+    dist.barrier()
+    close = getattr(hp, "close", None)
+    if close is not None:
+        close()
+    elif dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

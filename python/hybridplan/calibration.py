@@ -1,0 +1,388 @@
+"""Calibration: measures what the executor really pays on this machine and writes a Cluster
+(docs/formats.md, kind "hybridplan.cluster") whose numbers the cost model then uses.
+
+    torchrun --standalone --nproc-per-node 2 -m hybridplan calibrate --graph G --out cluster.json
+        [--model MODULE:FACTORY --batch B]
+
+What is measured (every fit by least squares, its points and residuals under "measured"):
+
+  intra_node (p2p link)        one-way times of batch_isend_irecv ping-pongs (how
+                               torch.distributed.pipelining sends activations), alpha + bytes/bw
+  intra_node.allreduce         all_reduce of flat float32 buckets (as DDP reduces its buckets),
+                               as the link that makes the ring formula reproduce them
+  runtime.step_s               a data-parallel step of a tiny model under hybridplan.apply, minus
+                               the tiny model's own compute and its all-reduce: the executor's
+                               fixed cost per step (zero_grad, DDP bookkeeping, optimizer loop)
+  runtime.action_s             two-stage pipelines of the tiny model under hybridplan.apply, GPipe
+                               and 1F1B, 1..32 micro-batches: the fixed cost per schedule action
+                               that makes the cost model's own schedule reproduce the measured
+                               steps (one-parameter least squares on evaluate()'s slope)
+  runtime.shared_host_slowdown a workload's forward+backward (the --model, else the built-in
+                               branchy_cnn) on each rank alone vs on every rank at once, in
+                               interleaved rounds: how much slower ranks compute when they share
+                               the node's cores, caches and memory bandwidth
+  device.memory_bandwidth      an SGD-momentum step over a 32 Mi-element parameter (5 bytes
+                               touched per parameter byte, optimizer_cost.h) / its time
+  device.*, type, collectives  as the probe (python/hybridplan/probe.py); "cpu" and Gloo on CPU
+
+Each time is a median over repeats, the slowest rank's, taken with one intra-op thread per rank
+(as the executor's jobs run here). The graph (--graph) sizes the messages: up to its gradient
+bytes (all-reduce) and its largest edge (p2p), never below 16 MiB so that transfer time dominates
+latency. Gloo on CPU, NCCL on CUDA; every collective times out after `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import probe as _probe
+from .fitting import fit_line, fit_through_origin
+
+__all__ = ["calibrate"]
+
+kMinLargestBytes = 16 << 20
+kMaxLargestBytes = 256 << 20
+kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
+
+
+def _sizes_up_to(largest: int) -> List[int]:
+    sizes, n = [], 4 << 10
+    while n < largest:
+        sizes.append(n)
+        n *= 4
+    return sizes + [largest]
+
+
+def message_sizes(graph: Optional[dict]) -> Tuple[List[int], List[int]]:
+    """(all-reduce sizes, p2p sizes): 4 KiB, 16 KiB, ... up to the graph's gradient bytes and its
+    largest edge, each clamped to 16..256 MiB."""
+    grads = sum(n["param_bytes"] for n in graph["nodes"]) if graph else 0
+    edge = max((e.get("bytes", 0) for e in graph["edges"]), default=0) if graph else 0
+    clamp = lambda b: int(min(kMaxLargestBytes, max(kMinLargestBytes, b)))  # noqa: E731
+    return _sizes_up_to(clamp(grads)), _sizes_up_to(clamp(edge))
+
+
+# ---- timing helpers ---------------------------------------------------------------------------
+
+def _median_slowest(samples: Sequence[float], device: torch.device) -> float:
+    return _probe._max_over_ranks(statistics.median(samples), device)
+
+
+def _time_p2p(nbytes: int, rank: int, device, warmup: int, repeats: int) -> float:
+    """One-way seconds of `nbytes` between ranks 0 and 1 with batch_isend_irecv (half a round
+    trip), the slowest rank's median."""
+    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    samples = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        if rank in (0, 1):
+            peer = 1 - rank
+            first, second = (dist.P2POp(dist.isend, buf, peer), dist.P2POp(dist.irecv, buf, peer))
+            for op in ((first, second) if rank == 0 else (second, first)):
+                for work in dist.batch_isend_irecv([op]):
+                    work.wait()
+        _probe._sync(device)
+        if i >= warmup:
+            samples.append((time.perf_counter() - start) / 2)
+    return _median_slowest(samples, device)
+
+
+def _time_allreduce(nbytes: int, device, warmup: int, repeats: int) -> float:
+    return _probe._time_allreduce(nbytes, device, warmup, repeats)
+
+
+# ---- the executor's fixed costs ---------------------------------------------------------------
+
+class _Tiny(nn.Module):
+    """Two small Linear layers: an executor workload whose compute is negligible."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.first = nn.Linear(width, width)
+        self.second = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
+def _tiny_data(batch: int, width: int = 8):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+
+
+def _mse(output, target):
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def _step_times_s(plan: dict, batch: int, device, warmup: int, repeats: int,
+                  timeout_s: float) -> float:
+    """Median step time (slowest rank) of the tiny model trained under `plan`."""
+    from . import apply
+
+    torch.manual_seed(0)
+    module = _Tiny()
+    hp = apply(plan, module, loss_fn=_mse, timeout_s=timeout_s,
+               optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+    inputs, target = _tiny_data(batch)
+    samples = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        hp.step(*hp.shard(inputs, target))
+        if i >= warmup:
+            samples.append(time.perf_counter() - start)
+    return _median_slowest(samples, device)
+
+
+def _tiny_compute_s(warmup: int, repeats: int) -> float:
+    """This process's forward + backward + optimizer step of the tiny model, no executor."""
+    module = _Tiny()
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    inputs, target = _tiny_data(2)
+    samples = []
+    for i in range(warmup + repeats):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        _mse(module(inputs), target).backward()
+        opt.step()
+        if i >= warmup:
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _hand_plan(mode: str, dp: int, mp: int, schedule: str = "none", microbatches: int = 1,
+               per_replica_batch: int = 2) -> dict:
+    from ._hand_plan import hand_plan
+
+    return hand_plan(_Tiny(), mode=mode, dp=dp, mp=mp, schedule=schedule,
+                     num_microbatches=microbatches, per_replica_batch=per_replica_batch,
+                     name="calibration_tiny")
+
+
+def _tiny_graph() -> dict:
+    """The tiny model's graph (the cost model's view of the calibration workload)."""
+    from .profiler import profile_dict
+
+    return profile_dict(_Tiny(), _tiny_data(1)[:1], verbose=False, warmup=3, repeats=15,
+                        batch_sizes=())
+
+
+def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
+    """runtime.action_s by least squares: measured = base + slope * action_s, where base and
+    slope are evaluate()'s step time at action_s = 0 and its change per second of action_s."""
+    from .planner import Cluster, Graph, evaluate
+
+    g = Graph.from_dict(graph, "calibration graph")
+
+    def predicted(run, action_s):
+        c = json.loads(json.dumps(cluster))
+        c["runtime"]["action_s"] = action_s
+        plan = _hand_plan("pipeline", 1, 2, run["schedule"], run["num_microbatches"],
+                          run["per_replica_batch"])
+        plan["graph"]["sha256"] = g.sha256
+        plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": i * 2 // len(graph["nodes"])}
+                              for i, n in enumerate(graph["nodes"])]
+        return evaluate(g, Cluster.from_dict(c, "calibration cluster"), plan)["step_s"]
+
+    for run in runs:
+        run["base_s"] = predicted(run, 0.0)
+        run["slope"] = (predicted(run, 1e-3) - run["base_s"]) / 1e-3
+    action_s = max(0.0, fit_through_origin([r["slope"] for r in runs],
+                                           [r["step_s"] - r["base_s"] for r in runs]))
+    for run in runs:
+        run["fitted_s"] = run["base_s"] + run["slope"] * action_s
+    errors = [abs(r["fitted_s"] / r["step_s"] - 1) for r in runs]
+    return {"action_s": action_s, "runs": runs, "median_abs_error": statistics.median(errors),
+            "worst_abs_error": max(errors)}
+
+
+# ---- shared cores -----------------------------------------------------------------------------
+
+def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callable[[], None]]:
+    """A forward+backward step of the user's model (MODULE:FACTORY) or the built-in
+    branchy_cnn, at `batch`."""
+    from .__main__ import _load_factory
+    from . import models
+
+    module = _load_factory(model_spec)() if model_spec else models.get("branchy_cnn", seed=0)
+    inputs = tuple(module.example_inputs(batch)) if hasattr(module, "example_inputs") else None
+    if inputs is None:
+        raise ValueError(f"calibrate: {type(module).__name__} has no example_inputs(batch); "
+                         "give a model with example inputs for the shared-core measurement")
+
+    def step():
+        module.zero_grad(set_to_none=True)
+        out = module(*inputs)
+        sum(t.float().sum() for t in _tensors(out)).backward()
+
+    return module, step
+
+
+def _tensors(value) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value] if value.requires_grad else []
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, device, rounds: int,
+                          steps: int) -> dict:
+    """Interleaved rounds: each rank alone (the others wait in a barrier), then all at once.
+    factor = median over rounds and ranks of (all at once) / (alone)."""
+    step()  # warm up
+    ratios, alone_s, together_s = [], [], []
+    for _ in range(rounds):
+        mine = None
+        for turn in range(world):
+            dist.barrier()
+            if turn == rank:
+                start = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                mine = (time.perf_counter() - start) / steps
+            dist.barrier()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        both = (time.perf_counter() - start) / steps
+        dist.barrier()
+        alone_s.append(mine)
+        together_s.append(both)
+        ratios.append(both / mine)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, ratios)
+    all_ratios = [r for per_rank in gathered for r in per_rank]
+    return {"factor": max(1.0, statistics.median(all_ratios)), "ratios": all_ratios,
+            "alone_s": alone_s, "together_s": together_s, "processes": world}
+
+
+# ---- memory bandwidth -------------------------------------------------------------------------
+
+def _memory_bandwidth(device, repeats: int = 7) -> dict:
+    """5 x parameter bytes / the time of an SGD-momentum step (optimizer_cost.h)."""
+    p = nn.Parameter(torch.zeros(32 << 20, device=device))
+    p.grad = torch.ones_like(p)
+    opt = torch.optim.SGD([p], lr=0.01, momentum=0.9)
+    opt.step()
+    samples = []
+    for _ in range(repeats):
+        _probe._sync(device)
+        start = time.perf_counter()
+        opt.step()
+        _probe._sync(device)
+        samples.append(time.perf_counter() - start)
+    seconds = statistics.median(samples)
+    nbytes = p.numel() * p.element_size()
+    return {"bandwidth_bytes_per_s": 5 * nbytes / seconds, "step_s": seconds,
+            "param_bytes": nbytes}
+
+
+# ---- the whole calibration --------------------------------------------------------------------
+
+def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, batch: int = 32,
+              out: Optional[str] = None, name: Optional[str] = None, warmup: int = 3,
+              repeats: int = 15, timeout_s: float = 120.0) -> Optional[dict]:
+    """Runs the measurements above on every rank of this torchrun job; rank 0 returns the
+    Cluster dict and writes it atomically to `out` (if given), the others return None."""
+    env = _probe._env()
+    graph = None
+    if graph_path:
+        with open(graph_path, encoding="utf-8") as f:
+            graph = json.load(f)
+    torch.set_num_threads(1)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        cluster = _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout_s,
+                           name)
+    finally:
+        dist.destroy_process_group()
+    if env.rank != 0:
+        return None
+    if out:
+        _probe._atomic_write_json(out, cluster)
+    return cluster
+
+
+def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout_s, name):
+    allreduce_sizes, p2p_sizes = message_sizes(graph)
+    fits: Dict[str, dict] = {}
+    _probe._time_allreduce(allreduce_sizes[-1], device, 1, 1)  # set up connections, unmeasured
+    _time_p2p(p2p_sizes[-1], env.rank, device, 1, 1)
+    p2p = [(n, _time_p2p(n, env.rank, device, warmup, repeats)) for n in p2p_sizes]
+    allreduce = [(n, _time_allreduce(n, device, warmup, repeats)) for n in allreduce_sizes]
+    intra = _probe._link(p2p, fits, "p2p")
+    intra["allreduce"] = _probe.allreduce_link(allreduce, env.world_size, fits, "allreduce")
+
+    # The executor's fixed costs, from tiny-model runs under hybridplan.apply.
+    tiny_compute_s = _probe._max_over_ranks(_tiny_compute_s(warmup, repeats), device)
+    dp_step_s = _step_times_s(_hand_plan("placement", env.world_size, 1), 2 * env.world_size,
+                              device, warmup, repeats, timeout_s)
+    tiny_grad_bytes = sum(p.numel() * 4 for p in _Tiny().parameters())
+    allreduce_fit = fits["allreduce"]
+    step_s = max(0.0, dp_step_s - tiny_compute_s - (allreduce_fit["alpha"] + allreduce_fit["beta"]
+                                                    * tiny_grad_bytes))
+    runs = []
+    if env.world_size == 2:
+        for m in kMicrobatchCounts:
+            for schedule in ("gpipe", "1f1b"):
+                if schedule == "1f1b" and m < 2:
+                    continue  # Schedule1F1B needs a micro-batch per stage
+                plan = _hand_plan("pipeline", 1, 2, schedule, m, m)
+                runs.append({"schedule": schedule, "num_microbatches": m, "per_replica_batch": m,
+                             "step_s": _step_times_s(plan, m, device, warmup, repeats,
+                                                     timeout_s)})
+    module_step = _workload(model, batch)[1]
+    slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
+                                     rounds=max(3, repeats // 3), steps=3)
+    bandwidth = _memory_bandwidth(device)
+    peak_flops = _probe._min_over_ranks(_probe._peak_flops(device), device)
+
+    cluster = {
+        "schema_version": 1, "kind": "hybridplan.cluster",
+        "name": name or ("localhost-cpu" if device.type == "cpu" else "calibrated-cuda"),
+        "num_nodes": env.num_nodes, "devices_per_node": env.local_world_size,
+        "device": {"name": _probe._device_name(device), "type": device.type,
+                   "memory_bytes": _probe._device_memory_bytes(device, env.local_world_size),
+                   "peak_flops": peak_flops,
+                   "memory_bandwidth_bytes_per_s": bandwidth["bandwidth_bytes_per_s"]},
+        "intra_node": intra, "inter_node": dict(intra),
+        "collectives": {"library": backend if backend in ("gloo", "nccl") else "nccl"},
+        "runtime": {"step_s": step_s, "action_s": 0.0,
+                    "shared_host_slowdown": [[1, 1.0], [env.local_world_size,
+                                                        slowdown["factor"]]]},
+    }
+    measured = {"fits": fits, "tiny_compute_s": tiny_compute_s, "dp_step_s": dp_step_s,
+                "shared_host": slowdown, "memory_bandwidth": bandwidth,
+                "world_size": env.world_size, "warmup": warmup, "repeats": repeats}
+    if runs and env.rank == 0:
+        action = _fit_action_s(_tiny_graph(), cluster, runs)
+        cluster["runtime"]["action_s"] = action["action_s"]
+        measured["pipeline_actions"] = action
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cluster["sources"] = [
+        f"measured {date} by `torchrun --nproc-per-node {env.local_world_size} -m hybridplan "
+        f"calibrate` ({backend}, one intra-op thread per rank, medians of {repeats} after "
+        f"{warmup} warm-up, slowest rank; fits and residuals under measured; the method is "
+        "python/hybridplan/calibration.py's docstring)",
+        "inter_node: one node measured; copied from intra_node"]
+    cluster["measured"] = measured
+    return cluster

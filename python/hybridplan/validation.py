@@ -1,0 +1,266 @@
+"""Predicted beside measured: runs plans of a model on this machine and compares every term of the
+cost model with what the executor really did.
+
+    python -m hybridplan validate --graph g.json --cluster cluster.json \\
+        --model hybridplan.models:branchy_cnn [--devices 2] [--plans 8] [--out-dir out/validate]
+    hybridplan validate ...            (the same, from the C++ CLI)
+
+For the plans (the search's best and a spread across its ranking: data parallel, placement,
+GPipe and 1F1B with few and many micro-batches), each is trained for `steps` steps under
+torchrun (`python -m hybridplan._validate_worker`, one process per rank) and timed on every
+rank from the executor's own clock:
+
+    step_s       hp.step() wall time                            (slowest rank, median)
+    compute_s    step start -> the last gradient accumulated    (placement: forward + backward;
+                                                                 pipeline: the schedule)
+    allreduce_s  the last gradient -> the optimizer starts      (the exposed all-reduce)
+    optimizer_s  the optimizer's step
+    overhead_s   the rest of the step
+    memory       peak tensor bytes of one step per rank (torch.profiler's memory timeline)
+
+and written to <out-dir>/validate.json and validate.md (a table per term, the error of each
+plan's step, the median and worst), plus scatter.png (predicted vs measured step time) and,
+for the first pipeline plan, timeline.png (per-stage predicted schedule beside the measured
+forward/backward actions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+__all__ = ["validate", "select_plans", "ValidationResult"]
+
+TERMS = ("step_s", "compute_s", "allreduce_s", "optimizer_s", "overhead_s")
+
+
+def _kind(plan: dict) -> str:
+    if plan["mp"] == 1:
+        return "dp"
+    if plan["mode"] == "placement":
+        return "placement"
+    return f"{plan['schedule']} M={plan['num_microbatches']}"
+
+
+def select_plans(ranked: Sequence[dict], count: int) -> List[dict]:
+    """The best plan, then a spread across the ranking: first every distinct kind (DP,
+    placement, each schedule and micro-batch count) in rank order, preferring kinds far from the
+    ones chosen (few vs many micro-batches), until `count` plans."""
+    chosen, kinds = [], set()
+    for plan in ranked:
+        if len(chosen) == count:
+            break
+        if _kind(plan) not in kinds:
+            chosen.append(plan)
+            kinds.add(_kind(plan))
+    for plan in ranked:  # fewer kinds than asked: fill with the next best
+        if len(chosen) == count:
+            break
+        if plan not in chosen:
+            chosen.append(plan)
+    return chosen
+
+
+@dataclasses.dataclass
+class ValidationResult:
+    rows: List[dict]         # per plan: kind, predicted terms, measured terms, errors
+    median_abs_error: float  # of step_s over the plans
+    worst_abs_error: float
+    best_predicted_rank_measured: int  # where the planner's first plan lands when measured (1 = fastest)
+    within_5_percent_of_fastest: bool
+    out_dir: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _processes(plan: dict) -> int:
+    return plan["dp"] if plan["mode"] == "placement" else plan["dp"] * plan["mp"]
+
+
+def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
+             work_dir: Path, env: Optional[Dict[str, str]] = None) -> dict:
+    """Trains the model under `plan` with torchrun and returns the worker's measurements."""
+    plan_path = work_dir / "plan.json"
+    result_path = work_dir / "measured.json"
+    plan_path.write_text(json.dumps(plan))
+    if result_path.exists():
+        result_path.unlink()
+    launcher = [shutil.which("torchrun")] if shutil.which("torchrun") else [
+        sys.executable, "-m", "torch.distributed.run"]
+    cmd = launcher + ["--standalone", "--nproc-per-node", str(_processes(plan)), "-m",
+                      "hybridplan._validate_worker", "--plan", str(plan_path), "--model", model,
+                      "--steps", str(steps), "--warmup", str(warmup), "--timeout-s",
+                      str(timeout_s), "--out", str(result_path)]
+    package = str(Path(__file__).resolve().parent.parent)
+    child_env = dict(os.environ, OMP_NUM_THREADS="1",
+                     PYTHONPATH=os.pathsep.join(p for p in (package, os.environ.get(
+                         "PYTHONPATH", "")) if p), **(env or {}))
+    done = subprocess.run(cmd, env=child_env, capture_output=True, text=True,
+                          timeout=timeout_s + 60 * steps)
+    if done.returncode != 0 or not result_path.exists():
+        raise RuntimeError(f"validate: the {_kind(plan)} plan failed (exit {done.returncode}): "
+                           f"{done.stderr[-2000:]}")
+    return json.loads(result_path.read_text())
+
+
+def _error(predicted: float, measured: float) -> Optional[float]:
+    return None if not measured else predicted / measured - 1
+
+
+def compare(plan: dict, measured: dict) -> dict:
+    """One row: the plan's predicted terms, the measured ones and the relative errors."""
+    predicted = plan["predicted"]
+    row = {"kind": _kind(plan), "dp": plan["dp"], "mp": plan["mp"], "mode": plan["mode"],
+           "schedule": plan["schedule"], "num_microbatches": plan["num_microbatches"],
+           "per_replica_batch": plan["per_replica_batch"],
+           "predicted": {t: predicted.get(t, 0.0) for t in TERMS},
+           "measured": {t: measured[t] for t in TERMS},
+           "predicted_memory_bytes": predicted.get("memory_bytes", []),
+           "measured_memory_bytes": measured.get("memory_bytes", []),
+           "measured_per_rank": measured.get("per_rank", [])}
+    row["errors"] = {t: _error(row["predicted"][t], row["measured"][t]) for t in TERMS}
+    mem_p, mem_m = max(row["predicted_memory_bytes"] or [0]), max(row["measured_memory_bytes"] or [0])
+    row["memory_error"] = _error(mem_p, mem_m)
+    return row
+
+
+def summarize(rows: List[dict], out_dir: str) -> ValidationResult:
+    errors = [abs(r["errors"]["step_s"]) for r in rows if r["errors"]["step_s"] is not None]
+    measured = [r["measured"]["step_s"] / max(1, r["dp"] * r["per_replica_batch"]) for r in rows]
+    fastest = min(measured)
+    # rows are in the planner's order: rows[0] is its first choice; rank by measured s/sample
+    order = sorted(range(len(rows)), key=lambda i: measured[i])
+    return ValidationResult(rows, statistics.median(errors), max(errors), order.index(0) + 1,
+                            measured[0] <= 1.05 * fastest, out_dir)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} %"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f}"
+
+
+def markdown(result: ValidationResult, title: str) -> str:
+    lines = [f"# {title}", "",
+             "Times in ms (slowest rank, median of the timed steps); error = predicted / measured "
+             "- 1. The first row is the planner's choice.", "",
+             "| plan | batch | step pred | step meas | error | compute pred | compute meas | "
+             "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "
+             "| overhead meas | peak mem pred | peak mem meas | mem error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result.rows:
+        p, m = r["predicted"], r["measured"]
+        mem_p = max(r["predicted_memory_bytes"] or [0]) / 2**20
+        mem_m = max(r["measured_memory_bytes"] or [0]) / 2**20
+        lines.append(
+            f"| {r['dp']}x{r['mp']} {r['kind']} | {r['per_replica_batch']} | {_ms(p['step_s'])} | "
+            f"{_ms(m['step_s'])} | {_pct(r['errors']['step_s'])} | {_ms(p['compute_s'])} | "
+            f"{_ms(m['compute_s'])} | {_ms(p['allreduce_s'])} | {_ms(m['allreduce_s'])} | "
+            f"{_ms(p['optimizer_s'])} | {_ms(m['optimizer_s'])} | {_ms(p['overhead_s'])} | "
+            f"{_ms(m['overhead_s'])} | {mem_p:.1f} MiB | {mem_m:.1f} MiB | "
+            f"{_pct(r['memory_error'])} |")
+    lines += ["", f"step-time error: median |error| {100 * result.median_abs_error:.1f} %, worst "
+              f"{100 * result.worst_abs_error:.1f} %; the planner's first plan is measured "
+              f"#{result.best_predicted_rank_measured} of {len(result.rows)} by time per sample "
+              f"({'within' if result.within_5_percent_of_fastest else 'not within'} 5 % of the "
+              f"fastest)", ""]
+    return "\n".join(lines)
+
+
+def scatter(result: ValidationResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    xs = [r["measured"]["step_s"] * 1e3 for r in result.rows]
+    ys = [r["predicted"]["step_s"] * 1e3 for r in result.rows]
+    ax.scatter(xs, ys)
+    for r, x, y in zip(result.rows, xs, ys):
+        ax.annotate(r["kind"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    top = max(xs + ys) * 1.1
+    ax.plot([0, top], [0, top], "--", color="gray", label="predicted = measured")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path) -> None:
+    """Per stage: the cost model's schedule (top) and the executor's actions (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = len(predicted)
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * stages))
+    colors = {"F": "tab:blue", "B": "tab:orange"}
+    for s in range(stages):
+        for a in predicted[s]:
+            ax.broken_barh([(a["start_s"] * 1e3, (a["end_s"] - a["start_s"]) * 1e3)],
+                           (2 * s + 1.05, 0.8), color=colors[a["kind"]], alpha=0.9)
+        actions = measured["per_rank"][s].get("actions", []) if s < len(measured["per_rank"]) else []
+        for a in actions:
+            ax.broken_barh([(a["start_s"] * 1e3, (a["end_s"] - a["start_s"]) * 1e3)],
+                           (2 * s + 0.15, 0.8), color=colors[a["kind"]], alpha=0.5)
+    ax.set_yticks([2 * s + 0.55 for s in range(stages)] + [2 * s + 1.45 for s in range(stages)])
+    ax.set_yticklabels([f"stage {s} measured" for s in range(stages)] +
+                       [f"stage {s} predicted" for s in range(stages)])
+    ax.set_xlabel("ms from the step's start (forward blue, backward orange)")
+    ax.set_title(f"{_kind(plan)}: predicted vs measured schedule")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int = 8,
+             steps: int = 20, warmup: int = 5, timeout_s: float = 120.0,
+             out_dir: str = "out/validate", progress: bool = True) -> ValidationResult:
+    """Runs `plans` plans of `model` (MODULE:FACTORY, whose module has example_inputs /
+    example_target and, optionally, loss) on `devices` local ranks and compares each with its
+    prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths."""
+    from tqdm import tqdm
+
+    from . import planner
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    g, c = planner._as_graph(graph), planner._as_cluster(cluster)
+    j = planner._as_job(job)
+    ranked = planner.search(g, c, j, devices=devices, top_k=1000).plans
+    chosen = select_plans([p.to_dict() for p in ranked], plans)
+    rows, drew_timeline = [], False
+    with tempfile.TemporaryDirectory(prefix="hybridplan-validate-") as tmp:
+        for plan in tqdm(chosen, desc="validate", unit="plan", disable=not progress):
+            measured = run_plan(plan, model, steps, warmup, timeout_s, Path(tmp))
+            rows.append(compare(plan, measured))
+            if not drew_timeline and plan["mode"] == "pipeline":
+                predicted = json.loads(planner._C.pipeline_timeline(
+                    g.to_json(), c.to_json(), None if j is None else j.to_json(),
+                    json.dumps(plan)))
+                timeline(plan, measured, predicted, out / "timeline.png")
+                drew_timeline = True
+    result = summarize(rows, str(out))
+    (out / "validate.json").write_text(json.dumps(result.to_dict(), indent=2))
+    (out / "validate.md").write_text(markdown(result, f"{g.name} on {c.name}: predicted vs "
+                                                      "measured"))
+    scatter(result, out / "scatter.png")
+    return result
