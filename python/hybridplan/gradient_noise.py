@@ -178,7 +178,7 @@ def _squared_grad_norm(module, data, loss_fn, batch_size: int, step: int) -> flo
     state.update({n: b.clone() for n, b in module.named_buffers()})
     loss = loss_fn(functional_call(module, state, tuple(inputs)), target)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise ValueError(f"noise_scale: loss_fn must return a scalar tensor (got "
-                         f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__})")
+        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"noise_scale: loss_fn must return a scalar tensor (got {got})")
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-    return math.fsum(float(g.double().pow(2).sum()) for g in grads if g is not None)
+    return float(sum(g.double().pow(2).sum() for g in grads if g is not None))

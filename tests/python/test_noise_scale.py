@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 import hybridplan
-from hybridplan import planner
-from hybridplan.__main__ import main as cli_main
+from hybridplan import models, planner
+from hybridplan.__main__ import _default_data, main as cli_main
 from hybridplan.gradient_noise import NoiseScale, estimate_from_norms, noise_scale
 from hybridplan.noise_scale_job import critical_batch_job, epochs_min_from_point
 
@@ -70,7 +70,8 @@ def half_squared_error(output, y):
 # ---- the estimator as a pure function ----------------------------------------------------------
 
 def test_estimate_from_norms_is_the_ratio_of_mean_estimates():
-    # b = 2, B = 4. Per step: |G|^2 ~ (4 |G_B|^2 - 2 |G_b|^2) / 2, tr(S) ~ (|G_b|^2 - |G_B|^2) / (1/2 - 1/4)
+    # b = 2, B = 4. Per step: |G|^2 ~ (4 |G_B|^2 - 2 |G_b|^2) / 2,
+    #                         tr(S) ~ (|G_b|^2 - |G_B|^2) / (1/2 - 1/4)
     #   step 0: |G_b|^2 = 5, |G_B|^2 = 3 -> g = (12 - 10) / 2 = 1, s = 2 / 0.25 = 8
     #   step 1: |G_b|^2 = 7, |G_B|^2 = 5 -> g = (20 - 14) / 2 = 3, s = 2 / 0.25 = 8
     # ratio of means 8 / 2 = 4 (the mean of per-step ratios, (8 + 8/3) / 2 = 5.33, is biased).
@@ -183,6 +184,19 @@ def test_bad_arguments_raise_value_error_naming_them(change, message):
         noise_scale(**args)
 
 
+def test_built_in_models_example_data_feeds_it():
+    # the CLI's default data: a model's example_inputs (a tuple of two id tensors for
+    # gnmt_lstm) and example_target seeded by step; the small batch is the big one's first rows
+    module = models.gnmt_lstm(vocab_size=50, hidden_size=8, src_len=3, tgt_len=3)
+    data = _default_data(module, "cpu")
+    (src2, tgt2), y2 = data(2, step=5)
+    (src8, _), y8 = data(8, step=5)
+    assert torch.equal(src2, src8[:2]) and torch.equal(y2, y8[:2])
+    assert not torch.equal(data(2, step=6)[0][0], src2)
+    est = noise_scale(module, data, module.loss, small_batch=2, big_batch=8, steps=2)
+    assert all(math.isfinite(n) and n > 0 for n in est.small_sq_norms + est.big_sq_norms)
+
+
 def test_is_exported_from_the_package():
     assert hybridplan.noise_scale is noise_scale and hybridplan.NoiseScale is NoiseScale
     assert hybridplan.critical_batch_job is critical_batch_job
@@ -230,9 +244,11 @@ def test_critical_batch_job_records_provenance_and_rejects_bad_input():
 def _cli(tmp_path, data_name, name, *extra):
     out = tmp_path / f"{name}.json"
     argv = ["noise-scale", "test_noise_scale:least_squares_module",
-            "--data", f"test_noise_scale:{data_name}", "--loss", "test_noise_scale:half_squared_error",
+            "--data", f"test_noise_scale:{data_name}",
+            "--loss", "test_noise_scale:half_squared_error",
             "--small-batch", "64", "--big-batch", "4096", "--steps", "40",
-            "--samples-per-epoch", "1281167", "--per-replica-batch", "32", "--out", str(out), *extra]
+            "--samples-per-epoch", "1281167", "--per-replica-batch", "32",
+            "--out", str(out), *extra]
     assert cli_main(argv) == 0
     return out
 
