@@ -3,6 +3,7 @@
     graph = hybridplan.profile(module, example_inputs)          # measure a module into a Graph
     best = hybridplan.plan(graph, "dgx1-v100", job)              # search DP x MP configurations
     model = hybridplan.apply(best, module)                       # inside a torchrun job
+    est = hybridplan.noise_scale(module, data, loss_fn, 8, 128, steps=50)   # B_simple
 
 Submodules load lazily so that the planner works without torch and torch code without the
 compiled planner where it does not need it.
@@ -25,6 +26,9 @@ _EXPORTS = {
     "apply": "executor",
     # measuring the machine and the model against the cost model
     "calibrate": "calibration", "validate": "validation",
+    # statistical efficiency from the gradients
+    "noise_scale": "gradient_noise", "NoiseScale": "gradient_noise",
+    "critical_batch_job": "noise_scale_job",
 }
 _SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "calibration",
                "validation", "fitting"}

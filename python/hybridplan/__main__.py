@@ -5,6 +5,9 @@
     python -m hybridplan profile hybridplan.models:gnmt_lstm --batch-size 8 --out g.json
     torchrun --nproc_per_node 2 -m hybridplan probe --out cluster.json
     torchrun --nproc_per_node 2 -m hybridplan calibrate --graph g.json --out cluster.json
+    python -m hybridplan noise-scale hybridplan.models:branchy_cnn --small-batch 8 \
+        --big-batch 128 --steps 50 --samples-per-epoch 50000 --per-replica-batch 32 \
+        --epochs-at 256:30 --out job.json
 
 Bad input exits 2 with a one-line message, as the C++ CLI does.
 """
@@ -12,8 +15,9 @@ Bad input exits 2 with a one-line message, as the C++ CLI does.
 import argparse
 import importlib
 import json
+import math
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 EXIT_BAD_INPUT = 2
 
@@ -33,6 +37,61 @@ def _parse_sizes(text: str) -> List[int]:
         return [int(s) for s in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be comma-separated byte counts (got {text!r})")
+
+
+def _parse_epochs_at(text: str) -> Tuple[float, float]:
+    batch, sep, epochs = text.partition(":")
+    try:
+        point = (float(batch), float(epochs))
+    except ValueError:
+        point = None
+    if not sep or point is None or not all(math.isfinite(v) and v > 0 for v in point):
+        raise argparse.ArgumentTypeError(f"must be GLOBAL_BATCH:EPOCHS, both > 0 (got {text!r})")
+    return point
+
+
+def _positive(convert):
+    """An argparse type: `convert(text)` (int or float), finite and > 0."""
+    rule = "an integer >= 1" if convert is int else "finite and > 0"
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be {rule} (got {text!r})")
+        return value
+    return parse
+
+
+def _add_noise_scale_parser(sub) -> None:
+    ns = sub.add_parser("noise-scale", help="measure the gradient noise scale B_simple and write "
+                                            "a Job with it as the critical batch")
+    ns.add_argument("factory", metavar="MODULE:FACTORY",
+                    help="a callable returning the nn.Module, e.g. hybridplan.models:branchy_cnn")
+    ns.add_argument("--data", metavar="MODULE:FUNC",
+                    help="data(batch_size, step) -> (inputs, target); default: the module's "
+                         "example_inputs/example_target seeded by step")
+    ns.add_argument("--loss", metavar="MODULE:FUNC",
+                    help="loss(output, target), mean over the batch; default: the module's loss")
+    ns.add_argument("--small-batch", type=_positive(int), default=8)
+    ns.add_argument("--big-batch", type=_positive(int), default=128)
+    ns.add_argument("--steps", type=_positive(int), default=50)
+    ns.add_argument("--device", default="cpu")
+    ns.add_argument("--threads", type=int, help="torch.set_num_threads before measuring")
+    ns.add_argument("--samples-per-epoch", type=_positive(int), required=True)
+    batch = ns.add_mutually_exclusive_group()
+    batch.add_argument("--per-replica-batch", type=_positive(int))
+    batch.add_argument("--global-batch", type=_positive(int))
+    ns.add_argument("--optimizer", default="sgd_momentum", choices=("sgd", "sgd_momentum", "adam"))
+    epochs = ns.add_mutually_exclusive_group(required=True)
+    epochs.add_argument("--epochs-min", type=_positive(float),
+                        help="epochs to target as the global batch goes to 0")
+    epochs.add_argument("--epochs-at", type=_parse_epochs_at, metavar="B:E",
+                        help="epochs E measured at global batch B; epochs_min = E / (1 + B / "
+                             "B_simple)")
+    ns.add_argument("--out", help="write the Job JSON here (default: stdout)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,7 +141,6 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--repeats", type=int, default=15)
     cal.add_argument("--timeout-s", type=float, default=120.0)
     cal.add_argument("--name", help="cluster name (default localhost-cpu / calibrated-cuda)")
-
     val = sub.add_parser("validate", help="run plans of a model on this machine and compare "
                                           "every term with its prediction")
     val.add_argument("--graph", required=True, help="the model's Graph JSON")
@@ -98,23 +156,26 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--timeout-s", type=float, default=120.0)
     val.add_argument("--out-dir", default="out/validate")
     val.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_noise_scale_parser(sub)
     return parser
 
 
-def _load_factory(spec: str):
+def _load_factory(spec: str, command: str = "profile", what: str = "factory"):
+    """The callable named by MODULE:NAME (NAME may be dotted); `what` names the argument."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"profile: factory must be MODULE:FACTORY (got {spec!r})")
+        raise ValueError(f"{command}: {what} must be MODULE:{what.lstrip('-').upper()} "
+                         f"(got {spec!r})")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"profile: cannot import {module_name!r} ({exc})") from None
+        raise ValueError(f"{command}: cannot import {module_name!r} ({exc})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"profile: {module_name!r} has no attribute {attr!r}")
+            raise ValueError(f"{command}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"profile: {spec} is not callable")
+        raise ValueError(f"{command}: {spec} is not callable")
     return obj
 
 
@@ -225,14 +286,61 @@ def _validate(args) -> int:
     else:
         print(markdown(result, "predicted vs measured"))
         print(f"wrote {args.out_dir}/validate.json, validate.md, scatter.png", file=sys.stderr)
+def _default_data(module, device: str):
+    """data(batch_size, step) from a built-in model's seeded example data: a fresh sample per
+    step, the same for both batch sizes' first rows where the model draws them in order."""
+    for name in ("example_inputs", "example_target"):
+        if not hasattr(module, name):
+            raise ValueError(f"noise-scale: {type(module).__name__} has no {name}(); give --data")
+
+    def data(batch_size: int, step: int):
+        inputs = module.example_inputs(batch_size, seed=2 * step)
+        target = module.example_target(batch_size, seed=2 * step + 1)
+        return tuple(x.to(device) for x in inputs), target.to(device)
+    return data
+
+
+def _noise_scale(args) -> int:
+    import torch
+
+    from .gradient_noise import noise_scale
+    from .noise_scale_job import critical_batch_job
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    module = _load_factory(args.factory, "noise-scale")().to(args.device)
+    data = (_load_factory(args.data, "noise-scale", "--data") if args.data
+            else _default_data(module, args.device))
+    if args.loss:
+        loss_fn = _load_factory(args.loss, "noise-scale", "--loss")
+    elif hasattr(module, "loss"):
+        loss_fn = module.loss
+    else:
+        raise ValueError(f"noise-scale: {type(module).__name__} has no loss(); give --loss")
+    est = noise_scale(module, data, loss_fn, args.small_batch, args.big_batch, args.steps)
+    print(f"B_simple {est.b_simple:.4g} +- {est.stderr:.2g} (|G|^2 {est.g_squared:.4g} +- "
+          f"{est.g_squared_stderr:.2g}, tr(Sigma) {est.trace_sigma:.4g} +- "
+          f"{est.trace_sigma_stderr:.2g}; batches {est.small_batch} and {est.big_batch}, "
+          f"{est.steps} steps)", file=sys.stderr)
+    job = critical_batch_job(est, args.samples_per_epoch, epochs_min=args.epochs_min,
+                             epochs_at=args.epochs_at, per_replica_batch=args.per_replica_batch,
+                             global_batch=args.global_batch, optimizer=args.optimizer,
+                             model=args.factory)
+    if args.out:
+        from .planner import _atomic_write
+        _atomic_write(args.out, json.dumps(job, indent=2))
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(json.dumps(job, indent=2))
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"profile": _profile, "probe": _probe, "calibrate": _calibrate,
-                "validate": _validate}[args.command](args)
+        command = {"profile": _profile, "probe": _probe, "calibrate": _calibrate,
+                   "validate": _validate, "noise-scale": _noise_scale}
+        return command[args.command](args)
     except ValueError as exc:
         print(f"python -m hybridplan {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
