@@ -277,7 +277,7 @@ def _validate(args) -> int:
     if args.devices < 1 or args.plans < 1 or args.steps < 1 or args.warmup < 0:
         raise ValueError(f"validate: need --devices, --plans, --steps >= 1 and --warmup >= 0 "
                          f"(got {args.devices}, {args.plans}, {args.steps}, {args.warmup})")
-    _load_factory(args.model)  # fail here, naming the factory, not in every rank
+    _load_factory(args.model, "validate", "--model")  # fail here, not in every rank
     result = validate(args.graph, args.cluster, args.model, job=args.job, devices=args.devices,
                       plans=args.plans, steps=args.steps, warmup=args.warmup,
                       timeout_s=args.timeout_s, out_dir=args.out_dir)
