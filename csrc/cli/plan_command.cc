@@ -6,6 +6,9 @@
 #include "cli/plan_table.h"
 #include "cli/problem_options.h"
 #include "common/error.h"
+#include "common/json_io.h"
+#include "common/units.h"
+#include "planner/run_schedule.h"
 #include "planner/search.h"
 
 namespace hybridplan::cli {
@@ -17,7 +20,38 @@ struct PlanFlags {
   int top_k = 5;
   std::string out_path;
   bool json = false;
+  bool over_run = false;
+  RunScheduleOptions run;
 };
+
+std::string progress_range(const RunPhase& p) {
+  return std::to_string(static_cast<int>(100 * p.progress_start + 0.5)) + "-" +
+         std::to_string(static_cast<int>(100 * p.progress_end + 0.5)) + " %";
+}
+
+// --over-run: the schedule of plans over the run (run_schedule.h).
+void run_over_run(const PlanFlags& flags, const Problem& problem, const SearchOptions& options) {
+  const RunSchedule schedule = plan_over_run(problem, options, flags.run);
+  if (!flags.out_path.empty()) write_json_file(flags.out_path, run_schedule_to_json(schedule, problem));
+  if (flags.json) {
+    std::cout << run_schedule_to_json(schedule, problem).dump(2) << "\n";
+    return;
+  }
+  std::cout << "run schedule for graph " << problem.graph.name << " on " << problem.cluster.name
+            << " (" << schedule.candidates << " candidate plans, a switch costs "
+            << format_seconds(schedule.switch_s) << ")\n";
+  for (const RunPhase& p : schedule.phases) {
+    std::cout << "  progress " << progress_range(p) << ": " << plan_shape(p.plan) << ", batch "
+              << p.plan.per_replica_batch << " per replica (" << p.plan.global_batch << " global), "
+              << format_seconds(p.time_s) << " (" << p.epochs << " epochs)\n";
+  }
+  std::cout << "time to train " << format_seconds(schedule.time_s) << " with " << schedule.switches
+            << " switch(es); best single plan " << plan_shape(schedule.best_single) << " batch "
+            << schedule.best_single.per_replica_batch << ": "
+            << format_seconds(schedule.best_single_time_s) << " (schedule "
+            << (schedule.best_single_time_s / schedule.time_s - 1) * 100 << " % faster)\n";
+  if (!flags.out_path.empty()) std::cout << "schedule written to " << flags.out_path << "\n";
+}
 
 void run_plan(const PlanFlags& flags) {
   const Problem problem = load_problem(flags.problem);
@@ -30,6 +64,10 @@ void run_plan(const PlanFlags& flags) {
   SearchOptions options;
   options.devices = flags.devices;
   options.top_k = flags.top_k;
+  if (flags.over_run) {
+    run_over_run(flags, problem, options);
+    return;
+  }
   const SearchResult result = search(problem, options);  // InfeasibleError -> exit 3
   HP_INTERNAL_ASSERT(!result.plans.empty(), "search returned no plan and no InfeasibleError");
 
@@ -60,6 +98,16 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--out,-o", flags->out_path, "Write the best plan here (atomically)");
   cmd->add_flag("--json", flags->json, "Print the ranked plans as a JSON array");
+  cmd->add_flag("--over-run", flags->over_run,
+                "Plan the whole run in phases as the job's critical batch grows (a "
+                "critical_batch trajectory); --out writes the schedule");
+  cmd->add_option("--segments", flags->run.segments, "--over-run: phases may change at 1/K of the run")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--switch-s", flags->run.switch_s,
+                  "--over-run: seconds one change of plan costs (default: 30 s restart + "
+                  "checkpoint of parameters and optimizer state at 1 GB/s)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([flags] { run_plan(*flags); });
 }
 

@@ -3,13 +3,46 @@
 #include <cmath>
 
 namespace hybridplan {
+namespace {
+
+// integral of exp(-(la + (lb - la) t)) over t in [t0, t1], times the segment's length in p.
+double inverse_exponential_integral(double la, double lb, double t0, double t1, double length) {
+  const double slope = lb - la;
+  if (std::fabs(slope) < 1e-12) return std::exp(-la) * (t1 - t0) * length;
+  return (std::exp(-la - slope * t0) - std::exp(-la - slope * t1)) / slope * length;
+}
+
+}  // namespace
+
+double integral_inverse_critical_batch(const Convergence& c, double p0, double p1) {
+  const auto& points = c.critical_batch_trajectory;
+  if (points.empty()) return (p1 - p0) / c.critical_batch;
+  double total = 0;
+  // Below the first point and above the last the critical batch is constant.
+  const double first = points.front().first, last = points.back().first;
+  if (p0 < first) total += (std::min(p1, first) - p0) / points.front().second;
+  if (p1 > last) total += (p1 - std::max(p0, last)) / points.back().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto [pa, ba] = points[i - 1];
+    const auto [pb, bb] = points[i];
+    const double lo = std::max(p0, pa), hi = std::min(p1, pb);
+    if (hi <= lo) continue;
+    total += inverse_exponential_integral(std::log(ba), std::log(bb), (lo - pa) / (pb - pa),
+                                          (hi - pa) / (pb - pa), pb - pa);
+  }
+  return total;
+}
+
+double phase_epochs(const Convergence& c, double global_batch, double p0, double p1) {
+  return c.epochs_min * ((p1 - p0) + global_batch * integral_inverse_critical_batch(c, p0, p1));
+}
 
 double epochs_to_target(const Convergence& convergence, double global_batch) {
   switch (convergence.model) {
     case Convergence::Model::kNone:
       return 0.0;
     case Convergence::Model::kCriticalBatch:
-      return convergence.epochs_min * (1.0 + global_batch / convergence.critical_batch);
+      return phase_epochs(convergence, global_batch, 0.0, 1.0);
     case Convergence::Model::kTable: {
       const auto& points = convergence.points;
       if (points.empty()) return 0.0;

@@ -34,7 +34,19 @@ Convergence convergence_from_json(const JsonReader& in, const Json& j) {
   if (name == "critical_batch") {
     c.model = Convergence::Model::kCriticalBatch;
     c.epochs_min = in.field_number(j, path, "epochs_min");
-    c.critical_batch = in.field_number(j, path, "critical_batch");
+    const Json& bc = in.required(j, path, "critical_batch");
+    if (bc.is_array()) {
+      for (size_t i = 0; i < bc.size(); ++i) {
+        const std::string p = json_index_path("convergence.critical_batch", i);
+        const Json& pair = in.array(bc[i], p);
+        if (pair.size() != 2) in.fail(p, "must be a [progress, critical_batch] pair", pair);
+        c.critical_batch_trajectory.emplace_back(in.number(pair[0], p + "[0]"), in.number(pair[1], p + "[1]"));
+      }
+      if (bc.empty()) in.fail("convergence.critical_batch", "must list at least one [progress, critical_batch] pair", bc);
+      c.critical_batch = c.critical_batch_trajectory.front().second;
+    } else {
+      c.critical_batch = in.number(bc, "convergence.critical_batch");
+    }
   } else if (name == "table") {
     c.model = Convergence::Model::kTable;
     const Json& points = in.array(in.required(j, path, "points"), "convergence.points");
@@ -119,10 +131,26 @@ void Job::validate(const std::string& source) const {
   switch (convergence.model) {
     case Convergence::Model::kNone:
       return;
-    case Convergence::Model::kCriticalBatch:
+    case Convergence::Model::kCriticalBatch: {
       check_positive(source, "convergence.epochs_min", convergence.epochs_min);
-      check_positive(source, "convergence.critical_batch", convergence.critical_batch);
+      const auto& trajectory = convergence.critical_batch_trajectory;
+      if (trajectory.empty()) check_positive(source, "convergence.critical_batch", convergence.critical_batch);
+      for (size_t i = 0; i < trajectory.size(); ++i) {
+        const std::string p = json_index_path("convergence.critical_batch", i);
+        const double progress = trajectory[i].first;
+        if (!std::isfinite(progress) || progress < 0 || progress > 1) {
+          throw_input_error(source, p + "[0]", "must be a training progress in 0..1", json_number_text(progress));
+        }
+        if (i > 0 && progress <= trajectory[i - 1].first) {
+          throw_input_error(source, p + "[0]",
+                            "must be greater than the previous point's progress " +
+                                json_number_text(trajectory[i - 1].first) + " (points increasing)",
+                            json_number_text(progress));
+        }
+        check_positive(source, p + "[1]", trajectory[i].second);
+      }
       break;
+    }
     case Convergence::Model::kTable: {
       const auto& points = convergence.points;
       if (points.empty()) {
@@ -189,8 +217,13 @@ Json job_to_json(const Job& job) {
   if (!job.num_microbatches.empty()) j["num_microbatches"] = job.num_microbatches;
   const Convergence& c = job.convergence;
   if (c.model == Convergence::Model::kCriticalBatch) {
+    Json bc = c.critical_batch;
+    if (!c.critical_batch_trajectory.empty()) {
+      bc = Json::array();
+      for (const auto& [progress, batch] : c.critical_batch_trajectory) bc.push_back({progress, batch});
+    }
     j["convergence"] = {{"model", "critical_batch"}, {"epochs_min", c.epochs_min},
-                        {"critical_batch", c.critical_batch}};
+                        {"critical_batch", std::move(bc)}};
   } else if (c.model == Convergence::Model::kTable) {
     Json points = Json::array();
     for (const auto& [batch, epochs] : c.points) points.push_back({batch, epochs});

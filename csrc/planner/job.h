@@ -19,6 +19,10 @@ struct Convergence {
   Model model = Model::kNone;
   double epochs_min = 0;      // critical_batch: epochs(B) = epochs_min * (1 + B / critical_batch)
   double critical_batch = 0;
+  // critical_batch given as a trajectory [[progress, B_crit], ...] (progress in [0, 1] of the
+  // run, increasing; convergence.h): the critical batch grows as training proceeds. Empty: the
+  // constant critical_batch above.
+  std::vector<std::pair<double, double>> critical_batch_trajectory;
   std::vector<std::pair<double, double>> points;  // table: (global batch, epochs), B ascending
 };
 

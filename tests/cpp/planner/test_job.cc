@@ -40,6 +40,16 @@ TEST_CASE("job_from_json reads both convergence models and round-trips", "[job]"
   REQUIRE(job_to_json(job_from_json(job_to_json(table), "again")) == job_to_json(table));
 }
 
+TEST_CASE("a critical batch may grow over the run", "[job]") {
+  Json j = valid_job_json();
+  j["convergence"]["critical_batch"] = Json::parse("[[0, 256], [1, 2048]]");
+  const Job job = job_from_json(j, "job.json");
+  REQUIRE(job.convergence.critical_batch_trajectory.size() == 2);
+  REQUIRE(job.convergence.critical_batch_trajectory[1] == std::pair<double, double>{1, 2048});
+  REQUIRE(job_to_json(job)["convergence"]["critical_batch"] == Json::parse("[[0.0, 256.0], [1.0, 2048.0]]"));
+  REQUIRE(job_to_json(job_from_json(job_to_json(job), "again")) == job_to_json(job));
+}
+
 TEST_CASE("a job needs only its header", "[job]") {
   const Job job = job_from_json(Json::parse(R"({"schema_version": 1, "kind": "hybridplan.job"})"), "j");
   REQUIRE(job.convergence.model == Convergence::Model::kNone);
@@ -121,6 +131,17 @@ TEST_CASE("job validation messages", "[job]") {
     REQUIRE(load_error(j) ==
             "job.json: per_replica_batch must be a batch size, a list of batch sizes or "
             "{\"min\": a, \"max\": b} (got \"big\")");
+  }
+  SECTION("critical batch trajectory out of order") {
+    j["convergence"]["critical_batch"] = Json::parse("[[0, 256], [0.5, 512], [0.5, 2048]]");
+    REQUIRE(load_error(j) ==
+            "job.json: convergence.critical_batch[2][0] must be greater than the previous "
+            "point's progress 0.5 (points increasing) (got 0.5)");
+  }
+  SECTION("critical batch trajectory beyond the run") {
+    j["convergence"]["critical_batch"] = Json::parse("[[0, 256], [1.5, 512]]");
+    REQUIRE(load_error(j) ==
+            "job.json: convergence.critical_batch[1][0] must be a training progress in 0..1 (got 1.5)");
   }
   SECTION("micro-batches") {
     j["num_microbatches"] = {4, 0};
