@@ -1,10 +1,13 @@
 """`make demo`: the main job end to end on this machine.
 
-1. profile a built-in model (the Inception-style branchy CNN) on the CPU into a Graph;
-2. plan it for the `localhost-cpu` preset with 2 devices (the `hybridplan` CLI prints the ranked
-   table and writes the best plan);
-3. train a few steps under that plan with torchrun (Gloo on loopback), and
-4. print the plan's predicted step time next to the measured one.
+1. calibrate this machine (what the executor pays: links, all-reduce, the pipeline runtime's
+   costs, ranks sharing cores) into a Cluster;
+2. profile a built-in model (the Inception-style branchy CNN) on the CPU into a Graph, each node
+   at several batch sizes;
+3. plan it on 2 devices of the calibrated cluster (the `hybridplan` CLI prints the ranked table
+   and writes the best plan);
+4. train the best plan and the next ones for a few steps with torchrun (Gloo on loopback) and
+   print every term of the cost model predicted beside measured (`hybridplan validate`).
 
 Everything lands in out/demo/.
 """
@@ -25,6 +28,7 @@ from hybridplan import models  # noqa: E402
 MODEL = "branchy_cnn"
 PROFILE_BATCH = 32
 DEVICES = 2
+PLANS = 3
 STEPS = 20
 
 
@@ -38,25 +42,33 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     cli = Path(os.environ.get("HYBRIDPLAN_CLI", ROOT / "build" / "bin" / "hybridplan"))
     torch.set_num_threads(1)  # one thread per rank: the two ranks share this machine's cores
-
-    print(f"== 1. profile {MODEL} at batch {PROFILE_BATCH} on cpu", flush=True)
-    module = models.get(MODEL, seed=0)
-    graph = hybridplan.profile(module, module.example_inputs(PROFILE_BATCH), verbose=False)
-    graph.save(out / "graph.json")
-    print(f"   {len(graph.nodes)} nodes -> {out / 'graph.json'}")
-
-    print(f"\n== 2. plan for localhost-cpu with {DEVICES} devices", flush=True)
-    run([cli, "plan", "--graph", out / "graph.json", "--cluster", "localhost-cpu",
-         "--devices", DEVICES, "--top", 5, "--out", out / "plan.json"])
-    plan = hybridplan.load_plan(out / "plan.json")
-    processes = plan.dp if plan.mode == "placement" else plan.dp * plan.mp
-
-    print(f"\n== 3. train {STEPS} steps under the plan ({processes} processes, Gloo)", flush=True)
-    torchrun = shutil.which("torchrun") or None
-    launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OMP_NUM_THREADS="1")
-    run(launcher + ["--standalone", "--nproc-per-node", processes, "examples/train.py",
-                    "--model", MODEL, "--plan", out / "plan.json", "--steps", STEPS], env=env)
+    launcher = [shutil.which("torchrun")] if shutil.which("torchrun") else [
+        sys.executable, "-m", "torch.distributed.run"]
+
+    print(f"== 1. calibrate this machine ({DEVICES} ranks)", flush=True)
+    run(launcher + ["--standalone", "--nproc-per-node", DEVICES, "-m", "hybridplan", "calibrate",
+                    "--out", out / "cluster.json", "--model", f"hybridplan.models:{MODEL}",
+                    "--batch", PROFILE_BATCH], env=env)
+
+    print(f"\n== 2. profile {MODEL} at batch {PROFILE_BATCH} on cpu", flush=True)
+    module = models.get(MODEL, seed=0)
+    graph = hybridplan.profile(module, module.example_inputs(PROFILE_BATCH), verbose=False,
+                               clock="thread")
+    graph.save(out / "graph.json")
+    print(f"   {len(graph.nodes)} nodes, each measured at batch sizes "
+          f"{[p['batch_size'] for p in graph.nodes[0].get('batch_times', [])] + [PROFILE_BATCH]}"
+          f" -> {out / 'graph.json'}")
+
+    print(f"\n== 3. plan on {DEVICES} devices of the calibrated cluster", flush=True)
+    run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
+         "--devices", DEVICES, "--top", 5, "--out", out / "plan.json"])
+
+    print(f"\n== 4. train the best {PLANS} plans, {STEPS} steps each: predicted vs measured",
+          flush=True)
+    run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
+         "--model", f"hybridplan.models:{MODEL}", "--devices", DEVICES, "--plans", PLANS,
+         "--steps", STEPS, "--out-dir", out], env=env)
     return 0
 
 

@@ -298,7 +298,7 @@ def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, bat
               repeats: int = 15, timeout_s: float = 120.0) -> Optional[dict]:
     """Runs the measurements above on every rank of this torchrun job; rank 0 returns the
     Cluster dict and writes it atomically to `out` (if given), the others return None."""
-    env = _probe._env()
+    env = _probe._env("calibrate", min_ranks=1)
     graph = None
     if graph_path:
         with open(graph_path, encoding="utf-8") as f:
@@ -322,22 +322,43 @@ def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, bat
     return cluster
 
 
+def _copy_link(device, sizes: List[int], warmup: int, repeats: int, fits: Dict[str, dict]) -> dict:
+    """One device: nothing crosses a link, and a Cluster still names one; the device's own copy
+    time (clone) stands in, unused by one-device plans."""
+    points = []
+    for n in sizes:
+        buf = torch.ones(max(1, n // 4), dtype=torch.float32, device=device)
+        samples = []
+        for i in range(warmup + repeats):
+            _probe._sync(device)
+            start = time.perf_counter()
+            buf.clone()
+            _probe._sync(device)
+            if i >= warmup:
+                samples.append(time.perf_counter() - start)
+        points.append((n, statistics.median(samples)))
+    return _probe._link(points, fits, "copy")
+
+
 def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout_s, name):
     allreduce_sizes, p2p_sizes = message_sizes(graph)
     fits: Dict[str, dict] = {}
-    _probe._time_allreduce(allreduce_sizes[-1], device, 1, 1)  # set up connections, unmeasured
-    _time_p2p(p2p_sizes[-1], env.rank, device, 1, 1)
-    p2p = [(n, _time_p2p(n, env.rank, device, warmup, repeats)) for n in p2p_sizes]
-    allreduce = [(n, _time_allreduce(n, device, warmup, repeats)) for n in allreduce_sizes]
-    intra = _probe._link(p2p, fits, "p2p")
-    intra["allreduce"] = _probe.allreduce_link(allreduce, env.world_size, fits, "allreduce")
+    if env.world_size == 1:
+        intra = _copy_link(device, p2p_sizes, warmup, repeats, fits)
+    else:
+        _probe._time_allreduce(allreduce_sizes[-1], device, 1, 1)  # connections, unmeasured
+        _time_p2p(p2p_sizes[-1], env.rank, device, 1, 1)
+        p2p = [(n, _time_p2p(n, env.rank, device, warmup, repeats)) for n in p2p_sizes]
+        allreduce = [(n, _time_allreduce(n, device, warmup, repeats)) for n in allreduce_sizes]
+        intra = _probe._link(p2p, fits, "p2p")
+        intra["allreduce"] = _probe.allreduce_link(allreduce, env.world_size, fits, "allreduce")
 
     # The executor's fixed costs, from tiny-model runs under hybridplan.apply.
     tiny_compute_s = _probe._max_over_ranks(_tiny_compute_s(warmup, repeats), device)
     dp_step_s = _step_times_s(_hand_plan("placement", env.world_size, 1), 2 * env.world_size,
                               device, warmup, repeats, timeout_s)
     tiny_grad_bytes = sum(p.numel() * 4 for p in _Tiny().parameters())
-    allreduce_fit = fits["allreduce"]
+    allreduce_fit = fits.get("allreduce", {"alpha": 0.0, "beta": 0.0})  # none on one device
     step_s = max(0.0, dp_step_s - tiny_compute_s - (allreduce_fit["alpha"] + allreduce_fit["beta"]
                                                     * tiny_grad_bytes))
     runs = []

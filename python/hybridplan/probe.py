@@ -49,17 +49,18 @@ class _Env:
         return self.world_size // self.local_world_size
 
 
-def _env() -> _Env:
+def _env(command: str = "probe", min_ranks: int = 2) -> _Env:
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                            "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise ValueError(f"probe: environment lacks {', '.join(missing)}: run under torchrun, "
-                         "e.g. torchrun --nproc_per_node 2 -m hybridplan probe --out cluster.json")
+        raise ValueError(f"{command}: environment lacks {', '.join(missing)}: run under "
+                         f"torchrun, e.g. torchrun --nproc_per_node 2 -m hybridplan {command} "
+                         "--out cluster.json")
     env = _Env(*(int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
                                               "LOCAL_WORLD_SIZE")))
-    if env.world_size < 2:
-        raise ValueError(f"probe: needs at least 2 ranks to measure a link (got WORLD_SIZE="
-                         f"{env.world_size})")
+    if env.world_size < min_ranks:
+        raise ValueError(f"{command}: needs at least {min_ranks} ranks to measure a link (got "
+                         f"WORLD_SIZE={env.world_size})")
     if env.world_size % env.local_world_size:
         raise ValueError(f"probe: WORLD_SIZE {env.world_size} is not a multiple of "
                          f"LOCAL_WORLD_SIZE {env.local_world_size} (nodes must be alike)")

@@ -44,10 +44,12 @@ TERMS = ("step_s", "compute_s", "allreduce_s", "optimizer_s", "overhead_s")
 
 def _kind(plan: dict) -> str:
     if plan["mp"] == 1:
-        return "dp"
-    if plan["mode"] == "placement":
-        return "placement"
-    return f"{plan['schedule']} M={plan['num_microbatches']}"
+        kind = "dp"
+    elif plan["mode"] == "placement":
+        kind = "placement"
+    else:
+        kind = f"{plan['schedule']} M={plan['num_microbatches']}"
+    return f"{kind} b={plan['per_replica_batch']}"
 
 
 def select_plans(ranked: Sequence[dict], count: int) -> List[dict]:

@@ -176,7 +176,10 @@ def test_plan_matches_evaluate(graph, box):
     assert sorted(x for row in best.mesh for x in row) == [0, 1, 2, 3]
     breakdown = hybridplan.evaluate(graph, box, best)
     for key, value in best.predicted.items():
-        assert breakdown[key] == pytest.approx(value, rel=1e-12), key
+        if isinstance(value, (int, float)):
+            assert breakdown[key] == pytest.approx(value, rel=1e-12), key
+        else:  # rings, memory per device, the compute model's description
+            assert breakdown[key] == value, key
 
 
 def test_top_k_is_sorted_by_the_objective(graph, box):

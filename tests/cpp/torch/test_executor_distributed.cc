@@ -159,7 +159,9 @@ struct Fixture {
     cluster.name = "loopback-cpu-4";
     cluster.num_nodes = 1;
     cluster.devices_per_node = 4;
-    cluster.device = {"cpu", int64_t{8} << 30, 1e11};
+    cluster.device.name = "cpu";
+    cluster.device.memory_bytes = int64_t{8} << 30;
+    cluster.device.peak_flops = 1e11;
     cluster.intra_node = {1e9, 1e-5};
     cluster.inter_node = {1e9, 1e-5};
     write_json_file((dir / "cluster.json").string(), cluster_to_json(cluster));
