@@ -25,6 +25,7 @@ class LineFit:
     r2: float              # coefficient of determination (1 - SS_res / SS_tot); 0 when flat
     resolved: bool         # False: the slope could not be measured (see note)
     note: str = ""
+    worst_relative_error: float = 0.0  # max over points of |fit - t| / t
 
     def predict(self, x: float) -> float:
         return self.alpha + self.beta * x
@@ -42,29 +43,46 @@ def _residual_stats(xs, ts, alpha, beta):
     return rmse, (1.0 - ss_res / ss_tot) if ss_tot > 0 else 0.0
 
 
+def _worst_relative_error(xs, ts, alpha, beta):
+    return max((abs(alpha + beta * x - t) / t for x, t in zip(xs, ts) if t > 0), default=0.0)
+
+
 def fit_through_origin(xs: Sequence[float], ts: Sequence[float]) -> float:
     """The slope of t = beta * x by least squares."""
     denominator = sum(x * x for x in xs)
     return sum(x * t for x, t in zip(xs, ts)) / denominator if denominator > 0 else 0.0
 
 
-def fit_line(xs: Sequence[float], ts: Sequence[float]) -> LineFit:
+def _weighted_line(xs, ts, ws):
+    """(alpha, beta) minimising sum w (alpha + beta x - t)^2 (the normal equations)."""
+    sw = sum(ws)
+    mean_x = sum(w * x for w, x in zip(ws, xs)) / sw
+    mean_t = sum(w * t for w, t in zip(ws, ts)) / sw
+    sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(ws, xs))
+    beta = sum(w * (x - mean_x) * (t - mean_t) for w, x, t in zip(ws, xs, ts)) / sxx
+    return mean_t - beta * mean_x, beta
+
+
+def fit_line(xs: Sequence[float], ts: Sequence[float], relative: bool = True) -> LineFit:
     """Least squares t = alpha + beta * x with alpha >= 0 (a negative intercept is noise: refit
-    through the origin). When the times do not grow with x (beta <= 0: latency and noise swamp
-    the per-byte cost at these sizes) the fit is `resolved=False`, with alpha the median time and
-    beta the largest x's time spread over it (an upper bound of the per-byte cost the data allow),
-    and `note` says so. ValueError only for unusable input (fewer than two distinct x)."""
+    through the origin). `relative`: minimise the squared RELATIVE residuals (weights 1/t^2), so
+    that a fit over sizes spanning orders of magnitude predicts small messages (latency) as
+    well as large ones (bandwidth); else plain least squares. When the times do not grow with x
+    (beta <= 0: latency and noise swamp the per-byte cost at these sizes) the fit is
+    `resolved=False`, with alpha the median time and beta the largest x's time spread over it
+    (an upper bound of the per-byte cost the data allow), and `note` says so. ValueError only for
+    unusable input (fewer than two distinct x)."""
     xs = [float(x) for x in xs]
     ts = [float(t) for t in ts]
     if len(xs) != len(ts) or len(set(xs)) < 2:
         raise ValueError(f"fit: need at least two distinct message sizes with one time each "
                          f"(got sizes {xs} and {len(ts)} times)")
-    mean_x, mean_t = statistics.fmean(xs), statistics.fmean(ts)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    beta = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, ts)) / sxx
-    alpha = mean_t - beta * mean_x
+    weights = [1.0 / (t * t) if relative and t > 0 else 1.0 for t in ts]
+    alpha, beta = _weighted_line(xs, ts, weights)
     if alpha < 0:
-        alpha, beta = 0.0, fit_through_origin(xs, ts)
+        alpha = 0.0
+        denominator = sum(w * x * x for w, x in zip(weights, xs))
+        beta = sum(w * x * t for w, x, t in zip(weights, xs, ts)) / denominator if denominator else 0.0
     points = [[x, t] for x, t in zip(xs, ts)]
     if beta <= 0:
         largest = max(range(len(xs)), key=lambda i: xs[i])
@@ -74,15 +92,18 @@ def fit_line(xs: Sequence[float], ts: Sequence[float]) -> LineFit:
         return LineFit(alpha, beta, points, rmse, r2, False,
                        "times do not grow with size at these sizes (latency or noise dominate): "
                        "alpha is the median time, beta the largest size's time per byte, an "
-                       "upper bound; measure larger sizes on a quieter machine to resolve it")
+                       "upper bound; measure larger sizes on a quieter machine to resolve it",
+                       _worst_relative_error(xs, ts, alpha, beta))
     rmse, r2 = _residual_stats(xs, ts, alpha, beta)
-    return LineFit(alpha, beta, points, rmse, r2, True)
+    return LineFit(alpha, beta, points, rmse, r2, True, "",
+                   _worst_relative_error(xs, ts, alpha, beta))
 
 
-def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple:
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float],
+                   relative: bool = True) -> tuple:
     """(alpha_s, beta_s_per_byte) of fit_line; ValueError when the slope is not resolved (for
     callers that need a measured bandwidth and have no fallback)."""
-    fit = fit_line(sizes_bytes, times_s)
+    fit = fit_line(sizes_bytes, times_s, relative)
     if not fit.resolved:
         raise ValueError(f"probe: times do not grow with message size; cannot fit a bandwidth "
                          f"(sizes {list(sizes_bytes)}, times {list(times_s)})")

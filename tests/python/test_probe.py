@@ -28,13 +28,27 @@ def test_fit_least_squares_on_noisy_points():
     # = 2.6 us/MB; intercept = 6.5 - 2.6 * 1.5 = 2.6 us
     sizes = [0, 1e6, 2e6, 3e6]
     times = [3e-6, 4e-6, 9e-6, 10e-6]
-    alpha, beta = fit_alpha_beta(sizes, times)
+    alpha, beta = fit_alpha_beta(sizes, times, relative=False)
     assert beta == pytest.approx(2.6e-12, rel=1e-9, abs=0)
     assert alpha == pytest.approx(2.6e-6, rel=1e-9, abs=0)
 
 
+def test_relative_fit_keeps_small_messages_right():
+    # 100 us latency, 1 GB/s, and the 100 MB message 5 % fast (noise, 5 ms: fifty latencies):
+    # plain least squares lets that point move the intercept by 14 %; the relative fit keeps
+    # every size within 3 %.
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e8]
+    times = [1e-4 + s / 1e9 for s in sizes]
+    times[-1] *= 0.95
+    plain = fit_line(sizes, times, relative=False)
+    rel = fit_line(sizes, times)
+    assert abs(plain.predict(1e3) / times[0] - 1) > 0.1
+    assert abs(rel.predict(1e3) / times[0] - 1) < 0.03
+    assert rel.worst_relative_error < 0.03
+
+
 def test_fit_negative_intercept_refits_through_origin():
-    alpha, beta = fit_alpha_beta([1e3, 2e3], [0.5e-6, 2e-6])  # line would cross at -1 us
+    alpha, beta = fit_alpha_beta([1e3, 2e3], [0.5e-6, 2e-6], relative=False)  # crosses at -1 us
     assert alpha == 0.0
     assert beta == pytest.approx((1e3 * 0.5e-6 + 2e3 * 2e-6) / (1e6 + 4e6), rel=1e-9, abs=0)
 
