@@ -116,6 +116,8 @@ VARIANTS = [
             lambda c, j, m: c["device"].update(call_floor_s=0)),
     Variant("call floor 50 us", "a per-call floor of 50 us instead of 20 us",
             lambda c, j, m: c["device"].update(call_floor_s=5e-5)),
+    Variant("call floor 100 us", "a per-call floor of 100 us (a V100 reaching half its FP32 rate "
+            "only at 1.6 GFLOP per call)", lambda c, j, m: c["device"].update(call_floor_s=1e-4)),
     Variant("critical batch / 2", "convergence: critical batch (table: batch axis) halved",
             _scale_convergence(0.5)),
     Variant("critical batch x 2", "convergence: critical batch (table: batch axis) doubled",
