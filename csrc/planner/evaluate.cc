@@ -256,7 +256,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   activation_bytes_.assign(plan.mp, 0.0);
   param_bytes_.assign(plan.mp, 0);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    activation_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].output_bytes, scale);
+    activation_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].activation_bytes(), scale);
     param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
   }
   out.memory_bytes.resize(plan.mp);

@@ -141,6 +141,7 @@ void Graph::validate(const std::string& source) const {
     check_time(source, i, "backward_s", node.backward_s);
     check_bytes(source, path + ".param_bytes", node.param_bytes);
     check_bytes(source, path + ".output_bytes", node.output_bytes);
+    if (node.saved_bytes < -1) check_bytes(source, path + ".saved_bytes", node.saved_bytes);
     if (!std::isfinite(node.flops) || node.flops < 0) {
       throw_input_error(source, path + ".flops", "must be finite and >= 0",
                         json_number_text(node.flops));
@@ -230,6 +231,10 @@ Graph graph_from_json(const Json& j, const std::string& source) {
     node.param_bytes = in.field_int(jn, path, "param_bytes");
     node.output_bytes = in.field_int(jn, path, "output_bytes");
     if (const Json* f = in.optional(jn, "flops")) node.flops = in.number(*f, path + ".flops");
+    if (const Json* b = in.optional(jn, "saved_bytes")) {
+      node.saved_bytes = in.integer(*b, path + ".saved_bytes");
+      if (node.saved_bytes < 0) in.fail(path + ".saved_bytes", "must be >= 0", *b);
+    }
     if (const Json* bt = in.optional(jn, "batch_times")) {
       node.batch_times = batch_times_from_json(in, *bt, path + ".batch_times");
     }
@@ -275,6 +280,7 @@ Json graph_to_json(const Graph& g) {
                {"param_bytes", n.param_bytes},
                {"output_bytes", n.output_bytes}};
     if (n.flops > 0) jn["flops"] = n.flops;
+    if (n.saved_bytes >= 0) jn["saved_bytes"] = n.saved_bytes;
     if (!n.batch_times.empty()) {
       Json points = Json::array();
       for (const BatchTime& p : n.batch_times) {

@@ -31,7 +31,13 @@ struct Node {
   double backward_s = 0;
   int64_t param_bytes = 0;
   int64_t output_bytes = 0;
+  // Optional (-1 = not measured): bytes the node keeps for its backward pass at the profiled
+  // batch (its saved tensors, each storage counted once in the step); memory_cost.h uses it in
+  // place of output_bytes. activation_bytes() reads either.
+  int64_t saved_bytes = -1;
   double flops = 0;  // optional in JSON (forward FLOPs at the profiled batch)
+
+  int64_t activation_bytes() const { return saved_bytes >= 0 ? saved_bytes : output_bytes; }
   // Optional: times at other batch sizes, batch_size strictly increasing, never the profiled one
   // (that is forward_s/backward_s). Empty: only the profiled batch was measured.
   std::vector<BatchTime> batch_times;

@@ -3,7 +3,8 @@
 //   memory_bytes = param_bytes * (1 + 1 + k_opt)          parameters, gradients, optimizer state
 //                + activation_bytes * in_flight            activations kept for backward
 //   k_opt: sgd 0, sgd_momentum 1 (momentum buffer), adam 2 (first and second moments)
-//   activation_bytes: sum of the device's nodes' output_bytes at the (micro-)batch it runs
+//   activation_bytes: sum of the device's nodes' saved_bytes (what each keeps for backward, as
+//                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs
 //   in_flight: placement 1; pipeline GPipe M (all forwards before any backward), 1F1B
 //              min(M, S - s) on stage s (its warm-up depth plus the one in steady state).
 // Not modelled: framework workspace, allocator fragmentation, received input activations,

@@ -95,7 +95,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     c.prefix_static_bytes[p + 1] =
         c.prefix_static_bytes[p] + static_cast<double>(node.param_bytes) * state_copies;
     c.prefix_activation_bytes[p + 1] =
-        c.prefix_activation_bytes[p] + scaled_bytes(node.output_bytes, micro_scale);
+        c.prefix_activation_bytes[p] + scaled_bytes(node.activation_bytes(), micro_scale);
   }
   c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
   for (int l = 0; l + 1 < k; ++l) {

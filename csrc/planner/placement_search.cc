@@ -34,7 +34,7 @@ struct NodeCosts {
     backward_s = times.backward_s;
     const double scale = batch_scale(g, batch);
     for (size_t v = 0; v < g.nodes.size(); ++v) {
-      activation_bytes.push_back(scaled_bytes(g.nodes[v].output_bytes, scale));
+      activation_bytes.push_back(scaled_bytes(g.nodes[v].activation_bytes(), scale));
       param_bytes.push_back(g.nodes[v].param_bytes);
       total_forward_s += forward_s[v];
       total_backward_s += backward_s[v];

@@ -50,6 +50,11 @@ TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]"
   //               device 1 params 200 * 2 + activation c 40 = 440
   REQUIRE(p.memory_bytes == std::vector<int64_t>{500, 440});
   REQUIRE(p.feasible);
+  // A node's measured saved tensors replace its output bytes: b keeps 700 B for backward.
+  Problem saved = problem;
+  saved.graph.nodes[1].saved_bytes = 700;
+  saved.graph.finalize("diamond");
+  REQUIRE(evaluate(saved, plan).memory_bytes == std::vector<int64_t>{500 - 100 + 700, 440});
   // epochs(2) = 10 * (1 + 2/2) = 20; ceil(5/2) = 3 steps per epoch; 20 * 3 * 23 = 1380
   REQUIRE(p.epochs == 20);
   REQUIRE(p.time_to_train_s == 1380);

@@ -103,6 +103,10 @@ TEST_CASE("graph validation names the file, the JSON path and the rule", "[graph
     j["nodes"][0]["batch_times"] = Json::parse(R"([{"batch_size": 1, "forward_s": -1, "backward_s": 2}])");
     REQUIRE(load_error(j) == "graph.json: nodes[0].batch_times[0].forward_s must be finite and >= 0 (got -1)");
   }
+  SECTION("negative saved bytes") {
+    j["nodes"][0]["saved_bytes"] = -5;
+    REQUIRE(load_error(j) == "graph.json: nodes[0].saved_bytes must be >= 0 (got -5)");
+  }
   SECTION("cut_before not a boolean") {
     j["nodes"][1]["cut_before"] = 0;
     REQUIRE(load_error(j) == "graph.json: nodes[1].cut_before must be true or false (got 0)");
