@@ -8,7 +8,7 @@ file(GLOB HP_TORCH_SOURCES CONFIGURE_DEPENDS
      ${CMAKE_SOURCE_DIR}/csrc/profiler/*.cc ${CMAKE_SOURCE_DIR}/csrc/executor/*.cc
      ${CMAKE_SOURCE_DIR}/csrc/models/*.cc)
 add_library(hp_torch SHARED ${HP_TORCH_SOURCES})
-target_include_directories(hp_torch PUBLIC ${CMAKE_SOURCE_DIR}/csrc)
+target_include_directories(hp_torch PUBLIC $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/csrc>)
 target_link_libraries(hp_torch PUBLIC hp_core ${TORCH_LIBRARIES})
 
 # The executor's Gloo process groups (csrc/executor/process_groups.cc) include ProcessGroupGloo.hpp,

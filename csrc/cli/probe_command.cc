@@ -17,13 +17,13 @@ struct ProbeFlags {
 };
 
 [[noreturn]] void run_probe(const ProbeFlags& flags, const std::vector<std::string>& rest) {
-  if (!find_program("torchrun")) {
+  const std::string torchrun = environment_program("torchrun");
+  if (!find_program(torchrun)) {
     throw InputError("probe: torchrun not found on PATH; it comes with PyTorch "
                      "(pip install torch), and probe runs `torchrun --nproc-per-node N -m "
                      "hybridplan probe ...`");
   }
-  export_python_path();  // so the workers import this checkout's hybridplan
-  std::vector<std::string> argv = {"torchrun", "--nproc-per-node",
+  std::vector<std::string> argv = {torchrun, "--nproc-per-node",
                                    std::to_string(flags.nproc_per_node), "-m", "hybridplan",
                                    "probe"};
   argv.insert(argv.end(), rest.begin(), rest.end());

@@ -29,11 +29,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "planner/bucket_policy.h"
 #include "planner/cluster.h"
 
 namespace hybridplan {
-
-constexpr double kDefaultBucketCapBytes = 25.0 * 1024 * 1024;
 
 struct AllReduceCost {
   double fixed_s = 0;     // latency terms
@@ -68,7 +67,7 @@ class BucketedAllReduce {
  private:
   void launch();
   AllReduceCost cost_;
-  double bucket_cap_bytes_ = kDefaultBucketCapBytes;
+  double bucket_cap_bytes_ = static_cast<double>(kDefaultBucketCapBytes);
   double bucket_bytes_ = 0;
   double bucket_ready_s_ = 0;
   double stream_free_s_ = 0;

@@ -1,6 +1,6 @@
 // Compute cost: how a node's profiled numbers change with the batch it runs at.
 //
-// Assumption (DESIGN.md): times and activation sizes are measured for profiled.batch_size
+// Assumption (docs/formats.md "Graph"): times and activation sizes are measured for profiled.batch_size
 // samples on one device and scale linearly with the batch; parameter bytes do not scale.
 //   forward_s(b)  = forward_s  * b / profiled.batch_size
 //   backward_s(b) = backward_s * b / profiled.batch_size

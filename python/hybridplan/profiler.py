@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from . import _timing, _tracing
+from . import _C, _timing, _tracing
 
 __all__ = ["profile", "profile_dict"]
 
@@ -31,7 +31,8 @@ Inputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
 def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.device] = "cpu",
-            warmup: int = 3, repeats: int = 10, verbose: bool = True, name: str = None,
+            warmup: int = _C.kDefaultProfileWarmup,
+            repeats: int = _C.kDefaultProfileRepeats, verbose: bool = True, name: str = None,
             clock: str = "auto", retain_freed_memory: bool = True):
     """Measures `module` on `example_inputs` (a tensor or a tuple of positional inputs; dim 0 of
     the first is the batch) and returns a hybridplan.planner.Graph. See profile_dict."""
@@ -44,10 +45,11 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
 
 
 def profile_dict(module: nn.Module, example_inputs: Inputs,
-                 device: Union[str, torch.device] = "cpu", warmup: int = 3, repeats: int = 10,
+                 device: Union[str, torch.device] = "cpu", warmup: int = _C.kDefaultProfileWarmup,
+                 repeats: int = _C.kDefaultProfileRepeats,
                  verbose: bool = True, name: str = None, clock: str = "auto",
                  retain_freed_memory: bool = True) -> Dict[str, Any]:
-    """Like profile, but returns the Graph JSON as a dict (needs no compiled planner).
+    """Like profile, but returns the Graph JSON as a dict (not yet validated by the planner).
 
     `clock`: "auto" (CUDA events on GPU, time.perf_counter on CPU), "wall", "cuda", or "thread"
     (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
