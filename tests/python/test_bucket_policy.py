@@ -28,6 +28,7 @@ def test_bucket_bytes_closes_a_bucket_once_it_reaches_its_cap():
     # 2048 = 6400 the second (a bucket may pass its cap by its last gradient).
     assert _C.bucket_bytes([32, 1024, 128, 4096, 128, 2048], 1000, 5000) == [1056, 6400]
     assert _C.bucket_bytes([10, 10], 100, 100) == [20]
+    assert _C.bucket_bytes([500, 500, 1], 1000, 1000) == [1000, 1]  # reaching the cap closes it
     assert _C.bucket_bytes([]) == []
     with pytest.raises(ValueError, match=r"bucket caps must be >= 1 byte \(got 0, 1\)"):
         _C.bucket_bytes([1], 0, 1)
@@ -47,7 +48,7 @@ def ddp_buckets_rank(out: str) -> None:
         torch.manual_seed(0)
         model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(LAYERS)])
         ddp = torch_ddp.DistributedDataParallel(model, **kwargs)
-        for _ in range(2):
+        for _ in range(3):  # DDP rebuilds in the 2nd forward and logs it in the 3rd
             ddp(torch.randn(2, 512)).sum().backward()
         rebuilt = ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"]
         sizes[label] = [int(s) for s in rebuilt.split(", ")]
