@@ -165,7 +165,7 @@ TEST_CASE("evaluate rejects malformed plans with InputError, never crashes", "[e
   plan.assignment = {0, 0, 1, 0};
   plan.mesh[1][1] = 7;
   REQUIRE(test::input_error_of([&] { evaluator.evaluate(plan); }) ==
-          "plan: mesh[1][1] must be a device of the cluster (0..3) (got 7)");
+          "plan: mesh[1][1] names no device of cluster \"test-cluster\" (0..3) (got 7)");
 }
 
 TEST_CASE("Evaluator gives the same answer as evaluate() on repeated calls", "[evaluate]") {
