@@ -68,13 +68,13 @@ TEST_CASE("the Reducer's buckets follow the bucket policy", "[executor][buckets]
   using Buckets = std::vector<std::vector<size_t>>;
   // Caps 1000 then 5000, packing from the last parameter: 4.bias + 4.weight = 1056 B >= 1000
   // closes the first bucket; 2.bias + 2.weight + 0.bias + 0.weight = 6400 B the second.
-  CHECK(initial_bucket_indices(params, {1000, 5000}) == Buckets{{5, 4}, {3, 2, 1, 0}});
-  CHECK(bucket_bytes({32, 1024, 128, 4096, 128, 2048}, {1000, 5000}) ==
-        std::vector<int64_t>{1056, 6400});
+  CHECK((initial_bucket_indices(params, {1000, 5000}) == Buckets{{5, 4}, {3, 2, 1, 0}}));
+  CHECK((bucket_bytes({32, 1024, 128, 4096, 128, 2048}, {1000, 5000}) ==
+         std::vector<int64_t>{1056, 6400}));
   // DDP's caps: 7456 B is under the 1 MiB first bucket.
-  CHECK(initial_bucket_indices(params, BucketCaps{}) == Buckets{{5, 4, 3, 2, 1, 0}});
+  CHECK((initial_bucket_indices(params, BucketCaps{}) == Buckets{{5, 4, 3, 2, 1, 0}}));
   // One cap for all (as train_mlp --bucket-cap-bytes): 5280 B, then 2176 B.
-  CHECK(initial_bucket_indices(params, BucketCaps::uniform(2000)) == Buckets{{5, 4, 3, 2}, {1, 0}});
+  CHECK((initial_bucket_indices(params, BucketCaps::uniform(2000)) == Buckets{{5, 4, 3, 2}, {1, 0}}));
 }
 
 TEST_CASE("the Reducer's buckets and bucket_bytes agree on random sizes", "[executor][buckets]") {
@@ -82,7 +82,9 @@ TEST_CASE("the Reducer's buckets and bucket_bytes agree on random sizes", "[exec
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<torch::Tensor> params;
     std::vector<int64_t> ready_bytes;  // last parameter first
-    for (size_t n = 1 + rng() % 20; n > 0; --n) params.push_back(torch::empty({1 + rng() % 64}));
+    for (size_t n = 1 + rng() % 20; n > 0; --n) {
+      params.push_back(torch::empty({static_cast<int64_t>(1 + rng() % 64)}));
+    }
     for (auto p = params.rbegin(); p != params.rend(); ++p) ready_bytes.push_back(p->numel() * 4);
     const BucketCaps caps{static_cast<int64_t>(1 + rng() % 200), static_cast<int64_t>(1 + rng() % 400)};
     std::vector<int64_t> sizes;
