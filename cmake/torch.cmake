@@ -27,6 +27,7 @@ if(HYBRIDPLAN_BUILD_TESTS)
     add_executable(torch_tests ${CMAKE_SOURCE_DIR}/tests/cpp/catch_main.cc ${HP_TORCH_TESTS})
     target_include_directories(torch_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp)
     target_link_libraries(torch_tests PRIVATE hp_torch ${HP_CATCH_LIBS})
+    target_compile_definitions(torch_tests PRIVATE HYBRIDPLAN_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
     add_test(NAME torch_tests COMMAND torch_tests)
     set_tests_properties(torch_tests PROPERTIES
       ENVIRONMENT "HYBRIDPLAN_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYBRIDPLAN_SOURCE_DIR=${CMAKE_SOURCE_DIR}")

@@ -13,9 +13,11 @@
 
 #include "catch.h"
 #include "common/json_io.h"
+#include "model_fixtures.h"
 #include "planner/plan.h"
 
 using namespace hybridplan;
+using hybridplan::test::source_dir;
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 
@@ -51,11 +53,6 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& env_p
   const int status = ::pclose(pipe);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
-}
-
-fs::path source_dir() {
-  const char* env = std::getenv("HYBRIDPLAN_SOURCE_DIR");
-  return env ? fs::path(env) : fs::path(HYBRIDPLAN_SOURCE_DIR);
 }
 
 // A fresh directory per test case.

@@ -1,8 +1,6 @@
 // Every plan validation message, from the table that tests/python/test_plan_validation.py checks
 // with the same text through hybridplan._C (tests/data/plan_validation.json): the rules live in
 // Plan::validate_structure / validate (plan.h), and Python has none of its own.
-#include <filesystem>
-
 #include "catch.h"
 #include "common/json_io.h"
 #include "model_fixtures.h"
@@ -11,13 +9,9 @@
 #include "planner/plan.h"
 
 using namespace hybridplan;
+using hybridplan::test::source_dir;
 
 namespace {
-
-std::filesystem::path source_dir() {
-  const char* env = std::getenv("HYBRIDPLAN_SOURCE_DIR");
-  return env ? std::filesystem::path(env) : std::filesystem::path(HYBRIDPLAN_SOURCE_DIR);
-}
 
 // The case's plan: `plan` with the case's top-level fields replaced and the graph hash filled in.
 Json case_plan(const Json& table, const Json& c, const std::string& sha256) {
