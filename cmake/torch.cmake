@@ -9,7 +9,9 @@ file(GLOB HP_TORCH_SOURCES CONFIGURE_DEPENDS
      ${CMAKE_SOURCE_DIR}/csrc/models/*.cc)
 add_library(hp_torch SHARED ${HP_TORCH_SOURCES})
 target_include_directories(hp_torch PUBLIC $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/csrc>)
-target_link_libraries(hp_torch PUBLIC hp_core ${TORCH_LIBRARIES})
+# ${TORCH_LIBRARIES} by target name (it lists libc10.so by its path): the installed
+# hybridplanTorchTargets.cmake then names targets that the consumer's find_package(Torch) defines.
+target_link_libraries(hp_torch PUBLIC hp_core torch torch_library c10)
 
 # The executor's Gloo process groups (csrc/executor/process_groups.cc) include ProcessGroupGloo.hpp,
 # which the torch wheel ships without the gloo headers it includes. Debian's libgloo-dev provides
