@@ -8,7 +8,7 @@ TORCH_CMAKE = $(shell $(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export HYBRIDPLAN_CLI := $(CURDIR)/$(BUILD)/bin/hybridplan
 
-.PHONY: all deps build core test test-core test-torch test-python demo bench paper clean
+.PHONY: all deps build core test test-core test-torch test-python test-install demo bench paper clean
 
 all: build
 
@@ -38,7 +38,22 @@ test-torch: build
 test-python: build
 	$(PYTHON) -m pytest -q tests/python
 
-test: test-core test-torch test-python
+test: test-core test-torch test-python test-install
+
+# ---- installing (issue 11): what a C++ user and a pip user get ------------------------------
+# `cmake --install` of the built tree into build/install-test, then tests/consumer (its own
+# CMakeLists.txt, find_package(hybridplan)) built against it and run; then `pip install .` into a
+# fresh venv without torch (tests/install/test_pip_install.sh; its build folder build-wheel/ is
+# kept, so a second run recompiles nothing).
+INSTALL_TEST := $(BUILD)/install-test
+test-install: build
+	@rm -rf $(INSTALL_TEST) && cmake --install $(BUILD) --prefix $(INSTALL_TEST) >/dev/null
+	@cmake -S tests/consumer -B $(BUILD)/consumer -G Ninja -DWITH_TORCH=ON \
+	  -DCMAKE_PREFIX_PATH="$(CURDIR)/$(INSTALL_TEST);$(TORCH_CMAKE)" >/dev/null
+	@cmake --build $(BUILD)/consumer -j $(JOBS)
+	$(BUILD)/consumer/plan_consumer examples/graph-tiny.json dgx1-v100 8
+	$(BUILD)/consumer/torch_consumer
+	bash tests/install/test_pip_install.sh $(PYTHON)
 
 demo: build
 	$(PYTHON) examples/demo.py
@@ -50,4 +65,4 @@ paper: build
 	$(PYTHON) plans/paper/reproduce.py
 
 clean:
-	rm -rf $(BUILD) $(CORE)
+	rm -rf $(BUILD) $(CORE) build-wheel

@@ -8,8 +8,10 @@ file(GLOB HP_TORCH_SOURCES CONFIGURE_DEPENDS
      ${CMAKE_SOURCE_DIR}/csrc/profiler/*.cc ${CMAKE_SOURCE_DIR}/csrc/executor/*.cc
      ${CMAKE_SOURCE_DIR}/csrc/models/*.cc)
 add_library(hp_torch SHARED ${HP_TORCH_SOURCES})
-target_include_directories(hp_torch PUBLIC ${CMAKE_SOURCE_DIR}/csrc)
-target_link_libraries(hp_torch PUBLIC hp_core ${TORCH_LIBRARIES})
+target_include_directories(hp_torch PUBLIC $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/csrc>)
+# ${TORCH_LIBRARIES} by target name (it lists libc10.so by its path): the installed
+# hybridplanTorchTargets.cmake then names targets that the consumer's find_package(Torch) defines.
+target_link_libraries(hp_torch PUBLIC hp_core torch torch_library c10)
 
 # The executor's Gloo process groups (csrc/executor/process_groups.cc) include ProcessGroupGloo.hpp,
 # which the torch wheel ships without the gloo headers it includes. Debian's libgloo-dev provides
@@ -27,6 +29,7 @@ if(HYBRIDPLAN_BUILD_TESTS)
     add_executable(torch_tests ${CMAKE_SOURCE_DIR}/tests/cpp/catch_main.cc ${HP_TORCH_TESTS})
     target_include_directories(torch_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp)
     target_link_libraries(torch_tests PRIVATE hp_torch ${HP_CATCH_LIBS})
+    target_compile_definitions(torch_tests PRIVATE HYBRIDPLAN_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
     add_test(NAME torch_tests COMMAND torch_tests)
     set_tests_properties(torch_tests PROPERTIES
       ENVIRONMENT "HYBRIDPLAN_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYBRIDPLAN_SOURCE_DIR=${CMAKE_SOURCE_DIR}")

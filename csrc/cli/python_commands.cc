@@ -19,13 +19,13 @@ struct TorchrunFlags {
 
 [[noreturn]] void run_under_torchrun(const std::string& command, const TorchrunFlags& flags,
                                      const std::vector<std::string>& rest) {
-  if (!find_program("torchrun")) {
+  const std::string torchrun = environment_program("torchrun");
+  if (!find_program(torchrun)) {
     throw InputError(command + ": torchrun not found on PATH; it comes with PyTorch (pip install "
                      "torch), and " + command + " runs `torchrun --nproc-per-node N -m hybridplan " +
                      command + " ...`");
   }
-  export_python_path();  // so the workers import this checkout's hybridplan
-  std::vector<std::string> argv = {"torchrun", "--standalone", "--nproc-per-node",
+  std::vector<std::string> argv = {torchrun, "--standalone", "--nproc-per-node",
                                    std::to_string(flags.nproc_per_node), "-m", "hybridplan", command};
   argv.insert(argv.end(), rest.begin(), rest.end());
   exec_program(argv);
@@ -45,9 +45,8 @@ void add_torchrun_command(CLI::App& app, const std::string& name, const std::str
 }
 
 [[noreturn]] void run_python(const std::string& command, const std::vector<std::string>& rest) {
-  const auto python = find_program("python3");
+  const auto python = find_program(environment_program("python3"));
   if (!python) throw InputError(command + ": python3 not found on PATH");
-  export_python_path();
   std::vector<std::string> argv = {*python, "-m", "hybridplan", command};
   argv.insert(argv.end(), rest.begin(), rest.end());
   exec_program(argv);

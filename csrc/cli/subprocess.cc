@@ -53,17 +53,14 @@ std::optional<std::string> find_program(const std::string& program) {
   return std::nullopt;
 }
 
-std::string python_package_dir() {
-  const char* env = std::getenv("HYBRIDPLAN_SOURCE_DIR");
-  const std::string source_dir = (env && *env) ? env : HYBRIDPLAN_SOURCE_DIR;
-  return source_dir + "/python";
-}
-
-void export_python_path() {
-  const char* existing = std::getenv("PYTHONPATH");
-  std::string value = python_package_dir();
-  if (existing && *existing) value += std::string(":") + existing;
-  ::setenv("PYTHONPATH", value.c_str(), 1);
+std::string environment_program(const std::string& program) {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const std::filesystem::path sibling = self.parent_path() / program;
+    if (is_executable(sibling.string())) return sibling.string();
+  }
+  return program;
 }
 
 int run_program(const std::vector<std::string>& argv) {

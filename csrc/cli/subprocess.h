@@ -10,12 +10,12 @@ namespace hybridplan::cli {
 // executable); empty when not found.
 std::optional<std::string> find_program(const std::string& program);
 
-// The repository's python/ directory: $HYBRIDPLAN_SOURCE_DIR/python, else the source dir this
-// binary was built from (compile definition HYBRIDPLAN_SOURCE_DIR).
-std::string python_package_dir();
-
-// Prepends python_package_dir() to $PYTHONPATH of this process (children inherit it).
-void export_python_path();
+// The Python-side program `program` ("python3", "torchrun") of the environment this command
+// belongs to: the one next to this executable when there is one (pip installs the command into
+// the same bin/ as its environment's python3 and torchrun), else `program` itself, to be looked
+// up on PATH. Nothing about the source tree is baked in: the child imports whatever hybridplan
+// that Python finds (the installed package, or a checkout's python/ on PYTHONPATH).
+std::string environment_program(const std::string& program);
 
 // Runs argv (argv[0] found on $PATH) as a child process, waits, returns its exit status
 // (128 + signal when it was killed). Throws InputError when argv[0] is not found.

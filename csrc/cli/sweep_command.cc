@@ -82,7 +82,8 @@ void print_sweep(const Problem& problem, const std::vector<SweepPoint>& points) 
 
 void plot_sweep(const Json& sweep_json, const std::string& plot_path, const std::string& title) {
   const char* python_env = std::getenv("HYBRIDPLAN_PYTHON");
-  const std::string python = (python_env && *python_env) ? python_env : "python3";
+  const std::string python =
+      (python_env && *python_env) ? python_env : environment_program("python3");
   if (!find_program(python)) {
     throw InputError("--plot: " + python + " not found on PATH; the plot is drawn by "
                      "`python3 -m hybridplan.plot` with matplotlib (use --csv or --json instead)");
@@ -90,7 +91,6 @@ void plot_sweep(const Json& sweep_json, const std::string& plot_path, const std:
   // The data goes through a file next to the plot, removed afterwards.
   const std::string data_path = plot_path + ".sweep-" + std::to_string(::getpid()) + ".json";
   write_file_atomic(data_path, sweep_json.dump() + "\n");
-  export_python_path();
   int status = 0;
   try {
     status = run_program({python, "-m", "hybridplan.plot", data_path, "--out", plot_path,

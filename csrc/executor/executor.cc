@@ -5,7 +5,7 @@
 
 #include "common/error.h"
 #include "common/sha256.h"
-#include "executor/grad_reducer.h"
+#include "executor/ddp_reducer.h"
 #include "executor/process_groups.h"
 #include "executor/rank_agreement.h"
 #include "executor/stage_channel.h"
@@ -107,17 +107,22 @@ Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::
     pipe_group_ = new_group(store_, tag + "/replica" + std::to_string(replica_),
                             iota_ranks(replica_ * plan_.mp, plan_.mp, 1), env_, comm_device,
                             options_.timeout);
-    channel_ = std::make_unique<StageChannel>(pipe_group_, local_block_devices_.front(), options_.timeout);
+    channel_ = std::make_unique<StageChannel>(pipe_group_->getBackend(comm_device),
+                                              local_block_devices_.front(), options_.timeout);
   }
   if (plan_.dp > 1) {
     const std::vector<int64_t> members = pipeline ? iota_ranks(stage_, plan_.dp, plan_.mp)
                                                   : iota_ranks(0, plan_.dp, 1);
     dp_group_ = new_group(store_, tag + "/dp_stage" + std::to_string(stage_), members, env_,
                           comm_device, options_.timeout);
-    broadcast_parameters();
+    broadcast_from_first(dp_group_, local_states());
+    std::vector<std::string> names;
+    for (const auto& [name, param] : local_named_parameters()) names.push_back(name);
+    if (!names.empty()) {  // a stage of parameter-free blocks has nothing to reduce
+      reducer_ = std::make_unique<DdpReducer>(parameters(), std::move(names), dp_group_,
+                                              options_.bucket_caps);
+    }
   }
-  reducer_ = std::make_unique<GradReducer>(parameters(), dp_group_, options_.bucket_cap_bytes,
-                                           options_.timeout);
 }
 
 Executor::~Executor() = default;
@@ -143,25 +148,29 @@ void Executor::check_module_matches_graph(const Graph& graph) const {
 
 std::vector<torch::Tensor> Executor::parameters() const {
   std::vector<torch::Tensor> params;
-  for (const Block& b : local_blocks_) {
-    for (const torch::Tensor& p : b.module->parameters()) {
-      if (p.requires_grad()) params.push_back(p);
-    }
-  }
+  for (auto& [name, p] : local_named_parameters()) params.push_back(std::move(p));
   return params;
 }
 
-const std::vector<std::vector<int32_t>>& Executor::grad_buckets() const { return reducer_->buckets(); }
-
-void Executor::broadcast_parameters() {
-  torch::NoGradGuard no_grad;
-  for (torch::Tensor& p : parameters()) {
-    std::vector<torch::Tensor> tensors{p.detach()};
-    if (!dp_group_->broadcast(tensors)->wait(options_.timeout)) {
-      throw std::runtime_error("initial parameter broadcast timed out");
+std::vector<std::pair<std::string, torch::Tensor>> Executor::local_named_parameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const Block& b : local_blocks_) {
+    for (const auto& p : b.module->named_parameters()) {
+      if (p.value().requires_grad()) named.emplace_back(b.name + "." + p.key(), p.value());
     }
   }
+  return named;
 }
+
+std::vector<torch::Tensor> Executor::local_states() const {
+  std::vector<torch::Tensor> states = parameters();
+  for (const Block& b : local_blocks_) {
+    for (const torch::Tensor& buffer : b.module->buffers()) states.push_back(buffer);
+  }
+  return states;
+}
+
+int64_t Executor::num_grad_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
 
 torch::Tensor Executor::replica_rows(const torch::Tensor& t, const char* what) const {
   const int64_t b = plan_.per_replica_batch;
@@ -181,18 +190,17 @@ torch::Tensor Executor::run_local_blocks(torch::Tensor x) const {
 
 torch::Tensor Executor::forward_backward(const torch::Tensor& input, const torch::Tensor& target,
                                          const LossFn& loss_fn) {
-  torch::Tensor loss = plan_.mode == MpMode::kPipeline ? step_pipeline(input, target, loss_fn)
-                                                       : step_placement(input, target, loss_fn);
-  reducer_->finish();
-  return loss;
+  if (reducer_) reducer_->prepare_for_forward();
+  return plan_.mode == MpMode::kPipeline ? step_pipeline(input, target, loss_fn)
+                                         : step_placement(input, target, loss_fn);
 }
 
 torch::Tensor Executor::step_placement(const torch::Tensor& input, const torch::Tensor& target,
                                        const LossFn& loss_fn) {
   torch::Tensor output = run_local_blocks(replica_rows(input, "input"));
   torch::Tensor loss = loss_fn(output, replica_rows(target, "target").to(output.device()));
-  reducer_->arm();
-  loss.backward();
+  if (reducer_) reducer_->prepare_for_backward();
+  loss.backward();  // the Reducer averages the gradients during and at the end of it
   return loss.detach();
 }
 
@@ -230,7 +238,7 @@ torch::Tensor Executor::step_pipeline(const torch::Tensor& input, const torch::T
       }
       outputs[i] = y;
     } else {
-      if (k == last_backward) reducer_->arm();
+      if (k == last_backward && reducer_) reducer_->prepare_for_backward();  // the others: no_sync
       if (is_last_stage()) {
         outputs[i].backward();
       } else {

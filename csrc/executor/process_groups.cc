@@ -30,6 +30,18 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// A ProcessGroup whose only backend is `backend`, for `device_type` (what
+// torch.distributed.new_group builds around a backend).
+c10::intrusive_ptr<c10d::ProcessGroup> with_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size, c10::DeviceType device_type,
+                                                    c10d::ProcessGroup::BackendType type,
+                                                    c10::intrusive_ptr<c10d::Backend> backend) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setBackend(device_type, type, backend);
+  group->setDefaultBackend(type);
+  return group;
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
@@ -42,10 +54,11 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::m
   return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
 }
 
-c10::intrusive_ptr<c10d::Backend> new_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                            const std::string& name, const std::vector<int64_t>& ranks,
-                                            const DistEnv& env, c10::DeviceType device_type,
-                                            std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::ProcessGroup> new_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 const std::string& name,
+                                                 const std::vector<int64_t>& ranks,
+                                                 const DistEnv& env, c10::DeviceType device_type,
+                                                 std::chrono::milliseconds timeout) {
   auto me = std::find(ranks.begin(), ranks.end(), env.rank);
   HP_INTERNAL_ASSERT(me != ranks.end(), "rank " << env.rank << " is not a member of group " << name);
   const int group_rank = static_cast<int>(me - ranks.begin());
@@ -55,14 +68,18 @@ c10::intrusive_ptr<c10d::Backend> new_group(const c10::intrusive_ptr<c10d::Store
 #ifdef USE_C10D_NCCL
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(group_store, group_rank, group_size, options);
+    return with_backend(group_store, group_rank, group_size, device_type,
+                        c10d::ProcessGroup::BackendType::NCCL,
+                        c10::make_intrusive<c10d::ProcessGroupNCCL>(group_store, group_rank, group_size, options));
 #else
     throw InputError("a CUDA plan needs the NCCL backend, which this LibTorch was built without");
 #endif
   }
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(gloo_device(env));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, group_rank, group_size, options);
+  return with_backend(group_store, group_rank, group_size, device_type,
+                      c10d::ProcessGroup::BackendType::GLOO,
+                      c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, group_rank, group_size, options));
 }
 
 }  // namespace hybridplan

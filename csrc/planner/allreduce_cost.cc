@@ -175,7 +175,8 @@ void BucketedAllReduce::add_gradient(double ready_s, double bytes) {
   if (bytes <= 0) return;
   bucket_bytes_ += bytes;
   bucket_ready_s_ = std::max(bucket_ready_s_, ready_s);
-  if (bucket_bytes_ >= (launched_ == 0 ? first_bucket_cap_bytes_ : bucket_cap_bytes_)) launch();
+  const int64_t cap = launched_ == 0 ? caps_.first_bytes : caps_.bytes;
+  if (bucket_bytes_ >= static_cast<double>(cap)) launch();
 }
 
 double BucketedAllReduce::end_s() {

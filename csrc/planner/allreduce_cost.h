@@ -25,23 +25,20 @@
 //   overlap, which is pessimistic when their backward passes end at different times).
 //
 // Overlap (DDP buckets, https://arxiv.org/abs/2006.15704): gradients become ready during the
-// backward pass in reverse order; they are packed into buckets in the order they become ready,
-// the first bucket up to first_bucket_cap bytes (1 MiB, DDP's _DEFAULT_FIRST_BUCKET_BYTES) and
-// every later one up to bucket_cap bytes (25 MiB, DDP's bucket_cap_mb default); a bucket is
-// reduced when its last gradient is ready and the previous bucket's reduction is done (one
-// communication stream):
+// backward pass in reverse order; they are packed into buckets in the order they become ready by
+// the one bucket policy (bucket_policy.h: DDP's 1 MiB first bucket, then 25 MiB; a bucket closes
+// once it holds its cap); a bucket is reduced when its last gradient is ready and the previous
+// bucket's reduction is done (one communication stream):
 //     start_k = max(ready_k, end_{k-1}),  end_k = start_k + t(bytes_k)
 // Only the part that ends after the backward pass is exposed: exposed = max(0, end_last - end_bwd).
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "planner/bucket_policy.h"
 #include "planner/cluster.h"
 
 namespace hybridplan {
-
-constexpr double kDefaultBucketCapBytes = 25.0 * 1024 * 1024;
-constexpr double kDefaultFirstBucketCapBytes = 1.0 * 1024 * 1024;
 
 struct AllReduceCost {
   double fixed_s = 0;     // latency terms
@@ -75,9 +72,7 @@ AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIn
 class BucketedAllReduce {
  public:
   BucketedAllReduce() = default;
-  BucketedAllReduce(AllReduceCost cost, double bucket_cap_bytes,
-                    double first_bucket_cap_bytes = kDefaultFirstBucketCapBytes)
-      : cost_(cost), bucket_cap_bytes_(bucket_cap_bytes), first_bucket_cap_bytes_(first_bucket_cap_bytes) {}
+  BucketedAllReduce(AllReduceCost cost, BucketCaps caps) : cost_(cost), caps_(caps) {}
 
   void add_gradient(double ready_s, double bytes);
   double end_s();  // flushes the last partial bucket
@@ -85,8 +80,7 @@ class BucketedAllReduce {
  private:
   void launch();
   AllReduceCost cost_;
-  double bucket_cap_bytes_ = kDefaultBucketCapBytes;
-  double first_bucket_cap_bytes_ = kDefaultFirstBucketCapBytes;
+  BucketCaps caps_;
   int64_t launched_ = 0;
   double bucket_bytes_ = 0;
   double bucket_ready_s_ = 0;

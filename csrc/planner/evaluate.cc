@@ -10,11 +10,6 @@
 #include "planner/optimizer_cost.h"
 
 namespace hybridplan {
-namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-}  // namespace
 
 Evaluator::Evaluator(const Problem& problem)
     : problem_(problem),
@@ -57,46 +52,11 @@ double Evaluator::compute_slowdown(const Plan& plan) const {
   return cluster.runtime.slowdown(busiest);
 }
 
-// Cheap shape checks so that a malformed plan is an InputError, never out-of-range access.
+// A malformed plan is an InputError (the one plan validation, less the identity checks that
+// need the graph's hash), never out-of-range access.
 void Evaluator::check_shape(const Plan& plan) const {
-  const std::string source = "plan";
-  const size_t n = problem_.graph.nodes.size();
-  if (plan.dp < 1) throw_input_error(source, "dp", "must be >= 1", str(plan.dp));
-  if (plan.mp < 1) throw_input_error(source, "mp", "must be >= 1", str(plan.mp));
-  if (plan.per_replica_batch < 1) {
-    throw_input_error(source, "per_replica_batch", "must be >= 1", str(plan.per_replica_batch));
-  }
-  if (plan.num_microbatches < 1) {
-    throw_input_error(source, "num_microbatches", "must be >= 1", str(plan.num_microbatches));
-  }
-  if (plan.assignment.size() != n) {
-    throw_input_error(source, "assignment", "must have one entry per graph node (" + str(n) + ")",
-                      str(plan.assignment.size()) + " entries");
-  }
-  for (size_t v = 0; v < n; ++v) {
-    if (plan.assignment[v] < 0 || plan.assignment[v] >= plan.mp) {
-      throw_input_error(source, "assignment[" + str(v) + "].device",
-                        "must be in 0..mp-1 = 0.." + str(plan.mp - 1), str(plan.assignment[v]));
-    }
-  }
-  if (static_cast<int64_t>(plan.mesh.size()) != plan.dp) {
-    throw_input_error(source, "mesh", "must have dp = " + str(plan.dp) + " rows",
-                      str(plan.mesh.size()) + " rows");
-  }
-  const int64_t devices = problem_.cluster.num_devices();
-  for (size_t r = 0; r < plan.mesh.size(); ++r) {
-    if (static_cast<int64_t>(plan.mesh[r].size()) != plan.mp) {
-      throw_input_error(source, "mesh[" + str(r) + "]", "must have mp = " + str(plan.mp) + " devices",
-                        str(plan.mesh[r].size()) + " devices");
-    }
-    for (size_t k = 0; k < plan.mesh[r].size(); ++k) {
-      if (plan.mesh[r][k] < 0 || plan.mesh[r][k] >= devices) {
-        throw_input_error(source, "mesh[" + str(r) + "][" + str(k) + "]",
-                          "must be a device of the cluster (0.." + str(devices - 1) + ")",
-                          str(plan.mesh[r][k]));
-      }
-    }
-  }
+  plan.validate_structure("plan");
+  plan.validate_fit("plan", problem_.graph, problem_.cluster);
 }
 
 double Evaluator::placement_compute(const Plan& plan, double slowdown, Prediction& out) const {
@@ -219,7 +179,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
     }
     out.allreduce_rings[k] = it->second.second;
     const AllReduceCost cost = group_bytes_[k] > 0 ? it->second.first : AllReduceCost{};
-    buckets_[k] = BucketedAllReduce(cost, bucket_cap_bytes, first_bucket_cap_bytes);
+    buckets_[k] = BucketedAllReduce(cost, bucket_caps);
   }
   // Feed gradients in the order they become ready on each device.
   const std::vector<NodeIndex>& ready_order =

@@ -47,8 +47,7 @@ class Evaluator {
   // Plan::validate); shapes are checked here (InputError) but not the graph hash.
   Prediction evaluate(const Plan& plan) const;
   const Problem& problem() const { return problem_; }
-  double bucket_cap_bytes = kDefaultBucketCapBytes;
-  double first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
+  BucketCaps bucket_caps;  // bucket_policy.h: DDP's
 
   // Node times at `batch` samples, multiplied by `slowdown` (cached per pair).
   const NodeTimes& node_times(double batch, double slowdown = 1.0) const;

@@ -1,6 +1,7 @@
 // Plan JSON and its validation against the graph and cluster it is applied to.
 #include "planner/plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 #include <unordered_set>
@@ -131,21 +132,33 @@ void Plan::validate_structure(const std::string& source) const {
     throw_input_error(source, "mesh", "must have dp = " + str(dp) + " rows",
                       str(static_cast<int64_t>(mesh.size())) + " rows");
   }
-  std::unordered_map<DeviceIndex, std::string> used;
+  // (device, flat position r * mp + k), sorted: a reused device shows as equal neighbours. No
+  // string is built unless the check fails (evaluate() runs this for every candidate plan).
+  std::vector<std::pair<DeviceIndex, int64_t>> devices;
+  devices.reserve(static_cast<size_t>(dp * mp));
+  const auto mesh_path = [&](int64_t flat) {
+    return json_index_path(json_index_path("mesh", static_cast<size_t>(flat / mp)),
+                           static_cast<size_t>(flat % mp));
+  };
   for (size_t r = 0; r < mesh.size(); ++r) {
-    const std::string row_path = json_index_path("mesh", r);
     if (static_cast<int64_t>(mesh[r].size()) != mp) {
-      throw_input_error(source, row_path, "must have mp = " + str(mp) + " devices",
+      throw_input_error(source, json_index_path("mesh", r), "must have mp = " + str(mp) + " devices",
                         str(static_cast<int64_t>(mesh[r].size())) + " devices");
     }
     for (size_t k = 0; k < mesh[r].size(); ++k) {
-      const std::string path = json_index_path(row_path, k);
-      if (mesh[r][k] < 0) throw_input_error(source, path, "must be a device index >= 0", str(mesh[r][k]));
-      const auto [it, fresh] = used.emplace(mesh[r][k], path);
-      if (!fresh) {
-        throw_input_error(source, path, "must not reuse a device (also " + it->second + ")",
-                          str(mesh[r][k]));
+      const int64_t flat = static_cast<int64_t>(r) * mp + static_cast<int64_t>(k);
+      if (mesh[r][k] < 0) {
+        throw_input_error(source, mesh_path(flat), "must be a device index >= 0", str(mesh[r][k]));
       }
+      devices.emplace_back(mesh[r][k], flat);
+    }
+  }
+  std::sort(devices.begin(), devices.end());
+  for (size_t i = 1; i < devices.size(); ++i) {
+    if (devices[i].first == devices[i - 1].first) {
+      throw_input_error(source, mesh_path(devices[i].second),
+                        "must not reuse a device (also " + mesh_path(devices[i - 1].second) + ")",
+                        str(devices[i].first));
     }
   }
   for (size_t i = 0; i < assignment.size(); ++i) {
@@ -181,6 +194,10 @@ void Plan::validate(const std::string& source, const Graph& graph, const Cluster
                           str(cluster.devices_per_node) + ")",
                       str(cluster_devices_per_node));
   }
+  validate_fit(source, graph, cluster);
+}
+
+void Plan::validate_fit(const std::string& source, const Graph& graph, const Cluster& cluster) const {
   if (world_size > cluster.num_devices()) {
     throw_input_error(source, "world_size",
                       "exceeds the cluster's " + str(cluster.num_devices()) + " devices",

@@ -77,8 +77,15 @@ struct Plan {
   // batch arithmetic, assignment range); plan_from_json and validate both run it.
   void validate_structure(const std::string& source) const;
 
-  // Checks the plan against the graph and cluster it is applied to (hash, world size, mesh,
-  // assignment range, pipeline contiguity); throws InputError naming `source`.
+  // Checks that the plan fits a graph and cluster, whatever they are named: world size and mesh
+  // within the cluster, one assignment entry per node in graph order, pipeline stages never
+  // decreasing along an edge and none empty. Evaluator::evaluate runs validate_structure and this
+  // (a searched plan is not hashed per candidate).
+  void validate_fit(const std::string& source, const Graph& graph, const Cluster& cluster) const;
+
+  // The one plan validation, at every boundary (load, CLI, Python, executor): validate_structure,
+  // then the plan's identity (graph sha256, cluster name and shape), then validate_fit. Throws
+  // InputError "<source>: <json.path> <rule> (got <value>)".
   void validate(const std::string& source, const Graph& graph, const Cluster& cluster) const;
 };
 

@@ -33,6 +33,7 @@
 
 #include <torch/torch.h>
 
+#include "common/profile_defaults.h"
 #include "planner/graph.h"
 #include "profiler/block_list.h"
 
@@ -42,8 +43,8 @@ struct ProfileOptions {
   std::string name = "model";  // the graph's name
   std::string device = "cpu";  // any torch device string: "cpu", "cuda:0", ...
   int64_t batch_size = 0;      // profiled.batch_size; 0: size(0) of the first input
-  int warmup = 3;              // unrecorded runs per block before timing
-  int repeats = 11;            // recorded runs per block; times are their median
+  int warmup = kDefaultProfileWarmup;    // unrecorded runs per block before timing
+  int repeats = kDefaultProfileRepeats;  // recorded runs per block; times are their median
   std::string clock = "wall";  // "wall" or "thread" (block_timing.h; thread: CPU, 1 thread)
   // glibc's malloc returns big freed blocks (from 128 KiB, a threshold it then adapts) to the
   // kernel, and the next allocation of that size page-faults on every page: up to several ms

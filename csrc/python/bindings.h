@@ -37,5 +37,6 @@ Problem make_problem(const std::string& graph_text, const std::string& cluster_t
 void bind_contracts(pybind11::module_& m);  // graphs, clusters, jobs, plans: load/dump/validate
 void bind_planner(pybind11::module_& m);    // evaluate, search, explain
 void bind_tools(pybind11::module_& m);      // presets, PipeDream import, sweep
+void bind_defaults(pybind11::module_& m);   // bucket policy, profiler defaults
 
 }  // namespace hybridplan::python

@@ -29,4 +29,5 @@ PYBIND11_MODULE(_C, m) {
   hybridplan::python::bind_contracts(m);
   hybridplan::python::bind_planner(m);
   hybridplan::python::bind_tools(m);
+  hybridplan::python::bind_defaults(m);
 }

@@ -40,7 +40,7 @@ struct Args {
   double lr = 0.05, momentum = 0.9;
   int64_t seed = 0;
   double timeout_s = 60;
-  int64_t bucket_cap_bytes = hybridplan::kDefaultBucketCapBytes;
+  int64_t bucket_cap_bytes = 0;  // 0: DDP's policy (planner/bucket_policy.h)
 };
 
 // Step `step`'s global batch: the same on every rank.
@@ -104,11 +104,11 @@ int run(const Args& a) {
   hybridplan::DistEnv env = hybridplan::dist_env_from_environment();
   hybridplan::ExecutorOptions options;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
-  options.bucket_cap_bytes = a.bucket_cap_bytes;
+  if (a.bucket_cap_bytes > 0) options.bucket_caps = hybridplan::BucketCaps::uniform(a.bucket_cap_bytes);
   options.plan_source = a.plan;
   Executor executor(plan, graph, model.ptr(), env, options);
   std::cout << "rank " << env.rank << ": replica " << executor.replica() << " stage " << executor.stage()
-            << ", " << executor.local_blocks().size() << " blocks, " << executor.grad_buckets().size()
+            << ", " << executor.local_blocks().size() << " blocks, " << executor.num_grad_buckets()
             << " gradient buckets\n";
 
   torch::optim::SGD opt(executor.parameters(), torch::optim::SGDOptions(a.lr).momentum(a.momentum));
@@ -145,7 +145,9 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", a.momentum, "SGD momentum");
   app.add_option("--seed", a.seed, "seed of the weights and the data");
   app.add_option("--timeout-s", a.timeout_s, "bound on every rendezvous, collective and receive");
-  app.add_option("--bucket-cap-bytes", a.bucket_cap_bytes, "gradient bucket size");
+  app.add_option("--bucket-cap-bytes", a.bucket_cap_bytes,
+                 "one cap for every gradient bucket, as DDP's bucket_cap_mb (default: DDP's "
+                 "1 MiB first bucket, then 25 MiB)");
   app.add_option("--out", a.out, "write the parameters this rank trains as JSON");
   CLI11_PARSE(app, argc, argv);
   if (a.write_graph.empty() && !a.reference && (a.plan.empty() || a.graph.empty())) {

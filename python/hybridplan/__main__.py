@@ -111,8 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--batch-size", type=int, default=8,
                       help="batch for the module's own example_inputs (without --input-shape)")
     prof.add_argument("--device", default="cpu")
-    prof.add_argument("--warmup", type=int, default=3)
-    prof.add_argument("--repeats", type=int, default=10)
+    prof.add_argument("--warmup", type=int)  # default: hybridplan.profile's
+    prof.add_argument("--repeats", type=int)
     prof.add_argument("--clock", default="auto", choices=("auto", "wall", "thread", "cuda"))
     prof.add_argument("--threads", type=int, help="torch.set_num_threads before profiling")
     prof.add_argument("--name", help="graph name (default: the factory's name)")
@@ -216,9 +216,9 @@ def _profile(args) -> int:
     module = factory()
     inputs = _example_inputs(args, module)
     name = args.name or args.factory.partition(":")[2].split(".")[-1]
-    graph = profile_dict(module, inputs, device=args.device, warmup=args.warmup,
-                         repeats=args.repeats, verbose=not args.quiet, name=name,
-                         clock=args.clock)
+    counts = {k: v for k, v in (("warmup", args.warmup), ("repeats", args.repeats)) if v is not None}
+    graph = profile_dict(module, inputs, device=args.device, verbose=not args.quiet, name=name,
+                         clock=args.clock, **counts)
     try:
         from .planner import Graph  # validates and writes the canonical JSON
     except ImportError:

@@ -18,7 +18,9 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-kBucketBytes = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+from . import _C
+
+kBucketBytes = _C.kDefaultBucketCapBytes  # csrc/planner/bucket_policy.h
 
 
 def buckets(params: List[torch.nn.Parameter], bucket_bytes: int = kBucketBytes

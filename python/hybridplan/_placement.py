@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ._bucket_policy import ddp_bucket_kwargs
+
 
 def _move(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
@@ -47,4 +49,5 @@ def wrap_ddp(module: nn.Module, devices: List[torch.device]) -> DistributedDataP
     """DDP over the default group (one process per replica). device_ids only for a module on one
     CUDA device; a multi-device or CPU module takes device_ids=None."""
     single_cuda = len(set(devices)) == 1 and devices[0].type == "cuda"
-    return DistributedDataParallel(module, device_ids=[devices[0]] if single_cuda else None)
+    return DistributedDataParallel(module, device_ids=[devices[0]] if single_cuda else None,
+                                   **ddp_bucket_kwargs())

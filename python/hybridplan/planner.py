@@ -50,6 +50,12 @@ def _dumps(d: Any, source: str) -> str:
         raise ValueError(f"{source}: $ must be JSON-serializable with finite numbers ({e})") from None
 
 
+def canonical_json(d: Any) -> str:
+    """Sorted keys, no spaces: a plan's canonical text (a graph's comes from the core, which
+    also fills defaults), whose sha256 identifies the plan across ranks."""
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def _read_text(path: PathLike) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -249,8 +255,8 @@ class Plan(_Document):
     @classmethod
     def _validate(cls, text: str, source: str) -> str:
         _C.check_plan(text, source)
-        # Without the graph there is no canonical form (names come from it); keep the text.
-        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+        # Without the graph there is no C++ canonical form (names come from it).
+        return canonical_json(json.loads(text))
 
     def validate(self, graph: Union["Graph", dict, PathLike],
                  cluster: Union["Cluster", dict, PathLike]) -> "Plan":

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Sequence, Tuple, Union
 import torch
 from torch import nn
 
-from . import _timing, _tracing
+from . import _C, _timing, _tracing
 
 __all__ = ["profile", "profile_dict"]
 
@@ -35,7 +35,8 @@ Inputs = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
 def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.device] = "cpu",
-            warmup: int = 3, repeats: int = 10, verbose: bool = True, name: str = None,
+            warmup: int = _C.kDefaultProfileWarmup,
+            repeats: int = _C.kDefaultProfileRepeats, verbose: bool = True, name: str = None,
             clock: str = "auto", retain_freed_memory: bool = True,
             batch_sizes: Union[str, Sequence[int]] = "auto",
             batch_time_budget_s: float = kBatchTimeBudgetS):
@@ -52,12 +53,13 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
 
 
 def profile_dict(module: nn.Module, example_inputs: Inputs,
-                 device: Union[str, torch.device] = "cpu", warmup: int = 3, repeats: int = 10,
+                 device: Union[str, torch.device] = "cpu", warmup: int = _C.kDefaultProfileWarmup,
+                 repeats: int = _C.kDefaultProfileRepeats,
                  verbose: bool = True, name: str = None, clock: str = "auto",
                  retain_freed_memory: bool = True,
                  batch_sizes: Union[str, Sequence[int]] = "auto",
                  batch_time_budget_s: float = kBatchTimeBudgetS) -> Dict[str, Any]:
-    """Like profile, but returns the Graph JSON as a dict (needs no compiled planner).
+    """Like profile, but returns the Graph JSON as a dict (not yet validated by the planner).
 
     `batch_sizes`: the other batch sizes each node is also measured at (the graph's nodes then
     carry `batch_times`, from which the planner takes a node's time at any micro-batch or
@@ -192,13 +194,7 @@ def _batch_sizes(batch_sizes, inputs) -> List[int]:
         if batch_sizes != "auto":
             raise ValueError(f"profile: batch_sizes must be \"auto\" or a list of batch sizes "
                              f"below the example batch {b} (got {batch_sizes!r})")
-        sizes, size = [], b // 2
-        while size >= 1:
-            sizes.append(size)
-            size = 1 if size in (2, 3) else size // 2
-            if sizes[-1] == 1:
-                break
-        return sorted(sizes)
+        return list(_C.default_profile_batch_sizes(b))  # the rule the C++ profiler uses too
     sizes = sorted({int(x) for x in batch_sizes})
     bad = [x for x in sizes if not 1 <= x < b]
     if bad:

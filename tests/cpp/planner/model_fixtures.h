@@ -2,6 +2,7 @@
 // directory for files, and the message of the InputError an expression throws.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -116,6 +117,12 @@ inline std::string write_file(const std::string& name, const std::string& text) 
   const auto path = scratch_dir() / name;
   std::ofstream(path) << text;
   return path.string();
+}
+
+// The checkout: $HYBRIDPLAN_SOURCE_DIR (set by ctest), else the folder this test was built from.
+inline std::filesystem::path source_dir() {
+  const char* env = std::getenv("HYBRIDPLAN_SOURCE_DIR");
+  return (env && *env) ? std::filesystem::path(env) : std::filesystem::path(HYBRIDPLAN_SOURCE_DIR);
 }
 
 // The message of the InputError `f` throws; "no error" when it returns normally.

@@ -106,7 +106,7 @@ TEST_CASE("hierarchical all-reduce across nodes shares the node's injection band
 
 TEST_CASE("bucketed all-reduce overlaps with backward", "[allreduce_cost]") {
   // t(bytes) = 0.1 + 0.001 * bytes, buckets of 100 bytes.
-  BucketedAllReduce buckets({0.1, 0.001}, 100);
+  BucketedAllReduce buckets({0.1, 0.001}, BucketCaps::uniform(100));
   buckets.add_gradient(1.0, 60);
   buckets.add_gradient(2.0, 60);   // bucket of 120 bytes ready at 2.0: 2.0 + 0.22 = 2.22
   buckets.add_gradient(2.05, 0);   // no parameters: nothing to reduce
@@ -114,18 +114,20 @@ TEST_CASE("bucketed all-reduce overlaps with backward", "[allreduce_cost]") {
   REQUIRE(buckets.end_s() == Approx(2.37));
 
   // A gradient bigger than the cap is a bucket of its own; an idle stream starts at once.
-  BucketedAllReduce big({0, 0.01}, 100, 100);
+  BucketedAllReduce big({0, 0.01}, BucketCaps::uniform(100));
   big.add_gradient(5.0, 300);      // 5 + 3 = 8
   big.add_gradient(9.0, 10);       // 9 + 0.1
   REQUIRE(big.end_s() == Approx(9.1));
 
   // DDP's first bucket is smaller (1 MiB by default): it launches early, later ones are 25 MiB.
-  BucketedAllReduce ddp({0, 0.01}, 100, 20);
+  BucketedAllReduce ddp({0, 0.01}, BucketCaps{20, 100});
   ddp.add_gradient(1.0, 30);       // first bucket full at 30 >= 20: 1 + 0.3
   ddp.add_gradient(2.0, 60);       // second bucket, cap 100: not full
   ddp.add_gradient(3.0, 50);       // 110 >= 100: 3 + 1.1 = 4.1
   REQUIRE(ddp.end_s() == Approx(4.1));
+  // The buckets it reduced are the policy's (bucket_policy.h): 30, then 60 + 50 = 110.
+  REQUIRE(bucket_bytes({30, 60, 50}, BucketCaps{20, 100}) == std::vector<int64_t>{30, 110});
 
-  BucketedAllReduce none({1, 1}, 100);
+  BucketedAllReduce none({1, 1}, BucketCaps::uniform(100));
   REQUIRE(none.end_s() == 0);
 }

@@ -13,9 +13,11 @@
 
 #include "catch.h"
 #include "common/json_io.h"
+#include "model_fixtures.h"
 #include "planner/plan.h"
 
 using namespace hybridplan;
+using hybridplan::test::source_dir;
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 
@@ -51,11 +53,6 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& env_p
   const int status = ::pclose(pipe);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
-}
-
-fs::path source_dir() {
-  const char* env = std::getenv("HYBRIDPLAN_SOURCE_DIR");
-  return env ? fs::path(env) : fs::path(HYBRIDPLAN_SOURCE_DIR);
 }
 
 // A fresh directory per test case.
@@ -235,7 +232,8 @@ TEST_CASE("cli sweep --plot") {
   // No matplotlib: a stand-in package that fails to import shadows the real one.
   fs::create_directories(dir / "fake/matplotlib");
   write(dir / "fake/matplotlib/__init__.py", "raise ImportError('no matplotlib here')\n");
-  const CliResult no_matplotlib = run_cli(args, "env PYTHONPATH=" + quote((dir / "fake").string()));
+  const CliResult no_matplotlib =
+      run_cli(args, "env PYTHONPATH=" + quote((dir / "fake").string()) + ":\"$PYTHONPATH\"");
   CHECK(no_matplotlib.status == 2);
   CHECK_THAT(no_matplotlib.output, Contains("matplotlib is not installed"));
   CHECK(!fs::exists(png));
@@ -398,7 +396,7 @@ TEST_CASE("cli sweep: exit 3 when nothing fits on any device count") {
   CHECK_THAT(r.output, Contains("nothing fits on any device count up to 4") && Contains("over by"));
 }
 
-// The documented flags (DESIGN.md "Interfaces"): renaming one breaks users' scripts.
+// The documented flags (docs/design.md "Interfaces"): renaming one breaks users' scripts.
 TEST_CASE("cli: documented flags are accepted") {
   const std::map<std::string, std::vector<std::string>> flags = {
       {"plan", {"--graph", "--cluster", "--job", "--devices", "--top", "--out", "--json"}},

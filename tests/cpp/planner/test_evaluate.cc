@@ -93,7 +93,7 @@ TEST_CASE("evaluate: pure data parallelism is the single-device sum plus all-red
   // fill a bucket and reduce 45 -> 45 + 3 + 3 = 51, off the critical path; a's 100 bytes
   // 63 -> 63 + 3 + 1.5 = 67.5: exposed 4.5.
   Evaluator small(problem);
-  small.bucket_cap_bytes = small.first_bucket_cap_bytes = 150;
+  small.bucket_caps = BucketCaps::uniform(150);
   REQUIRE(small.evaluate(dp4).allreduce_s == 4.5);
 }
 
@@ -170,7 +170,7 @@ TEST_CASE("evaluate rejects malformed plans with InputError, never crashes", "[e
   plan.assignment = {0, 0, 1, 0};
   plan.mesh[1][1] = 7;
   REQUIRE(test::input_error_of([&] { evaluator.evaluate(plan); }) ==
-          "plan: mesh[1][1] must be a device of the cluster (0..3) (got 7)");
+          "plan: mesh[1][1] names no device of cluster \"test-cluster\" (0..3) (got 7)");
 }
 
 TEST_CASE("Evaluator gives the same answer as evaluate() on repeated calls", "[evaluate]") {

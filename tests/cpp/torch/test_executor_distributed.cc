@@ -244,11 +244,11 @@ TEST_CASE("executor: DP-only plan (placement dp=2) trains like one process", "[e
   Fixture& f = Fixture::get();
   REQUIRE(f.graph.nodes.size() == kOneDevice.size());
   std::string plan = f.write_plan("dp2", MpMode::kPlacement, 2, 1, kOneDevice);
-  // A 2000-byte bucket cap splits the 7456 bytes of gradients into 4 buckets: {4.bias, 4.weight,
-  // 2.bias} (1184 B), {2.weight} (4096 B), {0.bias} (128 B), {0.weight} (2048 B).
+  // A 2000-byte cap packs the 7456 bytes of gradients, last parameter first, into 2 buckets:
+  // {4.bias, 4.weight, 2.bias, 2.weight} (5280 B >= 2000 closes it), {0.bias, 0.weight} (2176 B).
   auto procs = f.run_job("dp2", 2, {plan}, {"--bucket-cap-bytes", "2000"});
   f.check_matches_reference("dp2", procs);
-  CHECK_THAT(read_text(procs[0].log), Catch::Matchers::Contains("4 gradient buckets"));
+  CHECK_THAT(read_text(procs[0].log), Catch::Matchers::Contains("2 gradient buckets"));
 }
 
 TEST_CASE("executor: pipeline dp=1 x mp=2 (GPipe) trains like one process", "[executor][distributed]") {

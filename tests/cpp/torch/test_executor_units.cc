@@ -1,5 +1,5 @@
-// The executor's pure parts, without a process group: torchrun environment parsing, gradient
-// bucket assignment, rank agreement. (Pipeline schedules are torch-free: tests/cpp/planner.)
+// The executor's pure parts, without a process group: torchrun environment parsing, the
+// Reducer's gradient buckets, rank agreement. (Pipeline schedules are torch-free: tests/cpp/planner.)
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -8,8 +8,10 @@
 #include "catch.h"
 #include "common/error.h"
 #include "executor/dist_env.h"
-#include "executor/grad_buckets.h"
+#include "executor/ddp_reducer.h"
 #include "executor/rank_agreement.h"
+#include "models/mlp.h"
+#include "planner/bucket_policy.h"
 
 using namespace hybridplan;
 
@@ -57,50 +59,44 @@ TEST_CASE("dist_env rejects missing and malformed variables", "[executor][dist_e
   CHECK(dist_env_from_environment(env_of(vars)).local_rank == 0);
 }
 
-TEST_CASE("gradient buckets fill in reverse parameter order up to the cap", "[executor][buckets]") {
-  using Buckets = std::vector<std::vector<int32_t>>;
-  // 4 x 4 bytes, cap 8: params 3,2 fill the first bucket (8 bytes), 1,0 the second.
-  CHECK((assign_grad_buckets({4, 4, 4, 4}, 8) == Buckets{{3, 2}, {1, 0}}));
-  // A parameter larger than the cap gets its own bucket; nothing joins it afterwards.
-  CHECK((assign_grad_buckets({4, 100, 4}, 8) == Buckets{{2}, {1}, {0}}));
-  // Default 25 MB: 10 + 10 MB fit, a third 10 MB would make 30 MB > 25 MB.
-  const int64_t mb = 1024 * 1024;
-  CHECK((assign_grad_buckets({10 * mb, 10 * mb, 10 * mb}) == Buckets{{2, 1}, {0}}));
-  CHECK(assign_grad_buckets({}, 8).empty());
+TEST_CASE("the Reducer's buckets follow the bucket policy", "[executor][buckets]") {
+  // models::mlp({16, 32, 32, 8}) parameters, float32: 0.weight 2048 B, 0.bias 128 B,
+  // 2.weight 4096 B, 2.bias 128 B, 4.weight 1024 B, 4.bias 32 B.
+  torch::manual_seed(0);
+  std::vector<torch::Tensor> params = models::mlp({16, 32, 32, 8})->parameters();
+  using Buckets = std::vector<std::vector<size_t>>;
+  // Caps 1000 then 5000, packing from the last parameter: 4.bias + 4.weight = 1056 B >= 1000
+  // closes the first bucket; 2.bias + 2.weight + 0.bias + 0.weight = 6400 B the second.
+  CHECK((initial_bucket_indices(params, {1000, 5000}) == Buckets{{5, 4}, {3, 2, 1, 0}}));
+  CHECK((bucket_bytes({32, 1024, 128, 4096, 128, 2048}, {1000, 5000}) ==
+         std::vector<int64_t>{1056, 6400}));
+  // DDP's caps: 7456 B is under the 1 MiB first bucket.
+  CHECK((initial_bucket_indices(params, BucketCaps{}) == Buckets{{5, 4, 3, 2, 1, 0}}));
+  // One cap for all (as train_mlp --bucket-cap-bytes): 5280 B, then 2176 B.
+  CHECK((initial_bucket_indices(params, BucketCaps::uniform(2000)) == Buckets{{5, 4, 3, 2}, {1, 0}}));
 }
 
-TEST_CASE("gradient buckets never mix keys (device/dtype)", "[executor][buckets]") {
-  using Buckets = std::vector<std::vector<int32_t>>;
-  // Walking 3(b) 2(a) 1(b) 0(a): b's bucket opens first, then a's.
-  CHECK((assign_grad_buckets({1, 1, 1, 1}, 100, {"a", "b", "a", "b"}) == Buckets{{3, 1}, {2, 0}}));
-  CHECK_THROWS_WITH(assign_grad_buckets({1, 1}, 100, {"a"}),
-                    "bucket keys must be empty or one per parameter (got 1 keys for 2 parameters)");
-}
-
-TEST_CASE("gradient buckets cover every parameter once and respect the cap", "[executor][buckets]") {
+TEST_CASE("the Reducer's buckets and bucket_bytes agree on random sizes", "[executor][buckets]") {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 50; ++trial) {
-    std::vector<int64_t> bytes(1 + rng() % 30);
-    for (auto& b : bytes) b = rng() % 100;
-    const int64_t cap = 1 + rng() % 150;
-    auto buckets = assign_grad_buckets(bytes, cap);
-    std::vector<int32_t> seen;
-    for (const auto& bucket : buckets) {
-      int64_t total = 0;
-      for (int32_t i : bucket) total += bytes[i];
-      CHECK((bucket.size() == 1 || total <= cap));
-      CHECK(std::is_sorted(bucket.rbegin(), bucket.rend()));
-      seen.insert(seen.end(), bucket.begin(), bucket.end());
+    std::vector<torch::Tensor> params;
+    std::vector<int64_t> ready_bytes;  // last parameter first
+    for (size_t n = 1 + rng() % 20; n > 0; --n) {
+      params.push_back(torch::empty({static_cast<int64_t>(1 + rng() % 64)}));
     }
-    std::vector<int32_t> expected(bytes.size());
-    std::iota(expected.rbegin(), expected.rend(), 0);
-    CHECK(seen == expected);  // buckets in launch order walk the parameters last to first
+    for (auto p = params.rbegin(); p != params.rend(); ++p) ready_bytes.push_back(p->numel() * 4);
+    const BucketCaps caps{static_cast<int64_t>(1 + rng() % 200), static_cast<int64_t>(1 + rng() % 400)};
+    std::vector<int64_t> sizes;
+    for (const auto& bucket : initial_bucket_indices(params, caps)) {
+      int64_t bytes = 0;
+      for (size_t i : bucket) bytes += params[i].numel() * 4;
+      sizes.push_back(bytes);
+    }
+    INFO("caps " << caps.first_bytes << ", " << caps.bytes);
+    CHECK(sizes == bucket_bytes(ready_bytes, caps));
   }
 }
 
-TEST_CASE("gradient buckets reject bad input", "[executor][buckets]") {
-  CHECK_THROWS_WITH(assign_grad_buckets({1}, 0), "bucket_cap_bytes must be >= 1 (got 0)");
-  CHECK_THROWS_WITH(assign_grad_buckets({1, -2}, 8), "param_bytes[1] must be >= 0 (got -2)");
 }
 
 TEST_CASE("rank agreement names the first two ranks that differ", "[executor][agreement]") {

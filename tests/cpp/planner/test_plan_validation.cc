@@ -1,0 +1,52 @@
+// Every plan validation message, from the table that tests/python/test_plan_validation.py checks
+// with the same text through hybridplan._C (tests/data/plan_validation.json): the rules live in
+// Plan::validate_structure / validate (plan.h), and Python has none of its own.
+#include "catch.h"
+#include "common/json_io.h"
+#include "model_fixtures.h"
+#include "planner/cluster.h"
+#include "planner/graph.h"
+#include "planner/plan.h"
+
+using namespace hybridplan;
+using hybridplan::test::source_dir;
+
+namespace {
+
+// The case's plan: `plan` with the case's top-level fields replaced and the graph hash filled in.
+Json case_plan(const Json& table, const Json& c, const std::string& sha256) {
+  Json plan = table.at("plan");
+  for (const auto& [key, value] : c.at("set").items()) plan[key] = value;
+  if (plan.at("graph").at("sha256") == "$GRAPH_SHA256") plan["graph"]["sha256"] = sha256;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("every plan validation message, as the Python side sees it", "[plan]") {
+  const Json table = read_json_file((source_dir() / "tests/data/plan_validation.json").string());
+  const Graph graph = load_graph((source_dir() / table.at("graph").get<std::string>()).string());
+  const Cluster cluster = load_cluster(table.at("cluster").get<std::string>());
+  const std::string sha256 = graph_sha256(graph);
+
+  Plan valid = plan_from_json(case_plan(table, Json{{"set", Json::object()}}, sha256), "plan");
+  align_assignment_to_graph(valid, graph, "plan");
+  CHECK_NOTHROW(valid.validate("plan", graph, cluster));
+
+  for (const Json& c : table.at("cases")) {
+    const Json plan = case_plan(table, c, sha256);
+    INFO("case " << c.at("set").dump());
+    const std::string message = test::input_error_of([&] {
+      Plan p = plan_from_json(plan, "plan");
+      if (c.at("against_graph").get<bool>()) {
+        align_assignment_to_graph(p, graph, "plan");
+        p.validate("plan", graph, cluster);
+      }
+    });
+    std::string expected = c.at("message").get<std::string>();
+    if (const size_t at = expected.find("$GRAPH_SHA256"); at != std::string::npos) {
+      expected.replace(at, std::string("$GRAPH_SHA256").size(), sha256);
+    }
+    CHECK(message == expected);
+  }
+}
