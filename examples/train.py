@@ -31,7 +31,6 @@ except ImportError:  # run from a source checkout without PYTHONPATH=python
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import hybridplan
 import hybridplan.models as models
-from hybridplan._hand_plan import hand_plan
 
 
 def parse_args(argv=None):
@@ -65,7 +64,7 @@ def main(argv=None) -> int:
         plan = hybridplan.planner.Plan.load(args.plan) if _has_planner() else args.plan
     else:
         per_replica = (args.global_batch or 8 * args.dp) // args.dp
-        plan = hand_plan(model, mode=args.mode, dp=args.dp, mp=args.mp,
+        plan = hybridplan.hand_plan(model, mode=args.mode, dp=args.dp, mp=args.mp,
                          schedule=args.schedule if args.mode == "pipeline" else "none",
                          num_microbatches=args.microbatches, per_replica_batch=per_replica,
                          name=args.model)

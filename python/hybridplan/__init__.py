@@ -22,7 +22,9 @@ _EXPORTS = {
     # profiler
     "profile": "profiler",
     # executor
-    "apply": "executor",
+    "apply": "executor", "AppliedPlan": "executor",
+    # plans written by hand (examples, tests, benchmarks)
+    "hand_plan": "hand_plan",
 }
 _SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream"}
 

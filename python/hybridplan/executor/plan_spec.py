@@ -59,7 +59,7 @@ def graph_sha256(graph: Any) -> str:
     if sha is not None:
         return sha() if callable(sha) else str(sha)
     try:
-        from .planner import Graph  # needs hybridplan._C
+        from ..planner import Graph  # needs hybridplan._C
     except ImportError:
         Graph = None
     if isinstance(graph, (str, os.PathLike)):
