@@ -117,7 +117,8 @@ class CarryStage(nn.Module):
         out = self.part(*(values[k] for k in self.part_inputs))
         for j, v in enumerate(out if isinstance(out, tuple) else (out,)):
             values[("stage", self.stage, j)] = v
-        return tuple(values[k] for k in self.carry_out)
+        # contiguous: Gloo sends only contiguous tensors (a no-op for those already are)
+        return tuple(values[k].contiguous() for k in self.carry_out)
 
 
 @dataclasses.dataclass
@@ -300,16 +301,16 @@ def export_failure(module: nn.Module, exc: BaseException) -> str:
 def _build_cut(pipe, flat: _FlatCall, num_stages: int) -> StageCut:
     root = pipe.split_gm.graph
     keys: Dict[fx.Node, Any] = {}
-    part_inputs: List[List[ValueKey]] = []
+    part_inputs: List[List[ValueKey]] = [[] for _ in range(num_stages)]
     num_inputs = 0
     output_keys: List[ValueKey] = []
-    for node in root.nodes:
+    for node in root.nodes:  # stages appear where their inputs are ready, not in stage order
         if node.op == "placeholder":
             keys[node] = ("input", num_inputs)
             num_inputs += 1
-        elif node.op == "call_module":
-            s = len(part_inputs)
-            part_inputs.append([keys[a] for a in node.args])
+        elif node.op == "call_module":  # submod_pp_<stage>
+            s = int(node.target.rsplit("_", 1)[1])
+            part_inputs[s] = [keys[a] for a in node.args]
             keys[node] = ("stage", s, 0)
         elif node.op == "call_function":  # getitem on a stage's tuple of outputs
             s = keys[node.args[0]][1]
