@@ -24,9 +24,9 @@ _EXPORTS = {
     # executor
     "apply": "executor", "AppliedPlan": "executor",
     # plans written by hand (examples, tests, benchmarks)
-    "hand_plan": "hand_plan",
+    "hand_plan": "hand_plans",
 }
-_SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream"}
+_SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "hand_plans"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 

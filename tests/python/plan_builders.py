@@ -5,7 +5,7 @@ from typing import Any, Dict
 
 from torch import nn
 
-from hybridplan.hand_plan import even_split, hand_plan, nodes_in_call_order
+from hybridplan.hand_plans import even_split, hand_plan, nodes_in_call_order
 
 __all__ = ["placement_plan", "pipeline_plan", "even_split", "nodes_in_call_order"]
 

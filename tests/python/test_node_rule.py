@@ -14,7 +14,7 @@ from torch import nn
 
 from hybridplan.executor.executor import _check_module
 from hybridplan.executor.plan_spec import parse_plan
-from hybridplan.hand_plan import hand_plan
+from hybridplan.hand_plans import hand_plan
 from hybridplan.profiler import block_list, profile_dict
 
 ROOT = Path(__file__).resolve().parents[2]
