@@ -2,12 +2,14 @@
 
     graph = hybridplan.profile(model, example_inputs, device="cpu")
 
-One node per node module (see block_list.select_nodes: leaf submodules, named by qualified name so
-a plan's assignment maps back onto the modules the executor splits); edges from the real
-dataflow (torch.fx, or forward hooks where fx cannot trace); per node the median forward and
-backward seconds over `repeats` timed steps (see _timing for how a step's time is split: a
+One node per graph node module (block_list: the node rule the executor shares), named by
+qualified name so a plan's assignment maps back onto the module; edges from the real dataflow
+(torch.fx, or forward hooks where fx cannot trace); per node the median forward and backward
+seconds over `repeats` timed steps (see block_timing for how a step's time is split: a
 functional op between modules is charged to the module that consumes its result, forward and
-backward), parameter bytes, output bytes and forward FLOPs.
+backward), parameter bytes, output bytes and forward FLOPs; whether and where the executor can
+cut the module into pipeline stages (stage_split.probe: `pipeline_split`, `cut_before`); and
+parameters several nodes share (`tied_params`).
 
 A step back-propagates all-ones gradients from the output's tensors (the gradient of
 sum(output)); the loss a real job uses adds only its own small cost after the last node.
