@@ -68,7 +68,8 @@ def main(argv=None) -> int:
                          schedule=args.schedule if args.mode == "pipeline" else "none",
                          num_microbatches=args.microbatches, per_replica_batch=per_replica,
                          name=args.model)
-    plan_dict = plan.to_dict() if hasattr(plan, "to_dict") else _read_json(plan)
+    plan_dict = (plan.to_dict() if hasattr(plan, "to_dict")
+                 else plan if isinstance(plan, dict) else _read_json(plan))
     global_batch = args.global_batch or plan_dict["per_replica_batch"] * plan_dict["dp"]
     # a pipeline plan's stages are traced at one replica batch (public API: example_inputs)
     example = model.example_inputs(global_batch // plan_dict["dp"], seed=0)

@@ -128,10 +128,9 @@ def _first_microbatch(spec: PlanSpec, example_inputs: Any, batch_dim: int
 
 
 def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int,
-                  example_inputs: Any = None, batch_dim: int = 0
-                  ) -> Optional[stage_split.StageCut]:
-    """World size, graph hash and module names; in pipeline mode also cuts the stages (which
-    fails where the plan's stages are not contiguous) and returns the cut."""
+                  example_inputs: Any = None, batch_dim: int = 0) -> None:
+    """World size, graph hash, module names and (pipeline) the example inputs: the cheap
+    checks, which every rank agrees on before any rank spends seconds in torch.export."""
     if spec.num_processes != world_size:
         layout = ("one process per replica, world = dp" if spec.mode == "placement"
                   else "one process per device, world = dp * mp")
@@ -143,8 +142,13 @@ def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int
             raise ValueError(f"{spec.source}: graph.sha256 must match the graph applied "
                              f"({sha}) (got {spec.graph_sha256})")
     _check_module(spec, module)
-    if spec.mode != "pipeline":
-        return None
+    if spec.mode == "pipeline":
+        _first_microbatch(spec, example_inputs, batch_dim)
+
+
+def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int
+         ) -> stage_split.StageCut:
+    """The plan's stages (pipeline mode): the export-based cut at one micro-batch."""
     args, kwargs = _first_microbatch(spec, example_inputs, batch_dim)
     return stage_split.split(module, args, kwargs, spec.assignment, spec.mp, spec.source)
 
@@ -326,9 +330,15 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     try:
         plan_sha = sha256_hex(load_plan_dict(plan)[0])
         spec = parse_plan(plan)
-        cut = _local_checks(spec, module, graph, world_size, example_inputs, batch_dim)
+        _local_checks(spec, module, graph, world_size, example_inputs, batch_dim)
     except ValueError as e:
         error = str(e)
     agree_across_ranks(RankReport(rank, plan_sha, error, signature))
+    if spec.mode == "pipeline":  # the cut can fail too (stages not contiguous, export)
+        try:
+            cut = _cut(spec, module, example_inputs, batch_dim)
+        except ValueError as e:
+            error = str(e)
+        agree_across_ranks(RankReport(rank, plan_sha, error, signature))
     return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
                        batch_dim)
