@@ -1,6 +1,7 @@
 """Applies a Plan to a torch.nn.Module inside a torch.distributed job (torchrun).
 
-    hp = hybridplan.apply(plan, model, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    hp = hybridplan.apply(plan, model, optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                          example_inputs=one_replica_batch)   # pipeline plans: the traced shape
     for inputs, target in loader:                 # the global batch, the same on every rank
         loss = hp.step(*hp.shard(inputs, target))  # this replica's share; forward+backward+update
     full = hp.state_dict()                        # the original module's keys, on every rank
@@ -22,8 +23,10 @@ keyword arguments (input_ids=..., attention_mask=...); the module may return a t
 tuple, a dict or a ModelOutput, which loss_fn(output, target) receives as the module returns it.
 
 Training under any plan is the same training as on one device with the global batch (up to
-float reassociation): the loss is mean-reduced, micro-batch losses are scaled by their share of
-the batch, and replicas average their gradients.
+float reassociation): the loss is mean-reduced, micro-batch losses are divided by their number
+(equal micro-batches), replicas average their gradients and tied weights' copies sum theirs.
+BatchNorm: placement (DDP) trains as torch DDP does; a pipeline stage normalises each
+micro-batch alone, as GPipe does (see pipeline).
 """
 
 from __future__ import annotations
