@@ -1,5 +1,5 @@
 """Models people bring (tests/python/user_models.py), end to end: profile -> plan (the
-planner's search on the localhost-cpu preset) -> apply on Gloo ranks -> the trained state_dict
+planner's search on the localhost-cpu preset, given 4 ranks where a kind needs 4 devices) -> apply on Gloo ranks -> the trained state_dict
 equals one-process training (torch.allclose(rtol=1e-4, atol=1e-6)).
 
 Plan kinds, each on 2 ranks: DP (dp=2 x mp=1), placement (dp=2 x mp=2), pipeline GPipe and
@@ -53,11 +53,13 @@ def share(value, parts, index):
 
 # ---- rank side --------------------------------------------------------------------------------
 
-def train_cases(cases, out_dir):
+def train_cases(cases_file, out_dir):
+    """Trains every case of `cases_file` (torch.save'd list; graphs are too long for a command
+    line) in turn on this rank and saves <out_dir>/<id>.rank<r>.pt."""
     import torch.distributed as dist
     import hybridplan
     torch.set_num_threads(1)
-    for case in cases:
+    for case in torch.load(cases_file):
         model, batch, loss_fn = FACTORIES[case["model"]]()
         plan = case["plan"]
         example = share(batch(GLOBAL_BATCH, 100)[0], plan["dp"], 0)
@@ -105,11 +107,19 @@ def reference_state(name, num_microbatches=1):
     return model.state_dict()
 
 
+def localhost_cpu(devices):
+    """The localhost-cpu preset with `devices` CPU ranks (placement dp=2 x mp=2 needs 4)."""
+    import hybridplan
+    cluster = hybridplan.load_cluster("localhost-cpu").to_dict()
+    cluster.update(devices_per_node=devices, name=f"localhost-cpu-{devices}")
+    return cluster
+
+
 def planned(graph, kind):
     """The planner's best plan of this kind (see the module doc for the other schedule)."""
     import hybridplan
     mode, devices, dp, mp, schedule = KINDS[kind]
-    found = hybridplan.search(graph, "localhost-cpu", None, devices=devices, top_k=50,
+    found = hybridplan.search(graph, localhost_cpu(devices), None, devices=devices, top_k=50,
                               modes=[mode]).plans
     fits = [p for p in found if p.dp == dp and p.mp == mp]
     assert fits, f"the planner proposed no {mode} plan with dp={dp}, mp={mp}: {found}"
@@ -144,8 +154,11 @@ def trained(tmp_path_factory):
             by_world.setdefault(world_of(kind), []).append(case)
     failures = {}
     for world, cases in by_world.items():
+        cases_file = out_dir / f"cases-world{world}.pt"
+        torch.save(cases, cases_file)
         results = run_ranks("test_user_models:train_cases", world,
-                            {"cases": cases, "out_dir": str(out_dir)}, timeout_s=900)
+                            {"cases_file": str(cases_file), "out_dir": str(out_dir)},
+                            timeout_s=900)
         if not all(r.returncode == 0 for r in results):
             failures[world] = format_results(results)
     loaded = {}

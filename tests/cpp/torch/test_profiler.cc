@@ -265,7 +265,7 @@ TEST_CASE("profile: bad input throws InputError with a clear message", "[profile
                           Contains("Opaque)"));
   }
   SECTION("a module with children and no parameters of its own (node rule)") {
-    nn::Sequential net(Pair(), nn::ReLU());
+    nn::Sequential net{Pair(), nn::ReLU()};
     CHECK_THROWS_WITH(hybridplan::profile(net, {x}, quick()),
                       Contains("profile: module.0 has children and no parameters of its own, so "
                                "by the node rule its children are the graph nodes") &&
@@ -284,7 +284,7 @@ TEST_CASE("profile: bad input throws InputError with a clear message", "[profile
 
 TEST_CASE("profile: a module holding parameters itself is one node with its children (node rule)",
           "[profiler]") {
-  nn::Sequential net(Scaled(), nn::ReLU(), nn::Linear(3, 2));
+  nn::Sequential net{Scaled(), nn::ReLU(), nn::Linear(3, 2)};
   const Graph g = hybridplan::profile(net, {torch::randn({4, 7})}, quick());
   CHECK(names_of(g) == std::vector<std::string>{"0", "1", "2"});
   CHECK(g.nodes[0].param_bytes == (3 + 7 * 3 + 3) * 4);  // scale, inner.weight, inner.bias
