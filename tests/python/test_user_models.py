@@ -8,7 +8,8 @@ ranks one pipeline schedule above the other for a given model; the other schedul
 planned stages with the plan's "schedule" field switched (its prediction is then stale, which
 the executor does not read).
 
-References: one process on the global batch; for the BatchNorm CNN, DP-like plans (DP and
+The global batch is the plan's (the planner chooses the per-replica batch). References: one
+process on the global batch; for the BatchNorm CNN, DP-like plans (DP and
 placement, both DDP) are compared with torch DDP on the same ranks, and pipeline plans with one
 process that runs the same micro-batches in turn (per-micro-batch statistics, as GPipe does).
 """
@@ -21,7 +22,7 @@ import torch
 from dist_harness import format_results, run_ranks
 from user_models import FACTORIES, call
 
-STEPS, GLOBAL_BATCH, LR, MOMENTUM = 3, 8, 0.05, 0.9
+STEPS, PROFILE_BATCH, LR, MOMENTUM = 3, 8, 0.05, 0.9
 KINDS = {  # kind -> (mode, planner devices, dp, mp, schedule)
     "dp": ("placement", 2, 2, 1, None),
     "placement": ("placement", 4, 2, 2, None),
@@ -62,25 +63,26 @@ def train_cases(cases_file, out_dir):
     for case in torch.load(cases_file):
         model, batch, loss_fn = FACTORIES[case["model"]]()
         plan = case["plan"]
-        example = share(batch(GLOBAL_BATCH, 100)[0], plan["dp"], 0)
+        global_batch = plan["global_batch"]  # the planner's choice
+        example = share(batch(global_batch, 100)[0], plan["dp"], 0)
         hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=sgd, timeout_s=120,
                               graph=case["graph"], example_inputs=example)
         for step in range(STEPS):
-            hp.step(*hp.shard(*batch(GLOBAL_BATCH, 100 + step)))
+            hp.step(*hp.shard(*batch(global_batch, 100 + step)))
         result = {"state": hp.state_dict()}
         if case.get("with_ddp"):
-            result["ddp_state"] = train_torch_ddp(case["model"])
+            result["ddp_state"] = train_torch_ddp(case["model"], global_batch)
         torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()
 
 
-def train_torch_ddp(name):
+def train_torch_ddp(name, global_batch):
     import torch.distributed as dist
     model, batch, loss_fn = FACTORIES[name]()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = sgd(ddp.parameters())
     for step in range(STEPS):
-        inputs, target = batch(GLOBAL_BATCH, 100 + step)
+        inputs, target = batch(global_batch, 100 + step)
         world, rank = dist.get_world_size(), dist.get_rank()
         opt.zero_grad()
         loss_fn(call(ddp, share(inputs, world, rank)), share(target, world, rank)).backward()
@@ -90,14 +92,14 @@ def train_torch_ddp(name):
 
 # ---- test side --------------------------------------------------------------------------------
 
-def reference_state(name, num_microbatches=1):
+def reference_state(name, global_batch, num_microbatches=1):
     """One process on the global batch, in `num_microbatches` equal parts whose mean losses are
     averaged (the same gradient; BatchNorm sees each part alone)."""
     torch.set_num_threads(1)
     model, batch, loss_fn = FACTORIES[name]()
     opt = sgd(model.parameters())
     for step in range(STEPS):
-        inputs, target = batch(GLOBAL_BATCH, 100 + step)
+        inputs, target = batch(global_batch, 100 + step)
         opt.zero_grad()
         for j in range(num_microbatches):
             part = share(inputs, num_microbatches, j)
@@ -142,7 +144,7 @@ def trained(tmp_path_factory):
     by_world, plans = {}, {}
     for name in FACTORIES:
         model, batch, _ = FACTORIES[name]()
-        graph = profile_dict(model, batch(GLOBAL_BATCH, 0)[0], warmup=0, repeats=1,
+        graph = profile_dict(model, batch(PROFILE_BATCH, 0)[0], warmup=0, repeats=1,
                              verbose=False, name=name)
         assert graph["pipeline_split"] == {"supported": True, "reason": ""}, name
         graph = hybridplan.planner.Graph.from_dict(graph)
@@ -181,7 +183,7 @@ def test_plan_trains_like_one_process(trained, name, kind):
         expected = [out["ddp_state"] for out in outs]
     else:
         m = plan["num_microbatches"] if name == "bn_cnn" else 1
-        expected = [reference_state(name, m)] * len(outs)
+        expected = [reference_state(name, plan["global_batch"], m)] * len(outs)
     initial = FACTORIES[name]()[0].state_dict()
     assert any(not torch.equal(expected[0][k], initial[k]) for k in initial)  # it trained
     for out, want in zip(outs, expected):
