@@ -255,10 +255,13 @@ class AppliedPlan:
                                                                           self.plan.source)]
             _check_batch(self.plan, flat)
         loss = self._runner.step(flat, _to(target, self.device))
+        sent = None
+        if self.plan.mp > 1:  # under way while the optimizer steps
+            sent = dist.broadcast(loss, src=self.plan.rank_of(self.replica, self.plan.mp - 1),
+                                  group=self._replica_group, async_op=True)
         self.optimizer.step()
-        if self.plan.mp > 1:
-            dist.broadcast(loss, src=self.plan.rank_of(self.replica, self.plan.mp - 1),
-                           group=self._replica_group)
+        if sent is not None:
+            sent.wait()
         return loss
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
