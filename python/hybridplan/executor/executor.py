@@ -240,6 +240,7 @@ class AppliedPlan:
         tuple of positional or a dict of keyword arguments of forward(); in pipeline mode only
         stage 0 reads the inputs and only the last stage the target, others may pass None).
         Returns the replica's mean loss on every rank (broadcast from its last stage)."""
+        self._settle()
         self.optimizer.zero_grad(set_to_none=True)
         if self.plan.mode == "placement":
             args, kwargs = as_call(inputs)
@@ -255,14 +256,25 @@ class AppliedPlan:
                                                                           self.plan.source)]
             _check_batch(self.plan, flat)
         loss = self._runner.step(flat, _to(target, self.device))
-        sent = None
-        if self.plan.mp > 1:  # under way while the optimizer steps
-            sent = dist.broadcast(loss, src=self.plan.rank_of(self.replica, self.plan.mp - 1),
-                                  group=self._replica_group, async_op=True)
+        self._loss_sent = None
+        if self.plan.mp > 1:  # the last stage sends the loss to the replica's other stages
+            last = self.plan.rank_of(self.replica, self.plan.mp - 1)
+            work = dist.broadcast(loss, src=last, group=self._replica_group, async_op=True)
+            # The sender does not wait for it here: it finishes its schedule before stage 0,
+            # and a rank blocked in a collective took CPU from the ranks still computing on a
+            # shared CPU (+5-10 % step time in bench/bench_executor.py).
+            if self.rank == last:
+                self._loss_sent = work
+            else:
+                work.wait()
         self.optimizer.step()
-        if sent is not None:
-            sent.wait()
         return loss
+
+    def _settle(self) -> None:
+        """Waits for the previous step's loss broadcast (pipeline, last stage; long since sent)."""
+        if getattr(self, "_loss_sent", None) is not None:
+            self._loss_sent.wait()
+            self._loss_sent = None
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
         """The whole model's state, keyed as the original module's state_dict, on every rank
@@ -270,6 +282,7 @@ class AppliedPlan:
         if self.plan.mode == "placement":
             return collections.OrderedDict(
                 (k, v.detach().cpu().clone()) for k, v in self.original.state_dict().items())
+        self._settle()
         parts: List[Optional[Dict[str, torch.Tensor]]] = [None] * self.plan.mp
         dist.all_gather_object(parts, self._runner.local_state(), group=self._replica_group)
         return merge_states(self.original, parts)
