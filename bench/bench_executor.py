@@ -1,8 +1,9 @@
 """Executor overhead against PyTorch's own machinery on the same ranks (not a timed test):
 
   1. DP-only plan (placement, dp=2 x mp=1) vs torch.nn.parallel.DistributedDataParallel
-  2. pipeline plan (dp=1 x mp=2, 1F1B) vs torch.distributed.pipelining's Schedule1F1B running
-     the very same stage modules (the executor's split_module stages)
+  2. pipeline plan (dp=1 x mp=2, 1F1B) vs torch.distributed.pipelining used directly on the same
+     stages: pipeline() with a split point where the plan's stage 1 begins, Pipe.build_stage,
+     Schedule1F1B (the executor runs the same cut through its own stage modules)
 
 Prints the median step time of each and the ratio executor / torch (1.0 = same speed; above 1 =
 the executor is slower). Runs itself under torchrun with 2 local processes (Gloo on CPU):
@@ -23,9 +24,6 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import hybridplan  # noqa: E402
 import hybridplan.models as models  # noqa: E402
-from hybridplan._hand_plan import hand_plan  # noqa: E402
-from hybridplan._plan_spec import parse_plan  # noqa: E402
-from hybridplan._stage_split import build_program  # noqa: E402
 
 
 def parse_args():
@@ -65,7 +63,7 @@ def sgd(params):
 def bench_dp(args):
     """Executor under a DP-only plan vs torch DDP: same model, data, optimizer."""
     model = models.get(args.model, seed=0)
-    plan = hand_plan(model, mode="placement", dp=2, mp=1,
+    plan = hybridplan.hand_plan(model, mode="placement", dp=2, mp=1,
                      per_replica_batch=args.global_batch // 2)
     hp = hybridplan.apply(plan, model, optimizer=sgd)
 
@@ -86,28 +84,28 @@ def bench_dp(args):
 
 
 def bench_pipeline(args):
-    """Executor under a 2-stage 1F1B plan vs Schedule1F1B on the same split_module stages."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    """Executor under a 2-stage 1F1B plan vs Schedule1F1B on torch's own cut at the same point."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    from torch.distributed.pipelining import Schedule1F1B
     model = models.get(args.model, seed=0)
-    plan = hand_plan(model, mode="pipeline", dp=1, mp=2, schedule="1f1b",
-                     num_microbatches=args.microbatches, per_replica_batch=args.global_batch)
-    hp = hybridplan.apply(plan, model, optimizer=sgd)
+    example = model.example_inputs(args.global_batch)
+    plan = hybridplan.hand_plan(model, mode="pipeline", dp=1, mp=2, schedule="1f1b",
+                                num_microbatches=args.microbatches,
+                                per_replica_batch=args.global_batch, example_inputs=example)
+    hp = hybridplan.apply(plan, model, optimizer=sgd, example_inputs=example)
 
     def executor_step(i):
         inputs, target = data(model, args.global_batch, i)
         hp.step(inputs, target)
 
     ref = models.get(args.model, seed=0)
-    program = build_program(ref, parse_plan(plan).assignment, 2)
+    boundary = next(a["name"] for a in plan["assignment"] if a["device"] == 1)
+    micro = tuple(t[: args.global_batch // args.microbatches] for t in example)
+    pipe = pipeline(ref, micro, split_spec={boundary: SplitPoint.BEGINNING})
     rank = dist.get_rank()
-    if any(len(program.stage_inputs[s]) != 1 for s in range(2)) or len(program.consumers) != 1:
-        raise SystemExit(f"bench: {args.model}'s 2-stage cut is not a single-tensor chain, "
-                         f"which Schedule1F1B's PipelineStage needs")
-    stage = PipelineStage(program.submodules[rank], rank, 2, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, args.microbatches,
-                            loss_fn=lambda out, tgt: ref.loss(out[0] if isinstance(out, tuple)
-                                                              else out, tgt))
-    opt = sgd(program.submodules[rank].parameters())
+    stage = pipe.build_stage(rank, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, args.microbatches, loss_fn=ref.loss)
+    opt = sgd(stage.submod.parameters())
 
     def torch_step(i):
         inputs, target = data(ref, args.global_batch, i)

@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT / "python"))
 
 import torch  # noqa: E402
 
-from hybridplan import _timing, _tracing, models  # noqa: E402
+from hybridplan import models  # noqa: E402
+from hybridplan.profiler import block_list, block_timing, dataflow  # noqa: E402
 from hybridplan.profiler import profile_dict  # noqa: E402
 
 CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
@@ -43,7 +44,7 @@ def plain_steps_s(model, inputs, steps, now):
 
 def node_sum_ratio(model, inputs, clock, rounds, steps):
     now = CLOCKS[clock]
-    _timing.retain_freed_memory()  # the allocator policy the profiler sets, for plain steps too
+    block_timing.retain_freed_memory()  # the allocator policy the profiler sets, for plain steps too
     plain_steps_s(model, inputs, 2, now)
     before = plain_steps_s(model, inputs, steps, now)
     ratios, node_sums, profile_s = [], [], []
@@ -77,9 +78,9 @@ def main():
     for name in sorted(models.MODELS):
         model = models.get(name)
         inputs = model.example_inputs(args.batch)
-        nodes = _tracing.select_nodes(model)
-        flow, _ = _tracing.record_dataflow(model, nodes, inputs)
-        same_edges = flow.edges == _tracing.fx_edges(model, nodes, flow)
+        nodes = block_list.select_nodes(model)
+        flow, _ = dataflow.record_dataflow(model, nodes, inputs)
+        same_edges = flow.edges == dataflow.fx_edges(model, nodes, flow)
         for clock in args.clock:
             ratio, lo, hi, node_sum_s, profile_s, graph = node_sum_ratio(
                 model, inputs, clock, args.rounds, args.steps)

@@ -31,7 +31,6 @@ except ImportError:  # run from a source checkout without PYTHONPATH=python
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import hybridplan
 import hybridplan.models as models
-from hybridplan._hand_plan import hand_plan
 
 
 def parse_args(argv=None):
@@ -65,14 +64,19 @@ def main(argv=None) -> int:
         plan = hybridplan.planner.Plan.load(args.plan) if _has_planner() else args.plan
     else:
         per_replica = (args.global_batch or 8 * args.dp) // args.dp
-        plan = hand_plan(model, mode=args.mode, dp=args.dp, mp=args.mp,
+        plan = hybridplan.hand_plan(model, mode=args.mode, dp=args.dp, mp=args.mp,
                          schedule=args.schedule if args.mode == "pipeline" else "none",
                          num_microbatches=args.microbatches, per_replica_batch=per_replica,
                          name=args.model)
-    hp = hybridplan.apply(plan, model, timeout_s=args.timeout_s, optimizer=functools.partial(
-        torch.optim.SGD, lr=args.lr, momentum=args.momentum))
+    plan_dict = (plan.to_dict() if hasattr(plan, "to_dict")
+                 else plan if isinstance(plan, dict) else _read_json(plan))
+    global_batch = args.global_batch or plan_dict["per_replica_batch"] * plan_dict["dp"]
+    # a pipeline plan's stages are traced at one replica batch (public API: example_inputs)
+    example = model.example_inputs(global_batch // plan_dict["dp"], seed=0)
+    hp = hybridplan.apply(plan, model, timeout_s=args.timeout_s, example_inputs=example,
+                          optimizer=functools.partial(torch.optim.SGD, lr=args.lr,
+                                                      momentum=args.momentum))
     spec = hp.plan
-    global_batch = args.global_batch or spec.per_replica_batch * spec.dp
     rank0 = dist.get_rank() == 0
     if rank0:
         print(f"train: {args.model} under a {spec.mode} plan dp={spec.dp} x mp={spec.mp} "
@@ -103,6 +107,11 @@ def main(argv=None) -> int:
             torch.save(state, args.save_state)
     dist.destroy_process_group()
     return 0
+
+
+def _read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _has_planner() -> bool:

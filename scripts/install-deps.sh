@@ -30,3 +30,12 @@ if [ ${#pip_missing[@]} -gt 0 ]; then
   echo "install-deps: pip install ${pip_missing[*]}"
   "$PYTHON" -m pip install -q --disable-pip-version-check "${pip_missing[@]}"
 fi
+
+# transformers (a test dependency: Hugging Face GPT-2 and BERT built from small configs, no
+# weights) requires no torch (its metadata lists huggingface-hub, numpy, packaging, pyyaml,
+# regex, tokenizers, typer, safetensors, tqdm), so it cannot pull in another torch; pinned to
+# the version the tests were written against.
+"$PYTHON" -c "import transformers" >/dev/null 2>&1 || {
+  echo "install-deps: pip install transformers==5.23.0"
+  "$PYTHON" -m pip install -q --disable-pip-version-check "transformers==5.23.0"
+}

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "models/attention_mlp.h"
 #include "models/biglstm.h"
 #include "models/mlp.h"
 #include "models/small_cnn.h"
@@ -17,6 +18,10 @@ using Factory = std::function<BuiltinModel(int64_t batch_size)>;
 // one CPU thread at batch 32), which the profile-agreement check needs.
 const std::map<std::string, Factory>& factories() {
   static const std::map<std::string, Factory> table = {
+      {"attention_mlp",
+       [](int64_t batch) {
+         return BuiltinModel{"attention_mlp", attention_mlp().ptr(), {torch::randn({batch, 6, 8})}};
+       }},
       {"biglstm",
        [](int64_t batch) {
          BigLstm model;

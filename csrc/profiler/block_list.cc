@@ -52,6 +52,16 @@ class Collector {
       }
       return;
     }
+    // The node rule (block_list.h): a module with children that holds no parameter itself is
+    // not a node, its children are; C++ can call those one by one only in a container or a
+    // BlockList.
+    if (!module->children().empty() && module->named_parameters(/*recurse=*/false).is_empty()) {
+      throw_input_error("profile", "module." + name,
+                        "has children and no parameters of its own, so by the node rule its "
+                        "children are the graph nodes; hold them in a Sequential, ModuleList or "
+                        "ModuleDict, or derive from hybridplan::BlockList",
+                        module->name());
+    }
     if (!callable) callable = known_layer(module);
     if (!callable) {
       throw_input_error("profile", "module." + name,

@@ -1,5 +1,14 @@
 // Blocks: the units the C++ profiler measures, one graph node each.
 //
+// The node rule, the same as the Python profiler's (python/hybridplan/profiler/block_list.py;
+// tests/python/test_node_rule.py holds the two together): a non-root module that has no
+// children, or that holds parameters directly, is one node containing everything inside it
+// (torch::nn::MultiheadAttention, a custom block with weights of its own); a module with
+// children and no parameters of its own is looked through to its children. As far as the C++
+// frontend allows: looking through is possible for containers (below) and BlockLists, so any
+// other such module is an InputError naming it. Parameters held by the root itself belong to
+// no block (the C++ profiler does not charge them).
+//
 // The C++ frontend has no generic `forward` on torch::nn::Module (it is not virtual) and no
 // forward hooks, so the profiler cannot trace an arbitrary module the way the Python profiler
 // does. It needs to be told what the blocks are and how to call each one. `blocks_of` derives

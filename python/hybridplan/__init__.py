@@ -23,15 +23,17 @@ _EXPORTS = {
     # profiler
     "profile": "profiler",
     # executor
-    "apply": "executor",
+    "apply": "executor", "AppliedPlan": "executor",
+    # plans written by hand (examples, tests, benchmarks)
+    "hand_plan": "hand_plans",
     # measuring the machine and the model against the cost model
     "calibrate": "calibration", "validate": "validation",
     # statistical efficiency from the gradients
     "noise_scale": "gradient_noise", "NoiseScale": "gradient_noise",
     "critical_batch_job": "noise_scale_job",
 }
-_SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "calibration",
-               "validation", "fitting"}
+_SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "hand_plans",
+               "calibration", "validation", "fitting"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 

@@ -162,7 +162,7 @@ def _tiny_compute_s(warmup: int, repeats: int) -> float:
 
 def _hand_plan(mode: str, dp: int, mp: int, schedule: str = "none", microbatches: int = 1,
                per_replica_batch: int = 2) -> dict:
-    from ._hand_plan import hand_plan
+    from .hand_plans import hand_plan
 
     return hand_plan(_Tiny(), mode=mode, dp=dp, mp=mp, schedule=schedule,
                      num_microbatches=microbatches, per_replica_batch=per_replica_batch,

@@ -5,9 +5,9 @@ from typing import Any, Dict
 
 from torch import nn
 
-from hybridplan._hand_plan import even_split, hand_plan, leaves_in_call_order
+from hybridplan.hand_plans import even_split, hand_plan, nodes_in_call_order
 
-__all__ = ["placement_plan", "pipeline_plan", "even_split", "leaves_in_call_order"]
+__all__ = ["placement_plan", "pipeline_plan", "even_split", "nodes_in_call_order"]
 
 
 def placement_plan(module: nn.Module, dp: int, mp: int, **kw) -> Dict[str, Any]:

@@ -21,7 +21,8 @@ def apply_rank(plans: list, model_kwargs: list) -> None:
     model = models.branchy_cnn(seed=0, **model_kwargs[rank])
     started = time.monotonic()
     try:
-        hybridplan.apply(plans[rank], model, timeout_s=APPLY_TIMEOUT_S)
+        hybridplan.apply(plans[rank], model, timeout_s=APPLY_TIMEOUT_S,
+                         example_inputs=model.example_inputs(plans[rank]["per_replica_batch"]))
     finally:
         print(f"apply returned or raised after {time.monotonic() - started:.1f}s", flush=True)
     print("applied", flush=True)

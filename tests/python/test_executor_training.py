@@ -66,8 +66,10 @@ def train_cases(cases: list, out_dir: str) -> None:
     for case in cases:
         name = case["name"]
         model = build(name)
+        per_replica = case["plan"]["per_replica_batch"]
+        example = tuple(t[:per_replica] for t in batch(model, 0)[0])
         hp = hybridplan.apply(case["plan"], model, optimizer=sgd, timeout_s=60,
-                              graph=case.get("graph"))
+                              graph=case.get("graph"), example_inputs=example)
         losses = []
         for step in range(STEPS):
             inputs, target = batch(model, step)

@@ -1,5 +1,5 @@
-"""The executor's pure parts, without a process group: plan parsing, the stage cut, schedules,
-gradient buckets and the cross-rank judgement."""
+"""The executor's pure parts, without a process group: plan parsing, plan-vs-module checks, the
+export-based stage cut (profiler.stage_split) and the cross-rank judgement."""
 
 import copy
 import json
@@ -9,13 +9,12 @@ import torch
 from torch import nn
 
 import hybridplan.models as models
-from hybridplan import _grad_sync, _schedules
-from hybridplan._dist_checks import RankReport, judge, param_signature
-from hybridplan._pipeline import split_microbatches
-from hybridplan._plan_spec import parse_plan, sha256_hex
-from hybridplan._stage_split import build_program, get_attr, stage_parameters
-from hybridplan.executor import _check_module, _local_checks
-from plan_builders import leaves_in_call_order, pipeline_plan, placement_plan
+from hybridplan.executor.executor import _check_module, _first_microbatch, _local_checks
+from hybridplan.executor.pipeline import merge_states
+from hybridplan.executor.plan_spec import parse_plan, sha256_hex
+from hybridplan.executor.rank_agreement import RankReport, judge, param_signature
+from hybridplan.profiler import stage_split
+from plan_builders import nodes_in_call_order, pipeline_plan, placement_plan
 
 
 def small_cnn():
@@ -56,17 +55,17 @@ def test_unreadable_plan_path_is_named(tmp_path):
 
 # ---- plan against module and job --------------------------------------------------------------
 
-def test_assignment_names_must_be_leaf_modules():
+def test_assignment_names_must_be_graph_nodes():
     model = small_cnn()
     plan = placement_plan(model, dp=1, mp=2)
     plan["assignment"][0]["name"] = "stem.convv"
     with pytest.raises(ValueError) as e:
         _check_module(parse_plan(plan), model)
-    assert "assignment names must be leaf modules of BranchyCNN (got 1 unknown: ['stem.convv'])" \
+    assert "assignment names must be graph nodes of BranchyCNN (got 1 unknown: ['stem.convv'])" \
         in str(e.value)
 
 
-def test_every_leaf_with_parameters_must_be_assigned():
+def test_every_node_with_parameters_must_be_assigned():
     model = small_cnn()
     plan = placement_plan(model, dp=1, mp=2)
     plan["assignment"] = [a for a in plan["assignment"] if a["name"] != "fc"]
@@ -103,18 +102,34 @@ def test_apply_outside_a_distributed_job_says_so(monkeypatch):
         hybridplan.apply(placement_plan(model, dp=1, mp=1), model)
 
 
-def test_decreasing_stages_are_rejected():
+def _cut(model, stage_of, mp, batch=2):
+    return stage_split.split(model, model.example_inputs(batch), {}, stage_of, mp)
+
+
+def test_stages_must_be_contiguous_in_execution_order():
     model = small_cnn()
-    names = leaves_in_call_order(model)
-    stages = {n: 0 for n in names}
-    stages["stem.conv"] = 1  # stem.norm (stage 0) reads stem.conv's output
+    names = nodes_in_call_order(model)
+    stages = {n: 0 if i < len(names) // 2 else 1 for i, n in enumerate(names)}
+    stages[names[1]] = 1  # names[2] (stage 0) runs after it
     with pytest.raises(ValueError) as e:
-        build_program(model, stages, 2)
-    assert "assignment stage of 'stem.norm' must be >= the stage of its input 'stem_conv'" \
-        in str(e.value)
+        _cut(model, stages, 2)
+    assert (f"plan: assignment must be contiguous in execution order: module '{names[2]}' "
+            f"(stage 0) runs after module '{names[1]}' (stage 1)") in str(e.value)
 
 
-# ---- the stage cut ----------------------------------------------------------------------------
+def test_a_stage_without_operations_is_named():
+    model = small_cnn()
+    names = nodes_in_call_order(model)
+    with pytest.raises(ValueError, match="plan: assignment stage 2 must run an operation"):
+        _cut(model, {n: 0 if i < 3 else 1 for i, n in enumerate(names)}, 3)
+
+
+def _run_stages(cut, args, kwargs=None):
+    values = cut.flatten_inputs(args, kwargs or {})
+    for stage in cut.stages:
+        values = stage(*values)
+    return cut.unflatten_outputs(values)
+
 
 @pytest.mark.parametrize("name,mp", [("branchy_cnn", 3), ("gnmt_lstm", 3), ("biglstm", 2)])
 def test_stages_compose_to_the_original_forward(name, mp):
@@ -123,87 +138,111 @@ def test_stages_compose_to_the_original_forward(name, mp):
               "biglstm": dict(vocab_size=64, embed_size=8, hidden_size=16, seq_len=4)}[name]
     model = models.get(name, seed=0, **kwargs)
     plan = pipeline_plan(model, dp=1, mp=mp, schedule="gpipe", num_microbatches=1)
-    program = build_program(model, parse_plan(plan).assignment, mp)
+    cut = _cut(model, parse_plan(plan).assignment, mp, batch=3)
     inputs = model.example_inputs(3)
-    values = {}
-    for s in range(mp):
-        def resolve(key):
-            return {"input": lambda: inputs[key[1]], "attr": lambda: get_attr(model, key[1]),
-                    "stage": lambda: values[key]}[key[0]]()
-        for i, out in enumerate(program.submodules[s](*map(resolve, program.stage_inputs[s]))):
-            values[("stage", s, i)] = out
-    torch.testing.assert_close(values[program.output], model(*inputs), rtol=0, atol=0)
-    # every value a stage reads from another stage is sent to it by exactly its producer
-    for s in range(mp):
-        for key in program.stage_inputs[s]:
-            if key[0] == "stage" or (key[0] == "input" and s > 0):
-                assert s in program.consumers[key] and program.producer[key] != s
-    # the stages' parameters partition the model's parameters
-    owned = [k for s in range(mp) for k, _ in stage_parameters(model, program, s)]
+    torch.testing.assert_close(_run_stages(cut, inputs), model(*inputs), rtol=0, atol=0)
+    # every stage receives exactly what its predecessor sends, with the metadata given
+    for s in range(1, mp):
+        assert cut.stages[s].carry_in == cut.stages[s - 1].carry_out
+        assert [m.shape for m in cut.carry_meta[s]] == [
+            t.shape for t in cut.stages[s].carry_in and _carried(cut, inputs, s)]
+    # the stages' parameters and buffers partition the model's
+    owned = [stage_split.original_name(k) for st in cut.stages for k in st.state_dict()]
     assert sorted(owned) == sorted(model.state_dict())
 
 
-def test_skip_connection_is_sent_straight_to_its_consumer():
-    """x from stage 0 is read by stage 2: it travels 0 -> 2, not through stage 1."""
+def _carried(cut, inputs, upto):
+    values = cut.flatten_inputs(inputs, {})
+    for stage in cut.stages[:upto]:
+        values = stage(*values)
+    return values
+
+
+def test_values_skip_no_stage_and_batch_inputs_reach_later_stages():
+    """h from stage 0 is read on stage 2 and x (a batch input) on stage 1: stage 1 passes h on,
+    stage 0 passes x on (torch's traced stages support neither)."""
     class Skip(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+            self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(8, 4), nn.Linear(4, 4)
 
         def forward(self, x):
             h = self.a(x)
-            return self.b(h) + self.c(h)  # c (stage 2) reads h (stage 0) directly
-    program = build_program(Skip(), {"a": 0, "b": 1, "c": 2}, 3)
-    h = ("stage", 0, 0)
-    assert program.consumers[h] == [1, 2]
-    assert program.received_by(1) == [h] and program.sent_by(1) == [("stage", 1, 0)]
-    assert program.received_by(2) == [h, ("stage", 1, 0)]
+            return self.b(torch.cat([h, x], dim=1)) + self.c(h)
+    model = Skip()
+    cut = stage_split.split(model, (torch.randn(2, 4),), {}, {"a": 0, "b": 1, "c": 2}, 3)
+    x, h = ("input", 0), ("stage", 0, 0)
+    assert set(cut.stages[0].carry_out) == {x, h} and h in cut.stages[1].carry_out
+    inputs = (torch.randn(2, 4),)
+    torch.testing.assert_close(_run_stages(cut, inputs), model(*inputs), rtol=0, atol=0)
 
 
-def test_parameter_free_leaves_may_be_left_out():
+def test_keyword_inputs_and_structured_outputs():
+    class Dicty(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x, mask=None, scale=2.0):
+            h = self.a(x) * mask
+            return {"logits": self.b(h) * scale, "hidden": (h, None)}
+    model = Dicty()
+    x, mask = torch.randn(2, 4), torch.ones(2, 4)
+    cut = stage_split.split(model, (x,), {"mask": mask, "scale": 2.0}, {"a": 0, "b": 1}, 2)
+    out = _run_stages(cut, (x,), {"mask": mask, "scale": 2.0})
+    expected = model(x, mask=mask)
+    assert out["hidden"][1] is None
+    torch.testing.assert_close(out["logits"], expected["logits"], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="non-tensor input 2 must equal the example's"):
+        cut.flatten_inputs((x,), {"mask": mask, "scale": 3.0})
+
+
+def test_tied_weights_are_copied_onto_each_stage_and_listed():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.mid, self.head = nn.Embedding(8, 4), nn.Linear(4, 4), nn.Linear(4, 8)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.head(self.mid(self.embed(ids)))
+    model = Tied()
+    cut = stage_split.split(model, (torch.randint(0, 8, (2, 3)),), {},
+                            {"embed": 0, "mid": 0, "head": 1}, 2)
+    assert cut.tied == [{0: "module.embed.weight", 1: "module.head.weight"}]
+    copies = [cut.stages[s].part.get_parameter(cut.tied[0][s]) for s in (0, 1)]
+    assert copies[0] is not copies[1] and torch.equal(copies[0], copies[1])
+    # stage 0 keeps no unused alias of the tied weight (no parameter without a gradient)
+    assert [k for k, _ in cut.stages[0].named_parameters()] == [
+        "part.module.embed.weight", "part.module.mid.weight", "part.module.mid.bias"]
+    # a state_dict merged from the stages names both tied keys
+    parts = [{stage_split.original_name(k): v for k, v in st.state_dict().items()}
+             for st in cut.stages]
+    merged = merge_states(model, parts)
+    assert list(merged) == list(model.state_dict())
+    torch.testing.assert_close(merged["head.weight"], merged["embed.weight"])
+
+
+def test_parameter_free_nodes_may_be_left_out():
     model = small_cnn()
     plan = pipeline_plan(model, dp=1, mp=2, schedule="gpipe", num_microbatches=1)
     plan["assignment"] = [a for a in plan["assignment"] if a["name"] != "pool"]
     spec = parse_plan(plan)
     _check_module(spec, model)
-    program = build_program(model, spec.assignment, 2)
-    assert "pool" in dict(program.submodules[1].named_modules())
+    cut = _cut(model, spec.assignment, 2)
+    inputs = model.example_inputs(2)
+    torch.testing.assert_close(_run_stages(cut, inputs), model(*inputs), rtol=0, atol=0)
 
 
-# ---- schedules, micro-batches, buckets --------------------------------------------------------
-
-def test_gpipe_and_1f1b_action_orders():
-    assert _schedules.actions("gpipe", 2, 0, 3) == [("F", 0), ("F", 1), ("F", 2),
-                                                    ("B", 0), ("B", 1), ("B", 2)]
-    # stage 0 of 2: one warmup forward, then 1F1B, then drain
-    assert _schedules.actions("1f1b", 2, 0, 3) == [("F", 0), ("F", 1), ("B", 0), ("F", 2),
-                                                   ("B", 1), ("B", 2)]
-    assert _schedules.actions("1f1b", 2, 1, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1),
-                                                   ("F", 2), ("B", 2)]
-    for schedule in _schedules.SCHEDULES:
-        for stages, m in [(4, 2), (3, 5)]:
-            for s in range(stages):
-                acts = _schedules.actions(schedule, stages, s, m)
-                assert sorted(acts) == sorted([("F", i) for i in range(m)]
-                                              + [("B", i) for i in range(m)])
-                assert all(acts.index(("F", i)) < acts.index(("B", i)) for i in range(m))
-
-
-def test_microbatch_losses_sum_to_the_full_batch_mean():
-    x, y = torch.randn(7, 3), torch.randint(0, 3, (7,))
-    parts = split_microbatches([x, y, "keep"], 3, 0)
-    assert [p[0].shape[0] for p in parts] == [3, 2, 2] and all(p[2] == "keep" for p in parts)
-    scaled = sum(nn.functional.cross_entropy(px, py) * px.shape[0] / 7 for px, py, _ in parts)
-    torch.testing.assert_close(scaled, nn.functional.cross_entropy(x, y))
-    with pytest.raises(ValueError, match="a batch of 2 samples cannot make num_microbatches=3"):
-        split_microbatches([x[:2]], 3, 0)
-
-
-def test_buckets_split_by_size_and_dtype():
-    ps = [nn.Parameter(torch.zeros(10)), nn.Parameter(torch.zeros(10)),
-          nn.Parameter(torch.zeros(30)), nn.Parameter(torch.zeros(5, dtype=torch.float64))]
-    sizes = [[p.numel() for p in b] for b in _grad_sync.buckets(ps, bucket_bytes=80)]
-    assert sizes == [[10, 10], [30], [5]]  # 80 bytes = 20 floats; a bigger one stands alone
+def test_pipeline_plans_need_equal_microbatches_and_example_inputs():
+    model = small_cnn()
+    spec = parse_plan(pipeline_plan(model, dp=1, mp=2, schedule="gpipe", num_microbatches=3,
+                                    per_replica_batch=8))
+    with pytest.raises(ValueError, match=r"per_replica_batch must be a multiple of "
+                                         r"num_microbatches=3: the stages run equal micro-batches"):
+        _first_microbatch(spec, model.example_inputs(8), 0)
+    with pytest.raises(ValueError, match=r"needs apply\(..., example_inputs=\)"):
+        _first_microbatch(spec, None, 0)
 
 
 # ---- cross-rank judgement ---------------------------------------------------------------------

@@ -6,7 +6,7 @@ import torch
 
 import hybridplan
 from hybridplan import models
-from hybridplan.profiler import _batch_sizes
+from hybridplan.profiler.profile import _batch_sizes
 
 
 def test_default_batch_sizes_halve_the_example_batch():

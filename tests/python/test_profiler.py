@@ -11,7 +11,10 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from hybridplan import _timing, _tracing, models
+from hybridplan import models
+from hybridplan.profiler import block_list
+from hybridplan.profiler import block_timing as _timing
+from hybridplan.profiler import dataflow as _tracing
 from hybridplan.__main__ import main as cli_main
 from hybridplan.profiler import profile_dict
 
@@ -146,7 +149,7 @@ def test_shared_relu_and_inplace_residual(untraceable, capsys):
 @pytest.mark.parametrize("name", sorted(models.MODELS))
 def test_hook_edges_equal_fx_edges_on_builtin_models(name):
     model = models.get(name)
-    nodes = _tracing.select_nodes(model)
+    nodes = block_list.select_nodes(model)
     flow, _ = _tracing.record_dataflow(model, nodes, model.example_inputs(2))
     assert flow.edges == _tracing.fx_edges(model, nodes, flow)
     assert len(flow.edges) >= len(nodes) - 2  # connected: one edge into each non-input node
@@ -165,7 +168,6 @@ def test_lstm_edge_carries_only_the_output_it_reads():
 
 
 def test_rnn_flops_formula_matches_the_counter_and_fills_fused_lstms():
-    from hybridplan import _timing
     from torch.utils.flop_counter import FlopCounterMode
 
     # An LSTM with proj_size runs decomposed on CPU, so the counter sees its matmuls:
@@ -204,7 +206,7 @@ def test_node_selection_and_orphan_parameters():
             return self.fc(self.attn(x + self.pos))
 
     model = Model()
-    assert list(_tracing.select_nodes(model)) == ["attn", "fc"]
+    assert list(block_list.select_nodes(model)) == ["attn", "fc"]
     graph = profile_dict(model, torch.randn(3, 4), warmup=0, repeats=1, verbose=False)
     bytes_by_name = {n["name"]: n["param_bytes"] for n in graph["nodes"]}
     # pos (4 floats) goes to the first node that runs: attn (16 floats of its own)
@@ -359,7 +361,7 @@ def test_no_submodule_runs():
         def forward(self, x):
             return F.linear(x, self.fc.weight, self.fc.bias)
 
-    with pytest.raises(ValueError, match="none of Functional's 1 leaf submodules ran"):
+    with pytest.raises(ValueError, match="none of Functional's 1 graph nodes ran"):
         profile_dict(Functional(), torch.randn(2, 4), verbose=False)
 
 

@@ -49,6 +49,30 @@ struct Opaque : nn::Module {  // no forward the profiler can call through a Modu
   Opaque() { register_parameter("w", torch::ones({2})); }
 };
 
+// Children and no parameter of its own: by the node rule its children are the nodes, which C++
+// cannot call one by one.
+struct PairImpl : nn::Module {
+  nn::Linear a{nullptr}, b{nullptr};
+  PairImpl() {
+    a = register_module("a", nn::Linear(7, 7));
+    b = register_module("b", nn::Linear(7, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return b(a(x)); }
+};
+TORCH_MODULE(Pair);
+
+// Holds a parameter itself and has a child: one node by the node rule.
+struct ScaledImpl : nn::Module {
+  torch::Tensor scale;
+  nn::Linear inner{nullptr};
+  ScaledImpl() {
+    scale = register_parameter("scale", torch::ones({3}));
+    inner = register_module("inner", nn::Linear(7, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return inner(x) * scale; }
+};
+TORCH_MODULE(Scaled);
+
 }  // namespace
 
 TEST_CASE("profile of a Sequential MLP: names, ops, edges and bytes are exact", "[profiler]") {
@@ -240,6 +264,13 @@ TEST_CASE("profile: bad input throws InputError with a clear message", "[profile
                       Contains("profile: module.0 must be a LibTorch layer") &&
                           Contains("Opaque)"));
   }
+  SECTION("a module with children and no parameters of its own (node rule)") {
+    nn::Sequential net{Pair(), nn::ReLU()};
+    CHECK_THROWS_WITH(hybridplan::profile(net, {x}, quick()),
+                      Contains("profile: module.0 has children and no parameters of its own, so "
+                               "by the node rule its children are the graph nodes") &&
+                          Contains("PairImpl)"));
+  }
   SECTION("bad options and inputs") {
     nn::Sequential net(nn::Linear(7, 3));
     ProfileOptions options = quick();
@@ -249,6 +280,14 @@ TEST_CASE("profile: bad input throws InputError with a clear message", "[profile
     CHECK_THROWS_WITH(hybridplan::profile(net, {}, quick()),
                       "profile: inputs must hold 1 to 3 tensors (got 0)");
   }
+}
+
+TEST_CASE("profile: a module holding parameters itself is one node with its children (node rule)",
+          "[profiler]") {
+  nn::Sequential net{Scaled(), nn::ReLU(), nn::Linear(3, 2)};
+  const Graph g = hybridplan::profile(net, {torch::randn({4, 7})}, quick());
+  CHECK(names_of(g) == std::vector<std::string>{"0", "1", "2"});
+  CHECK(g.nodes[0].param_bytes == (3 + 7 * 3 + 3) * 4);  // scale, inner.weight, inner.bias
 }
 
 TEST_CASE("median_s", "[profiler]") {

@@ -1,11 +1,4 @@
-"""Which modules become graph nodes, and which node feeds which (the graph's edges).
-
-Nodes: leaf submodules (no children), plus modules that hold parameters directly while none of
-their descendants do (e.g. an attention module with its own weight and a parameter-free child):
-such a module is one node and its children are not. A parameter-free module called more than
-once per forward (a shared ReLU) is not a node: it is treated like a functional op. Parameters
-held directly by a module whose descendants also hold parameters are charged to its first node
-in execution order.
+"""Which node feeds which (the graph's edges); the nodes themselves are block_list's.
 
 Edges come from the real dataflow, two ways:
 - torch.fx: trace with the node modules as leaves (call_module), then walk each node's
@@ -29,25 +22,6 @@ from torch import nn
 EdgeKey = Tuple[str, str]  # (producer node name, consumer node name)
 
 
-def select_nodes(module: nn.Module) -> Dict[str, nn.Module]:
-    """Qualified name -> module for every node module, in `named_modules` order. A root that is
-    itself a leaf is named after its class (a graph node name must be non-empty)."""
-    nodes: Dict[str, nn.Module] = {}
-
-    def visit(name: str, mod: nn.Module) -> None:
-        children = list(mod.named_children())
-        owns_params = any(True for _ in mod.parameters(recurse=False))
-        children_own_params = any(True for _, c in children for _ in c.parameters())
-        if not children or (owns_params and not children_own_params):
-            nodes[name or type(mod).__name__] = mod
-            return
-        for child_name, child in children:
-            visit(f"{name}.{child_name}" if name else child_name, child)
-
-    visit("", module)
-    return nodes
-
-
 def reused_stateless(nodes: Dict[str, nn.Module], flow: "Dataflow") -> List[str]:
     """Parameter-free node modules called more than once in one forward, like torchvision's
     ResNet blocks calling one self.relu twice. Such a module is a stateless function used in
@@ -57,18 +31,12 @@ def reused_stateless(nodes: Dict[str, nn.Module], flow: "Dataflow") -> List[str]
             if count > 1 and not any(True for _ in nodes[name].parameters())]
 
 
-def orphan_param_bytes(module: nn.Module, nodes: Dict[str, nn.Module]) -> Dict[str, int]:
-    """Owner qualified name -> bytes of parameters held directly by non-node modules."""
-    node_modules = {id(m) for m in nodes.values()}
-    inside_nodes = {id(sub) for m in nodes.values() for sub in m.modules()}
-    out: Dict[str, int] = {}
-    for name, mod in module.named_modules():
-        if id(mod) in node_modules or id(mod) in inside_nodes:
-            continue
-        total = sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
-        if total:
-            out[name] = total
-    return out
+def orphan_parameters(module: nn.Module, nodes: Dict[str, nn.Module]
+                      ) -> Dict[str, nn.Parameter]:
+    """Qualified name -> parameter, for the parameters inside no node (by the node rule, those
+    the root holds directly: a ViT's class token and position embedding)."""
+    inside = {id(p) for m in nodes.values() for p in m.parameters()}
+    return {name: p for name, p in module.named_parameters() if id(p) not in inside}
 
 
 def tensors_in(value: Any) -> List[torch.Tensor]:
@@ -114,6 +82,8 @@ class Dataflow:
     calls: Dict[str, int] = field(default_factory=dict)      # node name -> times called
     output_tree: Dict[str, Any] = field(default_factory=dict)  # first call's output nbytes_tree
     edges: Dict[EdgeKey, int] = field(default_factory=dict)  # hook-derived edges -> bytes
+    # orphan parameter name -> the first node whose inputs were computed from it
+    param_readers: Dict[str, str] = field(default_factory=dict)
 
 
 class _Producers:
@@ -137,6 +107,16 @@ class _Producers:
                 per_output[t.output_nr] = per_output.get(t.output_nr, 0) + nbytes
             if t.numel() and t.layout == torch.strided and t.device.type != "meta":
                 self.by_storage[t.untyped_storage().data_ptr()] = (name, nbytes)
+
+    def add_parameter(self, name: str, p: torch.Tensor) -> None:
+        """Marks an orphan parameter as a producer: a node whose input is computed from it (a
+        class token concatenated to its input) reads it. Its autograd leaf node (AccumulateGrad)
+        stands for it in the autograd walk."""
+        self.by_id[id(p)] = (name, 0)
+        if p.requires_grad and torch.is_grad_enabled():
+            leaf = p.view_as(p).grad_fn.next_functions[0][0]
+            self._keep_alive.append(leaf)
+            self.by_grad_fn[id(leaf)] = (name, {0: 0})
 
     def producers_of(self, t: torch.Tensor) -> Dict[Tuple[str, Any], int]:
         """(producer, distinguishing key) -> bytes, for the node outputs `t` was computed from."""
@@ -171,11 +151,15 @@ class _Producers:
 
 
 def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
-                    inputs: Sequence[torch.Tensor]) -> Tuple[Dataflow, Any]:
-    """Runs module(*inputs) once with hooks; returns what it saw and the output. A failing
+                    inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None
+                    ) -> Tuple[Dataflow, Any]:
+    """Runs module(*inputs, **kwargs) once with hooks; returns what it saw and the output. A failing
     forward becomes a ValueError naming the node that was running and its input shapes."""
     flow = Dataflow()
     producers = _Producers()
+    orphans = orphan_parameters(module, nodes)
+    for name, p in orphans.items():
+        producers.add_parameter(name, p)
     running: List[Tuple[str, Any]] = []  # (node, input shapes) of nodes entered, not left
 
     def pre_hook(name):
@@ -184,7 +168,9 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
             for t in tensors_in((args, kwargs)):
                 consumed.update(producers.producers_of(t))
             for (src, _), nbytes in consumed.items():
-                if src != name:
+                if src in orphans:
+                    flow.param_readers.setdefault(src, name)
+                elif src != name:
                     flow.edges[(src, name)] = flow.edges.get((src, name), 0) + nbytes
             running.append((name, shapes_of((args, kwargs))))
         return hook
@@ -204,9 +190,10 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
         handles.append(mod.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
         handles.append(mod.register_forward_hook(post_hook(name), with_kwargs=True))
     try:
-        output = module(*inputs)
+        output = module(*inputs, **(kwargs or {}))
     except Exception as exc:  # re-raised as ValueError naming where the forward failed
-        raise ValueError(_forward_failure(module, nodes, flow, running, inputs, exc)) from exc
+        raise ValueError(_forward_failure(module, nodes, flow, running, (inputs, kwargs),
+                                          exc)) from exc
     finally:
         for h in handles:
             h.remove()

@@ -1,7 +1,8 @@
-"""Placement mode: one process per replica; each assigned leaf module lives on the replica
-device the plan gives it, and its inputs follow it there (a forward pre-hook moves tensor
-arguments), so branches on different devices run where the planner put them. The replica is
-then wrapped in DistributedDataParallel over all replicas (world = dp)."""
+"""Placement mode: one process per replica; each assigned graph node (profiler.block_list) lives
+on the replica device the plan gives it, and its inputs follow it there (a forward pre-hook
+moves tensor arguments), so branches on different devices run where the planner put them.
+Parameters the root holds itself (belonging to no node) stay on the replica's device 0. The
+replica is then wrapped in DistributedDataParallel over all replicas (world = dp)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ._bucket_policy import ddp_bucket_kwargs
+from .._bucket_policy import ddp_bucket_kwargs
 
 
 def _move(value: Any, device: torch.device) -> Any:
@@ -32,15 +33,15 @@ def _inputs_follow(device: torch.device):
 
 def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.device]
           ) -> List[torch.utils.hooks.RemovableHandle]:
-    """Moves the module to devices[0], then each assigned leaf to devices[assignment[name]],
+    """Moves the module to devices[0], then each assigned node to devices[assignment[name]],
     with a hook that brings its inputs along. Returns the hook handles."""
     module.to(devices[0])
     handles = []
     for name, k in assignment.items():
-        leaf = module.get_submodule(name)
-        leaf.to(devices[k])
+        node = module.get_submodule(name)
+        node.to(devices[k])
         if len(set(devices)) > 1:  # on one device (e.g. CPU) there is nothing to move
-            handles.append(leaf.register_forward_pre_hook(_inputs_follow(devices[k]),
+            handles.append(node.register_forward_pre_hook(_inputs_follow(devices[k]),
                                                           with_kwargs=True))
     return handles
 

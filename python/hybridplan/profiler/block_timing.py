@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ._tracing import tensors_in
+from .dataflow import tensors_in
 
 
 CLOCKS = ("auto", "wall", "thread", "cuda")
@@ -120,10 +120,11 @@ def backward_roots(output: Any) -> List[torch.Tensor]:
     return [t for t in tensors_in(output) if t.requires_grad]
 
 
-def run_step(module: nn.Module, inputs: Sequence[torch.Tensor]) -> None:
+def run_step(module: nn.Module, inputs: Sequence[Any],
+             kwargs: Optional[Dict[str, Any]] = None) -> None:
     """One forward+backward step as the profiler times it: the output's floating tensors are
     back-propagated with all-ones gradients (the gradient of sum(output))."""
-    roots = backward_roots(module(*inputs))
+    roots = backward_roots(module(*inputs, **(kwargs or {})))
     torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
 
 
@@ -173,12 +174,13 @@ class StepTimer:
             self.backward_owner = name
         return hook
 
-    def step(self, inputs: Sequence[torch.Tensor]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    def step(self, inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None
+             ) -> Tuple[Dict[str, float], Dict[str, float]]:
         self.module.zero_grad(set_to_none=True)
         self._reset()
         self.clock.sync()
         start = self.clock.mark()
-        roots = backward_roots(self.module(*inputs))
+        roots = backward_roots(self.module(*inputs, **(kwargs or {})))
         seeds = [torch.ones_like(t) for t in roots]
         forward_end = self.clock.mark()
         torch.autograd.backward(roots, seeds)
@@ -205,8 +207,8 @@ class StepTimer:
         self._handles = []
 
 
-def count_flops(module: nn.Module, nodes: Dict[str, nn.Module],
-                inputs: Sequence[torch.Tensor]) -> Dict[str, float]:
+def count_flops(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
+                kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
     """Forward FLOPs per node (torch.utils.flop_counter), charged like forward time: a
     functional op's FLOPs (e.g. attention's bmm in a parent's forward) go to the next node.
     RNN nodes are counted by formula (rnn_flops), not by the counter."""
@@ -234,7 +236,7 @@ def count_flops(module: nn.Module, nodes: Dict[str, nn.Module],
         for mod in rnns:
             mod.forward = _outside_dispatch_modes(mod.forward)
         with counter:
-            module(*inputs)
+            module(*inputs, **(kwargs or {}))
     finally:
         for h in handles:
             h.remove()

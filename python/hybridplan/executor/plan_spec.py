@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any, Dict, List, Tuple
 
-from .planner import Graph, Plan, canonical_json
+from ..planner import Graph, Plan, canonical_json
 
 
 def load_plan_dict(plan: Any) -> Tuple[Dict[str, Any], str]:

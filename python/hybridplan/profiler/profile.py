@@ -2,12 +2,14 @@
 
     graph = hybridplan.profile(model, example_inputs, device="cpu")
 
-One node per node module (see _tracing.select_nodes: leaf submodules, named by qualified name so
-a plan's assignment maps back onto the modules the executor splits); edges from the real
-dataflow (torch.fx, or forward hooks where fx cannot trace); per node the median forward and
-backward seconds over `repeats` timed steps (see _timing for how a step's time is split: a
+One node per graph node module (block_list: the node rule the executor shares), named by
+qualified name so a plan's assignment maps back onto the module; edges from the real dataflow
+(torch.fx, or forward hooks where fx cannot trace); per node the median forward and backward
+seconds over `repeats` timed steps (see block_timing for how a step's time is split: a
 functional op between modules is charged to the module that consumes its result, forward and
-backward), parameter bytes, output bytes and forward FLOPs.
+backward), parameter bytes, output bytes and forward FLOPs; whether and where the executor can
+cut the module into pipeline stages (stage_split.probe: `pipeline_split`, `cut_before`); and
+parameters several nodes share (`tied_params`).
 
 A step back-propagates all-ones gradients from the output's tensors (the gradient of
 sum(output)); the loss a real job uses adds only its own small cost after the last node.
@@ -18,12 +20,13 @@ import re
 import statistics
 import sys
 import warnings
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from . import _C, _timing, _tracing
+from .. import _C
+from . import block_list, block_timing, dataflow, stage_split
 
 __all__ = ["profile", "profile_dict"]
 
@@ -31,7 +34,7 @@ __all__ = ["profile", "profile_dict"]
 # than the example batch, so each costs less than the main measurement).
 kBatchTimeBudgetS = 60.0
 
-Inputs = Union[torch.Tensor, Sequence[torch.Tensor]]
+Inputs = Union[torch.Tensor, Sequence[Any], Dict[str, Any]]
 
 
 def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.device] = "cpu",
@@ -40,9 +43,10 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
             clock: str = "auto", retain_freed_memory: bool = True,
             batch_sizes: Union[str, Sequence[int]] = "auto",
             batch_time_budget_s: float = kBatchTimeBudgetS):
-    """Measures `module` on `example_inputs` (a tensor or a tuple of positional inputs; dim 0 of
-    the first is the batch) and returns a hybridplan.planner.Graph. See profile_dict."""
-    from .planner import Graph  # the compiled planner validates the graph
+    """Measures `module` on `example_inputs` (a tensor, a tuple of positional inputs or a dict
+    of keyword inputs; dim 0 of the first tensor is the batch) and returns a
+    hybridplan.planner.Graph. See profile_dict."""
+    from ..planner import Graph  # the compiled planner validates the graph
 
     return Graph.from_dict(profile_dict(module, example_inputs, device=device, warmup=warmup,
                                         repeats=repeats, verbose=verbose, name=name,
@@ -72,7 +76,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
     `name`: the graph's name (default: the module's class name in snake_case).
     `retain_freed_memory`: keep freed memory in the process (glibc mallopt, process-wide, and it
-    stays) so that page faults do not enter op times; see _timing.retain_freed_memory.
+    stays) so that page faults do not enter op times; see block_timing.retain_freed_memory.
 
     Raises ValueError for: a module without parameters, a device that does not exist, inputs
     the module cannot run (naming the module that failed and the shapes), a module none of
@@ -85,45 +89,47 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
         raise ValueError(f"profile: {type(module).__name__} has no trainable parameters: "
                          "nothing to train or plan")
     dev = _check_device(device)
-    clock = _timing.resolve_clock(clock, dev)
-    inputs = _check_inputs(example_inputs, dev)
+    clock = block_timing.resolve_clock(clock, dev)
+    inputs, kwargs = _check_inputs(example_inputs, dev)
     module.to(dev)
     graph_name = name or _snake_case(type(module).__name__)
     log = (lambda msg: print(msg, file=sys.stderr)) if verbose else (lambda msg: None)
 
-    nodes = _tracing.select_nodes(module)
-    flow, output = _tracing.record_dataflow(module, nodes, inputs)
-    reused = _tracing.reused_stateless(nodes, flow)
+    nodes = block_list.select_nodes(module)
+    flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs)
+    reused = dataflow.reused_stateless(nodes, flow)
     if reused:
         log(f"profile {graph_name}: parameter-free modules called more than once are treated "
             f"as functional ops: {', '.join(reused)}")
         nodes = {n: m for n, m in nodes.items() if n not in reused}
-        flow, output = _tracing.record_dataflow(module, nodes, inputs)
+        flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs)
     if not flow.order:
         raise ValueError(
-            f"profile: none of {type(module).__name__}'s {len(nodes)} leaf submodules ran in "
+            f"profile: none of {type(module).__name__}'s {len(nodes)} graph nodes ran in "
             "forward (is the computation done with functional ops on their weights?); the "
             "profiler splits a model by the submodules it calls")
-    if not _timing.backward_roots(output):
+    if not block_timing.backward_roots(output):
         raise ValueError(f"profile: no output of {type(module).__name__} requires grad (got "
-                         f"output shapes {_tracing.shapes_of(output)}): nothing to train or plan")
+                         f"output shapes {dataflow.shapes_of(output)}): nothing to train or plan")
     edges, how = _edges(module, nodes, flow)
     _check_acyclic(flow.order, edges)
     log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
 
-    busy = _timing.busy_cpu_warning(dev, clock)
+    busy = block_timing.busy_cpu_warning(dev, clock)
     if busy:
         warnings.warn(busy, stacklevel=3)
     if retain_freed_memory:
-        _timing.retain_freed_memory()
-    forward_s, backward_s = _measure(module, nodes, inputs, clock, warmup, repeats, verbose,
-                                     graph_name)
-    batch_times = _measure_other_batches(module, nodes, inputs, clock, warmup, repeats, verbose,
-                                         graph_name, _batch_sizes(batch_sizes, inputs),
+        block_timing.retain_freed_memory()
+    forward_s, backward_s = _measure(module, nodes, (inputs, kwargs), clock, warmup, repeats,
+                                     verbose, graph_name)
+    first = _first_tensor(inputs, kwargs)
+    batch_times = _measure_other_batches(module, nodes, (inputs, kwargs), clock, warmup, repeats,
+                                         verbose, graph_name, _batch_sizes(batch_sizes, first),
                                          batch_time_budget_s, log)
-    flops = _timing.count_flops(module, nodes, inputs)
+    flops = block_timing.count_flops(module, nodes, inputs, kwargs)
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
-                   inputs, batch_times)
+                   first, batch_times)
+    _add_pipeline_split(graph, module, flow, inputs, kwargs, log)
     total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
     log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
         f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")
@@ -147,35 +153,69 @@ def _check_device(device: Union[str, torch.device]) -> torch.device:
                      f"devices here: {', '.join(available)}")
 
 
-def _check_inputs(example_inputs: Inputs, dev: torch.device) -> Tuple[torch.Tensor, ...]:
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(
-        example_inputs)
-    if not inputs or not isinstance(inputs[0], torch.Tensor) or inputs[0].dim() == 0:
-        raise ValueError("profile: example_inputs must be a tensor or a tuple of tensors whose "
-                         "first has a batch dimension (got "
-                         f"{[type(x).__name__ for x in inputs]})")
-    return tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
+def _check_inputs(example_inputs: Inputs, dev: torch.device
+                  ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """(args, kwargs) on `dev`; the first tensor must have a batch dimension."""
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), dict(example_inputs)
+    elif isinstance(example_inputs, torch.Tensor):
+        args, kwargs = (example_inputs,), {}
+    else:
+        args, kwargs = tuple(example_inputs), {}
+    first = _first_tensor(args, kwargs)
+    if first is None or first.dim() == 0:
+        raise ValueError("profile: example_inputs must be a tensor, a tuple or a dict of inputs "
+                         "whose first tensor has a batch dimension (got "
+                         f"{[type(x).__name__ for x in (*args, *kwargs.values())]})")
+    move = (lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x)
+    return tuple(move(x) for x in args), {k: move(v) for k, v in kwargs.items()}
 
 
-def _edges(module, nodes, flow) -> Tuple[Dict[_tracing.EdgeKey, int], str]:
+def _first_tensor(args, kwargs) -> Optional[torch.Tensor]:
+    return next((x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), None)
+
+
+def _add_pipeline_split(graph, module, flow, args, kwargs, log) -> None:
+    """Graph `pipeline_split` and nodes' `cut_before` (docs/formats.md): the executor's
+    export-based cut tried at profile time with a stage boundary at every node where one can
+    be, on the first sample of the example (the cut needs the shape of a micro-batch, not its
+    size)."""
+    def first(v):
+        return v[:1] if isinstance(v, torch.Tensor) and v.dim() else v
+    training = module.training
+    try:
+        split, cut_before = stage_split.probe(module, tuple(first(a) for a in args),
+                                              {k: first(v) for k, v in kwargs.items()},
+                                              flow.order)
+    finally:
+        module.train(training)
+    graph["pipeline_split"] = split
+    for node in graph["nodes"]:
+        if not cut_before.get(node["name"], True):
+            node["cut_before"] = False
+    if not split["supported"]:
+        log(f"profile {graph['name']}: no pipeline plans: {split['reason']}")
+
+
+def _edges(module, nodes, flow) -> Tuple[Dict[dataflow.EdgeKey, int], str]:
     """fx edges where the model traces, else the hooks' edges."""
     try:
-        return _tracing.fx_edges(module, nodes, flow), "torch.fx"
+        return dataflow.fx_edges(module, nodes, flow), "torch.fx"
     except Exception as exc:  # any fx failure means: use the hook-based dataflow instead
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return flow.edges, f"forward hooks; torch.fx could not trace: {reason[:120]}"
 
 
-def _measure(module, nodes, inputs, clock, warmup, repeats, verbose, graph_name):
+def _measure(module, nodes, call, clock, warmup, repeats, verbose, graph_name):
     """Median forward and backward seconds per node over `repeats` steps after `warmup`."""
     from tqdm import tqdm
 
-    timer = _timing.StepTimer(module, nodes, clock)
+    timer = block_timing.StepTimer(module, nodes, clock)
     samples: List[Tuple[Dict[str, float], Dict[str, float]]] = []
     try:
         for i in tqdm(range(warmup + repeats), desc=f"profile {graph_name}", unit="step",
                       disable=not verbose, leave=False):
-            step = timer.step(inputs)
+            step = timer.step(*call)
             if i >= warmup:
                 samples.append(step)
     finally:
@@ -186,10 +226,10 @@ def _measure(module, nodes, inputs, clock, warmup, repeats, verbose, graph_name)
     return forward_s, backward_s
 
 
-def _batch_sizes(batch_sizes, inputs) -> List[int]:
+def _batch_sizes(batch_sizes, first: torch.Tensor) -> List[int]:
     """The other batch sizes to measure, smallest first: the small ones cost least and are the
     furthest from the example batch, so they matter most when the budget runs out."""
-    b = int(inputs[0].shape[0])
+    b = int(first.shape[0])
     if isinstance(batch_sizes, str):
         if batch_sizes != "auto":
             raise ValueError(f"profile: batch_sizes must be \"auto\" or a list of batch sizes "
@@ -203,19 +243,21 @@ def _batch_sizes(batch_sizes, inputs) -> List[int]:
     return sizes
 
 
-def _slice_batch(inputs, b: int, size: int):
-    """The first `size` samples of every input whose dim 0 is the batch b."""
-    return tuple(x[:size] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == b
-                 else x for x in inputs)
+def _slice_batch(call, b: int, size: int):
+    """(args, kwargs) with the first `size` samples of every tensor whose dim 0 is the batch b."""
+    def cut(x):
+        return x[:size] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == b else x
+    args, kwargs = call
+    return tuple(cut(x) for x in args), {k: cut(v) for k, v in kwargs.items()}
 
 
-def _measure_other_batches(module, nodes, inputs, clock, warmup, repeats, verbose, graph_name,
+def _measure_other_batches(module, nodes, call, clock, warmup, repeats, verbose, graph_name,
                            sizes, budget_s, log) -> Dict[int, Tuple[Dict[str, float],
                                                                     Dict[str, float]]]:
     """{batch size: (forward_s, backward_s)} for the sizes measured within the time budget."""
     import time
 
-    b = int(inputs[0].shape[0])
+    b = int(_first_tensor(*call).shape[0])
     out = {}
     started = time.monotonic()
     for size in sizes:
@@ -223,7 +265,7 @@ def _measure_other_batches(module, nodes, inputs, clock, warmup, repeats, verbos
             log(f"profile {graph_name}: batch-size budget of {budget_s:.0f} s spent; not "
                 f"measured: {sizes[len(out):]}")
             break
-        out[size] = _measure(module, nodes, _slice_batch(inputs, b, size), clock, warmup,
+        out[size] = _measure(module, nodes, _slice_batch(call, b, size), clock, warmup,
                              repeats, verbose, f"{graph_name} b={size}")
     if out:
         log(f"profile {graph_name}: also measured at batch sizes "
@@ -231,25 +273,26 @@ def _measure_other_batches(module, nodes, inputs, clock, warmup, repeats, verbos
     return out
 
 
-def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev, inputs,
+def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev, first,
            batch_times=None):
     ids = {name: i for i, name in enumerate(flow.order)}
-    param_bytes = _param_bytes(module, nodes, flow.order)
+    param_bytes = _param_bytes(module, nodes, flow)
     floating = [p.dtype for p in module.parameters() if p.is_floating_point()]
-    dtype = str(floating[0] if floating else inputs[0].dtype).replace("torch.", "")
+    dtype = str(floating[0] if floating else first.dtype).replace("torch.", "")
     return {
         "schema_version": 1, "kind": "hybridplan.graph", "name": graph_name,
-        "profiled": {"device": str(dev), "batch_size": int(inputs[0].shape[0]), "dtype": dtype},
+        "profiled": {"device": str(dev), "batch_size": int(first.shape[0]), "dtype": dtype},
         "nodes": [{"id": ids[n], "name": n, "op": _snake_case(type(nodes[n]).__name__),
                    "forward_s": forward_s[n], "backward_s": backward_s[n],
                    "param_bytes": param_bytes[n],
-                   "output_bytes": _tracing.tree_total(flow.output_tree[n]),
+                   "output_bytes": dataflow.tree_total(flow.output_tree[n]),
                    "flops": flops.get(n, 0.0),
                    **_batch_times_of(n, batch_times)} for n in flow.order],
         "edges": [{"src": ids[s], "dst": ids[d], "bytes": int(b)}
                   for (s, d), b in sorted(edges.items(), key=lambda e: (ids[e[0][0]],
                                                                        ids[e[0][1]]))
                   if s in ids and d in ids],
+        "tied_params": _tied_params(nodes, flow.order, ids),
     }
 
 
@@ -261,25 +304,40 @@ def _batch_times_of(name: str, batch_times) -> Dict[str, Any]:
                             for size, (f, bw) in sorted(batch_times.items())]}
 
 
-def _param_bytes(module, nodes, order) -> Dict[str, int]:
-    """Bytes of each node's parameters (a tied parameter counts once, at its first node);
-    parameters held by non-node modules go to the owner's first node in execution order."""
+def _param_bytes(module, nodes, flow) -> Dict[str, int]:
+    """Bytes of each node's parameters. A parameter several nodes hold (tied weights such as
+    GPT-2's wte/lm_head) counts once, at its first node in execution order (_tied_params lists
+    it for the others); a parameter inside no node (block_list: held by the root) goes to the
+    first node that reads it, else to the first node."""
     seen = set()
     out = {}
-    for name in order:
+    for name in flow.order:
         total = 0
         for p in nodes[name].parameters():
             if id(p) not in seen:
                 seen.add(id(p))
                 total += p.numel() * p.element_size()
         out[name] = total
-    for owner, nbytes in _tracing.orphan_param_bytes(module, nodes).items():
-        inside = [n for n in order if owner == "" or n.startswith(owner + ".")]
-        out[(inside or order)[0]] += nbytes
+    for name, p in dataflow.orphan_parameters(module, nodes).items():
+        out[flow.param_readers.get(name, flow.order[0])] += p.numel() * p.element_size()
     return out
 
 
-def _check_acyclic(order: List[str], edges: Dict[_tracing.EdgeKey, int]) -> None:
+def _tied_params(nodes, order, ids) -> List[Dict[str, Any]]:
+    """[{"nodes": [ids], "bytes": n}] for each parameter held by more than one node: a stage
+    holding any of those nodes holds a copy of it (docs/formats.md, Graph tied_params)."""
+    holders: Dict[int, List[str]] = {}
+    tensors: Dict[int, torch.Tensor] = {}
+    for name in order:
+        for p in nodes[name].parameters():
+            holders.setdefault(id(p), []).append(name)
+            tensors[id(p)] = p
+    return [{"nodes": [ids[n] for n in names],
+             "bytes": tensors[key].numel() * tensors[key].element_size()}
+            for key, names in holders.items() if len(names) > 1]
+
+
+def _check_acyclic(order: List[str], edges: Dict[dataflow.EdgeKey, int]) -> None:
     """Kahn's algorithm; a module with parameters called in two places can close a cycle."""
     succs: Dict[str, List[str]] = {n: [] for n in order}
     indegree = {n: 0 for n in order}

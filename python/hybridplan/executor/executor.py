@@ -1,0 +1,363 @@
+"""Applies a Plan to a torch.nn.Module inside a torch.distributed job (torchrun).
+
+    hp = hybridplan.apply(plan, model, optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                          example_inputs=one_replica_batch)   # pipeline plans: the traced shape
+    for inputs, target in loader:                 # the global batch, the same on every rank
+        loss = hp.step(*hp.shard(inputs, target))  # this replica's share; forward+backward+update
+    full = hp.state_dict()                        # the original module's keys, on every rank
+
+apply() initialises the default process group if needed (env:// rendezvous as torchrun sets it
+up; Gloo on CPU, NCCL for CUDA tensors), checks the plan against the module and the job, makes
+every rank agree on plan and parameter shapes, builds the process groups the plan needs, then:
+
+  placement  (one process per replica, rank = replica, world = dp): each assigned graph node
+             moves to its replica device, inputs follow, and the replica is wrapped in
+             DistributedDataParallel over the replicas (see placement).
+  pipeline   (one process per device, rank = replica * mp + stage, world = dp * mp): the module
+             is cut into the plan's stages by torch.export (profiler.stage_split) and this
+             rank's stage runs in torch.distributed.pipelining's PipelineStage under its GPipe
+             or 1F1B schedule, wrapped in DDP over its DP group {r * mp + stage} (see pipeline).
+
+Inputs as users have them: `inputs` is a tensor, a tuple of positional arguments or a dict of
+keyword arguments (input_ids=..., attention_mask=...); the module may return a tensor, a
+tuple, a dict or a ModelOutput, which loss_fn(output, target) receives as the module returns it.
+
+Training under any plan is the same training as on one device with the global batch (up to
+float reassociation): the loss is mean-reduced, micro-batch losses are divided by their number
+(equal micro-batches), replicas average their gradients and tied weights' copies sum theirs.
+BatchNorm: placement (DDP) trains as torch DDP does; a pipeline stage normalises each
+micro-batch alone, as GPipe does (see pipeline).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import functools
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..profiler import block_list, stage_split
+from . import placement
+from .pipeline import PipelineRunner, merge_states
+from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
+from .rank_agreement import RankReport, agree_across_ranks, param_signature
+
+__all__ = ["apply", "AppliedPlan"]
+
+kDefaultTimeoutS = 300.0
+_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _init_process_group(timeout: datetime.timedelta) -> None:
+    if dist.is_initialized():
+        return
+    missing = [k for k in _ENV if k not in os.environ]
+    if missing:
+        raise ValueError(f"hybridplan.apply must run inside a torch.distributed job (launch with "
+                         f"torchrun): environment variables {missing} are not set")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "cpu:gloo,cuda:nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(backend, timeout=timeout)
+
+
+def _device(spec: PlanSpec, global_device: int) -> torch.device:
+    """cuda:<local index> for mesh entry node * devices_per_node + local; CPU without CUDA."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", global_device % spec.devices_per_node)
+    return torch.device("cpu")
+
+
+def _check_module(spec: PlanSpec, module: nn.Module) -> None:
+    """Assignment names must be graph nodes of `module` (profiler.block_list), and every node
+    that holds parameters or buffers must be assigned (parameter-free nodes may be left out:
+    they run where their inputs are, like functional ops)."""
+    nodes = block_list.select_nodes(module)
+    unknown = sorted(set(spec.assignment) - set(nodes))
+    if unknown:
+        raise ValueError(f"{spec.source}: assignment names must be graph nodes of "
+                         f"{type(module).__name__} (got {len(unknown)} unknown: "
+                         f"{unknown[:5]})")
+    stateful = [n for n, m in nodes.items()
+                if any(True for _ in m.parameters()) or any(True for _ in m.buffers())]
+    missing = [n for n in stateful if n not in spec.assignment]
+    if missing:
+        raise ValueError(f"{spec.source}: assignment must place every graph node that holds "
+                         f"parameters; missing {len(missing)} of {type(module).__name__}: "
+                         f"{missing[:5]}")
+
+
+def as_call(inputs: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """(args, kwargs) from a tensor, a tuple/list of positional arguments or a dict of keyword
+    arguments."""
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _first_microbatch(spec: PlanSpec, example_inputs: Any, batch_dim: int
+                      ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """One micro-batch of the example: the shape the stages are traced at."""
+    if example_inputs is None:
+        raise ValueError(f"{spec.source}: a pipeline plan needs apply(..., example_inputs=) (one "
+                         "replica batch): its stages are cut by torch.export at that shape")
+    if batch_dim != 0:
+        raise ValueError(f"{spec.source}: pipeline plans cut micro-batches along dimension 0, "
+                         f"as torch.distributed.pipelining does (got batch_dim={batch_dim})")
+    m, b = spec.num_microbatches, spec.per_replica_batch
+    if b % m:
+        raise ValueError(f"{spec.source}: per_replica_batch must be a multiple of "
+                         f"num_microbatches={m}: the stages run equal micro-batches (got {b})")
+
+    def part(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        if v.dim() == 0 or v.shape[0] != b:
+            raise ValueError(f"{spec.source}: example_inputs tensors must hold per_replica_batch"
+                             f"={b} samples along dim 0 (got shape {list(v.shape)})")
+        return v[: b // m]
+    args, kwargs = as_call(example_inputs)
+    return tuple(part(v) for v in args), {k: part(v) for k, v in kwargs.items()}
+
+
+def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int,
+                  example_inputs: Any = None, batch_dim: int = 0) -> None:
+    """World size, graph hash, module names and (pipeline) the example inputs: the cheap
+    checks, which every rank agrees on before any rank spends seconds in torch.export."""
+    if spec.num_processes != world_size:
+        layout = ("one process per replica, world = dp" if spec.mode == "placement"
+                  else "one process per device, world = dp * mp")
+        raise ValueError(f"{spec.source}: {spec.mode} plan needs world size {spec.num_processes} "
+                         f"({layout}; dp={spec.dp}, mp={spec.mp}) (got world size {world_size})")
+    if graph is not None:
+        sha = graph_sha256(graph)
+        if sha != spec.graph_sha256:
+            raise ValueError(f"{spec.source}: graph.sha256 must match the graph applied "
+                             f"({sha}) (got {spec.graph_sha256})")
+    _check_module(spec, module)
+    if spec.mode == "pipeline":
+        _first_microbatch(spec, example_inputs, batch_dim)
+
+
+def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int
+         ) -> stage_split.StageCut:
+    """The plan's stages (pipeline mode): the export-based cut at one micro-batch."""
+    args, kwargs = _first_microbatch(spec, example_inputs, batch_dim)
+    return stage_split.split(module, args, kwargs, spec.assignment, spec.mp, spec.source)
+
+
+class AppliedPlan:
+    """A module trained under a plan on this rank. Attributes: `module` (this rank's part: the
+    whole replica in placement mode, the stage module in pipeline mode), `plan` (PlanSpec),
+    `rank`, `replica`, `stage`, `optimizer`, `predicted_step_s`."""
+
+    def __init__(self, spec: PlanSpec, original: nn.Module, cut: Optional[stage_split.StageCut],
+                 loss_fn: Callable, optimizer: Union[Callable, torch.optim.Optimizer, None],
+                 timeout: datetime.timedelta, batch_dim: int):
+        self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
+        self.rank = dist.get_rank()
+        self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
+        self.predicted_step_s = spec.predicted_step_s
+        self._timeout = timeout
+        if spec.mode == "placement":
+            self._init_placement()
+        else:
+            self._init_pipeline(cut)
+        self.optimizer = self._make_optimizer(optimizer)
+
+    # ---- construction ---------------------------------------------------------------------------
+    def _init_placement(self) -> None:
+        spec = self.plan
+        self.devices = [_device(spec, g) for g in spec.mesh[self.replica]]
+        self._hooks = placement.place(self.original, spec.assignment, self.devices)
+        self.ddp = placement.wrap_ddp(self.original, self.devices)
+        self.module = self.original
+        self._params = list(self.original.parameters())
+
+    def _new_groups(self, rank_lists: List[List[int]]) -> List[Any]:
+        """One process group per rank list; every rank creates every group, in the same order
+        (new_group is collective)."""
+        return [dist.new_group(ranks, timeout=self._timeout) for ranks in rank_lists]
+
+    def _init_pipeline(self, cut: stage_split.StageCut) -> None:
+        spec = self.plan
+        dp_groups = self._new_groups([spec.dp_group_ranks(s) for s in range(spec.mp)])
+        replica_groups = self._new_groups([spec.replica_ranks(r) for r in range(spec.dp)])
+        # per tied parameter, per replica: the ranks of the stages holding a copy
+        tie_groups = [self._new_groups([[spec.rank_of(r, s) for s in sorted(uses)]
+                                        for r in range(spec.dp)]) for uses in cut.tied]
+        self._replica_group = replica_groups[self.replica]
+        self.device = _device(spec, spec.mesh[self.replica][self.stage])
+        self._runner = PipelineRunner(
+            cut, self.stage, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
+            self._replica_group, dp_groups[self.stage], spec.dp,
+            {i: groups[self.replica] for i, groups in enumerate(tie_groups)})
+        self._cut = cut
+        self.module = self._runner.module
+        self._params = self._runner.parameters()
+
+    def _make_optimizer(self, optimizer) -> torch.optim.Optimizer:
+        if isinstance(optimizer, torch.optim.Optimizer):
+            if self.plan.mode == "pipeline" and self._cut.tied:
+                raise ValueError("hybridplan.apply: with tied weights across pipeline stages "
+                                 "pass an optimizer factory (each stage steps its own copy)")
+            return optimizer  # parameters of other stages get no grad, so it skips them
+        factory = optimizer or functools.partial(torch.optim.SGD, lr=0.01)
+        params = [p for p in self._params if p.requires_grad]
+        if not params:  # a stage without parameters still takes part in the schedule
+            params = [nn.Parameter(torch.zeros(0, device=self._first_device()))]
+        return factory(params)
+
+    def _first_device(self) -> torch.device:
+        return self.devices[0] if self.plan.mode == "placement" else self.device
+
+    # ---- training -------------------------------------------------------------------------------
+    def shard(self, inputs: Any, target: Any = None) -> Tuple[Any, Any]:
+        """This replica's share (1/dp along batch_dim) of a global batch of inputs (a tensor, a
+        tuple or a dict, see apply) and target, in the same form."""
+        def part(v):
+            if isinstance(v, torch.Tensor):
+                return torch.tensor_split(v, self.plan.dp, dim=self.batch_dim)[self.replica]
+            return v
+        if isinstance(inputs, dict):
+            return {k: part(v) for k, v in inputs.items()}, part(target)
+        if isinstance(inputs, (tuple, list)):
+            return tuple(part(v) for v in inputs), part(target)
+        return part(inputs), part(target)
+
+    def step(self, inputs: Any, target: Any) -> torch.Tensor:
+        """Forward, backward and optimizer step on this replica's batch (`inputs`: a tensor, a
+        tuple of positional or a dict of keyword arguments of forward(); in pipeline mode only
+        stage 0 reads the inputs and only the last stage the target, others may pass None).
+        Returns the replica's mean loss on every rank (broadcast from its last stage)."""
+        self._settle()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.plan.mode == "placement":
+            args, kwargs = as_call(inputs)
+            output = self.ddp(*args, **kwargs)
+            loss = self.loss_fn(output, _to(target, _device_of(output)))
+            loss.backward()
+            self.optimizer.step()
+            return loss.detach()
+        flat = None
+        if self.stage == 0:
+            args, kwargs = as_call(inputs)
+            flat = [_to(t, self.device) for t in self._cut.flatten_inputs(args, kwargs,
+                                                                          self.plan.source)]
+            _check_batch(self.plan, flat)
+        loss = self._runner.step(flat, _to(target, self.device))
+        self._loss_sent = None
+        if self.plan.mp > 1:  # the last stage sends the loss to the replica's other stages
+            last = self.plan.rank_of(self.replica, self.plan.mp - 1)
+            work = dist.broadcast(loss, src=last, group=self._replica_group, async_op=True)
+            # The sender does not wait for it here: it finishes its schedule before stage 0,
+            # and a rank blocked in a collective took CPU from the ranks still computing on a
+            # shared CPU (+5-10 % step time in bench/bench_executor.py).
+            if self.rank == last:
+                self._loss_sent = work
+            else:
+                work.wait()
+        self.optimizer.step()
+        return loss
+
+    def _settle(self) -> None:
+        """Waits for the previous step's loss broadcast (pipeline, last stage; long since sent)."""
+        if getattr(self, "_loss_sent", None) is not None:
+            self._loss_sent.wait()
+            self._loss_sent = None
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        """The whole model's state, keyed as the original module's state_dict, on every rank
+        (pipeline: the stages' tensors gathered over the replica's ranks; CPU copies)."""
+        if self.plan.mode == "placement":
+            return collections.OrderedDict(
+                (k, v.detach().cpu().clone()) for k, v in self.original.state_dict().items())
+        self._settle()
+        parts: List[Optional[Dict[str, torch.Tensor]]] = [None] * self.plan.mp
+        dist.all_gather_object(parts, self._runner.local_state(), group=self._replica_group)
+        return merge_states(self.original, parts)
+
+    def __repr__(self) -> str:
+        return (f"AppliedPlan(mode={self.plan.mode!r}, dp={self.plan.dp}, mp={self.plan.mp}, "
+                f"rank={self.rank}, replica={self.replica}, stage={self.stage})")
+
+
+def _check_batch(spec: PlanSpec, flat: List[Any]) -> None:
+    for t in flat:
+        if t.dim() == 0 or t.shape[0] != spec.per_replica_batch:
+            raise ValueError(f"{spec.source}: a pipeline step takes per_replica_batch="
+                             f"{spec.per_replica_batch} samples per input tensor, the shape its "
+                             f"stages were traced at (got shape {list(t.shape)})")
+
+
+def _device_of(value: Any) -> torch.device:
+    if isinstance(value, torch.Tensor):
+        return value.device
+    if isinstance(value, (tuple, list)) and value:
+        return _device_of(value[0])
+    return torch.device("cpu")
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _default_loss(module: nn.Module) -> Callable:
+    """The module's own `loss(output, target)` (hybridplan.models have one), else mean
+    cross-entropy."""
+    loss = getattr(module, "loss", None)
+    return loss if callable(loss) else F.cross_entropy
+
+
+def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
+          optimizer: Union[Callable, torch.optim.Optimizer, None] = None,
+          timeout_s: float = kDefaultTimeoutS, graph: Any = None,
+          batch_dim: int = 0, example_inputs: Any = None) -> AppliedPlan:
+    """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
+
+    plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
+    module     the full model, built identically on every rank (same parameter shapes).
+    loss_fn    loss(output, target), mean-reduced over the batch; default: module.loss if the
+               module has one, else torch.nn.functional.cross_entropy.
+    optimizer  a factory params -> Optimizer (e.g. functools.partial(torch.optim.Adam, lr=1e-3))
+               or an Optimizer over module.parameters(); default SGD(lr=0.01).
+    timeout_s  timeout of the process groups and of every p2p wait.
+    graph      optional Graph (object, dict or path); its sha256 must equal the plan's.
+    batch_dim  dimension of inputs and target that indexes samples (pipeline plans: 0).
+    example_inputs  pipeline plans: one replica batch as step() receives it (a tensor, tuple or
+               dict); the stages are traced by torch.export at one micro-batch of it, in the
+               module's current train/eval mode, so every step must have that shape.
+
+    Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
+    job's world size, or if ranks hold different plans or parameter shapes.
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    _init_process_group(timeout)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    plan_sha, spec, cut, error = None, None, None, None
+    signature = param_signature(module)  # before the cut, which may copy tied parameters
+    try:
+        plan_sha = sha256_hex(load_plan_dict(plan)[0])
+        spec = parse_plan(plan)
+        _local_checks(spec, module, graph, world_size, example_inputs, batch_dim)
+    except ValueError as e:
+        error = str(e)
+    agree_across_ranks(RankReport(rank, plan_sha, error, signature))
+    if spec.mode == "pipeline":  # the cut can fail too (stages not contiguous, export)
+        try:
+            cut = _cut(spec, module, example_inputs, batch_dim)
+        except ValueError as e:
+            error = str(e)
+        agree_across_ranks(RankReport(rank, plan_sha, error, signature))
+    return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
+                       batch_dim)

@@ -1,0 +1,8 @@
+"""Profiles a torch.nn.Module into a Graph: `profile` (a validated hybridplan Graph) and
+`profile_dict` (its JSON as a dict). Modules named after their C++ twins in csrc/profiler:
+block_list (the node rule), block_timing (splitting a step's time among nodes), profile; plus
+dataflow (edges) and stage_split (where the module can be cut into pipeline stages)."""
+
+from .profile import profile, profile_dict
+
+__all__ = ["profile", "profile_dict"]

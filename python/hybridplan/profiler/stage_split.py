@@ -1,0 +1,380 @@
+"""Cuts a module into pipeline stages with torch.distributed.pipelining's export-based frontend
+(`pipeline()`: torch.export, then split_module at `pipe_split` markers). The executor runs the
+stages it returns; the profiler calls the same cut at profile time to record whether and where
+the model can be cut (docs/formats.md, Graph `pipeline_split` and `cut_before`).
+
+    cut = split(module, args, kwargs, stage_of={"enc0": 0, "enc1": 1, ...}, num_stages=2)
+    cut.stages[s]          stage s as a module of the values it receives (see CarryStage)
+    cut.flatten_inputs(args, kwargs) / cut.unflatten_outputs(tensors)
+
+How the cut is made:
+- The module is exported through `_FlatCall`, which takes the flat list of input tensors
+  (pytree leaves of (args, kwargs), non-tensor leaves fixed to the example's) and returns the
+  flat tuple of output tensors, so keyword inputs (input_ids, attention_mask) and structured
+  outputs (tuples, dicts, ModelOutput) become what PipelineStage passes: tuples of tensors.
+  Export specialises shapes to the example, which is one micro-batch: every micro-batch must
+  have that shape.
+- The split policy places a `pipe_split` marker before stage s's first graph node (node rule:
+  block_list) right after the last operation of an earlier stage, so functional ops between
+  nodes run with the node that consumes them, as the profiler charges them. Each operation
+  belongs to the node whose module (nn_module_stack) ran it; stages must be contiguous in
+  execution order, or ValueError names the module.
+- Values do not skip stages: stage s receives from stage s-1 every value that stage s or a later
+  stage reads (batch inputs included) and passes on what later stages need (CarryStage). Torch's
+  own traced stage (`Pipe.build_stage`) supports neither a batch input read after stage 0 (an
+  attention mask read by every layer) nor the gradient of a value read by two later stages, so
+  the stages are built from the Pipe's stage modules as PipelineStage's manual frontend runs
+  them: each receives one tuple from its predecessor. With two stages this is exactly the Pipe.
+- A parameter read on several stages (tied weights: GPT-2's wte and lm_head) is copied onto each
+  by the Pipe (its `replicated_params`); `tied` lists them so that the executor sums their
+  gradients between those stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import traceback
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from . import block_list
+
+ValueKey = Tuple[Any, ...]  # ("input", i): flat input tensor i; ("stage", s, j): output j of s
+kPrefix = "module."          # _FlatCall holds the user's module as its child "module"
+
+
+class _Record(list):
+    """A list that copies are the same object: torch.export restores a module's attributes
+    after tracing (from deep copies), and this one must keep what the trace recorded."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class _FlatCall(nn.Module):
+    """module(*args, **kwargs) as a function of the flat input tensors returning the flat output
+    tensors (see the module doc). Records the output structure on its first call."""
+
+    def __init__(self, module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any]):
+        super().__init__()
+        self.module = module
+        leaves, self.in_spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        self.input_leaves = leaves
+        self.tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        self.out_record = _Record()  # the output structure, recorded on the first call
+
+    def forward(self, *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        leaves = list(self.input_leaves)
+        for i, t in zip(self.tensor_at, tensors):
+            leaves[i] = t
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        out_leaves, out_spec = pytree.tree_flatten(self.module(*args, **kwargs))
+        tensor_at = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
+        if not self.out_record:
+            self.out_record.extend([out_spec, list(out_leaves), tensor_at])
+        return tuple(out_leaves[i] for i in tensor_at)
+
+    def flatten_inputs(self, args: Sequence[Any], kwargs: Dict[str, Any], source: str
+                       ) -> Tuple[torch.Tensor, ...]:
+        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if spec != self.in_spec:
+            raise ValueError(f"{source}: inputs must have the structure of example_inputs "
+                             f"(got {spec}, expected {self.in_spec})")
+        for i, (got, want) in enumerate(zip(leaves, self.input_leaves)):
+            if not isinstance(want, torch.Tensor) and got != want:
+                raise ValueError(f"{source}: non-tensor input {i} must equal the example's "
+                                 f"(the stages were traced with it) (got {got!r}, expected "
+                                 f"{want!r})")
+        return tuple(leaves[i] for i in self.tensor_at)
+
+    def unflatten_outputs(self, tensors: Sequence[torch.Tensor]) -> Any:
+        spec, leaves, tensor_at = self.out_record
+        leaves = list(leaves)
+        for i, t in zip(tensor_at, tensors):
+            leaves[i] = t
+        return pytree.tree_unflatten(leaves, spec)
+
+
+class CarryStage(nn.Module):
+    """Stage s of a cut: forward(*received) -> the tuple stage s+1 receives (the last stage: the
+    model's flat output tensors). `received` are the values named by `carry_in` (stage 0: the
+    flat input tensors); the Pipe's stage module `part` reads `part_inputs` of them, and values
+    later stages need are passed on unchanged."""
+
+    def __init__(self, stage: int, part: nn.Module, part_inputs: List[ValueKey],
+                 carry_in: List[ValueKey], carry_out: List[ValueKey]):
+        super().__init__()
+        self.stage, self.part = stage, part
+        self.part_inputs, self.carry_in, self.carry_out = part_inputs, carry_in, carry_out
+
+    def forward(self, *received: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        values = dict(zip(self.carry_in, received))
+        out = self.part(*(values[k] for k in self.part_inputs))
+        for j, v in enumerate(out if isinstance(out, tuple) else (out,)):
+            values[("stage", self.stage, j)] = v
+        # contiguous: Gloo sends only contiguous tensors (a no-op for those already are)
+        return tuple(values[k].contiguous() for k in self.carry_out)
+
+
+@dataclasses.dataclass
+class StageCut:
+    """A module cut into stages (see the module doc). Parameter and buffer names in stages are
+    the original module's (`original_name`)."""
+    num_stages: int
+    stages: List[CarryStage]
+    flat: _FlatCall
+    carry_meta: List[List[torch.Tensor]]   # stage s -> meta tensors of what it receives
+    output_meta: List[torch.Tensor]        # the last stage's outputs
+    tied: List[Dict[int, str]]             # per tied parameter: stage -> its name in part
+
+    def flatten_inputs(self, args, kwargs, source="pipeline"):
+        return self.flat.flatten_inputs(args, kwargs, source)
+
+    def unflatten_outputs(self, tensors):
+        return self.flat.unflatten_outputs(tensors)
+
+    def meta_of(self, stage: int) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        """(inputs, outputs) of `stage` as meta tensors, for PipelineStage's static metadata."""
+        outputs = (self.carry_meta[stage + 1] if stage + 1 < self.num_stages
+                   else self.output_meta)
+        return self.carry_meta[stage], outputs
+
+
+def original_name(stage_name: str) -> str:
+    """A parameter's name inside a CarryStage ("part.module.enc0.weight") -> the original
+    module's ("enc0.weight")."""
+    for prefix in ("part.", kPrefix):
+        if stage_name.startswith(prefix):
+            stage_name = stage_name[len(prefix):]
+    return stage_name
+
+
+# ---- where each graph operation belongs ------------------------------------------------------
+
+def _module_path(fx_node: fx.Node) -> str:
+    """Qualified name (in the original module) of the innermost module that ran `fx_node`."""
+    stack = fx_node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"\[(\w+)\]", r".\1", path.replace("L['self'].", ""))  # strict-mode spellings
+    return path[len(kPrefix):] if path.startswith(kPrefix) else ("" if path == "module" else path)
+
+
+def _owners(gm: fx.GraphModule, node_names: Sequence[str]) -> List[Tuple[fx.Node, Optional[str]]]:
+    """(operation, node that owns it or None for a functional op between nodes) in graph order."""
+    ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    return [(n, block_list.node_of(_module_path(n), node_names) if _module_path(n) else None)
+            for n in ops]
+
+
+def _place_markers(gm: fx.GraphModule, stage_of: Dict[str, int], num_stages: int,
+                   source: str) -> fx.GraphModule:
+    """Inserts pipe_split before each stage's first operation (see the module doc)."""
+    from torch.distributed.pipelining._IR import aten_pipe_split_alias
+
+    current, last_owned, current_node = 0, None, None
+    for op, owner in _owners(gm, list(stage_of)):
+        if owner is None or owner not in stage_of:
+            continue
+        stage = stage_of[owner]
+        if stage < current:
+            raise ValueError(
+                f"{source}: assignment must be contiguous in execution order: module "
+                f"'{owner}' (stage {stage}) runs after module '{current_node}' (stage {current})")
+        if stage > current:
+            if stage > current + 1 or last_owned is None:
+                empty = current + 1 if last_owned is not None else current
+                raise ValueError(f"{source}: assignment stage {empty} must run an operation "
+                                 f"(got no module of it with operations before '{owner}')")
+            with gm.graph.inserting_after(last_owned):
+                gm.graph.call_function(aten_pipe_split_alias, ())
+            current = stage
+        last_owned, current_node = op, owner
+    if current != num_stages - 1:
+        raise ValueError(f"{source}: assignment stage {current + 1} must run an operation (got "
+                         f"none of its modules in the exported graph)")
+    gm.recompile()
+    return gm
+
+
+# ---- the cut -----------------------------------------------------------------------------------
+
+def split(module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
+          stage_of: Dict[str, int], num_stages: int, source: str = "plan") -> StageCut:
+    """Cuts `module` as `stage_of` (node name -> stage; nodes not named run with their
+    consumers) says. `args`/`kwargs`: one micro-batch. ValueError where torch.export or the
+    split fails (naming the module and the cause) or the stages are not contiguous."""
+    return _split(module, args, kwargs, lambda gm, _: (stage_of, num_stages), source)
+
+
+def _split(module, args, kwargs, stages_for, source) -> StageCut:
+    """The cut, with `stages_for(traced graph, flat inputs)` -> (stage_of, num_stages)."""
+    from torch.distributed.pipelining import pipeline
+
+    flat = _FlatCall(module, args, kwargs)
+    inputs = tuple(flat.input_leaves[i] for i in flat.tensor_at)
+    policy_error: List[ValueError] = []
+    wanted: List[int] = []
+
+    def policy(gm):
+        try:
+            stage_of, num_stages = stages_for(gm, inputs)
+            wanted.append(num_stages)
+            return _place_markers(gm, stage_of, num_stages, source)
+        except ValueError as e:  # pipeline() would wrap it; keep it to raise as it is
+            policy_error.append(e)
+            raise
+    try:
+        pipe = pipeline(flat, inputs, split_policy=policy)
+        if pipe.num_stages != wanted[0]:
+            raise ValueError(f"the cut must give {wanted[0]} stages (got {pipe.num_stages})")
+        return _build_cut(pipe, flat, pipe.num_stages)
+    except Exception as e:  # export and split raise many types; the user needs module + cause
+        if policy_error:
+            raise policy_error[0] from None
+        raise ValueError(f"{source}: {type(module).__name__} cannot be cut into pipeline "
+                         f"stages: {export_failure(module, e)}") from None
+
+
+def probe(module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
+          order: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, bool]]:
+    """Whether and where `module` can be cut, as the profiler records it: ({"supported": bool,
+    "reason": str}, node -> cut_before) for the graph nodes `order` (execution order). A stage
+    can begin at node n when every operation of the nodes before n runs before every operation
+    of n and the nodes after it; the cut with a stage boundary at every such node is then built
+    (one export), so "supported" means the executor's cut works there."""
+    cut_before: Dict[str, bool] = {}
+
+    def place(gm, flat_inputs):
+        cut_before.update(_cut_before(gm, order))
+        owning = {owner for _, owner in _owners(gm, order) if owner is not None}
+        stage_of, stage = {}, 0
+        for i, name in enumerate(order):
+            if i and cut_before[name] and name in owning and stage_of:
+                stage += 1
+            stage_of[name] = stage
+        return stage_of, stage + 1
+    try:
+        _split(module, args, kwargs, place, "profile")
+    except ValueError as e:
+        return {"supported": False, "reason": str(e)}, {}
+    return {"supported": True, "reason": ""}, cut_before
+
+
+def _cut_before(gm: fx.GraphModule, order: Sequence[str]) -> Dict[str, bool]:
+    positions: Dict[str, List[int]] = {}
+    for i, (_, owner) in enumerate(_owners(gm, order)):
+        if owner is not None:
+            positions.setdefault(owner, []).append(i)
+    out, last_before = {}, -1
+    for k, name in enumerate(order):
+        first_after = min((positions[n][0] for n in order[k:] if n in positions), default=None)
+        out[name] = first_after is None or last_before < first_after
+        if name in positions:
+            last_before = max(last_before, positions[name][-1])
+    return out
+
+
+def export_failure(module: nn.Module, exc: BaseException) -> str:
+    """'in module <name> (<type>): <cause>' for the innermost submodule of `module` whose
+    forward the failure passed through, and the first line of the innermost cause."""
+    names = {id(m): n for n, m in module.named_modules()}
+    where = None
+    cause = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    for frame, _ in traceback.walk_tb(cause.__traceback__):
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in names and names[id(owner)]:
+            where = f"in module '{names[id(owner)]}' ({type(owner).__name__})"
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    reason = f"{type(cause).__name__}: {text}"[:300]
+    return f"{where}: {reason}" if where else reason
+
+
+def _build_cut(pipe, flat: _FlatCall, num_stages: int) -> StageCut:
+    root = pipe.split_gm.graph
+    keys: Dict[fx.Node, Any] = {}
+    part_inputs: List[List[ValueKey]] = [[] for _ in range(num_stages)]
+    num_inputs = 0
+    output_keys: List[ValueKey] = []
+    for node in root.nodes:  # stages appear where their inputs are ready, not in stage order
+        if node.op == "placeholder":
+            keys[node] = ("input", num_inputs)
+            num_inputs += 1
+        elif node.op == "call_module":  # submod_pp_<stage>
+            s = int(node.target.rsplit("_", 1)[1])
+            part_inputs[s] = [keys[a] for a in node.args]
+            keys[node] = ("stage", s, 0)
+        elif node.op == "call_function":  # getitem on a stage's tuple of outputs
+            s = keys[node.args[0]][1]
+            keys[node] = ("stage", s, node.args[1])
+        elif node.op == "output":
+            output_keys = [keys[n] for n in pytree.tree_leaves(node.args[0])]
+    # carry_out[s]: what stages after s (and the output) read that exists by the end of s
+    needed_later: List[set] = [set() for _ in range(num_stages + 1)]
+    needed_later[num_stages] = set(output_keys)
+    for s in range(num_stages - 1, -1, -1):
+        needed_later[s] = needed_later[s + 1] | set(part_inputs[s])
+
+    def made_by(key, s):  # the value exists once stage s has run
+        return key[0] == "input" or key[1] <= s
+    carry_in = [[("input", i) for i in range(num_inputs)]]
+    for s in range(num_stages - 1):
+        carry_in.append(sorted((k for k in needed_later[s + 1] if made_by(k, s)), key=repr))
+    stages = []
+    for s in range(num_stages):
+        part = pipe.get_stage_module(s)
+        _drop_unused_attributes(part)
+        out = carry_in[s + 1] if s + 1 < num_stages else output_keys
+        stages.append(CarryStage(s, part, part_inputs[s], carry_in[s], out))
+    meta = _value_meta(pipe, flat)
+    carry_meta = [[meta[k] for k in keys_s] for keys_s in carry_in]
+    tied = [{int(name.rsplit("_", 1)[1]): q for name, q in uses.items()}
+            for uses in pipe.replicated_params]
+    return StageCut(num_stages, stages, flat, carry_meta, [meta[k] for k in output_keys], tied)
+
+
+def _value_meta(pipe, flat: _FlatCall) -> Dict[ValueKey, torch.Tensor]:
+    """Meta tensors (shape, dtype, requires_grad) of every value: batch inputs from the example
+    (no gradient flows back into them), stage outputs from the export's fake values (floating
+    ones carry gradients)."""
+    meta: Dict[ValueKey, torch.Tensor] = {}
+    for i, leaf in enumerate(flat.input_leaves[j] for j in flat.tensor_at):
+        meta[("input", i)] = torch.empty(leaf.shape, dtype=leaf.dtype, device="meta")
+    for s in range(pipe.num_stages):
+        part = pipe.get_stage_module(s)
+        output = next(n for n in part.graph.nodes if n.op == "output")
+        for j, value in enumerate(pytree.tree_leaves(output.args[0])):
+            val = value.meta["val"]
+            meta[("stage", s, j)] = torch.empty(val.shape, dtype=val.dtype, device="meta"
+                                                ).requires_grad_(val.is_floating_point())
+    return meta
+
+
+def _drop_unused_attributes(part: nn.Module) -> None:
+    """Deletes parameters and buffers no graph in `part` reads. The Pipe leaves behind, on a
+    stage that reads a tied weight under one of its names, the other name still pointing at the
+    original tensor (GPT-2's stage 0 keeps an unused `lm_head.weight`); such a tensor would get
+    no gradient, which DDP rejects, and would hide the stage's own copy in state_dict."""
+    from torch.export.unflatten import InterpreterModule
+
+    used = set()
+    stack = [("", part)]
+    while stack:
+        scope, mod = stack.pop()
+        if isinstance(mod, (fx.GraphModule, InterpreterModule)):
+            used.update(f"{scope}{n.target}" for n in mod.graph.nodes if n.op == "get_attr")
+        stack.extend((f"{scope}{name}.", child) for name, child in mod.named_children())
+    named = list(part.named_parameters(remove_duplicate=False)) + list(
+        part.named_buffers(remove_duplicate=False))
+    for name, _ in named:
+        if name not in used:
+            owner, _, attr = name.rpartition(".")
+            delattr(part.get_submodule(owner) if owner else part, attr)

@@ -1,0 +1,194 @@
+"""Models people bring (tests/python/user_models.py), end to end: profile -> plan (the
+planner's search on the localhost-cpu preset, given 4 ranks where a kind needs 4 devices) -> apply on Gloo ranks -> the trained state_dict
+equals one-process training (torch.allclose(rtol=1e-4, atol=1e-6)).
+
+Plan kinds, each on 2 ranks: DP (dp=2 x mp=1), placement (dp=2 x mp=2), pipeline GPipe and
+1F1B (dp=1 x mp=2); and one hybrid dp=2 x mp=2 1F1B pipeline of GPT-2 on 4 ranks. The planner
+ranks one pipeline schedule above the other for a given model; the other schedule runs the same
+planned stages with the plan's "schedule" field switched (its prediction is then stale, which
+the executor does not read).
+
+The global batch is the plan's (the planner chooses the per-replica batch). References: one
+process on the global batch; for the BatchNorm CNN, DP-like plans (DP and
+placement, both DDP) are compared with torch DDP on the same ranks, and pipeline plans with one
+process that runs the same micro-batches in turn (per-micro-batch statistics, as GPipe does).
+"""
+
+import os
+
+import pytest
+import torch
+
+from dist_harness import format_results, run_ranks
+from user_models import FACTORIES, call
+
+STEPS, PROFILE_BATCH, LR, MOMENTUM = 3, 8, 0.05, 0.9
+KINDS = {  # kind -> (mode, planner devices, dp, mp, schedule)
+    "dp": ("placement", 2, 2, 1, None),
+    "placement": ("placement", 4, 2, 2, None),
+    "gpipe": ("pipeline", 2, 1, 2, "gpipe"),
+    "1f1b": ("pipeline", 2, 1, 2, "1f1b"),
+    "hybrid": ("pipeline", 4, 2, 2, "1f1b"),
+}
+CASES = [(m, k) for m in FACTORIES for k in ("dp", "placement", "gpipe", "1f1b")] + [
+    ("gpt2", "hybrid")]
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+
+
+def world_of(kind):
+    mode, _, dp, mp, _ = KINDS[kind]
+    return dp * mp if mode == "pipeline" else dp
+
+
+def share(value, parts, index):
+    """Replica `index`'s share of a global batch (inputs as a tuple or dict, or a target)."""
+    if isinstance(value, dict):
+        return {k: share(v, parts, index) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(share(v, parts, index) for v in value)
+    return value.tensor_split(parts)[index]
+
+
+# ---- rank side --------------------------------------------------------------------------------
+
+def train_cases(cases_file, out_dir):
+    """Trains every case of `cases_file` (torch.save'd list; graphs are too long for a command
+    line) in turn on this rank and saves <out_dir>/<id>.rank<r>.pt."""
+    import torch.distributed as dist
+    import hybridplan
+    torch.set_num_threads(1)
+    for case in torch.load(cases_file):
+        model, batch, loss_fn = FACTORIES[case["model"]]()
+        plan = case["plan"]
+        global_batch = plan["global_batch"]  # the planner's choice
+        example = share(batch(global_batch, 100)[0], plan["dp"], 0)
+        hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=sgd, timeout_s=120,
+                              graph=case["graph"], example_inputs=example)
+        for step in range(STEPS):
+            hp.step(*hp.shard(*batch(global_batch, 100 + step)))
+        result = {"state": hp.state_dict()}
+        if case.get("with_ddp"):
+            result["ddp_state"] = train_torch_ddp(case["model"], global_batch)
+        torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
+    dist.destroy_process_group()
+
+
+def train_torch_ddp(name, global_batch):
+    import torch.distributed as dist
+    model, batch, loss_fn = FACTORIES[name]()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = sgd(ddp.parameters())
+    for step in range(STEPS):
+        inputs, target = batch(global_batch, 100 + step)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        opt.zero_grad()
+        loss_fn(call(ddp, share(inputs, world, rank)), share(target, world, rank)).backward()
+        opt.step()
+    return model.state_dict()
+
+
+# ---- test side --------------------------------------------------------------------------------
+
+def reference_state(name, global_batch, num_microbatches=1):
+    """One process on the global batch, in `num_microbatches` equal parts whose mean losses are
+    averaged (the same gradient; BatchNorm sees each part alone)."""
+    torch.set_num_threads(1)
+    model, batch, loss_fn = FACTORIES[name]()
+    opt = sgd(model.parameters())
+    for step in range(STEPS):
+        inputs, target = batch(global_batch, 100 + step)
+        opt.zero_grad()
+        for j in range(num_microbatches):
+            part = share(inputs, num_microbatches, j)
+            (loss_fn(call(model, part), share(target, num_microbatches, j))
+             / num_microbatches).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def localhost_cpu(devices):
+    """The localhost-cpu preset with `devices` CPU ranks (placement dp=2 x mp=2 needs 4)."""
+    import hybridplan
+    cluster = hybridplan.load_cluster("localhost-cpu").to_dict()
+    cluster.update(devices_per_node=devices, name=f"localhost-cpu-{devices}")
+    return cluster
+
+
+def planned(graph, kind):
+    """The planner's best plan of this kind (see the module doc for the other schedule)."""
+    import hybridplan
+    mode, devices, dp, mp, schedule = KINDS[kind]
+    found = hybridplan.search(graph, localhost_cpu(devices), None, devices=devices, top_k=50,
+                              modes=[mode]).plans
+    fits = [p for p in found if p.dp == dp and p.mp == mp]
+    assert fits, f"the planner proposed no {mode} plan with dp={dp}, mp={mp}: {found}"
+    plan = fits[0].to_dict()
+    if schedule is not None:
+        same = [p.to_dict() for p in fits if p.schedule == schedule]
+        plan = same[0] if same else dict(plan, schedule=schedule)
+    return plan
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    pytest.importorskip("hybridplan.planner",
+                        reason="needs the compiled planner hybridplan._C (make build)")
+    pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
+    import hybridplan
+    from hybridplan.profiler import profile_dict
+    out_dir = tmp_path_factory.mktemp("user_models")
+    torch.set_num_threads(1)
+    by_world, plans = {}, {}
+    for name in FACTORIES:
+        model, batch, _ = FACTORIES[name]()
+        graph = profile_dict(model, batch(PROFILE_BATCH, 0)[0], warmup=0, repeats=1,
+                             verbose=False, name=name)
+        assert graph["pipeline_split"] == {"supported": True, "reason": ""}, name
+        graph = hybridplan.planner.Graph.from_dict(graph)
+        for kind in [k for m, k in CASES if m == name]:
+            case_id = f"{name}-{kind}"
+            plans[case_id] = planned(graph, kind)
+            case = {"model": name, "plan": plans[case_id], "graph": graph.to_dict(),
+                    "id": case_id, "with_ddp": name == "bn_cnn" and kind in ("dp", "placement")}
+            by_world.setdefault(world_of(kind), []).append(case)
+    failures = {}
+    for world, cases in by_world.items():
+        cases_file = out_dir / f"cases-world{world}.pt"
+        torch.save(cases, cases_file)
+        results = run_ranks("test_user_models:train_cases", world,
+                            {"cases_file": str(cases_file), "out_dir": str(out_dir)},
+                            timeout_s=900)
+        if not all(r.returncode == 0 for r in results):
+            failures[world] = format_results(results)
+    loaded = {}
+    for world, cases in by_world.items():
+        for case in cases:
+            paths = [out_dir / f"{case['id']}.rank{r}.pt" for r in range(world)]
+            loaded[case["id"]] = ([torch.load(p) for p in paths] if all(p.exists() for p in paths)
+                                  else failures.get(world, "no output"))
+    return loaded, plans
+
+
+@pytest.mark.parametrize("name,kind", CASES, ids=[f"{m}-{k}" for m, k in CASES])
+def test_plan_trains_like_one_process(trained, name, kind):
+    outs, plans = trained
+    outs, plan = outs[f"{name}-{kind}"], plans[f"{name}-{kind}"]
+    if isinstance(outs, str):
+        pytest.fail(f"the ranks did not finish {name}-{kind}:\n{outs}")
+    assert (plan["mode"], plan["dp"], plan["mp"]) == KINDS[kind][0:1] + KINDS[kind][2:4]
+    if name == "bn_cnn" and plan["mode"] == "placement":
+        expected = [out["ddp_state"] for out in outs]
+    else:
+        m = plan["num_microbatches"] if name == "bn_cnn" else 1
+        expected = [reference_state(name, plan["global_batch"], m)] * len(outs)
+    initial = FACTORIES[name]()[0].state_dict()
+    assert any(not torch.equal(expected[0][k], initial[k]) for k in initial)  # it trained
+    for out, want in zip(outs, expected):
+        assert list(out["state"]) == list(want)
+        for key in want:
+            assert torch.allclose(out["state"][key], want[key], rtol=1e-4, atol=1e-6), (
+                f"{name}-{kind}: {key} differs by "
+                f"{(out['state'][key] - want[key]).abs().max().item():.3g}")
