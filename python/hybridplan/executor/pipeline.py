@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .._bucket_policy import ddp_bucket_kwargs
 from ..profiler.stage_split import StageCut, original_name
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -50,7 +51,8 @@ class PipelineRunner:
         self.cut, self.stage_index, self.num_microbatches = cut, stage, num_microbatches
         self.module = cut.stages[stage].to(device)
         has_params = any(p.requires_grad for p in self.module.parameters())
-        wrapped = (DistributedDataParallel(self.module, process_group=dp_group)
+        wrapped = (DistributedDataParallel(self.module, process_group=dp_group,
+                                           **ddp_bucket_kwargs())
                    if dp > 1 and has_params else self.module)
         inputs_meta, outputs_meta = cut.meta_of(stage)
         self.stage = PipelineStage(wrapped, stage, cut.num_stages, device,
