@@ -133,10 +133,8 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   const Graph& graph = problem_.graph;
   const Cluster& cluster = problem_.cluster;
   const int64_t groups = plan.mp;
-  group_bytes_.assign(groups, 0.0);
-  for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    group_bytes_[plan.assignment[v]] += static_cast<double>(graph.nodes[v].param_bytes);
-  }
+  fill_param_bytes(plan);
+  group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
   // G per node: groups with gradient bytes that span nodes and have a member on the node.
   groups_on_node_.assign(cluster.num_nodes, 0);
   node_stamp_.assign(cluster.num_nodes, -1);
@@ -181,7 +179,21 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
     const AllReduceCost cost = group_bytes_[k] > 0 ? it->second.first : AllReduceCost{};
     buckets_[k] = BucketedAllReduce(cost, bucket_caps);
   }
-  // Feed gradients in the order they become ready on each device.
+  // Feed gradients in the order they become ready on each device; a tied copy's gradient is
+  // ready with its stage's first node's.
+  for (int64_t k = 0; k < groups; ++k) {
+    double node_bytes = 0;
+    for (size_t v = 0; v < graph.nodes.size(); ++v) {
+      if (plan.assignment[v] == k) node_bytes += static_cast<double>(graph.nodes[v].param_bytes);
+    }
+    const double copies = group_bytes_[k] - node_bytes;
+    if (copies > 0) {
+      double ready = 0;
+      for (size_t v = 0; v < graph.nodes.size(); ++v)
+        if (plan.assignment[v] == k) ready = std::max(ready, gradient_ready_s_[v]);
+      buckets_[k].add_gradient(ready, copies);
+    }
+  }
   const std::vector<NodeIndex>& ready_order =
       plan.mode == MpMode::kPipeline
           ? reverse_topo_
@@ -196,14 +208,47 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
 }
 
 double Evaluator::optimizer_s(const Plan& plan) const {
-  const Graph& graph = problem_.graph;
-  group_bytes_.assign(plan.mp, 0.0);
+  fill_param_bytes(plan);
   const bool one_process = plan.mode == MpMode::kPlacement && serial_replica_devices();
-  for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    group_bytes_[one_process ? 0 : plan.assignment[v]] += static_cast<double>(graph.nodes[v].param_bytes);
+  int64_t fullest = 0;
+  for (int64_t bytes : param_bytes_) fullest = one_process ? fullest + bytes : std::max(fullest, bytes);
+  return optimizer_step_s(problem_.cluster, problem_.job.optimizer, static_cast<double>(fullest));
+}
+
+void Evaluator::fill_param_bytes(const Plan& plan) const {
+  const Graph& graph = problem_.graph;
+  param_bytes_.assign(plan.mp, 0);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
+  if (plan.mode != MpMode::kPipeline) return;
+  for (const TiedParams& tied : graph.tied_params) {
+    // Every stage holding one of the nodes, but the first node's (whose param_bytes count it).
+    stage_stamp_.assign(plan.mp, 0);
+    stage_stamp_[plan.assignment[tied.nodes.front()]] = 1;
+    for (NodeIndex v : tied.nodes) {
+      const int32_t s = plan.assignment[v];
+      if (stage_stamp_[s]) continue;
+      stage_stamp_[s] = 1;
+      param_bytes_[s] += tied.bytes;
+    }
   }
-  const double fullest = *std::max_element(group_bytes_.begin(), group_bytes_.end());
-  return optimizer_step_s(problem_.cluster, problem_.job.optimizer, fullest);
+}
+
+double Evaluator::tied_allreduce_s(const Plan& plan) const {
+  if (plan.mode != MpMode::kPipeline || problem_.graph.tied_params.empty()) return 0.0;
+  double total_s = 0;
+  for (const TiedParams& tied : problem_.graph.tied_params) {
+    group_devices_.clear();
+    for (NodeIndex v : tied.nodes) {
+      const DeviceIndex d = plan.mesh[0][plan.assignment[v]];
+      if (std::find(group_devices_.begin(), group_devices_.end(), d) == group_devices_.end()) {
+        group_devices_.push_back(d);
+      }
+    }
+    if (group_devices_.size() < 2) continue;
+    std::sort(group_devices_.begin(), group_devices_.end());
+    total_s += group_allreduce(problem_.cluster, group_devices_, 1).time_s(static_cast<double>(tied.bytes));
+  }
+  return total_s;
 }
 
 void Evaluator::memory(const Plan& plan, Prediction& out) const {
@@ -214,10 +259,9 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
                                 : static_cast<double>(plan.per_replica_batch);
   const double scale = batch_scale(graph, batch);  // bytes are exactly linear in the batch
   activation_bytes_.assign(plan.mp, 0.0);
-  param_bytes_.assign(plan.mp, 0);
+  fill_param_bytes(plan);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     activation_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].activation_bytes(), scale);
-    param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
   }
   out.memory_bytes.resize(plan.mp);
   const int64_t have_bytes = problem_.cluster.device.memory_bytes;
@@ -242,7 +286,7 @@ Prediction Evaluator::evaluate(const Plan& plan) const {
   out.compute_slowdown = compute_slowdown(plan);
   out.compute_s = plan.mode == MpMode::kPipeline ? pipeline_compute(plan, out.compute_slowdown, out)
                                                  : placement_compute(plan, out.compute_slowdown, out);
-  out.allreduce_s = exposed_allreduce_s(plan, out.compute_s, out);
+  out.allreduce_s = exposed_allreduce_s(plan, out.compute_s, out) + tied_allreduce_s(plan);
   out.optimizer_s = optimizer_s(plan);
   out.overhead_s = problem_.cluster.runtime.step_s;
   out.step_s = out.compute_s + out.allreduce_s + out.optimizer_s + out.overhead_s;

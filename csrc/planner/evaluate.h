@@ -11,7 +11,12 @@
 //                     runtime.slowdown(processes of the plan on the busiest node)
 //   allreduce_s     = max over DP groups of the all-reduce time left after backward ends
 //                     (allreduce_cost.h: the library's ring, DDP's buckets, overlapped with the
-//                     backward pass)
+//                     backward pass); pipelines with tied parameters (graph.h TiedParams) add
+//                     the sum of the copies' gradients between the stages holding them, after
+//                     the schedule: the ring over those stages' devices, per tied parameter
+//   tied copies     = in a pipeline, every stage holding a node of a tied parameter other than
+//                     the first holds a copy: its bytes join that stage's parameters (memory,
+//                     its DP group's all-reduce, its optimizer step)
 //   optimizer_s     = optimizer_cost.h for the device (placement "cpu": the process) holding
 //                     the most parameters
 //   overhead_s      = Cluster runtime.step_s
@@ -79,6 +84,9 @@ class Evaluator {
   double pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const;
   double exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const;
   double optimizer_s(const Plan& plan) const;
+  // Per local device / stage: parameter bytes including tied copies (param_bytes_).
+  void fill_param_bytes(const Plan& plan) const;
+  double tied_allreduce_s(const Plan& plan) const;
   void memory(const Plan& plan, Prediction& out) const;
 
   const Problem& problem_;
@@ -108,6 +116,7 @@ class Evaluator {
   mutable std::vector<int64_t> processes_on_node_;
   mutable std::vector<double> activation_bytes_;
   mutable std::vector<int64_t> param_bytes_;
+  mutable std::vector<char> stage_stamp_;
 };
 
 // Returns the breakdown. An infeasible plan (memory) gets feasible=false and a reason; the

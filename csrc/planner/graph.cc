@@ -148,6 +148,24 @@ void Graph::validate(const std::string& source) const {
     }
     validate_batch_times(source, path, node.batch_times, profiled.batch_size);
   }
+  for (size_t t = 0; t < tied_params.size(); ++t) {
+    const std::string path = json_index_path("tied_params", t);
+    const TiedParams& tied = tied_params[t];
+    if (tied.nodes.size() < 2) {
+      throw_input_error(source, path + ".nodes", "must name at least two nodes that share the parameter",
+                        std::to_string(tied.nodes.size()) + " nodes");
+    }
+    std::set<NodeIndex> seen;
+    for (NodeIndex v : tied.nodes) {
+      if (v < 0 || v >= static_cast<NodeIndex>(nodes.size())) {
+        throw_input_error(source, path + ".nodes", "names no node (node index)", std::to_string(v));
+      }
+      if (!seen.insert(v).second) {
+        throw_input_error(source, path + ".nodes", "must name each node once", quoted(nodes[v].name));
+      }
+    }
+    check_bytes(source, path + ".bytes", tied.bytes);
+  }
   if (!pipeline_split.supported && pipeline_split.reason.empty()) {
     throw_input_error(source, "pipeline_split.reason",
                       "must say why the model cannot be split when supported is false", "\"\"");
@@ -247,6 +265,23 @@ Graph graph_from_json(const Json& j, const std::string& source) {
     g.nodes.push_back(std::move(node));
   }
 
+  if (const Json* tied = in.optional(j, "tied_params")) {
+    in.array(*tied, "tied_params");
+    for (size_t t = 0; t < tied->size(); ++t) {
+      const std::string path = json_index_path("tied_params", t);
+      const Json& jt = in.object((*tied)[t], path);
+      TiedParams params;
+      const Json& ids = in.array(in.required(jt, path, "nodes"), path + ".nodes");
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const NodeId id = in.integer(ids[k], json_index_path(path + ".nodes", k));
+        const auto it = index_of.find(id);
+        if (it == index_of.end()) in.fail(json_index_path(path + ".nodes", k), "names no node", std::to_string(id));
+        params.nodes.push_back(it->second);
+      }
+      params.bytes = in.field_int(jt, path, "bytes");
+      g.tied_params.push_back(std::move(params));
+    }
+  }
   const Json& edges = in.array(in.required(j, "", "edges"), "edges");
   g.edges.reserve(edges.size());
   for (size_t k = 0; k < edges.size(); ++k) {
@@ -308,6 +343,15 @@ Json graph_to_json(const Graph& g) {
   // Written only when they say something, so graphs without them keep their hash.
   if (!g.pipeline_split.supported) {
     j["pipeline_split"] = {{"supported", false}, {"reason", g.pipeline_split.reason}};
+  }
+  if (!g.tied_params.empty()) {
+    Json tied = Json::array();
+    for (const TiedParams& t : g.tied_params) {
+      Json ids = Json::array();
+      for (NodeIndex v : t.nodes) ids.push_back(g.nodes[v].id);
+      tied.push_back({{"nodes", std::move(ids)}, {"bytes", t.bytes}});
+    }
+    j["tied_params"] = std::move(tied);
   }
   return j;
 }

@@ -58,6 +58,14 @@ struct ProfiledAt {
   std::string dtype = "float32";
 };
 
+// A parameter several nodes hold (tied weights, e.g. GPT-2's wte and lm_head). Its bytes are in
+// the param_bytes of nodes[0] (the first in execution order) only; in a pipeline every stage
+// holding one of the nodes holds a copy (memory_cost.h, evaluate.h).
+struct TiedParams {
+  std::vector<NodeIndex> nodes;  // indices into Graph::nodes (JSON: ids), at least two
+  int64_t bytes = 0;
+};
+
 // Whether the model can be cut into pipeline stages at all (found at profile time).
 struct PipelineSplit {
   bool supported = true;
@@ -68,6 +76,7 @@ struct Graph {
   std::string name;
   ProfiledAt profiled;
   PipelineSplit pipeline_split;  // JSON "pipeline_split"; absent = supported
+  std::vector<TiedParams> tied_params;  // JSON "tied_params"; absent = none
   std::vector<Node> nodes;
   std::vector<Edge> edges;
 

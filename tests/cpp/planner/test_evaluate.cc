@@ -299,3 +299,33 @@ TEST_CASE("evaluate: the plan records the rings the all-reduce runs", "[evaluate
                                       {0, 0, 1, 0});
   REQUIRE(evaluate(problem, single).allreduce_rings.empty());
 }
+
+TEST_CASE("evaluate: tied parameters are copied to every pipeline stage that holds them",
+          "[evaluate]") {
+  // a -> b -> c -> d, a and c tied (like GPT-2's wte and lm_head): 100 bytes in a's param_bytes.
+  Problem problem;
+  problem.graph = test::make_graph(
+      {{"a", 1, 2, 100, 10}, {"b", 1, 2, 40, 10}, {"c", 1, 2, 0, 10}, {"d", 1, 2, 0, 10}},
+      {{0, 1, 10}, {1, 2, 10}, {2, 3, 10}}, 1, "tied");
+  problem.graph.tied_params = {{{0, 2}, 100}};
+  problem.graph.finalize("tied");
+  problem.cluster = test::make_cluster(1, 4, 100, 0.5);  // ring of 2: 2 * 0.5 s + bytes / 100
+  const Plan split = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 1,
+                                     {0, 0, 1, 1}, 1, Schedule::kGpipe);
+  const Prediction p = evaluate(problem, split);
+  // stage 0: a, b params 140 * 2 (sgd) + activations 20; stage 1: c's copy 100 * 2 + 20
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{300, 220});
+  // the copies' gradients summed between the two stages after the schedule: ring of 2 over
+  // 100 B at 100 B/s and 0.5 s latency = 2 * 0.5 + 100 / 100 = 2 s
+  REQUIRE(p.allreduce_s == Approx(2));
+  // One stage holds both: no copy, nothing to sum.
+  const Plan together = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 1,
+                                        {0, 0, 0, 1}, 1, Schedule::kGpipe);
+  const Prediction q = evaluate(problem, together);
+  REQUIRE(q.memory_bytes == std::vector<int64_t>{310, 10});
+  REQUIRE(q.allreduce_s == 0);
+  // Placement keeps one parameter per replica: no copy.
+  const Plan placed = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
+                                      {0, 0, 1, 1});
+  REQUIRE(evaluate(problem, placed).memory_bytes == std::vector<int64_t>{300, 20});
+}

@@ -103,6 +103,16 @@ TEST_CASE("graph validation names the file, the JSON path and the rule", "[graph
     j["nodes"][0]["batch_times"] = Json::parse(R"([{"batch_size": 1, "forward_s": -1, "backward_s": 2}])");
     REQUIRE(load_error(j) == "graph.json: nodes[0].batch_times[0].forward_s must be finite and >= 0 (got -1)");
   }
+  SECTION("tied parameter on one node") {
+    j["tied_params"] = Json::parse(R"([{"nodes": [10], "bytes": 8}])");
+    REQUIRE(load_error(j) ==
+            "graph.json: tied_params[0].nodes must name at least two nodes that share the "
+            "parameter (got 1 nodes)");
+  }
+  SECTION("tied parameter of an unknown node") {
+    j["tied_params"] = Json::parse(R"([{"nodes": [10, 99], "bytes": 8}])");
+    REQUIRE(load_error(j) == "graph.json: tied_params[0].nodes[1] names no node (got 99)");
+  }
   SECTION("negative saved bytes") {
     j["nodes"][0]["saved_bytes"] = -5;
     REQUIRE(load_error(j) == "graph.json: nodes[0].saved_bytes must be >= 0 (got -5)");
@@ -208,6 +218,7 @@ TEST_CASE("batch curves, stage cuts and splittability round-trip; old graphs kee
       R"([{"batch_size": 1, "forward_s": 0.0002, "backward_s": 0.0004},
           {"batch_size": 4, "forward_s": 0.0006, "backward_s": 0.0011}])");
   j["nodes"][1]["cut_before"] = false;
+  j["tied_params"] = Json::parse(R"([{"nodes": [10, 4], "bytes": 100}])");
   j["pipeline_split"] = {{"supported", false}, {"reason", "torch.export failed in 'enc': data-dependent control flow"}};
   const Graph g = graph_from_json(j, "graph.json");
   REQUIRE(g.nodes[0].batch_times.size() == 2);
@@ -215,6 +226,9 @@ TEST_CASE("batch curves, stage cuts and splittability round-trip; old graphs kee
   REQUIRE(g.nodes[0].batch_times[1].backward_s == 0.0011);
   REQUIRE_FALSE(g.nodes[1].cut_before);
   REQUIRE_FALSE(g.pipeline_split.supported);
+  REQUIRE(g.tied_params.size() == 1);
+  REQUIRE(g.tied_params[0].nodes == std::vector<NodeIndex>{0, 3});
+  REQUIRE(graph_to_json(g)["tied_params"] == Json::parse(R"([{"nodes": [10, 4], "bytes": 100}])"));
   REQUIRE(graph_to_json(graph_from_json(graph_to_json(g), "again")) == graph_to_json(g));
   REQUIRE(graph_sha256(g) != graph_sha256(plain));
 }
