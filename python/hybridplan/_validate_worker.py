@@ -93,9 +93,12 @@ def main(argv=None) -> int:
     with open(args.plan) as f:
         plan = json.load(f)
     clock = _Clock()
-    hp = hybridplan.apply(plan, module, timeout_s=args.timeout_s, optimizer=clock.optimizer(
-        lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)))
-    for param in module.parameters():
+    example = (module.example_inputs(plan["per_replica_batch"])
+               if plan["mode"] == "pipeline" else None)
+    hp = hybridplan.apply(plan, module, timeout_s=args.timeout_s, example_inputs=example,
+                          optimizer=clock.optimizer(
+                              lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)))
+    for param in hp.parameters():
         if param.requires_grad:
             param.register_post_accumulate_grad_hook(clock.grad_hook)
     global_batch = plan["global_batch"]
@@ -114,10 +117,9 @@ def main(argv=None) -> int:
         end = time.perf_counter()
         return start, end
 
+    last = args.warmup + args.steps - 1
     for step in range(args.warmup + args.steps):
-        record = getattr(hp, "record_actions", None)
-        if record is not None:
-            record(step >= args.warmup and step == args.warmup + args.steps - 1)
+        hp.record_actions(step == last)
         start, end = run_step(step)
         if step < args.warmup:
             continue
@@ -129,12 +131,13 @@ def main(argv=None) -> int:
         samples["allreduce_s"].append(max(0.0, opt_start - last_grad))
         samples["optimizer_s"].append(opt_end - opt_start)
         samples["overhead_s"].append(max(0.0, (end - start) - (opt_end - start)))
-        if record is not None and step == args.warmup + args.steps - 1:
+        if step == last:
             actions = [{"kind": k, "microbatch": i, "start_s": a - start, "end_s": b - start}
-                       for k, i, a, b in getattr(hp, "recorded_actions", [])]
+                       for k, i, a, b in hp.recorded_actions]
     mine = {t: statistics.median(v) for t, v in samples.items()}
     mine["rank"] = rank
     mine["actions"] = actions
+    hp.record_actions(False)
     mine["memory_bytes"] = _peak_tensor_bytes(lambda: run_step(args.warmup + args.steps))
     ranks: List[dict] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)

@@ -131,9 +131,10 @@ def _step_times_s(plan: dict, batch: int, device, warmup: int, repeats: int,
 
     torch.manual_seed(0)
     module = _Tiny()
-    hp = apply(plan, module, loss_fn=_mse, timeout_s=timeout_s,
-               optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
     inputs, target = _tiny_data(batch)
+    example = inputs[:plan["per_replica_batch"]] if plan["mode"] == "pipeline" else None
+    hp = apply(plan, module, loss_fn=_mse, timeout_s=timeout_s, example_inputs=example,
+               optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
     samples = []
     for i in range(warmup + repeats):
         dist.barrier()

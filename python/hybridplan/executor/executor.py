@@ -169,6 +169,7 @@ class AppliedPlan:
         self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
         self.predicted_step_s = spec.predicted_step_s
         self._timeout = timeout
+        self.recorded_actions: List[tuple] = []  # record_actions()
         if spec.mode == "placement":
             self._init_placement()
         else:
@@ -275,6 +276,19 @@ class AppliedPlan:
         if getattr(self, "_loss_sent", None) is not None:
             self._loss_sent.wait()
             self._loss_sent = None
+
+    def parameters(self) -> List[nn.Parameter]:
+        """The parameters this rank trains (its stage's in pipeline mode, tied copies
+        included; the whole replica's in placement mode)."""
+        return list(self._params)
+
+    def record_actions(self, enabled: bool = True) -> None:
+        """Pipeline mode: from the next step on, record every forward and backward of a
+        micro-batch into `recorded_actions` as ("F" | "B", micro-batch, start, end) with
+        time.perf_counter seconds (cleared by each call); a no-op in placement mode."""
+        self.recorded_actions: List[tuple] = []
+        if self.plan.mode == "pipeline":
+            self._runner.actions = self.recorded_actions if enabled else None
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
         """The whole model's state, keyed as the original module's state_dict, on every rank

@@ -67,6 +67,26 @@ class PipelineRunner:
         # tied parameter copies on this stage -> the group of this replica's stages holding it
         self.tied = [(self.module.part.get_parameter(uses[stage]), tie_groups[i])
                      for i, uses in enumerate(cut.tied) if stage in uses]
+        self.actions: Optional[List[tuple]] = None  # record_actions(): (kind, mb, start, end)
+        self._time_actions()
+
+    def _time_actions(self) -> None:
+        """While `self.actions` is a list, every forward and backward of a micro-batch appends
+        ("F" | "B", micro-batch, start, end) in time.perf_counter seconds: the executor's own
+        timeline, which `hybridplan validate` draws beside the cost model's schedule."""
+        import time
+
+        def timed(kind, run):
+            def wrapper(chunk, *args, **kwargs):
+                if self.actions is None:
+                    return run(chunk, *args, **kwargs)
+                start = time.perf_counter()
+                out = run(chunk, *args, **kwargs)
+                self.actions.append((kind, chunk, start, time.perf_counter()))
+                return out
+            return wrapper
+        self.stage.forward_one_chunk = timed("F", self.stage.forward_one_chunk)
+        self.stage.backward_one_chunk = timed("B", self.stage.backward_one_chunk)
 
     def step(self, flat_inputs: Optional[Sequence[torch.Tensor]], target: Any) -> torch.Tensor:
         """One training step's schedule; returns the replica's mean loss on the last stage, 0

@@ -97,8 +97,6 @@ TEST_CASE("the Reducer's buckets and bucket_bytes agree on random sizes", "[exec
   }
 }
 
-}
-
 TEST_CASE("rank agreement names the first two ranks that differ", "[executor][agreement]") {
   RankFingerprint a{std::string(64, 'a'), "placement dp=2 mp=1", std::string(64, 'p'), "6 tensors"};
   RankFingerprint b = a;
