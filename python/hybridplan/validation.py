@@ -52,23 +52,48 @@ def _kind(plan: dict) -> str:
     return f"{kind} b={plan['per_replica_batch']}"
 
 
+def _family(plan: dict) -> str:
+    if plan["mp"] == 1:
+        return "dp"
+    return "placement" if plan["mode"] == "placement" else plan["schedule"]
+
+
 def select_plans(ranked: Sequence[dict], count: int) -> List[dict]:
-    """The best plan, then a spread across the ranking: first every distinct kind (DP,
-    placement, each schedule and micro-batch count) in rank order, preferring kinds far from the
-    ones chosen (few vs many micro-batches), until `count` plans."""
-    chosen, kinds = [], set()
-    for plan in ranked:
-        if len(chosen) == count:
-            break
-        if _kind(plan) not in kinds:
-            chosen.append(plan)
-            kinds.add(_kind(plan))
-    for plan in ranked:  # fewer kinds than asked: fill with the next best
-        if len(chosen) == count:
-            break
-        if plan not in chosen:
-            chosen.append(plan)
-    return chosen
+    """The best plan, then a spread across the ranking: the best of each family (DP, placement,
+    GPipe, 1F1B), then each pipeline family's fewest and most micro-batches (the model's
+    extremes: bubbles vs per-call costs), then every other distinct kind in rank order, then the
+    next best, until `count` plans; returned in rank order."""
+    ranked = list(ranked)
+    wanted: List[int] = []
+
+    def take(i: Optional[int]) -> None:
+        if i is not None and i not in wanted and len(wanted) < count:
+            wanted.append(i)
+
+    def first(pred) -> Optional[int]:
+        return next((i for i, p in enumerate(ranked) if pred(p)), None)
+
+    take(first(lambda p: True))
+    families = []
+    for p in ranked:
+        if _family(p) not in families:
+            families.append(_family(p))
+    for fam in families:
+        take(first(lambda p: _family(p) == fam))
+    for fam in families:
+        ms = sorted({p["num_microbatches"] for p in ranked if _family(p) == fam})
+        if fam in ("dp", "placement") or len(ms) < 2:
+            continue
+        for m in (ms[0], ms[-1]):
+            take(first(lambda p: _family(p) == fam and p["num_microbatches"] == m))
+    kinds = {_kind(ranked[i]) for i in wanted}
+    for i, p in enumerate(ranked):
+        if _kind(p) not in kinds:
+            take(i)
+            kinds.add(_kind(p))
+    for i in range(len(ranked)):
+        take(i)
+    return [ranked[i] for i in sorted(wanted)]
 
 
 @dataclasses.dataclass

@@ -70,16 +70,25 @@ def test_every_node_is_timed_on_both_sides(profiles, model):
         assert with_params and all(n["backward_s"] > 0 for n in with_params)
 
 
+def _disagreeing(graphs) -> list:
+    """Judged nodes whose python / cpp ratio is outside [0.6, 1/0.6]; the rest off by > 1 ms."""
+    rows = agreement.compare(*graphs, tolerance=1.0, absolute_s=1e-3)
+    return [r for r in rows
+            if (r["judged"] and not 0.6 <= r["ratio"] <= 1 / 0.6) or not r["ok"]]
+
+
 @pytest.mark.parametrize("model", sorted(agreement.TWINS))
 def test_node_times_agree(profiles, model):
-    """Nodes of >= 5 % of the step within 50 %, the rest within 0.5 ms (medians over 3
-    alternating rounds). The benchmark holds the judged nodes to 20 % on a quiet machine and
-    measures 0.98-1.14 there; under `make test` the other core runs other tests, whose cache and
-    memory-bandwidth pressure moves single nodes by 20 % and more, so this bound is looser. It
-    still fails when the two profilers measure different things: timing blocks alone instead of
-    in a step, or glibc's page faults charged to one side, put nodes at 0.4-0.5x before."""
-    rows = agreement.compare(*profiles(model), tolerance=0.5)
-    bad = [r for r in rows if not r["ok"]]
+    """Nodes of >= 5 % of the step within a factor 1/0.6 either way, the rest within 1 ms (medians
+    over 3 alternating rounds). The benchmark holds the judged nodes to 20 % on a quiet machine
+    and measures 0.98-1.14 there; under `make test` the other core runs other tests, whose cache
+    and memory-bandwidth pressure moves single nodes by 20-60 %, so this bound is looser, and a
+    disagreement is measured once more (fresh rounds) before it fails: the faults this test
+    exists for are systematic and repeat (timing blocks alone instead of in a step, or glibc's
+    page faults charged to one side, put nodes at 0.4-0.5x every time)."""
+    bad = _disagreeing(profiles(model))
+    if bad:
+        bad = _disagreeing(agreement.profile_both(model, BATCH, REPEATS, ROUNDS, "thread"))
     assert not bad, "\n".join(
         f"{r['name']}: cpp {r['cpp_s'] * 1e3:.3f} ms, python {r['python_s'] * 1e3:.3f} ms "
-        f"({'judged' if r['judged'] else 'absolute'})" for r in rows)
+        f"({'judged' if r['judged'] else 'absolute'})" for r in bad)

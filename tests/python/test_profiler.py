@@ -272,7 +272,8 @@ class _Sleepy(nn.Module):
 def test_each_node_is_charged_its_own_forward_and_backward():
     """Three nodes whose forward and backward sleep for known, neighbour-distinct times (the C++
     profiler's twin test is in tests/cpp/torch/test_profiler.cc): an interval charged to the
-    wrong node (the previous or next one) would be off by >= 20 ms."""
+    wrong node (the previous or next one) would be off by >= 20 ms, so up to 19 ms of Linear,
+    hooks and a loaded machine's oversleeping is allowed above the sleep."""
     sleeps = [(0.030, 0.010), (0.010, 0.050), (0.050, 0.030)]
     model = nn.Sequential(*[_Sleepy(f, b) for f, b in sleeps])
     graph = profile_dict(model, torch.randn(2, 4), warmup=1, repeats=3, verbose=False,
@@ -280,9 +281,8 @@ def test_each_node_is_charged_its_own_forward_and_backward():
     by_name = {n["name"]: n for n in graph["nodes"]}
     for i, (forward_s, backward_s) in enumerate(sleeps):
         node = by_name[str(i)]
-        # at least the sleep; at most the sleep plus 10 ms of Linear, hooks and scheduling
-        assert forward_s <= node["forward_s"] <= forward_s + 0.010, node
-        assert backward_s <= node["backward_s"] <= backward_s + 0.010, node
+        assert forward_s <= node["forward_s"] <= forward_s + 0.019, node
+        assert backward_s <= node["backward_s"] <= backward_s + 0.019, node
 
 
 def test_wall_clock_times_are_positive_and_per_node(one_thread):

@@ -84,6 +84,8 @@ class Dataflow:
     edges: Dict[EdgeKey, int] = field(default_factory=dict)  # hook-derived edges -> bytes
     # orphan parameter name -> the first node whose inputs were computed from it
     param_readers: Dict[str, str] = field(default_factory=dict)
+    # node name -> bytes autograd saved for backward while it ran (see _SavedBytes)
+    saved_bytes: Dict[str, int] = field(default_factory=dict)
 
 
 class _Producers:
@@ -150,6 +152,48 @@ class _Producers:
         return found
 
 
+class _SavedBytes:
+    """torch.autograd.graph.saved_tensors_hooks that charge each tensor autograd saves for
+    backward to the node running when it is saved (or, between nodes, to the last node that ran;
+    before the first node, to the first): the activation memory a node keeps until its backward.
+    Each storage is counted once (a tensor saved by two ops is held once), with its whole size (a
+    saved view keeps its base alive); parameters and buffers are excluded (the model's memory,
+    counted apart)."""
+
+    def __init__(self, module: nn.Module, flow: "Dataflow", running: List[Tuple[str, Any]]):
+        self.flow, self.running = flow, running
+        self.model_storages = {t.untyped_storage().data_ptr()
+                               for t in list(module.parameters()) + list(module.buffers())
+                               if t.layout == torch.strided and t.device.type != "meta"}
+        self.seen: set = set()
+        self.pending = 0  # saved before the first node ran
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if t.layout != torch.strided or t.device.type == "meta" or not t.numel():
+            return t
+        key = t.untyped_storage().data_ptr()
+        if key in self.model_storages or key in self.seen:
+            return t
+        self.seen.add(key)
+        nbytes = t.untyped_storage().nbytes()
+        owner = self.running[-1][0] if self.running else (
+            self.flow.order[-1] if self.flow.order else None)
+        if owner is None:
+            self.pending += nbytes
+        else:
+            self.flow.saved_bytes[owner] = self.flow.saved_bytes.get(owner, 0) + nbytes
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def finish(self) -> None:
+        if self.pending and self.flow.order:
+            first = self.flow.order[0]
+            self.flow.saved_bytes[first] = self.flow.saved_bytes.get(first, 0) + self.pending
+
+
 def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
                     inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None
                     ) -> Tuple[Dataflow, Any]:
@@ -189,8 +233,11 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
     for name, mod in nodes.items():
         handles.append(mod.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
         handles.append(mod.register_forward_hook(post_hook(name), with_kwargs=True))
+    saved = _SavedBytes(module, flow, running)
     try:
-        output = module(*inputs, **(kwargs or {}))
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            output = module(*inputs, **(kwargs or {}))
+        saved.finish()
     except Exception as exc:  # re-raised as ValueError naming where the forward failed
         raise ValueError(_forward_failure(module, nodes, flow, running, (inputs, kwargs),
                                           exc)) from exc

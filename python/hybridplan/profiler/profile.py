@@ -286,6 +286,7 @@ def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops,
                    "forward_s": forward_s[n], "backward_s": backward_s[n],
                    "param_bytes": param_bytes[n],
                    "output_bytes": dataflow.tree_total(flow.output_tree[n]),
+                   "saved_bytes": int(flow.saved_bytes.get(n, 0)),
                    "flops": flops.get(n, 0.0),
                    **_batch_times_of(n, batch_times)} for n in flow.order],
         "edges": [{"src": ids[s], "dst": ids[d], "bytes": int(b)}

@@ -1,0 +1,134 @@
+"""`hybridplan calibrate` and `hybridplan validate`: the plan spread, the predicted-vs-measured
+arithmetic, and both end to end on 2 loopback ranks (structure and sanity only: the figures
+themselves are the README's, measured on a quiet machine; a loaded 2-core machine cannot hold
+them, and these tests do not pretend to)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))
+
+from hybridplan import validation  # noqa: E402
+
+
+def _plan(dp, mp, mode="pipeline", schedule="gpipe", m=1, batch=8, step=0.01):
+    if mp == 1 or mode == "placement":
+        schedule, m = "none", 1
+    return {"dp": dp, "mp": mp, "mode": mode, "schedule": schedule, "num_microbatches": m,
+            "per_replica_batch": batch, "predicted": {"step_s": step}}
+
+
+def test_select_plans_spreads_across_families_and_microbatches():
+    ranked = ([_plan(1, 2, m=m, step=0.01 + m * 1e-4) for m in (2, 4, 8)]
+              + [_plan(1, 2, schedule="1f1b", m=m) for m in (2, 4, 16, 32)]
+              + [_plan(2, 1), _plan(1, 2, mode="placement")]
+              + [_plan(1, 2, m=m) for m in (1, 16, 32)])
+    chosen = validation.select_plans(ranked, 8)
+    assert chosen[0] is ranked[0]  # the planner's choice first
+    assert len(chosen) == 8 and all(c in ranked for c in chosen)
+    assert [ranked.index(c) for c in chosen] == sorted(ranked.index(c) for c in chosen)
+    kinds = {validation._kind(c) for c in chosen}
+    assert len(kinds) == 8
+    # every family, and each pipeline schedule's fewest and most micro-batches
+    assert {"dp b=8", "placement b=8", "gpipe M=1 b=8", "gpipe M=32 b=8", "1f1b M=2 b=8",
+            "1f1b M=32 b=8"} <= kinds
+    assert validation.select_plans(ranked, 2) == [ranked[0], ranked[3]]  # best, best 1f1b
+    assert validation.select_plans(ranked[:2], 5) == ranked[:2]
+
+
+def test_compare_and_summarize():
+    terms = {t: 0.0 for t in validation.TERMS}
+    plans = [dict(_plan(2, 1, step=0.011), predicted=dict(terms, step_s=0.011,
+                                                           memory_bytes=[100, 100])),
+             dict(_plan(1, 2, m=4, step=0.020), predicted=dict(terms, step_s=0.020))]
+    measured = [dict(terms, step_s=0.010, memory_bytes=[110, 90]), dict(terms, step_s=0.025)]
+    rows = [validation.compare(p, m) for p, m in zip(plans, measured)]
+    assert rows[0]["errors"]["step_s"] == pytest.approx(0.1)
+    assert rows[1]["errors"]["step_s"] == pytest.approx(-0.2)
+    assert rows[0]["memory_error"] == pytest.approx(100 / 110 - 1)
+    result = validation.summarize(rows, "x")
+    assert result.median_abs_error == pytest.approx(0.15)
+    assert result.worst_abs_error == pytest.approx(0.2)
+    # per sample: DP 2x8 samples in 10 ms beats the pipeline's 8 in 25 ms
+    assert result.best_predicted_rank_measured == 1 and result.within_5_percent_of_fastest
+    assert "median |error| 15.0 %" in validation.markdown(result, "t")
+
+
+def _launch(args, timeout):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS="1",
+               GLOO_SOCKET_IFNAME="lo")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "hybridplan"] + args, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calibrate") / "cluster.json"
+    done = _launch(["calibrate", "--out", str(out), "--warmup", "1", "--repeats", "3",
+                    "--model", "hybridplan.models:branchy_cnn", "--batch", "8"], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
+    cluster = json.loads(calibrated.read_text())
+    from hybridplan.planner import Cluster
+
+    assert Cluster.from_dict(cluster).devices_per_node == 2
+    assert cluster["device"]["type"] == "cpu" and cluster["collectives"]["library"] == "gloo"
+    runtime = cluster["runtime"]
+    assert runtime["step_s"] >= 0 and runtime["action_s"] >= 0
+    assert runtime["shared_host_slowdown"][0] == [1, 1.0]
+    assert runtime["shared_host_slowdown"][1][0] == 2 and runtime["shared_host_slowdown"][1][1] > 0
+    assert cluster["device"]["memory_bandwidth_bytes_per_s"] > 0
+    # every fit reports residuals and whether the data resolved it, never a failed run
+    assert all("resolved" in f for f in cluster["measured"]["fits"].values())
+    assert os.listdir(calibrated.parent) == ["cluster.json"]  # atomic: no temporary left
+
+
+def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
+    import torch
+
+    import hybridplan
+    from hybridplan import models
+
+    torch.set_num_threads(1)
+    module = models.get("branchy_cnn", seed=0)
+    graph = hybridplan.profile(module, module.example_inputs(8), verbose=False,
+                               batch_sizes=(), repeats=2, clock="thread")
+    graph_path = tmp_path / "graph.json"
+    graph.save(graph_path)
+    out = tmp_path / "validate"
+    # the CLI entry point, as a user runs it (python -m hybridplan validate)
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
+         str(calibrated), "--model", "hybridplan.models:branchy_cnn", "--devices", "2",
+         "--plans", "3", "--steps", "2", "--out-dir", str(out)],
+        env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
+        timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "validate.json").read_text())
+    rows = result["rows"]
+    assert len(rows) == 3
+    for row in rows:
+        assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
+        assert row["measured"]["compute_s"] > 0
+        assert max(row["measured_memory_bytes"]) > 0 and max(row["predicted_memory_bytes"]) > 0
+        assert row["errors"]["step_s"] == pytest.approx(
+            row["predicted"]["step_s"] / row["measured"]["step_s"] - 1)
+    assert {"validate.md", "scatter.png"} <= set(os.listdir(out))
+    if any(r["mode"] == "pipeline" for r in rows):
+        assert (out / "timeline.png").exists()
+        pipe = next(r for r in rows if r["mode"] == "pipeline")
+        actions = [a for rank in pipe["measured_per_rank"] for a in rank.get("actions", [])]
+        forwards = [a for a in actions if a["kind"] == "F"]
+        # every stage ran every micro-batch forward, stamped by the executor's own clock
+        assert len(forwards) == pipe["mp"] * pipe["num_microbatches"]
+        assert all(0 <= a["start_s"] <= a["end_s"] for a in actions)
