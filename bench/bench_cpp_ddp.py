@@ -91,7 +91,7 @@ def python_mlp(widths: Sequence[int]):
 def prepare(folder: Path, widths: Sequence[int], global_batch: int) -> Dict[str, str]:
     """The model's graph (C++ profiler), a DP-only plan for 2 ranks over it, and the initial
     weights (train_mlp --reference --steps 0), all in `folder`."""
-    from hybridplan._hand_plan import hand_plan
+    from hybridplan.hand_plans import hand_plan
     from hybridplan.planner import Graph
 
     exe = str(bin_dir() / "train_mlp")

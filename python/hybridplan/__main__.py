@@ -155,6 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--warmup", type=int, default=5)
     val.add_argument("--timeout-s", type=float, default=120.0)
     val.add_argument("--out-dir", default="out/validate")
+    val.add_argument("--baseline-cluster", metavar="CLUSTER",
+                     help="also predict the same measured plans with this cluster (e.g. the "
+                          "uncalibrated preset localhost-cpu): its errors side by side")
     val.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_noise_scale_parser(sub)
     return parser
@@ -280,7 +283,8 @@ def _validate(args) -> int:
     _load_factory(args.model, "validate", "--model")  # fail here, not in every rank
     result = validate(args.graph, args.cluster, args.model, job=args.job, devices=args.devices,
                       plans=args.plans, steps=args.steps, warmup=args.warmup,
-                      timeout_s=args.timeout_s, out_dir=args.out_dir)
+                      timeout_s=args.timeout_s, out_dir=args.out_dir,
+                      baseline_cluster=args.baseline_cluster)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

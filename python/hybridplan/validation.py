@@ -104,6 +104,9 @@ class ValidationResult:
     best_predicted_rank_measured: int  # where the planner's first plan lands when measured (1 = fastest)
     within_5_percent_of_fastest: bool
     out_dir: str
+    baseline_cluster: Optional[str] = None  # the same runs predicted with another cluster
+    baseline_median_abs_error: Optional[float] = None
+    baseline_worst_abs_error: Optional[float] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -160,14 +163,25 @@ def compare(plan: dict, measured: dict) -> dict:
     return row
 
 
-def summarize(rows: List[dict], out_dir: str) -> ValidationResult:
+def add_baseline(row: dict, baseline_step_s: float) -> None:
+    """The same measured plan as predicted by another (e.g. uncalibrated) cluster."""
+    row["baseline_step_s"] = baseline_step_s
+    row["baseline_error"] = _error(baseline_step_s, row["measured"]["step_s"])
+
+
+def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = None
+              ) -> ValidationResult:
     errors = [abs(r["errors"]["step_s"]) for r in rows if r["errors"]["step_s"] is not None]
+    base = [abs(r["baseline_error"]) for r in rows if r.get("baseline_error") is not None]
     measured = [r["measured"]["step_s"] / max(1, r["dp"] * r["per_replica_batch"]) for r in rows]
     fastest = min(measured)
     # rows are in the planner's order: rows[0] is its first choice; rank by measured s/sample
     order = sorted(range(len(rows)), key=lambda i: measured[i])
     return ValidationResult(rows, statistics.median(errors), max(errors), order.index(0) + 1,
-                            measured[0] <= 1.05 * fastest, out_dir)
+                            measured[0] <= 1.05 * fastest, out_dir,
+                            baseline_cluster if base else None,
+                            statistics.median(base) if base else None,
+                            max(base) if base else None)
 
 
 def _pct(x: Optional[float]) -> str:
@@ -179,13 +193,16 @@ def _ms(x: float) -> str:
 
 
 def markdown(result: ValidationResult, title: str) -> str:
+    base = result.baseline_cluster is not None
     lines = [f"# {title}", "",
              "Times in ms (slowest rank, median of the timed steps); error = predicted / measured "
              "- 1. The first row is the planner's choice.", "",
              "| plan | batch | step pred | step meas | error | compute pred | compute meas | "
              "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "
-             "| overhead meas | peak mem pred | peak mem meas | mem error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| overhead meas | peak mem pred | peak mem meas | mem error |"
+             + (f" step pred ({result.baseline_cluster}) | its error |" if base else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             + ("---|---|" if base else "")]
     for r in result.rows:
         p, m = r["predicted"], r["measured"]
         mem_p = max(r["predicted_memory_bytes"] or [0]) / 2**20
@@ -196,12 +213,17 @@ def markdown(result: ValidationResult, title: str) -> str:
             f"{_ms(m['compute_s'])} | {_ms(p['allreduce_s'])} | {_ms(m['allreduce_s'])} | "
             f"{_ms(p['optimizer_s'])} | {_ms(m['optimizer_s'])} | {_ms(p['overhead_s'])} | "
             f"{_ms(m['overhead_s'])} | {mem_p:.1f} MiB | {mem_m:.1f} MiB | "
-            f"{_pct(r['memory_error'])} |")
+            f"{_pct(r['memory_error'])} |"
+            + (f" {_ms(r['baseline_step_s'])} | {_pct(r['baseline_error'])} |" if base else ""))
     lines += ["", f"step-time error: median |error| {100 * result.median_abs_error:.1f} %, worst "
               f"{100 * result.worst_abs_error:.1f} %; the planner's first plan is measured "
               f"#{result.best_predicted_rank_measured} of {len(result.rows)} by time per sample "
               f"({'within' if result.within_5_percent_of_fastest else 'not within'} 5 % of the "
               f"fastest)", ""]
+    if base:
+        lines[-1:-1] = [f"the same runs predicted with {result.baseline_cluster}: median |error| "
+                        f"{100 * result.baseline_median_abs_error:.1f} %, worst "
+                        f"{100 * result.baseline_worst_abs_error:.1f} %"]
     return "\n".join(lines)
 
 
@@ -260,10 +282,14 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
 
 def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int = 8,
              steps: int = 20, warmup: int = 5, timeout_s: float = 120.0,
-             out_dir: str = "out/validate", progress: bool = True) -> ValidationResult:
+             out_dir: str = "out/validate", progress: bool = True,
+             baseline_cluster=None) -> ValidationResult:
     """Runs `plans` plans of `model` (MODULE:FACTORY, whose module has example_inputs /
     example_target and, optionally, loss) on `devices` local ranks and compares each with its
-    prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths."""
+    prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths.
+    `baseline_cluster`: also predict each measured plan with this cluster (e.g. the
+    uncalibrated preset), so the errors before and after calibration stand side by side on the
+    same measurements."""
     from tqdm import tqdm
 
     from . import planner
@@ -272,6 +298,7 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     out.mkdir(parents=True, exist_ok=True)
     g, c = planner._as_graph(graph), planner._as_cluster(cluster)
     j = planner._as_job(job)
+    baseline = None if baseline_cluster is None else planner._as_cluster(baseline_cluster)
     ranked = planner.search(g, c, j, devices=devices, top_k=1000).plans
     chosen = select_plans([p.to_dict() for p in ranked], plans)
     rows, drew_timeline = [], False
@@ -279,13 +306,16 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
         for plan in tqdm(chosen, desc="validate", unit="plan", disable=not progress):
             measured = run_plan(plan, model, steps, warmup, timeout_s, Path(tmp))
             rows.append(compare(plan, measured))
+            if baseline is not None:  # the plan as if made for the baseline cluster
+                as_baseline = dict(plan, cluster=dict(plan["cluster"], name=baseline.name))
+                add_baseline(rows[-1], planner.evaluate(g, baseline, as_baseline, j)["step_s"])
             if not drew_timeline and plan["mode"] == "pipeline":
                 predicted = json.loads(planner._C.pipeline_timeline(
                     g.to_json(), c.to_json(), None if j is None else j.to_json(),
                     json.dumps(plan)))
                 timeline(plan, measured, predicted, out / "timeline.png")
                 drew_timeline = True
-    result = summarize(rows, str(out))
+    result = summarize(rows, str(out), None if baseline is None else baseline.name)
     (out / "validate.json").write_text(json.dumps(result.to_dict(), indent=2))
     (out / "validate.md").write_text(markdown(result, f"{g.name} on {c.name}: predicted vs "
                                                       "measured"))

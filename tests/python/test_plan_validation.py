@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import hybridplan
-from hybridplan._plan_spec import graph_sha256, parse_plan
+from hybridplan.executor.plan_spec import graph_sha256, parse_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = json.loads((ROOT / "tests/data/plan_validation.json").read_text())

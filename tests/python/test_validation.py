@@ -110,7 +110,8 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
          str(calibrated), "--model", "hybridplan.models:branchy_cnn", "--devices", "2",
-         "--plans", "3", "--steps", "2", "--out-dir", str(out)],
+         "--plans", "3", "--steps", "2", "--out-dir", str(out),
+         "--baseline-cluster", "localhost-cpu"],
         env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
         timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -123,6 +124,11 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         assert max(row["measured_memory_bytes"]) > 0 and max(row["predicted_memory_bytes"]) > 0
         assert row["errors"]["step_s"] == pytest.approx(
             row["predicted"]["step_s"] / row["measured"]["step_s"] - 1)
+        # the same measurement predicted by the uncalibrated preset, side by side
+        assert row["baseline_error"] == pytest.approx(
+            row["baseline_step_s"] / row["measured"]["step_s"] - 1)
+    assert result["baseline_cluster"] == "localhost-cpu"
+    assert "predicted with localhost-cpu" in (out / "validate.md").read_text()
     assert {"validate.md", "scatter.png"} <= set(os.listdir(out))
     if any(r["mode"] == "pipeline" for r in rows):
         assert (out / "timeline.png").exists()
