@@ -19,8 +19,11 @@ def test_planner_plans_train_like_one_process(tmp_path):
     graph = hybridplan.profile(model, model.example_inputs(GLOBAL_BATCH), warmup=1, repeats=2,
                                verbose=False)
     chosen = {}
-    for mode in ("pipeline", "placement"):
-        found = hybridplan.search(graph, "localhost-cpu", None, devices=2, top_k=10,
+    # localhost-cpu's devices are CPU ranks, where the planner never offers placement MP (one
+    # process would run the devices' work one after another); a GPU preset's placement plan on
+    # 2 devices applies the same way here, each device's part running on this CPU
+    for mode, cluster in (("pipeline", "localhost-cpu"), ("placement", "dgx1-v100")):
+        found = hybridplan.search(graph, cluster, None, devices=2, top_k=10,
                                   modes=[mode]).plans
         # the best plan of this mode that really splits the model (mp=1 is mode-agnostic DP)
         best = next((p for p in found if p.mp == 2 and p.mode == mode), None)
