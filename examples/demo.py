@@ -6,8 +6,10 @@
    at several batch sizes;
 3. plan it on 2 devices of the calibrated cluster (the `hybridplan` CLI prints the ranked table
    and writes the best plan);
-4. train the best plan and the next ones for a few steps with torchrun (Gloo on loopback) and
-   print every term of the cost model predicted beside measured (`hybridplan validate`).
+4. train the best plan and a spread across the ranking (DP, GPipe and 1F1B with their fewest
+   and most micro-batches) for a few steps each with torchrun (Gloo on loopback) and print every
+   term of the cost model predicted beside measured (`hybridplan validate`), with the step time
+   the uncalibrated preset `localhost-cpu` predicts for the same runs beside it.
 
 Everything lands in out/demo/.
 """
@@ -28,7 +30,7 @@ from hybridplan import models  # noqa: E402
 MODEL = "branchy_cnn"
 PROFILE_BATCH = 32
 DEVICES = 2
-PLANS = 3
+PLANS = 8
 STEPS = 20
 
 
@@ -64,11 +66,12 @@ def main() -> int:
     run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--devices", DEVICES, "--top", 5, "--out", out / "plan.json"])
 
-    print(f"\n== 4. train the best {PLANS} plans, {STEPS} steps each: predicted vs measured",
+    print(f"\n== 4. train {PLANS} plans across the ranking, {STEPS} steps each: predicted vs "
+          "measured",
           flush=True)
     run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--model", f"hybridplan.models:{MODEL}", "--devices", DEVICES, "--plans", PLANS,
-         "--steps", STEPS, "--out-dir", out], env=env)
+         "--steps", STEPS, "--out-dir", out, "--baseline-cluster", "localhost-cpu"], env=env)
     return 0
 
 

@@ -109,11 +109,16 @@ def reference_state(name, global_batch, num_microbatches=1):
     return model.state_dict()
 
 
-def localhost_cpu(devices):
-    """The localhost-cpu preset with `devices` CPU ranks (placement dp=2 x mp=2 needs 4)."""
+def localhost_cpu(devices, mode="pipeline"):
+    """The localhost-cpu preset with `devices` CPU ranks (placement dp=2 x mp=2 needs 4). For
+    placement its devices are declared GPUs: on CPU devices (one process running its devices'
+    parts one after another) the planner offers no placement MP; the executor runs a GPU
+    cluster's placement plan on this CPU all the same, which is what is tested here."""
     import hybridplan
     cluster = hybridplan.load_cluster("localhost-cpu").to_dict()
     cluster.update(devices_per_node=devices, name=f"localhost-cpu-{devices}")
+    if mode == "placement":
+        cluster["device"] = dict(cluster["device"], type="cuda")
     return cluster
 
 
@@ -121,8 +126,8 @@ def planned(graph, kind):
     """The planner's best plan of this kind (see the module doc for the other schedule)."""
     import hybridplan
     mode, devices, dp, mp, schedule = KINDS[kind]
-    found = hybridplan.search(graph, localhost_cpu(devices), None, devices=devices, top_k=50,
-                              modes=[mode]).plans
+    found = hybridplan.search(graph, localhost_cpu(devices, mode), None, devices=devices,
+                              top_k=50, modes=[mode]).plans
     fits = [p for p in found if p.dp == dp and p.mp == mp]
     assert fits, f"the planner proposed no {mode} plan with dp={dp}, mp={mp}: {found}"
     plan = fits[0].to_dict()
