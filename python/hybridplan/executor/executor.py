@@ -27,6 +27,10 @@ float reassociation): the loss is mean-reduced, micro-batch losses are divided b
 (equal micro-batches), replicas average their gradients and tied weights' copies sum theirs.
 BatchNorm: placement (DDP) trains as torch DDP does; a pipeline stage normalises each
 micro-batch alone, as GPipe does (see pipeline).
+
+apply(..., measure_noise_scale=N) measures the gradient noise scale every N steps from the
+replicas' local and all-reduced gradients (a DDP comm hook, see noise); hp.noise_scale() reads
+it and hp.switch_advice(graph, cluster, job) says whether another plan would now win.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ divided once, as the paper smooths them (their per-step ratio is biased).
 Caveats: replicas must hold equal batches (a step where they do not, or where b differs from the
 earlier steps', e.g. an epoch's last partial batch, is skipped and counted in `skipped`); with
 weights tied across pipeline stages, each copy's partial gradient counts as its own parameter;
-with dp = 1 there is no second batch size (apply refuses measure_noise_scale then).
+with BatchNorm the local gradients are DDP's (statistics over each replica's b samples), so the
+figure is that of b-sample batches, where the offline estimator normalises its big batch as a
+whole; with dp = 1 there is no second batch size (apply refuses measure_noise_scale then).
 """
 
 import collections
