@@ -149,14 +149,19 @@ class SwitchAdvice:
     best: Any                 # planner.Plan: the best plan for the measured critical batch
     best_time_s: float
     gain: float               # current_time_s / best_time_s - 1: time saved by switching
-    switch: bool              # best is another configuration and gain >= min_gain
+    gain_range: Tuple[float, float]   # the gain at critical_batch -+ 2 stderr (low, high end)
+    switch: bool              # best is another configuration, gain >= min_gain at the estimate
+                              # and > 0 at both ends of its +- 2 stderr
     job: dict                 # the measured job the plans were priced with
 
     def __str__(self) -> str:
         b = self.best
+        lo, hi = (100 * g for g in self.gain_range)
         verdict = (f"switch to dp {b.dp} x mp {b.mp} {b.mode}, global batch {b.global_batch}: "
-                   f"{100 * self.gain:.1f} % faster" if self.switch else
-                   f"keep the running plan (best alternative {100 * self.gain:.1f} % faster)")
+                   f"{100 * self.gain:.1f} % faster ({lo:.1f} to {hi:.1f} % within 2 stderr)"
+                   if self.switch else
+                   f"keep the running plan (best alternative {100 * self.gain:.1f} % faster at the "
+                   f"estimate, {lo:.1f} to {hi:.1f} % within 2 stderr)")
         return (f"measured critical batch {self.critical_batch:.4g} +- {self.stderr:.2g}: "
                 f"{verdict}")
 
@@ -171,7 +176,9 @@ def switch_advice(plan: Any, estimate: NoiseScale, graph: Any, cluster: Any, job
     devices (`devices`, default the plan's world size) with the measured critical batch in place
     of `job`'s (measured_job; a job without a critical_batch model takes epochs_min from the
     point (plan's global batch, epochs the job gives it)), and advises a switch when the best
-    plan is another configuration that is at least `min_gain` faster."""
+    plan is another configuration that is at least `min_gain` faster at the estimate and still
+    faster (gain > 0) with the critical batch 2 standard errors below and above it: a switch
+    costs a restart, so a noisy estimate does not trigger one."""
     from . import planner
 
     if not isinstance(min_gain, (int, float)) or not math.isfinite(min_gain) or min_gain < 0:
@@ -193,6 +200,18 @@ def switch_advice(plan: Any, estimate: NoiseScale, graph: Any, cluster: Any, job
     current_s, best_s = current["time_to_train_s"], best.predicted["time_to_train_s"]
     gain = current_s / best_s - 1
     same = all(best.to_dict().get(k) == running.to_dict().get(k) for k in _CONFIG_KEYS)
+
+    def gain_at(critical_batch: float) -> float:
+        if not math.isfinite(critical_batch) or critical_batch <= 0:
+            return -math.inf   # the estimate does not bound the critical batch on this side
+        job_at = dict(measured, convergence=dict(measured["convergence"],
+                                                 critical_batch=critical_batch))
+        job_at.pop(PROVENANCE_KEY, None)
+        return (planner.evaluate(graph, cluster, running, job_at)["time_to_train_s"]
+                / planner.evaluate(graph, cluster, best, job_at)["time_to_train_s"] - 1)
+    ends = [gain_at(estimate.b_simple + k * 2 * estimate.stderr) for k in (-1, 1)]
+    gain_range = (min(ends), max(ends))
+    switch = (not same) and gain >= min_gain and gain_range[0] > 0
     return SwitchAdvice(critical_batch=estimate.b_simple, stderr=estimate.stderr,
                         current=current, current_time_s=current_s, best=best, best_time_s=best_s,
-                        gain=gain, switch=(not same) and gain >= min_gain, job=measured)
+                        gain=gain, gain_range=gain_range, switch=switch, job=measured)

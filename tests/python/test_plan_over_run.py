@@ -2,8 +2,10 @@
 (examples/plan_over_run.py) and the switch advice of a measured critical batch
 (noise_scale_job.switch_advice, AppliedPlan.switch_advice)."""
 
+import dataclasses
 import importlib.util
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -113,10 +115,9 @@ def test_readme_case_is_multi_phase_and_beats_the_best_single_plan(tmp_path):
 
 # ---- switch advice ------------------------------------------------------------------------------
 
-def _estimate(b_simple, stderr_spread=0.0):
-    """A NoiseScale with B_simple = b_simple (|G|^2 = 1; b = 1, B = 2)."""
-    return estimate_from_norms(1, 2, [1 + b_simple + stderr_spread, 1 + b_simple - stderr_spread],
-                               [1 + b_simple / 2, 1 + b_simple / 2])
+def _estimate(b_simple):
+    """A NoiseScale with B_simple = b_simple, stderr 0 (|G|^2 = 1; b = 1, B = 2)."""
+    return estimate_from_norms(1, 2, [1 + b_simple] * 2, [1 + b_simple / 2] * 2)
 
 
 def test_switch_advice_follows_the_measured_critical_batch():
@@ -136,6 +137,17 @@ def test_switch_advice_follows_the_measured_critical_batch():
     assert advice.best_time_s == best.predicted["time_to_train_s"]
     assert advice.gain == pytest.approx(current / advice.best_time_s - 1) and advice.gain > 0.5
     assert "switch to dp 2 x mp 4 pipeline" in str(advice)
+    assert advice.stderr == 0 and advice.gain_range == pytest.approx((advice.gain, advice.gain))
+    # the same estimate, but so noisy that B_crit may as well be 1301: no switch
+    noisy = dataclasses.replace(_estimate(51.0), stderr=1000.0)
+    unsure = switch_advice(running, noisy, TINY, "dgx1-v100", _job(1301))
+    assert unsure.gain == pytest.approx(advice.gain) and unsure.gain_range[0] == -math.inf
+    assert not unsure.switch and "keep the running plan" in str(unsure)
+    # a moderate stderr: the 2 x 4 pipeline still wins across B_crit 51 -+ 2 stderr
+    sure = switch_advice(running, dataclasses.replace(_estimate(51.0), stderr=5.0), TINY,
+                         "dgx1-v100", _job(1301))
+    assert sure.switch
+    assert sure.gain_range[0] < sure.gain < sure.gain_range[1]
     # measured where it was planned: keep it
     keep = switch_advice(running, _estimate(1301.0), TINY, "dgx1-v100", _job(1301))
     assert not keep.switch and keep.gain == pytest.approx(0, abs=1e-12)
