@@ -163,7 +163,8 @@ void bind_planner(py::module_& m) {
         "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. Raises "
         "InfeasibleError when no candidate fits.");
   m.def("plan_over_run", &plan_over_run_text, py::arg("graph_text"), py::arg("cluster_text"),
-        py::arg("job_text"), py::arg("devices") = 0, py::arg("segments") = RunScheduleOptions{}.segments,
+        py::arg("job_text"), py::arg("devices") = 0,
+        py::arg("segments") = RunScheduleOptions{}.segments,
         py::arg("switch_s") = -1.0, py::arg("placement") = true, py::arg("pipeline") = true,
         "The schedule of plans over the run (JSON text, as `plan --over-run --json`). Raises "
         "ValueError unless the job has a critical_batch model, InfeasibleError when nothing fits.");

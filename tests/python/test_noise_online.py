@@ -24,7 +24,7 @@ from hybridplan import models
 from hybridplan.executor import noise
 from hybridplan.gradient_noise import estimate_from_norms, noise_scale
 from plan_builders import pipeline_plan, placement_plan
-from test_noise_scale import (D, b_simple_exact, half_squared_error, least_squares_data,
+from test_noise_scale import (b_simple_exact, half_squared_error, least_squares_data,
                               least_squares_module)
 
 LS_BATCH, LS_STEPS = 128, 400          # per replica; global batch 256
@@ -141,10 +141,12 @@ def least_squares_rank(out_dir: str) -> None:
         states.append(h.state_dict())
     assert torch.equal(states[0]["0.weight"], states[1]["0.weight"])
     assert not torch.equal(states[0]["0.weight"], module.state_dict()["0.weight"])
-    dist.barrier()
+    dist.destroy_process_group()
 
 
 def gnmt_rank(out_dir: str, mode: str, steps: int, every: int) -> None:
+    import torch.distributed  # noqa: F401  (destroy_process_group below)
+
     torch.set_num_threads(1)
     module = _gnmt()
     if mode == "placement":
@@ -162,6 +164,8 @@ def gnmt_rank(out_dir: str, mode: str, steps: int, every: int) -> None:
         inputs, target = _gnmt_data(2 * GNMT_BATCH, step)
         hp.step(*hp.shard(inputs, target))
     _write(out_dir, f"gnmt-{mode}-{steps}", hp)
+    hp.state_dict()   # waits for the last stage's loss broadcast (as every executor test ends)
+    torch.distributed.destroy_process_group()
 
 
 def _records(tmp_path, name, n):

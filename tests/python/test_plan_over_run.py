@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hybridplan
-from hybridplan import pipedream, planner
+from hybridplan import pipedream
 from hybridplan.gradient_noise import estimate_from_norms
 from hybridplan.noise_scale_job import measured_job, switch_advice
 
