@@ -7,6 +7,7 @@
 
 #include "planner/evaluate.h"
 #include "planner/explain.h"
+#include "planner/run_schedule.h"
 #include "planner/search.h"
 #include "python/bindings.h"
 
@@ -102,6 +103,27 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
   return out.dump();
 }
 
+// The schedule of plans over the run (run_schedule.h), as `hybridplan plan --over-run --json`
+// prints it. switch_s < 0: default_switch_s(problem).
+std::string plan_over_run_text(const std::string& graph_text, const std::string& cluster_text,
+                               const std::string& job_text, int64_t devices, int segments,
+                               double switch_s, bool placement, bool pipeline) {
+  const Problem problem = make_problem(graph_text, cluster_text, job_text);
+  SearchOptions options;
+  options.devices = devices;
+  options.placement = placement;
+  options.pipeline = pipeline;
+  RunScheduleOptions run;
+  run.segments = segments;
+  run.switch_s = switch_s;
+  RunSchedule schedule;
+  {
+    py::gil_scoped_release release;
+    schedule = plan_over_run(problem, options, run);
+  }
+  return run_schedule_to_json(schedule, problem).dump();
+}
+
 // The plan as text for people: with the graph, its node names; with graph and cluster too,
 // memory capacity and links (explain.h).
 std::string explain_plan(const std::string& plan_text, const std::string& plan_source,
@@ -140,6 +162,12 @@ void bind_planner(py::module_& m) {
         py::arg("exact_placement_max_nodes") = SearchOptions{}.exact_placement_max_nodes,
         "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. Raises "
         "InfeasibleError when no candidate fits.");
+  m.def("plan_over_run", &plan_over_run_text, py::arg("graph_text"), py::arg("cluster_text"),
+        py::arg("job_text"), py::arg("devices") = 0,
+        py::arg("segments") = RunScheduleOptions{}.segments,
+        py::arg("switch_s") = -1.0, py::arg("placement") = true, py::arg("pipeline") = true,
+        "The schedule of plans over the run (JSON text, as `plan --over-run --json`). Raises "
+        "ValueError unless the job has a critical_batch model, InfeasibleError when nothing fits.");
   m.def("explain", &explain_plan, py::arg("plan_text"), py::arg("plan_source") = "plan",
         py::arg("graph_text") = std::nullopt, py::arg("cluster_text") = std::nullopt,
         py::arg("job_text") = std::nullopt,

@@ -20,6 +20,7 @@ _EXPORTS = {
     "plan": "planner", "search": "planner", "evaluate": "planner", "explain": "planner",
     "load_graph": "planner", "load_cluster": "planner", "load_job": "planner",
     "load_plan": "planner", "presets": "planner", "InfeasibleError": "planner",
+    "plan_over_run": "planner", "RunSchedule": "planner",
     # profiler
     "profile": "profiler",
     # executor
@@ -30,7 +31,8 @@ _EXPORTS = {
     "calibrate": "calibration", "validate": "validation",
     # statistical efficiency from the gradients
     "noise_scale": "gradient_noise", "NoiseScale": "gradient_noise",
-    "critical_batch_job": "noise_scale_job",
+    "critical_batch_job": "noise_scale_job", "switch_advice": "noise_scale_job",
+    "SwitchAdvice": "noise_scale_job",
 }
 _SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "hand_plans",
                "calibration", "validation", "fitting"}

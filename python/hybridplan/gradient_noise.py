@@ -13,15 +13,16 @@ b < B give unbiased estimates of both (their appendix A):
     est.b_simple, est.stderr, est.g_squared, est.trace_sigma
 
 `estimate_from_norms` is the same math as a pure function of per-step squared norms: the
-online estimator (a replica's local gradient at b against the all-reduced one at dp * b)
-feeds it the same way.
+online estimator (executor/noise.py: a replica's local gradient at b against the all-reduced
+one at dp * b, every N steps of training) feeds it the same way, with exponentially decaying
+step weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,7 @@ class NoiseScale:
     trace_sigma_stderr: float
     b_simple: float           # trace_sigma / g_squared; inf when g_squared <= 0
     stderr: float             # of b_simple, delta method (see estimate_from_norms)
+    effective_steps: float = 0.0   # 1 / sum(w^2) of the step weights: steps with equal weights
 
     @property
     def steps(self) -> int:
@@ -56,17 +58,52 @@ def _sample_variance(xs: Sequence[float]) -> float:
     return math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)
 
 
+def _weighted_mean(xs: Sequence[float], w: Optional[Sequence[float]]) -> float:
+    if w is None:
+        return _mean(xs)
+    return math.fsum(wi * x for wi, x in zip(w, xs))
+
+
+def _variance_of_mean(xs: Sequence[float], w: Optional[Sequence[float]]) -> float:
+    """Variance of the (weighted) mean of xs. Equal weights: sample variance / n. Normalised
+    weights w: sum(w^2) * s^2 with the unbiased weighted variance
+    s^2 = sum w (x - m)^2 / (1 - sum w^2) (reliability weights), which is the same figure when
+    every w is 1/n."""
+    if w is None:
+        return _sample_variance(xs) / len(xs)
+    m = _weighted_mean(xs, w)
+    w2 = math.fsum(wi * wi for wi in w)
+    return w2 * math.fsum(wi * (x - m) ** 2 for wi, x in zip(w, xs)) / (1 - w2)
+
+
+def unbiased_estimates(small_batch: int, big_batch: int, small_sq_norm: float,
+                       big_sq_norm: float) -> Tuple[float, float]:
+    """(|G|^2, tr(Sigma)) estimated from one step's |G_b|^2 and |G_B|^2 (appendix A of
+    McCandlish et al.; each unbiased, since E|G_b|^2 = |G|^2 + tr(Sigma) / b)."""
+    b, B = small_batch, big_batch
+    return ((B * big_sq_norm - b * small_sq_norm) / (B - b),
+            (small_sq_norm - big_sq_norm) / (1 / b - 1 / B))
+
+
 def estimate_from_norms(small_batch: int, big_batch: int, small_sq_norms: Sequence[float],
-                        big_sq_norms: Sequence[float]) -> NoiseScale:
+                        big_sq_norms: Sequence[float],
+                        weights: Optional[Sequence[float]] = None) -> NoiseScale:
     """B_simple from per-step squared gradient norms at `small_batch` and `big_batch`.
 
     Numerator and denominator are averaged over steps separately and divided once: the mean of
     per-step ratios is biased (a ratio of noisy estimates is not the ratio of their means).
     The standard error is the delta method for a ratio of means, R = mean(s) / mean(g):
-        Var(R) ~ Var(s_i - R g_i) / (n mean(g)^2)
-    with the sample variance over the n steps, which accounts for the covariance of s_i and
-    g_i within a step (they share |G_b|^2 and |G_B|^2). When mean(g) <= 0 the noise swamps the
-    signal at these batches and step count: b_simple and stderr are inf.
+        Var(R) ~ Var(mean of (s_i - R g_i)) / mean(g)^2
+    with the sample variance over the n steps (Var(mean) = sample variance / n), which accounts
+    for the covariance of s_i and g_i within a step (they share |G_b|^2 and |G_B|^2). When
+    mean(g) <= 0 the noise swamps the signal at these batches and step count: b_simple and
+    stderr are inf.
+
+    `weights` (one per step, >= 0, not all 0; normalised here) make every mean a weighted mean:
+    the online estimator's exponential moving average (executor.noise) passes decay^age, so
+    numerator and denominator are each an EMA, as the paper smooths them. The variance of a
+    weighted mean is sum(w^2) times the weighted variance (see _variance_of_mean), and
+    `effective_steps` is 1 / sum(w^2) (n with equal weights).
     """
     _check_batches(small_batch, big_batch)
     small, big = [float(x) for x in small_sq_norms], [float(x) for x in big_sq_norms]
@@ -74,22 +111,40 @@ def estimate_from_norms(small_batch: int, big_batch: int, small_sq_norms: Sequen
         raise ValueError(f"noise_scale: small_sq_norms and big_sq_norms must have one entry per "
                          f"step each (got {len(small)} and {len(big)})")
     _check_steps(len(small))
+    w = _normalised_weights(weights, len(small))
     b, B = small_batch, big_batch
-    g = [(B * nb - b * ns) / (B - b) for ns, nb in zip(small, big)]
-    s = [(ns - nb) / (1 / b - 1 / B) for ns, nb in zip(small, big)]
-    n, g_mean, s_mean = len(g), _mean(g), _mean(s)
+    g, s = zip(*(unbiased_estimates(b, B, ns, nb) for ns, nb in zip(small, big)))
+    g_mean, s_mean = _weighted_mean(g, w), _weighted_mean(s, w)
     if g_mean > 0:
         ratio = s_mean / g_mean
         residual = [si - ratio * gi for si, gi in zip(s, g)]
-        stderr = math.sqrt(_sample_variance(residual) / n) / g_mean
+        stderr = math.sqrt(_variance_of_mean(residual, w)) / g_mean
     else:
         ratio = stderr = math.inf
+    effective = len(small) if w is None else 1 / math.fsum(wi * wi for wi in w)
     return NoiseScale(small_batch=b, big_batch=B, small_sq_norms=tuple(small),
                       big_sq_norms=tuple(big), g_squared_samples=tuple(g),
                       trace_sigma_samples=tuple(s), g_squared=g_mean,
-                      g_squared_stderr=math.sqrt(_sample_variance(g) / n),
-                      trace_sigma=s_mean, trace_sigma_stderr=math.sqrt(_sample_variance(s) / n),
-                      b_simple=ratio, stderr=stderr)
+                      g_squared_stderr=math.sqrt(_variance_of_mean(g, w)),
+                      trace_sigma=s_mean, trace_sigma_stderr=math.sqrt(_variance_of_mean(s, w)),
+                      b_simple=ratio, stderr=stderr, effective_steps=effective)
+
+
+def _normalised_weights(weights: Optional[Sequence[float]], n: int) -> Optional[List[float]]:
+    if weights is None:
+        return None
+    w = [float(x) for x in weights]
+    if len(w) != n:
+        raise ValueError(f"noise_scale: weights must have one entry per step (got {len(w)} "
+                         f"for {n} steps)")
+    if any(not math.isfinite(x) or x < 0 for x in w) or math.fsum(w) <= 0:
+        raise ValueError("noise_scale: weights must be finite, >= 0 and not all 0")
+    total = math.fsum(w)
+    w = [x / total for x in w]
+    if math.fsum(x * x for x in w) >= 1:
+        raise ValueError("noise_scale: weights must give at least two steps a weight > 0 "
+                         "for a standard error")
+    return w
 
 
 def _is_int(value: Any) -> bool:

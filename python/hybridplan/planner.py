@@ -487,3 +487,64 @@ def sweep(graph, cluster, job=None, max_devices: Optional[int] = None,
                                                                           "max_devices")
     return json.loads(_C.sweep(g.to_json(), c.to_json(), None if j is None else j.to_json(),
                                max_devices, placement=placement, pipeline=pipeline))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPhase:
+    progress_start: float   # fraction of the run (of epochs_min's work) where the phase starts
+    progress_end: float
+    plan: Plan
+    epochs: float           # of this phase
+    time_s: float           # training time of this phase (switches not included)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSchedule:
+    """A schedule of plans over the run (csrc/planner/run_schedule.h); `to_dict()` is the JSON
+    `hybridplan plan --over-run --json` prints."""
+    phases: list                  # RunPhase, in run order
+    time_s: float                 # phases plus switches
+    switches: int
+    switch_s: float               # the price of one switch used
+    best_single: Plan             # the best plan for the whole run
+    best_single_time_s: float
+    gain_over_best_single: float  # best_single_time_s / time_s - 1
+    candidates: int
+    _dict: dict = dataclasses.field(repr=False, compare=False, default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return copy.deepcopy(self._dict)
+
+
+def _plan_of(d: dict) -> Plan:
+    return Plan(json.dumps(d, sort_keys=True, separators=(",", ":")), _validated=True)
+
+
+def plan_over_run(graph, cluster, job, devices: Optional[int] = None, segments: int = 16,
+                  switch_s: Optional[float] = None, modes: Sequence[str] = MODES) -> RunSchedule:
+    """The schedule of plans over the whole run as the job's critical batch grows (as `hybridplan
+    plan --over-run`): the run cut into `segments` equal parts of progress, each phase's plan
+    chosen by dynamic programming with `switch_s` seconds per change of plan (None: a 30 s
+    restart plus a checkpoint round trip at 1 GB/s). `job` must have a critical_batch
+    convergence model (a number or a [[progress, critical_batch], ...] trajectory); ValueError
+    otherwise, InfeasibleError when no plan fits."""
+    g, c, j = _as_graph(graph), _as_cluster(cluster), _as_job(job)
+    if j is None:
+        raise ValueError("plan_over_run: job must be given: its critical_batch model decides "
+                         "each phase's plan (got None)")
+    placement, pipeline = _mode_flags(modes)
+    devices = 0 if devices is None else _positive_int(devices, "devices")
+    segments = _positive_int(segments, "segments")
+    if switch_s is None:
+        switch_s = -1.0
+    elif (isinstance(switch_s, bool) or not isinstance(switch_s, (int, float))
+          or not 0 <= switch_s < float("inf")):
+        raise ValueError(f"switch_s must be finite and >= 0, or None (got {switch_s!r})")
+    d = json.loads(_C.plan_over_run(g.to_json(), c.to_json(), j.to_json(), devices=devices,
+                                    segments=segments, switch_s=float(switch_s),
+                                    placement=placement, pipeline=pipeline))
+    phases = [RunPhase(p["progress_start"], p["progress_end"], _plan_of(p["plan"]), p["epochs"],
+                       p["time_s"]) for p in d["phases"]]
+    return RunSchedule(phases, d["time_s"], d["switches"], d["switch_s"],
+                       _plan_of(d["best_single"]), d["best_single_time_s"],
+                       d["gain_over_best_single"], d["candidates"], d)

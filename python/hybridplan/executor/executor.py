@@ -27,6 +27,10 @@ float reassociation): the loss is mean-reduced, micro-batch losses are divided b
 (equal micro-batches), replicas average their gradients and tied weights' copies sum theirs.
 BatchNorm: placement (DDP) trains as torch DDP does; a pipeline stage normalises each
 micro-batch alone, as GPipe does (see pipeline).
+
+apply(..., measure_noise_scale=N) measures the gradient noise scale every N steps from the
+replicas' local and all-reduced gradients (a DDP comm hook, see noise); hp.noise_scale() reads
+it and hp.switch_advice(graph, cluster, job) says whether another plan would now win.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..profiler import block_list, stage_split
-from . import placement
+from . import noise, placement
 from .pipeline import PipelineRunner, merge_states
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
 from .rank_agreement import RankReport, agree_across_ranks, param_signature
@@ -131,9 +135,12 @@ def _first_microbatch(spec: PlanSpec, example_inputs: Any, batch_dim: int
 
 
 def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int,
-                  example_inputs: Any = None, batch_dim: int = 0) -> None:
-    """World size, graph hash, module names and (pipeline) the example inputs: the cheap
-    checks, which every rank agrees on before any rank spends seconds in torch.export."""
+                  example_inputs: Any = None, batch_dim: int = 0,
+                  measure_noise_scale: int = 0, noise_scale_decay: float = 0.99) -> None:
+    """World size, graph hash, module names, the noise-scale options and (pipeline) the
+    example inputs: the cheap checks, which every rank agrees on before any rank spends seconds
+    in torch.export."""
+    noise.check_options(measure_noise_scale, noise_scale_decay, spec.dp, spec.source)
     if spec.num_processes != world_size:
         layout = ("one process per replica, world = dp" if spec.mode == "placement"
                   else "one process per device, world = dp * mp")
@@ -163,8 +170,10 @@ class AppliedPlan:
 
     def __init__(self, spec: PlanSpec, original: nn.Module, cut: Optional[stage_split.StageCut],
                  loss_fn: Callable, optimizer: Union[Callable, torch.optim.Optimizer, None],
-                 timeout: datetime.timedelta, batch_dim: int):
+                 timeout: datetime.timedelta, batch_dim: int, plan_dict: Optional[dict] = None,
+                 measure_noise_scale: int = 0, noise_scale_decay: float = 0.99):
         self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
+        self._plan_dict = plan_dict  # the plan as applied: switch_advice() evaluates it
         self.rank = dist.get_rank()
         self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
         self.predicted_step_s = spec.predicted_step_s
@@ -175,6 +184,13 @@ class AppliedPlan:
         else:
             self._init_pipeline(cut)
         self.optimizer = self._make_optimizer(optimizer)
+        self._noise: Optional[noise.NoiseScaleMeter] = None
+        if measure_noise_scale:
+            self._noise = noise.NoiseScaleMeter(measure_noise_scale, noise_scale_decay, spec.dp,
+                                                self._first_device())
+            ddp = self.ddp if spec.mode == "placement" else self._runner.ddp
+            if ddp is not None:  # a pipeline stage without parameters adds zeros
+                self._noise.install(ddp)
 
     # ---- construction ---------------------------------------------------------------------------
     def _init_placement(self) -> None:
@@ -243,11 +259,15 @@ class AppliedPlan:
         Returns the replica's mean loss on every rank (broadcast from its last stage)."""
         self._settle()
         self.optimizer.zero_grad(set_to_none=True)
+        if self._noise is not None:
+            self._noise.begin_step()
         if self.plan.mode == "placement":
             args, kwargs = as_call(inputs)
             output = self.ddp(*args, **kwargs)
             loss = self.loss_fn(output, _to(target, _device_of(output)))
             loss.backward()
+            if self._noise is not None:
+                self._noise.end_step(_batch_size(args, kwargs, self.batch_dim))
             self.optimizer.step()
             return loss.detach()
         flat = None
@@ -257,6 +277,8 @@ class AppliedPlan:
                                                                           self.plan.source)]
             _check_batch(self.plan, flat)
         loss = self._runner.step(flat, _to(target, self.device))
+        if self._noise is not None:
+            self._noise.end_step(self.plan.per_replica_batch)  # stage 0 checked the batch
         self._loss_sent = None
         if self.plan.mp > 1:  # the last stage sends the loss to the replica's other stages
             last = self.plan.rank_of(self.replica, self.plan.mp - 1)
@@ -276,6 +298,36 @@ class AppliedPlan:
         if getattr(self, "_loss_sent", None) is not None:
             self._loss_sent.wait()
             self._loss_sent = None
+
+    # ---- statistical efficiency ---------------------------------------------------------------
+    def noise_scale(self):
+        """The gradient noise scale B_simple measured online (apply(..., measure_noise_scale=N):
+        every N-th step), as a gradient_noise.NoiseScale: `b_simple` and its `stderr`,
+        `g_squared`, `trace_sigma`, `effective_steps` (1 / sum of squared step weights), with
+        small_batch = this replica's batch and big_batch = dp times it. Numerator and
+        denominator are exponential moving averages (weight noise_scale_decay per measured
+        step). None before two measured steps. The same on every rank. See executor/noise.py."""
+        if self._noise is None:
+            raise ValueError("hybridplan: noise_scale() needs apply(..., measure_noise_scale=N) "
+                             "(measure every N steps; it needs dp >= 2)")
+        return self._noise.estimate()
+
+    def switch_advice(self, graph: Any, cluster: Any, job: Any, *, devices: Optional[int] = None,
+                      min_gain: float = 0.05):
+        """Whether another plan would now win, with the measured critical batch in place of
+        `job`'s (see noise_scale_job.switch_advice): a SwitchAdvice with the best plan for the
+        measured critical batch and the predicted gain of switching to it. `graph`, `cluster`
+        and `job` are what the applied plan was planned with; `devices` defaults to the plan's
+        world size. None until noise_scale() has an estimate."""
+        from ..noise_scale_job import switch_advice
+
+        estimate = self.noise_scale()
+        if estimate is None:
+            return None
+        if self._plan_dict is None:
+            raise ValueError("hybridplan: switch_advice() needs the plan as applied")
+        return switch_advice(self._plan_dict, estimate, graph, cluster, job, devices=devices,
+                             min_gain=min_gain)
 
     def parameters(self) -> List[nn.Parameter]:
         """The parameters this rank trains (its stage's in pipeline mode, tied copies
@@ -314,6 +366,15 @@ def _check_batch(spec: PlanSpec, flat: List[Any]) -> None:
                              f"stages were traced at (got shape {list(t.shape)})")
 
 
+def _batch_size(args: Tuple[Any, ...], kwargs: Dict[str, Any], batch_dim: int) -> int:
+    """Samples in a placement step's local batch: the first input tensor's size along
+    batch_dim (0 when no input is a tensor: the noise-scale meter then skips the step)."""
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, torch.Tensor) and v.dim() > batch_dim:
+            return int(v.shape[batch_dim])
+    return 0
+
+
 def _device_of(value: Any) -> torch.device:
     if isinstance(value, torch.Tensor):
         return value.device
@@ -336,7 +397,8 @@ def _default_loss(module: nn.Module) -> Callable:
 def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           optimizer: Union[Callable, torch.optim.Optimizer, None] = None,
           timeout_s: float = kDefaultTimeoutS, graph: Any = None,
-          batch_dim: int = 0, example_inputs: Any = None) -> AppliedPlan:
+          batch_dim: int = 0, example_inputs: Any = None, measure_noise_scale: int = 0,
+          noise_scale_decay: float = 0.99) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
     plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
@@ -351,6 +413,11 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     example_inputs  pipeline plans: one replica batch as step() receives it (a tensor, tuple or
                dict); the stages are traced by torch.export at one micro-batch of it, in the
                module's current train/eval mode, so every step must have that shape.
+    measure_noise_scale  N > 0: measure the gradient noise scale every N steps from the
+               replicas' local and all-reduced gradients (needs dp >= 2; one extra scalar
+               all-reduce per measured step); read it with AppliedPlan.noise_scale(). 0: off.
+    noise_scale_decay  the moving averages' weight per measured step, in (0, 1]; 1 averages
+               every measurement equally.
 
     Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
     job's world size, or if ranks hold different plans or parameter shapes.
@@ -358,12 +425,14 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     timeout = datetime.timedelta(seconds=timeout_s)
     _init_process_group(timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    plan_sha, spec, cut, error = None, None, None, None
+    plan_sha, spec, cut, error, plan_dict = None, None, None, None, None
     signature = param_signature(module)  # before the cut, which may copy tied parameters
     try:
-        plan_sha = sha256_hex(load_plan_dict(plan)[0])
+        plan_dict = load_plan_dict(plan)[0]
+        plan_sha = sha256_hex(plan_dict)
         spec = parse_plan(plan)
-        _local_checks(spec, module, graph, world_size, example_inputs, batch_dim)
+        _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
+                      measure_noise_scale, noise_scale_decay)
     except ValueError as e:
         error = str(e)
     agree_across_ranks(RankReport(rank, plan_sha, error, signature))
@@ -374,4 +443,4 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             error = str(e)
         agree_across_ranks(RankReport(rank, plan_sha, error, signature))
     return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
-                       batch_dim)
+                       batch_dim, plan_dict, measure_noise_scale, noise_scale_decay)

@@ -54,6 +54,7 @@ class PipelineRunner:
         wrapped = (DistributedDataParallel(self.module, process_group=dp_group,
                                            **ddp_bucket_kwargs())
                    if dp > 1 and has_params else self.module)
+        self.ddp = wrapped if wrapped is not self.module else None  # for a DDP comm hook
         inputs_meta, outputs_meta = cut.meta_of(stage)
         self.stage = PipelineStage(wrapped, stage, cut.num_stages, device,
                                    input_args=tuple(inputs_meta), output_args=tuple(outputs_meta),
