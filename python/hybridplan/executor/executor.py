@@ -43,8 +43,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..profiler import block_list, stage_split
-from . import placement
+from . import checkpoint, placement
 from .pipeline import PipelineRunner, merge_states
+from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
 from .rank_agreement import RankReport, agree_across_ranks, param_signature
 
@@ -159,22 +160,34 @@ def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int
 class AppliedPlan:
     """A module trained under a plan on this rank. Attributes: `module` (this rank's part: the
     whole replica in placement mode, the stage module in pipeline mode), `plan` (PlanSpec),
-    `rank`, `replica`, `stage`, `optimizer`, `predicted_step_s`."""
+    `rank`, `replica`, `stage`, `optimizer`, `predicted_step_s`, `step_count` (optimizer steps
+    taken, a resumed checkpoint's included)."""
 
     def __init__(self, spec: PlanSpec, original: nn.Module, cut: Optional[stage_split.StageCut],
                  loss_fn: Callable, optimizer: Union[Callable, torch.optim.Optimizer, None],
-                 timeout: datetime.timedelta, batch_dim: int):
+                 timeout: datetime.timedelta, batch_dim: int,
+                 aliases: Optional[Dict[str, str]] = None,
+                 resumed: Optional[Dict[str, Any]] = None, resumed_from: str = "",
+                 plan_json: str = ""):
         self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
         self.rank = dist.get_rank()
         self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
         self.predicted_step_s = spec.predicted_step_s
         self._timeout = timeout
         self.recorded_actions: List[tuple] = []  # record_actions()
+        self.step_count = 0
+        self._plan_json = plan_json  # the plan's canonical JSON, stored in checkpoints
+        # parameter name -> canonical name (tied names -> the first), taken before the cut
+        self._aliases = aliases if aliases is not None else checkpoint.parameter_aliases(original)
         if spec.mode == "placement":
             self._init_placement()
         else:
             self._init_pipeline(cut)
         self.optimizer = self._make_optimizer(optimizer)
+        if resumed is not None:  # the model state was loaded into `original` before the cut
+            checkpoint.load_optimizer_state(self.optimizer, self._param_names(),
+                                            resumed["optimizer"], resumed_from)
+            self.step_count = resumed["step"]
 
     # ---- construction ---------------------------------------------------------------------------
     def _init_placement(self) -> None:
@@ -249,6 +262,7 @@ class AppliedPlan:
             loss = self.loss_fn(output, _to(target, _device_of(output)))
             loss.backward()
             self.optimizer.step()
+            self.step_count += 1
             return loss.detach()
         flat = None
         if self.stage == 0:
@@ -269,6 +283,7 @@ class AppliedPlan:
             else:
                 work.wait()
         self.optimizer.step()
+        self.step_count += 1
         return loss
 
     def _settle(self) -> None:
@@ -300,6 +315,50 @@ class AppliedPlan:
         parts: List[Optional[Dict[str, torch.Tensor]]] = [None] * self.plan.mp
         dist.all_gather_object(parts, self._runner.local_state(), group=self._replica_group)
         return merge_states(self.original, parts)
+
+    def _param_names(self) -> Dict[int, str]:
+        """id(parameter) -> canonical name, for this rank's parameters (a tied weight's copies
+        on several stages share the name; a parameter-free stage's placeholder has none)."""
+        if self.plan.mode == "placement":
+            named = self.original.named_parameters(remove_duplicate=False)
+        else:
+            named = ((stage_split.original_name(k), p)
+                     for k, p in self._runner.module.named_parameters())
+        return {id(p): self._aliases.get(name, name) for name, p in named}
+
+    def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
+        """Writes one consolidated checkpoint to `path` (docs/formats.md "Checkpoint"): the
+        whole model under the original module's state_dict keys, the optimizer state keyed by
+        parameter name, step_count, the plan and its graph hash. Every rank must call it (it is
+        collective); replica 0's ranks contribute their parts, rank 0 writes. Atomic: the file
+        at `path` is the previous one until the new one is complete (see checkpoint). Raises
+        RuntimeError on every rank if the write failed."""
+        self._settle()
+        path = os.fspath(path)
+        part = None
+        if self.replica == 0:
+            model = (self.original.state_dict() if self.plan.mode == "placement"
+                     else self._runner.local_state())
+            part = {"model": {k: v.detach().cpu().clone() for k, v in model.items()},
+                    "optimizer": checkpoint.optimizer_state_by_name(self.optimizer,
+                                                                     self._param_names())}
+        parts: Optional[List[Any]] = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(part, parts, dst=0)  # every rank has contributed once it returns
+        status: List[Optional[str]] = [None]
+        if self.rank == 0:
+            try:
+                mine = [p for p in parts if p is not None]
+                ckpt = checkpoint.build(
+                    merge_states(self.original, [p["model"] for p in mine]),
+                    checkpoint.merge_optimizer_states([p["optimizer"] for p in mine]),
+                    self.step_count, self._plan_json, self.plan.graph_sha256)
+                checkpoint.write_atomic(ckpt, path)
+            except Exception as e:  # every rank raises it, below
+                status[0] = f"{type(e).__name__}: {e}"
+        dist.broadcast_object_list(status, src=0)
+        if status[0] is not None:
+            raise RuntimeError(f"{path}: checkpoint not written (rank 0: {status[0]}); the "
+                               f"previous file, if any, is unchanged")
 
     def __repr__(self) -> str:
         return (f"AppliedPlan(mode={self.plan.mode!r}, dp={self.plan.dp}, mp={self.plan.mp}, "
@@ -336,7 +395,8 @@ def _default_loss(module: nn.Module) -> Callable:
 def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           optimizer: Union[Callable, torch.optim.Optimizer, None] = None,
           timeout_s: float = kDefaultTimeoutS, graph: Any = None,
-          batch_dim: int = 0, example_inputs: Any = None) -> AppliedPlan:
+          batch_dim: int = 0, example_inputs: Any = None,
+          resume_from: Union[str, os.PathLike, None] = None) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
     plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
@@ -351,6 +411,9 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     example_inputs  pipeline plans: one replica batch as step() receives it (a tensor, tuple or
                dict); the stages are traced by torch.export at one micro-batch of it, in the
                module's current train/eval mode, so every step must have that shape.
+    resume_from  a checkpoint written by AppliedPlan.save_checkpoint under this or any other
+               plan: the model state is loaded before the module is placed or cut, the
+               optimizer state of this rank's parameters by name, and step_count.
 
     Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
     job's world size, or if ranks hold different plans or parameter shapes.
@@ -358,15 +421,23 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     timeout = datetime.timedelta(seconds=timeout_s)
     _init_process_group(timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    plan_sha, spec, cut, error = None, None, None, None
+    plan_sha, plan_json, spec, cut, error, resumed = None, "", None, None, None, None
     signature = param_signature(module)  # before the cut, which may copy tied parameters
+    aliases = checkpoint.parameter_aliases(module)  # likewise
     try:
-        plan_sha = sha256_hex(load_plan_dict(plan)[0])
+        plan_dict = load_plan_dict(plan)[0]
+        plan_json, plan_sha = canonical_json(plan_dict), sha256_hex(plan_dict)
         spec = parse_plan(plan)
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim)
+        if resume_from is not None:
+            resumed = checkpoint.load(resume_from)
+            checkpoint.check_model(resumed, module, os.fspath(resume_from))
     except ValueError as e:
         error = str(e)
     agree_across_ranks(RankReport(rank, plan_sha, error, signature))
+    if resumed is not None:  # into the whole module, before it is placed or cut
+        with torch.no_grad():
+            module.load_state_dict(resumed["model"])
     if spec.mode == "pipeline":  # the cut can fail too (stages not contiguous, export)
         try:
             cut = _cut(spec, module, example_inputs, batch_dim)
@@ -374,4 +445,6 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             error = str(e)
         agree_across_ranks(RankReport(rank, plan_sha, error, signature))
     return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
-                       batch_dim)
+                       batch_dim, aliases=aliases, resumed=resumed,
+                       resumed_from=os.fspath(resume_from) if resume_from is not None else "",
+                       plan_json=plan_json)
