@@ -31,10 +31,13 @@ micro-batch alone, as GPipe does (see pipeline).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import datetime
 import functools
+import gc
 import os
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -43,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..profiler import block_list, stage_split
-from . import checkpoint, placement
+from . import checkpoint, lost_peer, placement
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
@@ -53,6 +56,42 @@ __all__ = ["apply", "AppliedPlan"]
 
 kDefaultTimeoutS = 300.0
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class _Lifecycle:
+    """What apply() started in this process, so that it can be shut down in order: the
+    AppliedPlans not yet closed (weak references, in creation order) and whether apply()
+    created the default process group (then the last close() destroys it)."""
+    open_plans: List["weakref.ref[AppliedPlan]"] = []
+    owns_default_group = False
+    atexit_registered = False
+
+    @classmethod
+    def track(cls, hp: "AppliedPlan") -> None:
+        cls.open_plans.append(weakref.ref(hp))
+        if not cls.atexit_registered:
+            atexit.register(cls.shutdown)
+            cls.atexit_registered = True
+
+    @classmethod
+    def forget(cls, hp: "AppliedPlan") -> None:
+        cls.open_plans = [r for r in cls.open_plans if r() is not None and r() is not hp]
+        if not cls.open_plans and cls.owns_default_group and dist.is_initialized():
+            dist.destroy_process_group()
+            cls.owns_default_group = False
+            gc.collect()
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """atexit: closes the plans the user did not close, newest first."""
+        for ref in reversed(list(cls.open_plans)):
+            hp = ref()
+            if hp is not None:
+                try:
+                    hp.close()
+                except Exception:  # exiting anyway; a lost peer must not hang or mask it
+                    pass
+        cls.forget(None)
 
 
 def _init_process_group(timeout: datetime.timedelta) -> None:
@@ -68,6 +107,7 @@ def _init_process_group(timeout: datetime.timedelta) -> None:
     else:
         backend = "gloo"
     dist.init_process_group(backend, timeout=timeout)
+    _Lifecycle.owns_default_group = True
 
 
 def _device(spec: PlanSpec, global_device: int) -> torch.device:
@@ -176,6 +216,8 @@ class AppliedPlan:
         self._timeout = timeout
         self.recorded_actions: List[tuple] = []  # record_actions()
         self.step_count = 0
+        self._groups: List[Any] = []  # the process groups this plan created (close())
+        self._closed = False
         self._plan_json = plan_json  # the plan's canonical JSON, stored in checkpoints
         # parameter name -> canonical name (tied names -> the first), taken before the cut
         self._aliases = aliases if aliases is not None else checkpoint.parameter_aliases(original)
@@ -184,6 +226,7 @@ class AppliedPlan:
         else:
             self._init_pipeline(cut)
         self.optimizer = self._make_optimizer(optimizer)
+        _Lifecycle.track(self)
         if resumed is not None:  # the model state was loaded into `original` before the cut
             checkpoint.load_optimizer_state(self.optimizer, self._param_names(),
                                             resumed["optimizer"], resumed_from)
@@ -194,14 +237,19 @@ class AppliedPlan:
         spec = self.plan
         self.devices = [_device(spec, g) for g in spec.mesh[self.replica]]
         self._hooks = placement.place(self.original, spec.assignment, self.devices)
-        self.ddp = placement.wrap_ddp(self.original, self.devices)
+        # DDP on a group of its own, not the default group (which the user may own): close()
+        # must be able to destroy every group whose Gloo threads ran DDP's all-reduces
+        ddp_group = self._new_groups([list(range(spec.dp))])[0]
+        self.ddp = placement.wrap_ddp(self.original, self.devices, ddp_group)
         self.module = self.original
         self._params = list(self.original.parameters())
 
     def _new_groups(self, rank_lists: List[List[int]]) -> List[Any]:
         """One process group per rank list; every rank creates every group, in the same order
         (new_group is collective)."""
-        return [dist.new_group(ranks, timeout=self._timeout) for ranks in rank_lists]
+        groups = [dist.new_group(ranks, timeout=self._timeout) for ranks in rank_lists]
+        self._groups.extend(groups)
+        return groups
 
     def _init_pipeline(self, cut: stage_split.StageCut) -> None:
         spec = self.plan
@@ -253,7 +301,22 @@ class AppliedPlan:
         """Forward, backward and optimizer step on this replica's batch (`inputs`: a tensor, a
         tuple of positional or a dict of keyword arguments of forward(); in pipeline mode only
         stage 0 reads the inputs and only the last stage the target, others may pass None).
-        Returns the replica's mean loss on every rank (broadcast from its last stage)."""
+        Returns the replica's mean loss on every rank (broadcast from its last stage).
+
+        If a peer is lost (killed, or silent past the timeout), raises RuntimeError naming it
+        (see lost_peer) instead of the transport's error.
+        """
+        self._check_open("step")
+        try:
+            return self._step(inputs, target)
+        except Exception as e:
+            if not lost_peer.is_communication_error(e):
+                raise
+            raise lost_peer.lost_peer_error(e, f"step {self.step_count + 1}", self.rank,
+                                            dist.get_world_size(),
+                                            f"step{self.step_count + 1}") from e
+
+    def _step(self, inputs: Any, target: Any) -> torch.Tensor:
         self._settle()
         self.optimizer.zero_grad(set_to_none=True)
         if self.plan.mode == "placement":
@@ -308,6 +371,7 @@ class AppliedPlan:
     def state_dict(self) -> Dict[str, torch.Tensor]:
         """The whole model's state, keyed as the original module's state_dict, on every rank
         (pipeline: the stages' tensors gathered over the replica's ranks; CPU copies)."""
+        self._check_open("state_dict")
         if self.plan.mode == "placement":
             return collections.OrderedDict(
                 (k, v.detach().cpu().clone()) for k, v in self.original.state_dict().items())
@@ -315,6 +379,52 @@ class AppliedPlan:
         parts: List[Optional[Dict[str, torch.Tensor]]] = [None] * self.plan.mp
         dist.all_gather_object(parts, self._runner.local_state(), group=self._replica_group)
         return merge_states(self.original, parts)
+
+    # ---- shutting down ---------------------------------------------------------------------------
+    def close(self, *, wait_for_peers: bool = True) -> None:
+        """Orderly shutdown on every rank: waits for this rank's last loss broadcast (pipeline),
+        then (wait_for_peers) for every rank to arrive here (a barrier under the plan's
+        timeout: no rank tears down a connection a peer still uses), drops the DDP wrappers and
+        the pipeline schedule, destroys the process groups this plan created, newest first, and
+        the default group if apply() created it and no other AppliedPlan is open. Idempotent;
+        apply() registers it at exit for plans never closed. After close(), step() raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._settle()
+            if wait_for_peers and dist.is_initialized():
+                dist.barrier()
+        finally:
+            # Why this order (issue 13: ~1 exit in 4 aborted with "terminate called without an
+            # active exception"): each backward stashes a Python object in thread-local state
+            # (torch.autograd.graph._engine_run_backward), and every all-reduce DDP launches
+            # from the backward keeps a copy of that state in its Gloo Work. A Gloo worker
+            # thread drops its last reference to a Work just after wait() returns; if the
+            # interpreter is finalizing by then, releasing the Python object makes the thread
+            # exit from inside take_gil (pthread_exit), which unwinds through the Work's
+            # noexcept destructor: std::terminate. A process group's Gloo threads are joined
+            # when its last reference goes: so drop the DDP wrappers and the pipeline (they
+            # hold the groups), collect, and destroy the groups while Python is fully alive.
+            self.ddp = self._runner = self._replica_group = None
+            gc.collect()
+            for group in reversed(self._groups):
+                dist.destroy_process_group(group)
+            self._groups = []
+            gc.collect()
+            _Lifecycle.forget(self)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r}: {what}() after close() (call state_dict() or "
+                               f"save_checkpoint() before close())")
+
+    def __enter__(self) -> "AppliedPlan":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # after an error (a lost peer) do not wait for ranks that may never arrive
+        self.close(wait_for_peers=exc_type is None)
 
     def _param_names(self) -> Dict[int, str]:
         """id(parameter) -> canonical name, for this rank's parameters (a tied weight's copies
@@ -333,6 +443,7 @@ class AppliedPlan:
         collective); replica 0's ranks contribute their parts, rank 0 writes. Atomic: the file
         at `path` is the previous one until the new one is complete (see checkpoint). Raises
         RuntimeError on every rank if the write failed."""
+        self._check_open("save_checkpoint")
         self._settle()
         path = os.fspath(path)
         part = None
