@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"), HERE]
 
 import torch  # noqa: E402  (imported once, before the forks)
+import torch._dynamo  # noqa: E402,F401  (DistributedDataParallel's first use imports it: seconds)
 import torch.distributed as dist  # noqa: E402
 
 import hybridplan  # noqa: E402,F401

@@ -37,6 +37,7 @@ import datetime
 import functools
 import gc
 import os
+import sys
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -79,16 +80,19 @@ class _Lifecycle:
         if not cls.open_plans and cls.owns_default_group and dist.is_initialized():
             dist.destroy_process_group()
             cls.owns_default_group = False
-            gc.collect()
 
     @classmethod
     def shutdown(cls) -> None:
-        """atexit: closes the plans the user did not close, newest first."""
+        """atexit: closes the plans the user did not close, newest first. After an uncaught
+        exception (sys.last_value is set before atexit runs) it does not wait for the peers:
+        they may be blocked in a collective this rank will never join, and they learn of its
+        exit sooner from the closed connections than from a barrier's timeout."""
+        failed = getattr(sys, "last_value", None) is not None
         for ref in reversed(list(cls.open_plans)):
             hp = ref()
             if hp is not None:
                 try:
-                    hp.close()
+                    hp.close(wait_for_peers=not failed)
                 except Exception:  # exiting anyway; a lost peer must not hang or mask it
                     pass
         cls.forget(None)
@@ -409,9 +413,9 @@ class AppliedPlan:
             self.ddp = self._runner = self._replica_group = None
             gc.collect()
             for group in reversed(self._groups):
-                dist.destroy_process_group(group)
+                if dist.is_initialized():  # else the user destroyed every group already
+                    dist.destroy_process_group(group)  # its last reference: joins its threads
             self._groups = []
-            gc.collect()
             _Lifecycle.forget(self)
 
     def _check_open(self, what: str) -> None:
