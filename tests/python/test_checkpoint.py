@@ -71,9 +71,9 @@ def applied(scenario, plan_kind, **kw):
     model, batch, loss_fn = make(name)
     plan = plan_of(model, plan_kind)
     inputs = batch(plan["per_replica_batch"], 0)[0]
-    example = ({k: v for k, v in inputs.items()} if isinstance(inputs, dict) else tuple(inputs))
-    hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=optimizer(opt, name), timeout_s=60,
-                          example_inputs=example, **kw)
+    example = dict(inputs) if isinstance(inputs, dict) else tuple(inputs)
+    hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=optimizer(opt, name),
+                          timeout_s=60, example_inputs=example, **kw)
     return hp, batch
 
 

@@ -22,7 +22,6 @@ untouched and removes its temporary file.
 
 from __future__ import annotations
 
-import collections
 import os
 from typing import Any, Dict, List, Optional
 
@@ -91,7 +90,7 @@ def merge_optimizer_states(parts: List[OptimizerByName]) -> OptimizerByName:
 
 def build(model: Dict[str, torch.Tensor], optimizer: OptimizerByName, step: int,
           plan_json: str, graph_sha256: str) -> Dict[str, Any]:
-    return {"format": kFormat, "version": kVersion, "model": collections.OrderedDict(model),
+    return {"format": kFormat, "version": kVersion, "model": dict(model),  # plain, ordered
             "optimizer": optimizer, "step": int(step), "plan": plan_json,
             "graph_sha256": graph_sha256}
 

@@ -410,6 +410,12 @@ class AppliedPlan:
             # noexcept destructor: std::terminate. A process group's Gloo threads are joined
             # when its last reference goes: so drop the DDP wrappers and the pipeline (they
             # hold the groups), collect, and destroy the groups while Python is fully alive.
+            # Order: the wrappers go first, while the groups are still registered, so that a
+            # DDP Reducer never holds a group's last reference. Its destruction would join
+            # the Gloo threads with the GIL held while a thread waits for the GIL to release
+            # that Python object: a deadlock (seen as hung plain-DDP ranks, exit_launches.py
+            # --plain-ddp). destroy_process_group() drops the registered references, and the
+            # group's own binding releases the GIL before joining.
             self.ddp = self._runner = self._replica_group = None
             gc.collect()
             for group in reversed(self._groups):
