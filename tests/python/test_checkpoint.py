@@ -231,3 +231,37 @@ def test_checkpoint_of_another_model_is_refused(runs):
         text = (out_dir / f"other_model.rank{rank}.txt").read_text()
         assert f"{IDS[0]}.pt" in text, text
         assert "must be torch.float32[" in text and "another model" in text, text
+
+
+def _reader():
+    bin_dir = os.environ.get("HYBRIDPLAN_BIN_DIR") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        "build", "bin")
+    return os.path.join(bin_dir, "read_checkpoint")
+
+
+@pytest.mark.skipif(not os.path.exists(_reader()),
+                    reason=f"{_reader()} is not built (make build, or set HYBRIDPLAN_BIN_DIR)")
+def test_cpp_reads_the_checkpoint(runs):
+    """LibTorch alone (torch::pickle_load, examples/cpp/read_checkpoint.cc) reads the file
+    Python wrote: every model tensor (shape and sum) and the optimizer state by name."""
+    import subprocess
+    out_dir = _require(runs, "save_phase")
+    path = out_dir / "gpt2-adam-pipe-dp.pt"
+    proc = subprocess.run([_reader(), str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ckpt = torch.load(path, weights_only=True)
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["format hybridplan.checkpoint", f"step {K1}"]
+    tensors = {ln.split()[1]: ln for ln in lines if ln.startswith("tensor ")}
+    assert list(tensors) == list(ckpt["model"])
+    for key, t in ckpt["model"].items():
+        total = float(tensors[key].rsplit(" ", 1)[1])
+        assert abs(total - t.double().sum().item()) <= 1e-6 * max(1.0, abs(total)), tensors[key]
+    states = {ln.split()[1]: ln.split()[2:] for ln in lines if ln.startswith("state ")}
+    assert states == {k: list(v) for k, v in ckpt["optimizer"]["state"].items()}
+    assert f"optimizer Adam {len(states)}" in lines
+    bad = out_dir / "not_a_checkpoint.pt"
+    bad.write_bytes(b"not a zip")
+    proc = subprocess.run([_reader(), str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"{bad}: checkpoint must be a torch.save file" in proc.stderr
