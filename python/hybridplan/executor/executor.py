@@ -75,7 +75,7 @@ class _Lifecycle:
             cls.atexit_registered = True
 
     @classmethod
-    def forget(cls, hp: "AppliedPlan") -> None:
+    def forget(cls, hp: Optional["AppliedPlan"]) -> None:
         cls.open_plans = [r for r in cls.open_plans if r() is not None and r() is not hp]
         if not cls.open_plans and cls.owns_default_group and dist.is_initialized():
             dist.destroy_process_group()
