@@ -35,10 +35,14 @@ it and hp.switch_advice(graph, cluster, job) says whether another plan would now
 
 from __future__ import annotations
 
+import atexit
 import collections
 import datetime
 import functools
+import gc
 import os
+import sys
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -47,8 +51,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..profiler import block_list, stage_split
-from . import noise, placement
+from . import checkpoint, lost_peer, noise, placement
 from .pipeline import PipelineRunner, merge_states
+from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
 from .rank_agreement import RankReport, agree_across_ranks, param_signature
 
@@ -56,6 +61,45 @@ __all__ = ["apply", "AppliedPlan"]
 
 kDefaultTimeoutS = 300.0
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class _Lifecycle:
+    """What apply() started in this process, so that it can be shut down in order: the
+    AppliedPlans not yet closed (weak references, in creation order) and whether apply()
+    created the default process group (then the last close() destroys it)."""
+    open_plans: List["weakref.ref[AppliedPlan]"] = []
+    owns_default_group = False
+    atexit_registered = False
+
+    @classmethod
+    def track(cls, hp: "AppliedPlan") -> None:
+        cls.open_plans.append(weakref.ref(hp))
+        if not cls.atexit_registered:
+            atexit.register(cls.shutdown)
+            cls.atexit_registered = True
+
+    @classmethod
+    def forget(cls, hp: Optional["AppliedPlan"]) -> None:
+        cls.open_plans = [r for r in cls.open_plans if r() is not None and r() is not hp]
+        if not cls.open_plans and cls.owns_default_group and dist.is_initialized():
+            dist.destroy_process_group()
+            cls.owns_default_group = False
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """atexit: closes the plans the user did not close, newest first. After an uncaught
+        exception (sys.last_value is set before atexit runs) it does not wait for the peers:
+        they may be blocked in a collective this rank will never join, and they learn of its
+        exit sooner from the closed connections than from a barrier's timeout."""
+        failed = getattr(sys, "last_value", None) is not None
+        for ref in reversed(list(cls.open_plans)):
+            hp = ref()
+            if hp is not None:
+                try:
+                    hp.close(wait_for_peers=not failed)
+                except Exception:  # exiting anyway; a lost peer must not hang or mask it
+                    pass
+        cls.forget(None)
 
 
 def _init_process_group(timeout: datetime.timedelta) -> None:
@@ -71,6 +115,7 @@ def _init_process_group(timeout: datetime.timedelta) -> None:
     else:
         backend = "gloo"
     dist.init_process_group(backend, timeout=timeout)
+    _Lifecycle.owns_default_group = True
 
 
 def _device(spec: PlanSpec, global_device: int) -> torch.device:
@@ -166,12 +211,16 @@ def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int
 class AppliedPlan:
     """A module trained under a plan on this rank. Attributes: `module` (this rank's part: the
     whole replica in placement mode, the stage module in pipeline mode), `plan` (PlanSpec),
-    `rank`, `replica`, `stage`, `optimizer`, `predicted_step_s`."""
+    `rank`, `replica`, `stage`, `optimizer`, `predicted_step_s`, `step_count` (optimizer steps
+    taken, a resumed checkpoint's included)."""
 
     def __init__(self, spec: PlanSpec, original: nn.Module, cut: Optional[stage_split.StageCut],
                  loss_fn: Callable, optimizer: Union[Callable, torch.optim.Optimizer, None],
                  timeout: datetime.timedelta, batch_dim: int, plan_dict: Optional[dict] = None,
-                 measure_noise_scale: int = 0, noise_scale_decay: float = 0.99):
+                 measure_noise_scale: int = 0, noise_scale_decay: float = 0.99,
+                 aliases: Optional[Dict[str, str]] = None,
+                 resumed: Optional[Dict[str, Any]] = None, resumed_from: str = "",
+                 plan_json: str = ""):
         self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
         self._plan_dict = plan_dict  # the plan as applied: switch_advice() evaluates it
         self.rank = dist.get_rank()
@@ -179,6 +228,12 @@ class AppliedPlan:
         self.predicted_step_s = spec.predicted_step_s
         self._timeout = timeout
         self.recorded_actions: List[tuple] = []  # record_actions()
+        self.step_count = 0
+        self._groups: List[Any] = []  # the process groups this plan created (close())
+        self._closed = False
+        self._plan_json = plan_json  # the plan's canonical JSON, stored in checkpoints
+        # parameter name -> canonical name (tied names -> the first), taken before the cut
+        self._aliases = aliases if aliases is not None else checkpoint.parameter_aliases(original)
         if spec.mode == "placement":
             self._init_placement()
         else:
@@ -191,20 +246,30 @@ class AppliedPlan:
             ddp = self.ddp if spec.mode == "placement" else self._runner.ddp
             if ddp is not None:  # a pipeline stage without parameters adds zeros
                 self._noise.install(ddp)
+        _Lifecycle.track(self)
+        if resumed is not None:  # the model state was loaded into `original` before the cut
+            checkpoint.load_optimizer_state(self.optimizer, self._param_names(),
+                                            resumed["optimizer"], resumed_from)
+            self.step_count = resumed["step"]
 
     # ---- construction ---------------------------------------------------------------------------
     def _init_placement(self) -> None:
         spec = self.plan
         self.devices = [_device(spec, g) for g in spec.mesh[self.replica]]
         self._hooks = placement.place(self.original, spec.assignment, self.devices)
-        self.ddp = placement.wrap_ddp(self.original, self.devices)
+        # DDP on a group of its own, not the default group (which the user may own): close()
+        # must be able to destroy every group whose Gloo threads ran DDP's all-reduces
+        ddp_group = self._new_groups([list(range(spec.dp))])[0]
+        self.ddp = placement.wrap_ddp(self.original, self.devices, ddp_group)
         self.module = self.original
         self._params = list(self.original.parameters())
 
     def _new_groups(self, rank_lists: List[List[int]]) -> List[Any]:
         """One process group per rank list; every rank creates every group, in the same order
         (new_group is collective)."""
-        return [dist.new_group(ranks, timeout=self._timeout) for ranks in rank_lists]
+        groups = [dist.new_group(ranks, timeout=self._timeout) for ranks in rank_lists]
+        self._groups.extend(groups)
+        return groups
 
     def _init_pipeline(self, cut: stage_split.StageCut) -> None:
         spec = self.plan
@@ -256,7 +321,22 @@ class AppliedPlan:
         """Forward, backward and optimizer step on this replica's batch (`inputs`: a tensor, a
         tuple of positional or a dict of keyword arguments of forward(); in pipeline mode only
         stage 0 reads the inputs and only the last stage the target, others may pass None).
-        Returns the replica's mean loss on every rank (broadcast from its last stage)."""
+        Returns the replica's mean loss on every rank (broadcast from its last stage).
+
+        If a peer is lost (killed, or silent past the timeout), raises RuntimeError naming it
+        (see lost_peer) instead of the transport's error.
+        """
+        self._check_open("step")
+        try:
+            return self._step(inputs, target)
+        except Exception as e:
+            if not lost_peer.is_communication_error(e):
+                raise
+            raise lost_peer.lost_peer_error(e, f"step {self.step_count + 1}", self.rank,
+                                            dist.get_world_size(),
+                                            f"step{self.step_count + 1}") from e
+
+    def _step(self, inputs: Any, target: Any) -> torch.Tensor:
         self._settle()
         self.optimizer.zero_grad(set_to_none=True)
         if self._noise is not None:
@@ -269,6 +349,7 @@ class AppliedPlan:
             if self._noise is not None:
                 self._noise.end_step(_batch_size(args, kwargs, self.batch_dim))
             self.optimizer.step()
+            self.step_count += 1
             return loss.detach()
         flat = None
         if self.stage == 0:
@@ -291,6 +372,7 @@ class AppliedPlan:
             else:
                 work.wait()
         self.optimizer.step()
+        self.step_count += 1
         return loss
 
     def _settle(self) -> None:
@@ -345,6 +427,7 @@ class AppliedPlan:
     def state_dict(self) -> Dict[str, torch.Tensor]:
         """The whole model's state, keyed as the original module's state_dict, on every rank
         (pipeline: the stages' tensors gathered over the replica's ranks; CPU copies)."""
+        self._check_open("state_dict")
         if self.plan.mode == "placement":
             return collections.OrderedDict(
                 (k, v.detach().cpu().clone()) for k, v in self.original.state_dict().items())
@@ -352,6 +435,105 @@ class AppliedPlan:
         parts: List[Optional[Dict[str, torch.Tensor]]] = [None] * self.plan.mp
         dist.all_gather_object(parts, self._runner.local_state(), group=self._replica_group)
         return merge_states(self.original, parts)
+
+    # ---- shutting down ---------------------------------------------------------------------------
+    def close(self, *, wait_for_peers: bool = True) -> None:
+        """Orderly shutdown on every rank: waits for this rank's last loss broadcast (pipeline),
+        then (wait_for_peers) for every rank to arrive here (a barrier under the plan's
+        timeout: no rank tears down a connection a peer still uses), drops the DDP wrappers and
+        the pipeline schedule, destroys the process groups this plan created, newest first, and
+        the default group if apply() created it and no other AppliedPlan is open. Idempotent;
+        apply() registers it at exit for plans never closed. After close(), step() raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._settle()
+            if self._noise is not None and wait_for_peers:
+                self._noise.collect(wait=True)  # no noise-scale all-reduce left in flight
+            if wait_for_peers and dist.is_initialized():
+                dist.barrier()
+        finally:
+            # Why this order (issue 13: ~1 exit in 4 aborted with "terminate called without an
+            # active exception"): each backward stashes a Python object in thread-local state
+            # (torch.autograd.graph._engine_run_backward), and every all-reduce DDP launches
+            # from the backward keeps a copy of that state in its Gloo Work. A Gloo worker
+            # thread drops its last reference to a Work just after wait() returns; if the
+            # interpreter is finalizing by then, releasing the Python object makes the thread
+            # exit from inside take_gil (pthread_exit), which unwinds through the Work's
+            # noexcept destructor: std::terminate. A process group's Gloo threads are joined
+            # when its last reference goes: so drop the DDP wrappers and the pipeline (they
+            # hold the groups), collect, and destroy the groups while Python is fully alive.
+            # Order: the wrappers go first, while the groups are still registered, so that a
+            # DDP Reducer never holds a group's last reference. Its destruction would join
+            # the Gloo threads with the GIL held while a thread waits for the GIL to release
+            # that Python object: a deadlock (seen as hung plain-DDP ranks, exit_launches.py
+            # --plain-ddp). destroy_process_group() drops the registered references, and the
+            # group's own binding releases the GIL before joining.
+            self.ddp = self._runner = self._replica_group = None
+            gc.collect()
+            for group in reversed(self._groups):
+                if dist.is_initialized():  # else the user destroyed every group already
+                    dist.destroy_process_group(group)  # its last reference: joins its threads
+            self._groups = []
+            _Lifecycle.forget(self)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r}: {what}() after close() (call state_dict() or "
+                               f"save_checkpoint() before close())")
+
+    def __enter__(self) -> "AppliedPlan":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # after an error (a lost peer) do not wait for ranks that may never arrive
+        self.close(wait_for_peers=exc_type is None)
+
+    def _param_names(self) -> Dict[int, str]:
+        """id(parameter) -> canonical name, for this rank's parameters (a tied weight's copies
+        on several stages share the name; a parameter-free stage's placeholder has none)."""
+        if self.plan.mode == "placement":
+            named = self.original.named_parameters(remove_duplicate=False)
+        else:
+            named = ((stage_split.original_name(k), p)
+                     for k, p in self._runner.module.named_parameters())
+        return {id(p): self._aliases.get(name, name) for name, p in named}
+
+    def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
+        """Writes one consolidated checkpoint to `path` (docs/formats.md "Checkpoint"): the
+        whole model under the original module's state_dict keys, the optimizer state keyed by
+        parameter name, step_count, the plan and its graph hash. Every rank must call it (it is
+        collective); replica 0's ranks contribute their parts, rank 0 writes. Atomic: the file
+        at `path` is the previous one until the new one is complete (see checkpoint). Raises
+        RuntimeError on every rank if the write failed."""
+        self._check_open("save_checkpoint")
+        self._settle()
+        path = os.fspath(path)
+        part = None
+        if self.replica == 0:
+            model = (self.original.state_dict() if self.plan.mode == "placement"
+                     else self._runner.local_state())
+            part = {"model": {k: v.detach().cpu().clone() for k, v in model.items()},
+                    "optimizer": checkpoint.optimizer_state_by_name(self.optimizer,
+                                                                     self._param_names())}
+        parts: Optional[List[Any]] = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(part, parts, dst=0)  # every rank has contributed once it returns
+        status: List[Optional[str]] = [None]
+        if self.rank == 0:
+            try:
+                mine = [p for p in parts if p is not None]
+                ckpt = checkpoint.build(
+                    merge_states(self.original, [p["model"] for p in mine]),
+                    checkpoint.merge_optimizer_states([p["optimizer"] for p in mine]),
+                    self.step_count, self._plan_json, self.plan.graph_sha256)
+                checkpoint.write_atomic(ckpt, path)
+            except Exception as e:  # every rank raises it, below
+                status[0] = f"{type(e).__name__}: {e}"
+        dist.broadcast_object_list(status, src=0)
+        if status[0] is not None:
+            raise RuntimeError(f"{path}: checkpoint not written (rank 0: {status[0]}); the "
+                               f"previous file, if any, is unchanged")
 
     def __repr__(self) -> str:
         return (f"AppliedPlan(mode={self.plan.mode!r}, dp={self.plan.dp}, mp={self.plan.mp}, "
@@ -398,7 +580,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           optimizer: Union[Callable, torch.optim.Optimizer, None] = None,
           timeout_s: float = kDefaultTimeoutS, graph: Any = None,
           batch_dim: int = 0, example_inputs: Any = None, measure_noise_scale: int = 0,
-          noise_scale_decay: float = 0.99) -> AppliedPlan:
+          noise_scale_decay: float = 0.99,
+          resume_from: Union[str, os.PathLike, None] = None) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
     plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
@@ -418,6 +601,9 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                all-reduce per measured step); read it with AppliedPlan.noise_scale(). 0: off.
     noise_scale_decay  the moving averages' weight per measured step, in (0, 1]; 1 averages
                every measurement equally.
+    resume_from  a checkpoint written by AppliedPlan.save_checkpoint under this or any other
+               plan: the model state is loaded before the module is placed or cut, the
+               optimizer state of this rank's parameters by name, and step_count.
 
     Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
     job's world size, or if ranks hold different plans or parameter shapes.
@@ -425,17 +611,25 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     timeout = datetime.timedelta(seconds=timeout_s)
     _init_process_group(timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    plan_sha, spec, cut, error, plan_dict = None, None, None, None, None
+    plan_sha, plan_json, spec, cut, error = None, "", None, None, None
+    resumed, plan_dict = None, None
     signature = param_signature(module)  # before the cut, which may copy tied parameters
+    aliases = checkpoint.parameter_aliases(module)  # likewise
     try:
         plan_dict = load_plan_dict(plan)[0]
-        plan_sha = sha256_hex(plan_dict)
+        plan_json, plan_sha = canonical_json(plan_dict), sha256_hex(plan_dict)
         spec = parse_plan(plan)
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay)
+        if resume_from is not None:
+            resumed = checkpoint.load(resume_from)
+            checkpoint.check_model(resumed, module, os.fspath(resume_from))
     except ValueError as e:
         error = str(e)
     agree_across_ranks(RankReport(rank, plan_sha, error, signature))
+    if resumed is not None:  # into the whole module, before it is placed or cut
+        with torch.no_grad():
+            module.load_state_dict(resumed["model"])
     if spec.mode == "pipeline":  # the cut can fail too (stages not contiguous, export)
         try:
             cut = _cut(spec, module, example_inputs, batch_dim)
@@ -443,4 +637,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             error = str(e)
         agree_across_ranks(RankReport(rank, plan_sha, error, signature))
     return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
-                       batch_dim, plan_dict, measure_noise_scale, noise_scale_decay)
+                       batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
+                       aliases=aliases, resumed=resumed,
+                       resumed_from=os.fspath(resume_from) if resume_from is not None else "",
+                       plan_json=plan_json)

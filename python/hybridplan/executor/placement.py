@@ -2,7 +2,8 @@
 on the replica device the plan gives it, and its inputs follow it there (a forward pre-hook
 moves tensor arguments), so branches on different devices run where the planner put them.
 Parameters the root holds itself (belonging to no node) stay on the replica's device 0. The
-replica is then wrapped in DistributedDataParallel over all replicas (world = dp)."""
+replica is then wrapped in DistributedDataParallel over all replicas (world = dp), on a
+process group of its own that AppliedPlan.close() destroys."""
 
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.dev
     return handles
 
 
-def wrap_ddp(module: nn.Module, devices: List[torch.device]) -> DistributedDataParallel:
-    """DDP over the default group (one process per replica). device_ids only for a module on one
-    CUDA device; a multi-device or CPU module takes device_ids=None."""
+def wrap_ddp(module: nn.Module, devices: List[torch.device], process_group=None
+             ) -> DistributedDataParallel:
+    """DDP over `process_group` (all replicas; default: the default group). device_ids only for
+    a module on one CUDA device; a multi-device or CPU module takes device_ids=None."""
     single_cuda = len(set(devices)) == 1 and devices[0].type == "cuda"
     return DistributedDataParallel(module, device_ids=[devices[0]] if single_cuda else None,
-                                   **ddp_bucket_kwargs())
+                                   process_group=process_group, **ddp_bucket_kwargs())

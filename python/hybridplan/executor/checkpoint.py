@@ -1,0 +1,200 @@
+"""Consolidated checkpoints (docs/formats.md "Checkpoint"): one file that holds the whole model
+under the original module's state_dict keys and the optimizer state keyed by parameter name, so
+that a job saved under one plan resumes under any other (dp, mp, mode).
+
+    hp.save_checkpoint("ckpt.pt")                                   # every rank calls it
+    hp = hybridplan.apply(other_plan, model, ..., resume_from="ckpt.pt")
+
+Why one torch.save file and not torch.distributed.checkpoint (DCP): DCP writes a directory of
+per-rank shards plus metadata, keyed by the names the saving ranks hold, and reads it back
+through its planner in Python; the contract here is one consolidated file that LibTorch's
+torch::pickle_load reads from C++ (the C++ executor), so the file is torch.save of plain
+containers (dict of str -> tensor / int / float / str / list / tuple / bool / None). The models
+this executor trains fit one host's memory (each rank builds the whole module in apply()), so
+gathering the state onto rank 0 costs no more than a DCP write would hold per host.
+
+Atomicity: rank 0 gathers every part (gather_object: each rank has contributed once it
+returns), writes `<path>.tmp-<pid>`, flushes and fsyncs it, renames it over `path` and fsyncs
+the directory; then it tells every rank whether the write succeeded (broadcast), so all ranks
+return or all raise. A write interrupted before the rename leaves the previous file at `path`
+untouched and removes its temporary file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+
+kFormat = "hybridplan.checkpoint"
+kVersion = 1
+
+OptimizerByName = Dict[str, Any]  # {"class", "state": {name: {..}}, "param_groups": [...]}
+
+
+def parameter_aliases(module: nn.Module) -> Dict[str, str]:
+    """Every parameter name of `module` (tied names included) -> its canonical name: the first
+    name of the same tensor in named_parameters() order (GPT-2: lm_head.weight ->
+    transformer.wte.weight). The optimizer state of a tied weight is stored once, under it."""
+    first: Dict[int, str] = {}
+    return {name: first.setdefault(id(p), name)
+            for name, p in module.named_parameters(remove_duplicate=False)}
+
+
+def _cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: _cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu(v) for v in value)
+    return value
+
+
+def optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: Dict[int, str]
+                            ) -> OptimizerByName:
+    """optimizer.state_dict() with parameter indices replaced by canonical names (`names`:
+    id(parameter) -> name). Parameters without a name (a parameter-free stage's placeholder)
+    are left out. Tensors are CPU copies."""
+    sd = optimizer.state_dict()
+    name_of: Dict[int, Optional[str]] = {}
+    for group_sd, group in zip(sd["param_groups"], optimizer.param_groups):
+        for index, p in zip(group_sd["params"], group["params"]):
+            name_of[index] = names.get(id(p))
+    state = {name_of[i]: _cpu(s) for i, s in sd["state"].items() if name_of.get(i)}
+    groups = [dict({k: _cpu(v) for k, v in g.items() if k != "params"},
+                   params=[name_of[i] for i in g["params"] if name_of.get(i)])
+              for g in sd["param_groups"]]
+    return {"class": type(optimizer).__name__, "state": state, "param_groups": groups}
+
+
+def merge_optimizer_states(parts: List[OptimizerByName]) -> OptimizerByName:
+    """One optimizer state from the stages' (a tied weight's copies hold the same state: the
+    first stage's is kept). Group i of the result holds group i of every stage."""
+    merged: OptimizerByName = {"class": parts[0]["class"], "state": {}, "param_groups": []}
+    for part in parts:
+        if part["class"] != merged["class"]:
+            raise ValueError(f"checkpoint: every stage must use the same optimizer class (got "
+                             f"{merged['class']} and {part['class']})")
+        for name, s in part["state"].items():
+            merged["state"].setdefault(name, s)
+        for i, group in enumerate(part["param_groups"]):
+            if i == len(merged["param_groups"]):
+                merged["param_groups"].append(dict(group, params=[]))
+            params = merged["param_groups"][i]["params"]
+            params.extend(n for n in group["params"] if n not in params)
+    return merged
+
+
+def build(model: Dict[str, torch.Tensor], optimizer: OptimizerByName, step: int,
+          plan_json: str, graph_sha256: str) -> Dict[str, Any]:
+    return {"format": kFormat, "version": kVersion, "model": dict(model),  # plain, ordered
+            "optimizer": optimizer, "step": int(step), "plan": plan_json,
+            "graph_sha256": graph_sha256}
+
+
+def _save(obj: Any, f: Any) -> None:
+    """torch.save; a name of its own so that tests can make it fail mid-write."""
+    torch.save(obj, f)
+
+
+def write_atomic(checkpoint: Dict[str, Any], path: str) -> None:
+    """torch.save to `<path>.tmp-<pid>`, fsync, rename over `path`, fsync the directory. On any
+    failure the temporary file is removed and `path` keeps its previous content."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            _save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def load(path: Any) -> Dict[str, Any]:
+    """Reads and checks a checkpoint's envelope; ValueError naming the file and the field."""
+    path = os.fspath(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: checkpoint cannot be read (no such file)") from None
+    except Exception as e:  # not a torch.save file, truncated, or not plain containers
+        raise ValueError(f"{path}: checkpoint must be a file written by "
+                         f"AppliedPlan.save_checkpoint (got {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != kFormat:
+        got = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(f"{path}: format must be {kFormat!r} (got {got!r})")
+    if ckpt.get("version") != kVersion:
+        raise ValueError(f"{path}: version must be {kVersion} (got {ckpt.get('version')!r})")
+    for field, kind in (("model", dict), ("optimizer", dict), ("step", int), ("plan", str),
+                        ("graph_sha256", str)):
+        if not isinstance(ckpt.get(field), kind):
+            raise ValueError(f"{path}: {field} must be a {kind.__name__} (got "
+                             f"{type(ckpt.get(field)).__name__})")
+    return ckpt
+
+
+def check_model(ckpt: Dict[str, Any], module: nn.Module, path: str) -> None:
+    """The checkpoint's model state must have exactly the module's state_dict keys, shapes and
+    dtypes; ValueError naming the file and the first parameter that differs."""
+    mine = module.state_dict()
+    theirs = ckpt["model"]
+    what = type(module).__name__
+    for key, t in mine.items():
+        if key not in theirs:
+            raise ValueError(f"{path}: model[{key!r}] must be in the checkpoint: {what} has it, "
+                             f"the checkpoint is of another model")
+        c = theirs[key]
+        if not isinstance(c, torch.Tensor) or c.shape != t.shape or c.dtype != t.dtype:
+            got = (f"{c.dtype}{list(c.shape)}" if isinstance(c, torch.Tensor)
+                   else type(c).__name__)
+            raise ValueError(f"{path}: model[{key!r}] must be {t.dtype}{list(t.shape)} as in "
+                             f"{what} (got {got}): the checkpoint is of another model")
+    extra = [k for k in theirs if k not in mine]
+    if extra:
+        raise ValueError(f"{path}: model[{extra[0]!r}] is not a parameter or buffer of {what} "
+                         f"({len(extra)} such keys): the checkpoint is of another model")
+    known = set(parameter_aliases(module))
+    optimizer = ckpt["optimizer"]
+    for name in list(optimizer.get("state", {})) + [
+            n for g in optimizer.get("param_groups", []) for n in g.get("params", [])]:
+        if name not in known:
+            raise ValueError(f"{path}: optimizer state names {name!r}, which is not a "
+                             f"parameter of {what}")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, names: Dict[int, str],
+                         saved: OptimizerByName, path: str) -> None:
+    """Loads the state of this rank's parameters (by canonical name) into `optimizer`; each
+    local group takes the hyperparameters (lr, momentum, betas, ...) of the saved group that
+    holds its first named parameter."""
+    if saved.get("class") != type(optimizer).__name__:
+        raise ValueError(f"{path}: optimizer.class must be the optimizer resumed "
+                         f"({type(optimizer).__name__}) (got {saved.get('class')!r})")
+    group_of = {n: g for g in saved["param_groups"] for n in g["params"]}
+    sd = optimizer.state_dict()
+    state: Dict[int, Any] = {}
+    groups = []
+    for group_sd, group in zip(sd["param_groups"], optimizer.param_groups):
+        source = None
+        for index, p in zip(group_sd["params"], group["params"]):
+            name = names.get(id(p))
+            if name is None:
+                continue
+            if name in saved["state"]:
+                state[index] = _cpu(saved["state"][name])  # a copy per parameter
+            source = source or group_of.get(name)
+        hyper = {k: v for k, v in (source or group_sd).items() if k != "params"}
+        groups.append(dict(hyper, params=group_sd["params"]))
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
