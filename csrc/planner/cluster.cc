@@ -278,7 +278,7 @@ Json cluster_to_json(const Cluster& c) {
 Cluster load_cluster(const std::string& path_or_preset) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path_or_preset, ec)) {
-    return cluster_from_json(read_json_file(path_or_preset), path_or_preset);
+    return cluster_from_json(read_json_file(path_or_preset, "cluster"), path_or_preset);
   }
   if (const std::string* text = preset_json_text(path_or_preset)) {
     const std::string source = "preset " + path_or_preset;

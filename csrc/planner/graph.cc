@@ -356,7 +356,9 @@ Json graph_to_json(const Graph& g) {
   return j;
 }
 
-Graph load_graph(const std::string& path) { return graph_from_json(read_json_file(path), path); }
+Graph load_graph(const std::string& path) {
+  return graph_from_json(read_json_file(path, "graph"), path);
+}
 
 void save_graph(const Graph& g, const std::string& path) {
   write_json_file(path, graph_to_json(g));

@@ -232,7 +232,7 @@ Json job_to_json(const Job& job) {
   return j;
 }
 
-Job load_job(const std::string& path) { return job_from_json(read_json_file(path), path); }
+Job load_job(const std::string& path) { return job_from_json(read_json_file(path, "job"), path); }
 
 Job default_job() { return Job{}; }
 

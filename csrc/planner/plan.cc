@@ -397,7 +397,7 @@ Json plan_to_json(const Plan& p, const Graph& graph, const Cluster& cluster) {
   return j;
 }
 
-Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
+Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path, "plan"), path); }
 
 Plan load_plan(const std::string& path, const Graph& graph, const Cluster& cluster) {
   Plan p = load_plan(path);

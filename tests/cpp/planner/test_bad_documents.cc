@@ -1,0 +1,118 @@
+// Documents that are not documents (issue 13): an empty, whitespace-only, `null` or non-object
+// file is reported saying WHICH kind of document it is, for every loader; and the inputs the
+// fuzzer (tests/fuzz, `make fuzz`) found, kept here as regressions.
+#include <sstream>
+#include <string>
+
+#include "catch.h"
+#include "common/json_io.h"
+#include "model_fixtures.h"
+#include "planner/cluster.h"
+#include "planner/graph.h"
+#include "planner/job.h"
+#include "planner/pipedream_import.h"
+#include "planner/plan.h"
+
+using namespace hybridplan;
+using hybridplan::test::input_error_of;
+using hybridplan::test::write_file;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct Loader {
+  const char* document;
+  std::function<void(const std::string&)> load;
+};
+
+const Loader kLoaders[] = {
+    {"graph", [](const std::string& p) { load_graph(p); }},
+    {"cluster", [](const std::string& p) { load_cluster(p); }},
+    {"job", [](const std::string& p) { load_job(p); }},
+    {"plan", [](const std::string& p) { load_plan(p); }},
+};
+
+}  // namespace
+
+TEST_CASE("bad documents: an empty or whitespace-only file names its kind") {
+  for (const Loader& loader : kLoaders) {
+    for (const char* text : {"", "  \n\t\r\n"}) {
+      const std::string path = write_file(std::string("empty-") + loader.document + ".json", text);
+      INFO(loader.document << " <- '" << text << "'");
+      CHECK(input_error_of([&] { loader.load(path); }) ==
+            std::string(loader.document) + " file " + path + " is empty");
+    }
+  }
+}
+
+TEST_CASE("bad documents: null or a non-object names its kind") {
+  for (const Loader& loader : kLoaders) {
+    for (const auto& [text, shown] : std::vector<std::pair<std::string, std::string>>{
+             {"null", "null"}, {"[1, 2]", "[1,2]"}, {"3", "3"}, {"\"graph\"", "\"graph\""}}) {
+      const std::string path = write_file(std::string("scalar-") + loader.document + ".json", text);
+      INFO(loader.document << " <- " << text);
+      CHECK(input_error_of([&] { loader.load(path); }) ==
+            std::string(loader.document) + " file " + path + ": expected a JSON object (got " +
+                shown + ")");
+    }
+  }
+}
+
+TEST_CASE("bad documents: a document parsed from text under a bare name reads naturally") {
+  // Python passes text with the source "graph"; that must not read "graph file graph".
+  CHECK(input_error_of([] { graph_from_json(Json(nullptr), "graph"); }) ==
+        "graph: expected a JSON object (got null)");
+  CHECK(input_error_of([] { cluster_from_json(Json::array(), "cluster"); }) ==
+        "cluster: expected a JSON object (got [])");
+}
+
+TEST_CASE("bad documents: a syntax error still names the file, line and column") {
+  const std::string path = write_file("truncated-graph.json", "{\"schema_version\": 1,\n");
+  CHECK_THAT(input_error_of([&] { load_graph(path); }),
+             Contains(path + ": invalid JSON: parse error at line 2, column 1"));
+}
+
+// ---- PipeDream importer: numbers that overflow (found by fuzzing) ----------------------------
+
+namespace {
+
+std::string pipedream_error(const std::string& text) {
+  std::istringstream in(text);
+  return input_error_of([&] { import_pipedream(in, "fuzz.graph.txt", 64); });
+}
+
+std::string node_line(const std::string& node, const std::string& activation = "1.0",
+                      const std::string& forward = "1.0") {
+  return node + " -- ReLU -- forward_compute_time=" + forward +
+         ", backward_compute_time=0, activation_size=" + activation + ", parameter_size=0\n";
+}
+
+}  // namespace
+
+TEST_CASE("pipedream import: a node number beyond 64 bits is bad input, not a crash") {
+  // std::stoll threw std::out_of_range here, which the CLI reported as an unexpected error.
+  CHECK(pipedream_error(node_line("node99999999999999999999")) ==
+        "fuzz.graph.txt:1: node number must fit in a 64-bit integer (got 'node99999999999999999999')");
+  CHECK(pipedream_error(node_line("node1") + "\tnode1 -- node123456789012345678901234\n") ==
+        "fuzz.graph.txt:2: node number must fit in a 64-bit integer (got 'node123456789012345678901234')");
+  // The largest int64 is still a valid node number.
+  std::istringstream ok(node_line("node9223372036854775807"));
+  CHECK(import_pipedream(ok, "ok.graph.txt", 64).nodes.at(0).id == INT64_MAX);
+}
+
+TEST_CASE("pipedream import: sizes and times that overflow are bad input") {
+  // llround(1e300) is undefined (FE_INVALID, an arbitrary int64): now rejected with the rule.
+  CHECK(pipedream_error(node_line("node1", "1e300")) ==
+        "fuzz.graph.txt:1: activation_size must be at most 2^53 bytes (got '1e300')");
+  CHECK(pipedream_error(node_line("node1", "[9e15; 9e15]")) ==
+        "fuzz.graph.txt:1: activation_size must be at most 2^53 bytes (got '[9e15; 9e15]')");
+  CHECK(pipedream_error(node_line("node1", "1.0", "1e999")) ==
+        "fuzz.graph.txt:1: forward_compute_time must be a finite number >= 0 (got '1e999')");
+  CHECK(pipedream_error(node_line("node1", "1.0", "inf")) ==
+        "fuzz.graph.txt:1: forward_compute_time must be a finite number >= 0 (got 'inf')");
+  CHECK(pipedream_error(node_line("node1", "1.0", "1.0x")) ==
+        "fuzz.graph.txt:1: forward_compute_time must be a number (got '1.0x')");
+  // A lone '[' is not a list (t.back() == '[' is both ends).
+  CHECK(pipedream_error(node_line("node1", "[")) ==
+        "fuzz.graph.txt:1: activation_size list must end with ']' (got '[')");
+}
