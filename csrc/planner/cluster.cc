@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/json_fields.h"
 #include "common/json_io.h"
+#include "common/limits.h"
 #include "planner/presets.h"
 
 namespace hybridplan {
@@ -118,9 +119,13 @@ Link Cluster::link(DeviceIndex a, DeviceIndex b) const {
 
 void Cluster::validate(const std::string& source) const {
   if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
-  if (num_nodes < 1) throw_input_error(source, "num_nodes", "must be >= 1", std::to_string(num_nodes));
-  if (devices_per_node < 1) {
-    throw_input_error(source, "devices_per_node", "must be >= 1", std::to_string(devices_per_node));
+  // Each bounded before their product (num_devices()) is taken.
+  check_device_count(source, "num_nodes", num_nodes);
+  check_device_count(source, "devices_per_node", devices_per_node);
+  if (num_nodes * devices_per_node > kMaxDevices) {
+    throw_input_error(source, "num_nodes * devices_per_node",
+                      "must be at most " + std::to_string(kMaxDevices) + " (2^20 devices)",
+                      std::to_string(num_nodes * devices_per_node));
   }
   if (device.memory_bytes <= 0) {
     throw_input_error(source, "device.memory_bytes", "must be > 0", std::to_string(device.memory_bytes));

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/json_fields.h"
 #include "common/json_io.h"
+#include "common/limits.h"
 #include "common/sha256.h"
 
 namespace hybridplan {
@@ -41,9 +42,7 @@ void validate_batch_times(const std::string& source, const std::string& node_pat
   for (size_t k = 0; k < points.size(); ++k) {
     const std::string path = json_index_path(node_path + ".batch_times", k);
     const BatchTime& p = points[k];
-    if (p.batch_size < 1) {
-      throw_input_error(source, path + ".batch_size", "must be >= 1", std::to_string(p.batch_size));
-    }
+    check_batch_size(source, path + ".batch_size", p.batch_size);
     if (p.batch_size == profiled_batch) {
       throw_input_error(source, path + ".batch_size",
                         "must differ from profiled.batch_size (whose times are the node's "
@@ -116,10 +115,7 @@ std::vector<BatchTime> batch_times_from_json(const JsonReader& in, const Json& j
 
 void Graph::validate(const std::string& source) const {
   if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
-  if (profiled.batch_size < 1) {
-    throw_input_error(source, "profiled.batch_size", "must be >= 1",
-                      std::to_string(profiled.batch_size));
-  }
+  check_batch_size(source, "profiled.batch_size", profiled.batch_size);
   if (nodes.empty()) throw_input_error(source, "nodes", "must list at least one node", "[]");
   std::unordered_map<NodeId, size_t> id_at;
   std::unordered_map<std::string, size_t> name_at;

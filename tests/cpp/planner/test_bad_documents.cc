@@ -116,3 +116,66 @@ TEST_CASE("pipedream import: sizes and times that overflow are bad input") {
   CHECK(pipedream_error(node_line("node1", "[")) ==
         "fuzz.graph.txt:1: activation_size list must end with ']' (got '[')");
 }
+
+// ---- sizes that overflowed the planner's int64 arithmetic (found reading the loaders for
+// this issue; before the bounds, `hybridplan plan` with the job below never returned, and a plan
+// with dp = mp = 2^40 and world_size 0 passed the dp * mp check): bounded by common/limits.h -
+
+namespace {
+
+Json example(const std::string& name) {
+  return read_json_file((hybridplan::test::source_dir() / "examples" / name).string());
+}
+
+Json four_device_cluster_json() {
+  return Json::parse(R"({"schema_version": 1, "kind": "hybridplan.cluster", "name": "c",
+      "num_nodes": 2, "devices_per_node": 2, "device": {"name": "d", "memory_bytes": 17179869184},
+      "intra_node": {"bandwidth_bytes_per_s": 1e10, "latency_s": 5e-06},
+      "inter_node": {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-05}})");
+}
+
+}  // namespace
+
+TEST_CASE("limits: batch sizes beyond 2^24 are bad input") {
+  // {"min": 1, "max": 2^63-1} doubled a batch past INT64_MAX (signed overflow, then no end).
+  Json job = example("job-imagenet.json");
+  job.erase("global_batch");
+  job["per_replica_batch"] = {{"min", 1}, {"max", INT64_MAX}};
+  CHECK(input_error_of([&] { job_from_json(job, "job.json"); }) ==
+        "job.json: per_replica_batch.max must be at most 16777216 (2^24 samples) (got 9223372036854775807)");
+  job["per_replica_batch"] = {{"min", 1}, {"max", 16777216}};
+  CHECK(job_from_json(job, "job.json").per_replica_batches.back() == 16777216);
+
+  Json graph = example("graph-tiny.json");
+  graph["profiled"]["batch_size"] = int64_t{1} << 40;
+  CHECK(input_error_of([&] { graph_from_json(graph, "graph.json"); }) ==
+        "graph.json: profiled.batch_size must be at most 16777216 (2^24 samples) (got 1099511627776)");
+}
+
+TEST_CASE("limits: device counts beyond 2^20 are bad input, checked before multiplying") {
+  Json cluster = four_device_cluster_json();
+  // 2^40 nodes: num_devices() = num_nodes * devices_per_node could overflow, and the search
+  // would build meshes for that many devices.
+  cluster["num_nodes"] = int64_t{1} << 40;
+  CHECK(input_error_of([&] { cluster_from_json(cluster, "c.json"); }) ==
+        "c.json: num_nodes must be at most 1048576 (2^20 devices) (got 1099511627776)");
+  cluster["num_nodes"] = 1 << 19;
+  cluster["devices_per_node"] = 4;
+  CHECK(input_error_of([&] { cluster_from_json(cluster, "c.json"); }) ==
+        "c.json: num_nodes * devices_per_node must be at most 1048576 (2^20 devices) (got 2097152)");
+
+  // dp * mp of 2^40 * 2^40 overflowed int64 in validate_structure (wrapping to 0).
+  const std::string plan_path = (hybridplan::test::source_dir() / "tests/fuzz/seeds/plan/tiny-dgx1-7.json").string();
+  Json plan = read_json_file(plan_path);
+  plan["dp"] = int64_t{1} << 40;
+  plan["mp"] = int64_t{1} << 40;
+  CHECK(input_error_of([&] { plan_from_json(plan, "plan.json"); }) ==
+        "plan.json: dp must be at most 1048576 (2^20 devices) (got 1099511627776)");
+  plan["dp"] = 2;
+  plan["per_replica_batch"] = INT64_MAX;
+  CHECK(input_error_of([&] { plan_from_json(plan, "plan.json"); }) ==
+        "plan.json: mp must be at most 1048576 (2^20 devices) (got 1099511627776)");
+  plan["mp"] = 2;
+  CHECK(input_error_of([&] { plan_from_json(plan, "plan.json"); }) ==
+        "plan.json: per_replica_batch must be at most 16777216 (2^24 samples) (got 9223372036854775807)");
+}

@@ -1,0 +1,20 @@
+// The largest sizes a document may state (issue 13). Far beyond any real batch or cluster, and
+// small enough that the planner's integer arithmetic on them (dp * mp, dp * per-replica batch,
+// a batch doubled until it passes another) cannot overflow int64. Loaders and validate() check
+// them here, once; nothing else re-derives them.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace hybridplan {
+
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 24;  // samples in one batch: 16,777,216
+inline constexpr int64_t kMaxDevices = int64_t{1} << 20;    // devices in a cluster or plan: 1,048,576
+
+// Throws InputError "<source>: <path> must be >= 1 (got v)" or "... must be at most 16777216
+// (2^24 samples) (got v)".
+void check_batch_size(const std::string& source, const std::string& path, int64_t value);
+// The same for a count of devices (or of nodes, replicas, stages): 1..2^20.
+void check_device_count(const std::string& source, const std::string& path, int64_t value);
+
+}  // namespace hybridplan
