@@ -130,6 +130,7 @@ void Cluster::validate(const std::string& source) const {
   if (device.memory_bytes <= 0) {
     throw_input_error(source, "device.memory_bytes", "must be > 0", std::to_string(device.memory_bytes));
   }
+  check_bytes_at_most(source, "device.memory_bytes", device.memory_bytes);
   check_non_negative(source, "device.peak_flops", device.peak_flops);
   check_non_negative(source, "device.memory_bandwidth_bytes_per_s", device.memory_bandwidth_bytes_per_s);
   check_non_negative(source, "device.call_floor_s", device.call_floor_s);

@@ -109,6 +109,11 @@ void Job::validate(const std::string& source) const {
   if (samples_per_epoch < 0) {
     throw_input_error(source, "samples_per_epoch", "must be >= 1", std::to_string(samples_per_epoch));
   }
+  if (samples_per_epoch > kMaxSamples) {
+    throw_input_error(source, "samples_per_epoch",
+                      "must be at most " + std::to_string(kMaxSamples) + " (2^50 samples)",
+                      std::to_string(samples_per_epoch));
+  }
   for (const auto& [field, batches] : {std::pair{"per_replica_batch", &per_replica_batches},
                                         {"global_batch", &global_batches}}) {
     for (size_t i = 0; i < batches->size(); ++i) {

@@ -12,6 +12,8 @@
 #include "planner/job.h"
 #include "planner/pipedream_import.h"
 #include "planner/plan.h"
+#include "planner/problem.h"
+#include "planner/search.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;
@@ -178,4 +180,59 @@ TEST_CASE("limits: device counts beyond 2^20 are bad input, checked before multi
   plan["mp"] = 2;
   CHECK(input_error_of([&] { plan_from_json(plan, "plan.json"); }) ==
         "plan.json: per_replica_batch must be at most 16777216 (2^24 samples) (got 9223372036854775807)");
+}
+
+// Found by probing of the ASan/UBSan CLI (extreme values in every field):
+// signed overflow summing param_bytes (evaluate.cc) and in memory_cost, steps_per_epoch adding a
+// batch to INT64_MAX samples, and a heap read of an empty optional in the placement search when
+// node times of 1e308 s made every contiguous split's cost infinite.
+TEST_CASE("limits: bytes, samples and seconds beyond the documented bounds are bad input") {
+  Json graph = example("graph-tiny.json");
+  graph["nodes"][1]["param_bytes"] = INT64_MAX;
+  CHECK(input_error_of([&] { graph_from_json(graph, "graph.json"); }) ==
+        "graph.json: nodes[1].param_bytes must be at most 1125899906842624 (2^50 bytes) (got 9223372036854775807)");
+  graph = example("graph-tiny.json");
+  for (Json& node : graph["nodes"]) node["param_bytes"] = int64_t{1} << 49;  // each fine, the sum not
+  CHECK(input_error_of([&] { graph_from_json(graph, "graph.json"); }) ==
+        "graph.json: the nodes' total param_bytes must be at most 1125899906842624 (2^50 bytes) (got 1688849860263936)");
+  graph = example("graph-tiny.json");
+  graph["nodes"][2]["forward_s"] = 1e308;
+  CHECK(input_error_of([&] { graph_from_json(graph, "graph.json"); }) ==
+        "graph.json: nodes[2].forward_s must be at most 1e9 s (got 1e+308)");
+
+  Json cluster = four_device_cluster_json();
+  cluster["device"]["memory_bytes"] = INT64_MAX;
+  CHECK(input_error_of([&] { cluster_from_json(cluster, "c.json"); }) ==
+        "c.json: device.memory_bytes must be at most 1125899906842624 (2^50 bytes) (got 9223372036854775807)");
+
+  Json job = example("job-imagenet.json");
+  job["samples_per_epoch"] = INT64_MAX;
+  CHECK(input_error_of([&] { job_from_json(job, "job.json"); }) ==
+        "job.json: samples_per_epoch must be at most 1125899906842624 (2^50 samples) (got 9223372036854775807)");
+}
+
+TEST_CASE("limits: the largest allowed sizes plan without overflow (run under UBSan by make test-asan)") {
+  // Every node at the bounds at once: 1e9 s, and bytes whose totals reach 2^50.
+  Json graph = example("graph-tiny.json");
+  const auto n = static_cast<int64_t>(graph["nodes"].size());
+  for (Json& node : graph["nodes"]) {
+    node["forward_s"] = 1e9;
+    node["backward_s"] = 1e9;
+    node["param_bytes"] = (int64_t{1} << 50) / n;
+    node["output_bytes"] = (int64_t{1} << 50) / n;
+  }
+  Problem problem;
+  problem.graph = graph_from_json(graph, "graph.json");
+  problem.cluster = cluster_from_json(four_device_cluster_json(), "c.json");
+  problem.job = job_from_json(example("job-imagenet.json"), "job.json");
+  SearchOptions options;
+  options.top_k = 3;
+  // Nothing fits 16 GiB devices: the search says so (InfeasibleError) or returns infeasible
+  // plans; it must not overflow, read out of bounds or report an internal error.
+  try {
+    const SearchResult result = search(problem, options);
+    for (const Plan& p : result.plans) CHECK(!p.predicted.feasible);
+  } catch (const InfeasibleError&) {
+    SUCCEED("infeasible, as expected");
+  }
 }
