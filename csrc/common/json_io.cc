@@ -46,12 +46,16 @@ Json read_json_file(const std::string& path, const std::string& document) {
   text << in.rdbuf();
   if (in.bad()) throw InputError(path + ": cannot read file");
   const std::string& s = text.str();
-  // JSON's whitespace (RFC 8259): an empty file would otherwise read "unexpected end of input".
-  if (s.find_first_not_of(" \t\r\n") == std::string::npos) {
-    throw InputError(document.empty() ? path + ": file is empty"
-                                      : document_label(document, path) + " is empty");
-  }
+  check_not_empty(s, document, path);
   return parse_json_text(s, path);
+}
+
+void check_not_empty(const std::string& text, const std::string& document, const std::string& source) {
+  // JSON's whitespace (RFC 8259): an empty file would otherwise read "unexpected end of input".
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw InputError(document.empty() ? source + ": file is empty"
+                                      : document_label(document, source) + " is empty");
+  }
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

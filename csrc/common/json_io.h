@@ -15,6 +15,10 @@ using Json = nlohmann::json;
 // line L, column C: ...".
 Json read_json_file(const std::string& path, const std::string& document = "");
 
+// Throws "<document> file <source> is empty" (see read_json_file) when `text` is empty or JSON
+// whitespace only; read_json_file and the Python bindings' loaders share this rule.
+void check_not_empty(const std::string& text, const std::string& document, const std::string& source);
+
 // What a document is called in messages: "graph file <path>", or just "graph" when the source
 // is the bare word (Python passes text with source "graph").
 std::string document_label(const std::string& document, const std::string& source);
