@@ -8,7 +8,7 @@ TORCH_CMAKE = $(shell $(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export HYBRIDPLAN_CLI := $(CURDIR)/$(BUILD)/bin/hybridplan
 
-.PHONY: all deps build core test test-core test-torch test-python test-install demo bench paper clean
+.PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper clean
 
 all: build
 
@@ -55,6 +55,27 @@ test-install: build
 	$(BUILD)/consumer/torch_consumer
 	bash tests/install/test_pip_install.sh $(PYTHON)
 
+# ---- reliability (issue 13) ----------------------------------------------------------------
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the torch-free core, the CLI and the
+# planner tests (build-asan/, no LibTorch, no Python module), then ctest: any report fails it.
+ASAN := build-asan
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+test-asan: deps
+	@[ -f $(ASAN)/build.ninja ] || cmake -S . -B $(ASAN) -G Ninja -DHYBRIDPLAN_SANITIZE=ON \
+	  -DHYBRIDPLAN_WITH_TORCH=OFF -DHYBRIDPLAN_BUILD_PYTHON=OFF >/dev/null
+	@cmake --build $(ASAN) -j $(JOBS) --target planner_tests hybridplan
+	cd $(ASAN) && $(ASAN_ENV) ctest --output-on-failure
+
+# libFuzzer (clang) targets for the Graph/Cluster/Job/Plan loaders and the PipeDream importer,
+# FUZZ_SECONDS each (default 60), seeded from examples/, plans/, tests/data and tests/fuzz/seeds.
+# Not part of `make test` (it needs clang); HYBRIDPLAN_FUZZ_DEPS=1 makes install-deps add clang.
+FUZZ := build-fuzz
+FUZZ_SECONDS ?= 60
+fuzz:
+	@HYBRIDPLAN_FUZZ_DEPS=1 bash scripts/install-deps.sh
+	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) bash scripts/fuzz.sh
+
 demo: build
 	$(PYTHON) examples/demo.py
 
@@ -65,4 +86,4 @@ paper: build
 	$(PYTHON) plans/paper/reproduce.py
 
 clean:
-	rm -rf $(BUILD) $(CORE) build-wheel
+	rm -rf $(BUILD) $(CORE) $(ASAN) $(FUZZ) build-wheel

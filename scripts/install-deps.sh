@@ -6,6 +6,8 @@ set -euo pipefail
 PYTHON=${PYTHON:-python3}
 
 apt_packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev catch2 libgloo-dev)
+# `make fuzz` only (libFuzzer is in Debian's clang); `make test` never needs clang.
+[ "${HYBRIDPLAN_FUZZ_DEPS:-0}" = 1 ] && apt_packages+=(clang)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

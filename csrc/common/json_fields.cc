@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/json_io.h"
 
 namespace hybridplan {
 
@@ -65,7 +66,14 @@ const Json* JsonReader::optional(const Json& obj, const std::string& key) const 
 }
 
 void JsonReader::header(const Json& doc, const std::string& kind) const {
-  object(doc, "");
+  if (!doc.is_object()) {
+    // "graph file x.json: expected a JSON object (got null)": says which document it is, since
+    // `null`, `[]` or `3` tell nothing about what the file was meant to be.
+    const std::string prefix = "hybridplan.";
+    const std::string document = kind.rfind(prefix, 0) == 0 ? kind.substr(prefix.size()) : kind;
+    throw InputError(document_label(document, source_) + ": expected a JSON object (got " +
+                     json_value_text(doc) + ")");
+  }
   const Json* version = optional(doc, "schema_version");
   if (version == nullptr) fail("schema_version", "is required and must be 1", "");
   if (!version->is_number_integer() || version->get<int64_t>() != 1) {

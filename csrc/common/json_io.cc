@@ -31,7 +31,13 @@ Json parse_json_text(const std::string& text, const std::string& source) {
   }
 }
 
-Json read_json_file(const std::string& path) {
+std::string document_label(const std::string& document, const std::string& source) {
+  if (document.empty()) return source;
+  if (source == document) return document;
+  return document + " file " + source;
+}
+
+Json read_json_file(const std::string& path, const std::string& document) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw InputError(path + ": cannot open file (" + std::strerror(errno) + ")");
@@ -39,7 +45,17 @@ Json read_json_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw InputError(path + ": cannot read file");
-  return parse_json_text(text.str(), path);
+  const std::string& s = text.str();
+  check_not_empty(s, document, path);
+  return parse_json_text(s, path);
+}
+
+void check_not_empty(const std::string& text, const std::string& document, const std::string& source) {
+  // JSON's whitespace (RFC 8259): an empty file would otherwise read "unexpected end of input".
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw InputError(document.empty() ? source + ": file is empty"
+                                      : document_label(document, source) + " is empty");
+  }
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -10,8 +10,18 @@ namespace hybridplan {
 using Json = nlohmann::json;
 
 // Parses the file at `path`. Missing/unreadable file: "<path>: cannot open file (...)";
-// bad syntax: "<path>: invalid JSON: parse error at line L, column C: ...".
-Json read_json_file(const std::string& path);
+// empty or whitespace only: "<document> file <path> is empty" (document: "graph", "cluster",
+// ...; "<path>: file is empty" without one); bad syntax: "<path>: invalid JSON: parse error at
+// line L, column C: ...".
+Json read_json_file(const std::string& path, const std::string& document = "");
+
+// Throws "<document> file <source> is empty" (see read_json_file) when `text` is empty or JSON
+// whitespace only; read_json_file and the Python bindings' loaders share this rule.
+void check_not_empty(const std::string& text, const std::string& document, const std::string& source);
+
+// What a document is called in messages: "graph file <path>", or just "graph" when the source
+// is the bare word (Python passes text with source "graph").
+std::string document_label(const std::string& document, const std::string& source);
 
 // Parses `text`, naming `source` in the error like read_json_file does.
 Json parse_json_text(const std::string& text, const std::string& source);

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/json_fields.h"
 #include "common/json_io.h"
+#include "common/limits.h"
 #include "planner/presets.h"
 
 namespace hybridplan {
@@ -118,13 +119,18 @@ Link Cluster::link(DeviceIndex a, DeviceIndex b) const {
 
 void Cluster::validate(const std::string& source) const {
   if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
-  if (num_nodes < 1) throw_input_error(source, "num_nodes", "must be >= 1", std::to_string(num_nodes));
-  if (devices_per_node < 1) {
-    throw_input_error(source, "devices_per_node", "must be >= 1", std::to_string(devices_per_node));
+  // Each bounded before their product (num_devices()) is taken.
+  check_device_count(source, "num_nodes", num_nodes);
+  check_device_count(source, "devices_per_node", devices_per_node);
+  if (num_nodes * devices_per_node > kMaxDevices) {
+    throw_input_error(source, "num_nodes * devices_per_node",
+                      "must be at most " + std::to_string(kMaxDevices) + " (2^20 devices)",
+                      std::to_string(num_nodes * devices_per_node));
   }
   if (device.memory_bytes <= 0) {
     throw_input_error(source, "device.memory_bytes", "must be > 0", std::to_string(device.memory_bytes));
   }
+  check_bytes_at_most(source, "device.memory_bytes", device.memory_bytes);
   check_non_negative(source, "device.peak_flops", device.peak_flops);
   check_non_negative(source, "device.memory_bandwidth_bytes_per_s", device.memory_bandwidth_bytes_per_s);
   check_non_negative(source, "device.call_floor_s", device.call_floor_s);
@@ -278,7 +284,7 @@ Json cluster_to_json(const Cluster& c) {
 Cluster load_cluster(const std::string& path_or_preset) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path_or_preset, ec)) {
-    return cluster_from_json(read_json_file(path_or_preset), path_or_preset);
+    return cluster_from_json(read_json_file(path_or_preset, "cluster"), path_or_preset);
   }
   if (const std::string* text = preset_json_text(path_or_preset)) {
     const std::string source = "preset " + path_or_preset;

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/json_fields.h"
 #include "common/json_io.h"
+#include "common/limits.h"
 #include "common/sha256.h"
 
 namespace hybridplan {
@@ -26,14 +27,16 @@ constexpr const char* kGraphKind = "hybridplan.graph";
 std::string quoted(const std::string& s) { return Json(s).dump(); }
 
 void check_time(const std::string& source, size_t i, const char* field, double value) {
+  const std::string path = json_child_path(json_index_path("nodes", i), field);
   if (!std::isfinite(value) || value < 0) {
-    throw_input_error(source, json_child_path(json_index_path("nodes", i), field),
-                      "must be finite and >= 0", json_number_text(value));
+    throw_input_error(source, path, "must be finite and >= 0", json_number_text(value));
   }
+  check_seconds_at_most(source, path, value);
 }
 
 void check_bytes(const std::string& source, const std::string& path, int64_t value) {
   if (value < 0) throw_input_error(source, path, "must be >= 0", std::to_string(value));
+  check_bytes_at_most(source, path, value);
 }
 
 void validate_batch_times(const std::string& source, const std::string& node_path,
@@ -41,9 +44,7 @@ void validate_batch_times(const std::string& source, const std::string& node_pat
   for (size_t k = 0; k < points.size(); ++k) {
     const std::string path = json_index_path(node_path + ".batch_times", k);
     const BatchTime& p = points[k];
-    if (p.batch_size < 1) {
-      throw_input_error(source, path + ".batch_size", "must be >= 1", std::to_string(p.batch_size));
-    }
+    check_batch_size(source, path + ".batch_size", p.batch_size);
     if (p.batch_size == profiled_batch) {
       throw_input_error(source, path + ".batch_size",
                         "must differ from profiled.batch_size (whose times are the node's "
@@ -61,6 +62,7 @@ void validate_batch_times(const std::string& source, const std::string& node_pat
         throw_input_error(source, path + "." + field, "must be finite and >= 0",
                           json_number_text(value));
       }
+      check_seconds_at_most(source, path + "." + field, value);
     }
   }
 }
@@ -116,10 +118,7 @@ std::vector<BatchTime> batch_times_from_json(const JsonReader& in, const Json& j
 
 void Graph::validate(const std::string& source) const {
   if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
-  if (profiled.batch_size < 1) {
-    throw_input_error(source, "profiled.batch_size", "must be >= 1",
-                      std::to_string(profiled.batch_size));
-  }
+  check_batch_size(source, "profiled.batch_size", profiled.batch_size);
   if (nodes.empty()) throw_input_error(source, "nodes", "must list at least one node", "[]");
   std::unordered_map<NodeId, size_t> id_at;
   std::unordered_map<std::string, size_t> name_at;
@@ -165,6 +164,20 @@ void Graph::validate(const std::string& source) const {
       }
     }
     check_bytes(source, path + ".bytes", tied.bytes);
+  }
+  // Totals, so that any device's or stage's sum (times the optimizer's copies) fits int64.
+  int64_t total_param_bytes = 0, total_output_bytes = 0;
+  for (const Node& node : nodes) {
+    total_param_bytes += node.param_bytes;   // each <= 2^50 (checked above): no overflow
+    total_output_bytes += node.output_bytes;
+    check_bytes_at_most(source, "the nodes' total param_bytes", total_param_bytes);
+    check_bytes_at_most(source, "the nodes' total output_bytes", total_output_bytes);
+  }
+  for (const TiedParams& tied : tied_params) {
+    for (size_t copy = 0; copy < tied.nodes.size(); ++copy) {  // a copy per stage, at most
+      total_param_bytes += tied.bytes;
+      check_bytes_at_most(source, "the nodes' total param_bytes with tied_params copies", total_param_bytes);
+    }
   }
   if (!pipeline_split.supported && pipeline_split.reason.empty()) {
     throw_input_error(source, "pipeline_split.reason",
@@ -356,7 +369,9 @@ Json graph_to_json(const Graph& g) {
   return j;
 }
 
-Graph load_graph(const std::string& path) { return graph_from_json(read_json_file(path), path); }
+Graph load_graph(const std::string& path) {
+  return graph_from_json(read_json_file(path, "graph"), path);
+}
 
 void save_graph(const Graph& g, const std::string& path) {
   write_json_file(path, graph_to_json(g));

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/json_fields.h"
 #include "common/json_io.h"
+#include "common/limits.h"
 
 namespace hybridplan {
 namespace {
@@ -69,7 +70,7 @@ BatchCandidates batch_candidates_from_json(const Json& v, const std::string& sou
   const JsonReader in(source);
   const auto positive = [&](const Json& x, const std::string& p) {
     const int64_t b = in.integer(x, p);
-    if (b < 1) in.fail(p, "must be >= 1", x);
+    check_batch_size(source, p, b);  // bounded: the doubling below cannot overflow
     return b;
   };
   BatchCandidates out;
@@ -108,13 +109,16 @@ void Job::validate(const std::string& source) const {
   if (samples_per_epoch < 0) {
     throw_input_error(source, "samples_per_epoch", "must be >= 1", std::to_string(samples_per_epoch));
   }
+  if (samples_per_epoch > kMaxSamples) {
+    throw_input_error(source, "samples_per_epoch",
+                      "must be at most " + std::to_string(kMaxSamples) + " (2^50 samples)",
+                      std::to_string(samples_per_epoch));
+  }
   for (const auto& [field, batches] : {std::pair{"per_replica_batch", &per_replica_batches},
                                         {"global_batch", &global_batches}}) {
     for (size_t i = 0; i < batches->size(); ++i) {
-      if ((*batches)[i] < 1) {
-        throw_input_error(source, batches->size() == 1 ? field : json_index_path(field, i),
-                          "must be >= 1", std::to_string((*batches)[i]));
-      }
+      check_batch_size(source, batches->size() == 1 ? field : json_index_path(field, i),
+                       (*batches)[i]);
     }
   }
   if (!per_replica_batches.empty() && !global_batches.empty()) {
@@ -123,10 +127,7 @@ void Job::validate(const std::string& source) const {
                       std::to_string(global_batches.front()));
   }
   for (size_t i = 0; i < num_microbatches.size(); ++i) {
-    if (num_microbatches[i] < 1) {
-      throw_input_error(source, json_index_path("num_microbatches", i), "must be >= 1",
-                        std::to_string(num_microbatches[i]));
-    }
+    check_batch_size(source, json_index_path("num_microbatches", i), num_microbatches[i]);
   }
   switch (convergence.model) {
     case Convergence::Model::kNone:
@@ -232,7 +233,7 @@ Json job_to_json(const Job& job) {
   return j;
 }
 
-Job load_job(const std::string& path) { return job_from_json(read_json_file(path), path); }
+Job load_job(const std::string& path) { return job_from_json(read_json_file(path, "job"), path); }
 
 Job default_job() { return Job{}; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -33,18 +34,17 @@ std::string trim(const std::string& s) {
   return s.substr(first, last - first + 1);
 }
 
+// Numbers are read with std::from_chars: locale-independent, no exceptions, and an overflow
+// ("1e999", a 30-digit node number) is reported as bad input instead of escaping as
+// std::out_of_range (an "unexpected error" in the CLI).
 double parse_number(const std::string& text, const std::string& field, const LineRef& at) {
   const std::string t = trim(text);
-  size_t used = 0;
   double value = 0;
-  try {
-    value = std::stod(t, &used);
-  } catch (const std::exception&) {
-    at.fail(field + " must be a number", t);
-  }
-  if (used != t.size() || !std::isfinite(value) || value < 0) {
-    at.fail(field + " must be a finite number >= 0", t);
-  }
+  const char* const end = t.data() + t.size();
+  const auto [stop, ec] = std::from_chars(t.data(), end, value);
+  if (ec == std::errc::result_out_of_range) at.fail(field + " must be a finite number >= 0", t);
+  if (ec != std::errc() || stop != end) at.fail(field + " must be a number", t);
+  if (!std::isfinite(value) || value < 0) at.fail(field + " must be a finite number >= 0", t);
   return value;
 }
 
@@ -52,7 +52,7 @@ double parse_number(const std::string& text, const std::string& field, const Lin
 int64_t parse_bytes(const std::string& text, const std::string& field, const LineRef& at) {
   std::string t = trim(text);
   if (!t.empty() && t.front() == '[') {
-    if (t.back() != ']') at.fail(field + " list must end with ']'", t);
+    if (t.size() < 2 || t.back() != ']') at.fail(field + " list must end with ']'", t);
     t = t.substr(1, t.size() - 2);
   }
   double total = 0;
@@ -63,16 +63,24 @@ int64_t parse_bytes(const std::string& text, const std::string& field, const Lin
     if (end == std::string::npos) break;
     start = end + 1;
   }
+  // 2^53 bytes (8 PiB) is far beyond any layer and keeps the double -> int64 rounding exact;
+  // a larger total (e.g. "1e300") would overflow llround.
+  constexpr double kMaxBytes = 9007199254740992.0;
+  if (!(total <= kMaxBytes)) at.fail(field + " must be at most 2^53 bytes", trim(text));
   return static_cast<int64_t>(std::llround(total));
 }
 
-// "nodeN" -> N.
+// "nodeN" -> N (0 <= N < 2^63).
 NodeId parse_node_ref(const std::string& text, const LineRef& at) {
   const std::string t = trim(text);
   const bool ok = t.size() > 4 && t.compare(0, 4, "node") == 0 &&
                   std::all_of(t.begin() + 4, t.end(), [](unsigned char c) { return std::isdigit(c); });
   if (!ok) at.fail("expected a node name 'nodeN'", t);
-  return std::stoll(t.substr(4));
+  NodeId id = 0;
+  const char* const end = t.data() + t.size();
+  const auto [stop, ec] = std::from_chars(t.data() + 4, end, id);
+  if (ec != std::errc() || stop != end) at.fail("node number must fit in a 64-bit integer", t);
+  return id;
 }
 
 // "Conv2d(3, 64, ...)" -> "conv2d"; "Input0" -> "input".
@@ -136,21 +144,28 @@ std::string default_name(const std::string& path) {
 }  // namespace
 
 Graph import_pipedream(const std::string& path, int64_t batch_size, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open PipeDream profile");
+  return import_pipedream(in, path, batch_size, name.empty() ? default_name(path) : name);
+}
+
+Graph import_pipedream(std::istream& in, const std::string& path, int64_t batch_size,
+                       const std::string& name) {
   if (batch_size < 1) {
     throw InputError(path + ": --batch-size must be >= 1 (got " + std::to_string(batch_size) + ")");
   }
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open PipeDream profile");
 
   std::map<NodeId, Node> nodes;  // by id, so the Graph lists them in id order
   std::map<NodeId, int64_t> defined_at_line;
   std::vector<std::pair<std::pair<NodeId, NodeId>, int64_t>> edge_refs;  // (src, dst), line
   std::string line;
   int64_t line_number = 0;
+  bool saw_text = false;
   while (std::getline(in, line)) {
     ++line_number;
     const LineRef at{path, line_number};
     if (trim(line).empty()) continue;
+    saw_text = true;
     if (line[0] == '\t' || line[0] == ' ') {
       const std::string edge = trim(line);
       const size_t sep = edge.find(" -- ");
@@ -168,7 +183,9 @@ Graph import_pipedream(const std::string& path, int64_t batch_size, const std::s
     defined_at_line[node.id] = line_number;
     nodes.emplace(node.id, std::move(node));
   }
-  if (nodes.empty()) throw InputError(path + ": no node lines (is this a PipeDream graph.txt?)");
+  if (nodes.empty()) {
+    throw InputError("PipeDream profile " + path + (saw_text ? " has no node lines (is this a PipeDream graph.txt?)" : " is empty"));
+  }
 
   Graph g;
   g.name = name.empty() ? default_name(path) : name;

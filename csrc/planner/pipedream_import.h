@@ -7,6 +7,7 @@
 //   \tnodeA -- nodeB
 #pragma once
 #include <cstdint>
+#include <istream>
 #include <string>
 
 #include "planner/graph.h"
@@ -23,6 +24,10 @@ inline constexpr int64_t kPipeDreamDefaultBatchSize = 64;
 // data loader's time there, which is not a layer's compute). `name` empty: the file name up to
 // its first '.'. Throws InputError naming the file and line number.
 Graph import_pipedream(const std::string& path, int64_t batch_size,
+                       const std::string& name = "");
+
+// The same from a stream; `path` names the source in errors (and the default graph name).
+Graph import_pipedream(std::istream& in, const std::string& path, int64_t batch_size,
                        const std::string& name = "");
 
 }  // namespace hybridplan

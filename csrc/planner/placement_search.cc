@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
@@ -143,8 +144,9 @@ std::vector<int32_t> earliest_finish_assignment(const Graph& g, const NodeCosts&
 }
 
 // A contiguous split of the topological order into min(mp, n) parts minimising the largest
-// part of `weight` (compute, or memory when `weight_is_memory`), as a placement.
-std::vector<int32_t> contiguous_assignment(const Graph& g, const NodeCosts& c, int64_t mp,
+// part of `weight` (compute, or memory when `weight_is_memory`), as a placement; none when no
+// split has a finite cost (e.g. a node time scaled past the double range).
+std::optional<std::vector<int32_t>> contiguous_assignment(const Graph& g, const NodeCosts& c, int64_t mp,
                                            bool weight_is_memory, int64_t capacity_bytes,
                                            Optimizer optimizer) {
   const size_t n = g.nodes.size();
@@ -170,6 +172,7 @@ std::vector<int32_t> contiguous_assignment(const Graph& g, const NodeCosts& c, i
     pc.memory_capacity_bytes = 0;
     part = optimal_partition(pc);
   }
+  if (!part) return std::nullopt;
   std::vector<int32_t> a(n, 0);
   for (int s = 0; s < k; ++s)
     for (int64_t p = part->stage_starts[s]; p < part->stage_starts[s + 1]; ++p)
@@ -265,8 +268,9 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
     const PlacementOrder& order = evaluator.placement_order(
         static_cast<double>(base.per_replica_batch), evaluator.compute_slowdown(base));
     consider(earliest_finish_assignment(g, c, order, links, mp, capacity, opt));
-    consider(contiguous_assignment(g, c, mp, false, capacity, opt));
-    consider(contiguous_assignment(g, c, mp, true, capacity, opt));
+    for (const bool by_memory : {false, true}) {
+      if (auto a = contiguous_assignment(g, c, mp, by_memory, capacity, opt)) consider(std::move(*a));
+    }
   }
 
   // First-improvement local search: move one node to a device one of its neighbours uses, or

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/json_fields.h"
 #include "common/json_io.h"
+#include "common/limits.h"
 
 namespace hybridplan {
 namespace {
@@ -95,14 +96,13 @@ const char* schedule_name(Schedule s) {
 }
 
 void Plan::validate_structure(const std::string& source) const {
-  if (dp < 1) throw_input_error(source, "dp", "must be >= 1", str(dp));
-  if (mp < 1) throw_input_error(source, "mp", "must be >= 1", str(mp));
+  // Bounded first, so that dp * mp and dp * per_replica_batch below cannot overflow.
+  check_device_count(source, "dp", dp);
+  check_device_count(source, "mp", mp);
   if (world_size != dp * mp) {
     throw_input_error(source, "world_size", "must equal dp * mp = " + str(dp * mp), str(world_size));
   }
-  if (per_replica_batch < 1) {
-    throw_input_error(source, "per_replica_batch", "must be >= 1", str(per_replica_batch));
-  }
+  check_batch_size(source, "per_replica_batch", per_replica_batch);
   if (global_batch != dp * per_replica_batch) {
     throw_input_error(source, "global_batch",
                       "must equal dp * per_replica_batch = " + str(dp * per_replica_batch),
@@ -397,7 +397,7 @@ Json plan_to_json(const Plan& p, const Graph& graph, const Cluster& cluster) {
   return j;
 }
 
-Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path), path); }
+Plan load_plan(const std::string& path) { return plan_from_json(read_json_file(path, "plan"), path); }
 
 Plan load_plan(const std::string& path, const Graph& graph, const Cluster& cluster) {
   Plan p = load_plan(path);

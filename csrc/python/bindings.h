@@ -17,7 +17,10 @@ namespace hybridplan::python {
 using Json = nlohmann::json;
 
 // Parses `text`; a syntax error is an InputError "<source>: $ must be valid JSON (got ...)".
-Json parse_json_text(const std::string& text, const std::string& source);
+// With `document` ("graph", ...), empty text is "<document> file <source> is empty" (the rule
+// of common/json_io.h's check_not_empty).
+Json parse_json_text(const std::string& text, const std::string& source,
+                     const std::string& document = "");
 
 // Runs `fn`, re-throwing nlohmann's type/range errors (a field of the wrong JSON type) as
 // InputError naming `source`, so Python sees ValueError rather than RuntimeError.

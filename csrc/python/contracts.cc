@@ -5,6 +5,7 @@
 
 #include <pybind11/stl.h>
 
+#include "common/json_io.h"
 #include "planner/cluster.h"
 #include "planner/graph.h"
 #include "planner/job.h"
@@ -15,7 +16,8 @@ namespace py = pybind11;
 
 namespace hybridplan::python {
 
-Json parse_json_text(const std::string& text, const std::string& source) {
+Json parse_json_text(const std::string& text, const std::string& source, const std::string& document) {
+  if (!document.empty()) check_not_empty(text, document, source);
   try {
     return Json::parse(text);
   } catch (const Json::parse_error& e) {
@@ -27,31 +29,31 @@ namespace {
 
 std::string canonical_graph(const std::string& text, const std::string& source) {
   return with_source(source, [&] {
-    return graph_to_json(graph_from_json(parse_json_text(text, source), source)).dump();
+    return graph_to_json(graph_from_json(parse_json_text(text, source, "graph"), source)).dump();
   });
 }
 
 std::string sha256_of_graph(const std::string& text, const std::string& source) {
   return with_source(source, [&] {
-    return graph_sha256(graph_from_json(parse_json_text(text, source), source));
+    return graph_sha256(graph_from_json(parse_json_text(text, source, "graph"), source));
   });
 }
 
 std::string canonical_cluster(const std::string& text, const std::string& source) {
   return with_source(source, [&] {
-    return cluster_to_json(cluster_from_json(parse_json_text(text, source), source)).dump();
+    return cluster_to_json(cluster_from_json(parse_json_text(text, source, "cluster"), source)).dump();
   });
 }
 
 std::string canonical_job(const std::string& text, const std::string& source) {
   return with_source(source, [&] {
-    return job_to_json(job_from_json(parse_json_text(text, source), source)).dump();
+    return job_to_json(job_from_json(parse_json_text(text, source, "job"), source)).dump();
   });
 }
 
 // Structural checks only (a plan is checked against a graph and cluster by validate_plan).
 void check_plan(const std::string& text, const std::string& source) {
-  with_source(source, [&] { plan_from_json(parse_json_text(text, source), source); });
+  with_source(source, [&] { plan_from_json(parse_json_text(text, source, "plan"), source); });
 }
 
 // Checks the plan against the graph and cluster it is applied to (graph hash, world size, mesh,
@@ -61,7 +63,7 @@ std::string validate_plan(const std::string& plan_text, const std::string& plan_
   const Graph graph = graph_from_json(parse_json_text(graph_text, "graph"), "graph");
   const Cluster cluster = cluster_from_json(parse_json_text(cluster_text, "cluster"), "cluster");
   return with_source(plan_source, [&] {
-    Plan plan = plan_from_json(parse_json_text(plan_text, plan_source), plan_source);
+    Plan plan = plan_from_json(parse_json_text(plan_text, plan_source, "plan"), plan_source);
     align_assignment_to_graph(plan, graph, plan_source);
     plan.validate(plan_source, graph, cluster);
     return plan_to_json(plan, graph, cluster).dump();

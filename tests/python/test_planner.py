@@ -131,6 +131,20 @@ def test_bad_json_text_and_missing_file(tmp_path):
         Graph.from_dict([1, 2])
 
 
+@pytest.mark.parametrize("kind", ["graph", "cluster", "job", "plan"])
+@pytest.mark.parametrize("text", ["", " \n\t"])
+def test_empty_or_non_object_file_names_its_kind(tmp_path, kind, text):
+    """Issue 13: an empty file says which document it was meant to be, as the CLI does."""
+    load = {"graph": Graph.load, "cluster": Cluster.load, "job": Job.load, "plan": Plan.load}[kind]
+    path = tmp_path / f"{kind}.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"^{kind} file .*{kind}\.json is empty$"):
+        load(path)
+    path.write_text("null")
+    with pytest.raises(ValueError, match=rf"^{kind} file .*{kind}\.json: expected a JSON object \(got null\)$"):
+        load(path)
+
+
 def test_cluster_and_job_errors():
     bad = box_dict()
     bad["num_nodes"] = 0

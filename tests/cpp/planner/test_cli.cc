@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
+#include <vector>
 
 #include "catch.h"
 #include "common/json_io.h"
@@ -416,4 +418,144 @@ TEST_CASE("cli: documented flags are accepted") {
   const CliResult job_alone = run_cli({"explain", "plan.json", "--job", kJob});
   CHECK(job_alone.status == 2);
   CHECK_THAT(job_alone.output, Contains("--job requires --cluster"));
+}
+
+// ---- mutated documents (issue 13) ------------------------------------------------------------
+// N seeded random mutations of a Graph, Cluster, Job or Plan file (text-level: truncation, byte
+// deletion/insertion/duplication; JSON-level: a value replaced by an extreme or wrong-typed one,
+// a member or element removed or doubled). Mutated graph/cluster/job files go through `plan`,
+// mutated plans through `evaluate` and `explain`. Each call must end with exit 0, 2 (bad input,
+// and then its message names the mutated file) or 3 (infeasible: the CLI's answer when, say,
+// memory_bytes shrank below the model), within a timeout, and never with a signal, exit 1,
+// "internal error" or "unexpected error". Run under build-asan/ by `make test-asan` too.
+
+namespace {
+
+// Every value's JSON pointer (containers included), in document order.
+void collect_pointers(const Json& j, const Json::json_pointer& at, std::vector<Json::json_pointer>& out) {
+  out.push_back(at);
+  if (j.is_object()) {
+    for (const auto& [key, value] : j.items()) collect_pointers(value, at / key, out);
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) collect_pointers(j[i], at / i, out);
+  }
+}
+
+Json extreme_value(std::mt19937& rng) {
+  const std::vector<Json> values = {
+      Json(-1), Json(0), Json(1), Json(2), Json(-0.0), Json(0.5), Json(1e308), Json(-1e308),
+      Json(5e-324), Json(1e19), Json(INT64_MAX), Json(INT64_MIN), Json(UINT64_MAX), Json(1e9),
+      Json("x"), Json(""), Json(nullptr), Json::array(), Json::object(), Json(true),
+      Json::array({0, 1}), Json("pipeline"), Json("1f1b"), Json("node0")};
+  return values[std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng)];
+}
+
+std::string mutate_json(const Json& doc, std::mt19937& rng) {
+  Json j = doc;
+  std::vector<Json::json_pointer> pointers;
+  collect_pointers(j, Json::json_pointer(), pointers);
+  const Json::json_pointer at =
+      pointers[std::uniform_int_distribution<size_t>(1, pointers.size() - 1)(rng)];
+  Json& parent = j[at.parent_pointer()];
+  switch (std::uniform_int_distribution<int>(0, 3)(rng)) {
+    case 0:
+    case 1:
+      j[at] = extreme_value(rng);
+      break;
+    case 2:  // remove the member / element
+      if (parent.is_object()) {
+        parent.erase(at.back());
+      } else {
+        parent.erase(static_cast<size_t>(std::stoul(at.back())));
+      }
+      break;
+    default:  // double it (an array element; an object member gets a neighbour's value)
+      if (parent.is_array()) {
+        parent.insert(parent.begin() + static_cast<std::ptrdiff_t>(std::stoul(at.back())), j[at]);
+      } else {
+        j[at] = parent;  // nests the parent inside itself once
+      }
+  }
+  return j.dump(1);
+}
+
+std::string mutate_text(const std::string& text, std::mt19937& rng) {
+  std::string s = text;
+  auto pos = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n)(rng); };
+  static const std::string kBytes = "{}[]:,\"0123456789-+.eE \n\t\\nul\x01\xff";
+  switch (std::uniform_int_distribution<int>(0, 5)(rng)) {
+    case 0: s.resize(pos(s.size())); break;                                   // truncated
+    case 1: { const size_t a = pos(s.size()); s.erase(a, pos(16)); break; }  // bytes deleted
+    case 2: s.insert(pos(s.size()), 1, kBytes[pos(kBytes.size() - 1)]); break;
+    case 3: { const size_t a = pos(s.size()); s.insert(a, s.substr(a, pos(64))); break; }
+    case 4: if (!s.empty()) s[pos(s.size() - 1)] = kBytes[pos(kBytes.size() - 1)]; break;
+    default: {
+      static const char* const kWhole[] = {"", " \n", "null", "[]", "0", "\"graph\"", "{}"};
+      s = kWhole[pos(6)];
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("cli: 200 randomly mutated documents never crash, hang or report an internal error") {
+  const fs::path dir = temp_dir("mutations");
+  const std::string cluster = four_device_cluster(dir);
+  const std::string plan = (dir / "plan.json").string();
+  const CliResult planned = run_cli({"plan", "--graph", kGraph, "--cluster", cluster, "--job", kJob,
+                                     "--top", "1", "--out", plan});
+  INFO(planned.output);
+  REQUIRE(planned.status == 0);
+  const std::map<std::string, std::string> originals = {
+      {"graph", kGraph}, {"cluster", cluster}, {"job", kJob}, {"plan", plan}};
+  const char* const kinds[] = {"graph", "cluster", "job", "plan"};
+
+  constexpr int kMutations = 200;
+  constexpr uint32_t kSeed = 13;
+  std::mt19937 rng(kSeed);
+  std::map<int, int> exits;  // exit status -> calls
+  for (int i = 0; i < kMutations; ++i) {
+    const std::string kind = kinds[i % 4];
+    const std::string original_text = [&] {
+      std::ifstream in(originals.at(kind));
+      std::stringstream ss;
+      ss << in.rdbuf();
+      return ss.str();
+    }();
+    const std::string text = std::uniform_int_distribution<int>(0, 1)(rng) == 0
+                                 ? mutate_json(Json::parse(original_text), rng)
+                                 : mutate_text(original_text, rng);
+    const std::string mutated = write(dir / ("mutated-" + std::to_string(i) + "." + kind + ".json"), text);
+    std::map<std::string, std::string> files = originals;
+    files[kind] = mutated;
+
+    std::vector<std::vector<std::string>> calls;
+    if (kind == "plan") {
+      calls.push_back({"evaluate", "--graph", files["graph"], "--cluster", files["cluster"], "--job",
+                       files["job"], "--plan", mutated});
+      calls.push_back({"explain", mutated, "--graph", files["graph"], "--cluster", files["cluster"],
+                       "--job", files["job"]});
+    } else {
+      calls.push_back({"plan", "--graph", files["graph"], "--cluster", files["cluster"], "--job",
+                       files["job"], "--top", "1"});
+    }
+    for (const auto& args : calls) {
+      // timeout(1) exits 124 when the call overruns (a hang), 137 after its KILL.
+      const CliResult r = run_cli(args, "timeout -k 5 60");
+      INFO("mutation " << i << " of the " << kind << " (seed " << kSeed << "): " << args[0]
+                       << "\n--- document ---\n" << text.substr(0, 2000) << "\n--- output ---\n"
+                       << r.output);
+      exits[r.status]++;
+      CHECK((r.status == 0 || r.status == 2 || r.status == 3));
+      CHECK_THAT(r.output, !Contains("internal error") && !Contains("unexpected error"));
+      if (r.status == 2) CHECK_THAT(r.output, Contains(mutated));
+    }
+  }
+  // The mutations must exercise both outcomes, or they test nothing.
+  CHECK(exits[0] > 10);
+  CHECK(exits[2] > 50);
+  std::ostringstream summary;
+  for (const auto& [status, n] : exits) summary << " exit " << status << ": " << n;
+  WARN("mutated documents:" << summary.str());
 }

@@ -199,7 +199,7 @@ TEST_CASE("graph validation names the file, the JSON path and the rule", "[graph
   }
   SECTION("top level not an object") {
     REQUIRE(load_error(Json::array({1, 2})) ==
-            "graph.json: top level must be a JSON object (got [1,2])");
+            "graph file graph.json: expected a JSON object (got [1,2])");
   }
 }
 
