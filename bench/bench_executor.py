@@ -36,20 +36,22 @@ def parse_args():
     return p.parse_args()
 
 
-def timed_medians_s(step_a, step_b, steps: int, warmup: int):
-    """Median wall time of step_a() and of step_b(), the slowest rank's. The two alternate step
-    by step, so that load from other processes on the machine hits both alike."""
-    times = ([], [])
+def timed_medians_s(steps_by_name, steps: int, warmup: int):
+    """Median wall time per step of each step function, the slowest rank's. They alternate step
+    by step, so that load from other processes on the machine hits all alike. Shared by the
+    benchmarks in this folder (bench_noise_online imports it)."""
+    times = {name: [] for name in steps_by_name}
     for i in range(warmup + steps):
-        for step, out in ((step_a, times[0]), (step_b, times[1])):
+        for name, step in steps_by_name.items():
             dist.barrier()
             started = time.perf_counter()
             step(i)
             if i >= warmup:
-                out.append(time.perf_counter() - started)
-    medians = torch.tensor([statistics.median(t) for t in times], dtype=torch.float64)
+                times[name].append(time.perf_counter() - started)
+    medians = torch.tensor([statistics.median(times[n]) for n in steps_by_name],
+                           dtype=torch.float64)
     dist.all_reduce(medians, op=dist.ReduceOp.MAX)
-    return medians[0].item(), medians[1].item()
+    return dict(zip(steps_by_name, medians.tolist()))
 
 
 def data(model, global_batch, i):
@@ -80,7 +82,8 @@ def bench_dp(args):
         ref.loss(ddp(*inputs), target).backward()
         opt.step()
 
-    return timed_medians_s(executor_step, ddp_step, args.steps, args.warmup_steps)
+    t = timed_medians_s({"a": executor_step, "b": ddp_step}, args.steps, args.warmup_steps)
+    return t["a"], t["b"]
 
 
 def bench_pipeline(args):
@@ -116,7 +119,8 @@ def bench_pipeline(args):
             schedule.step(target=target, losses=[])
         opt.step()
 
-    return timed_medians_s(executor_step, torch_step, args.steps, args.warmup_steps)
+    t = timed_medians_s({"a": executor_step, "b": torch_step}, args.steps, args.warmup_steps)
+    return t["a"], t["b"]
 
 
 def main():

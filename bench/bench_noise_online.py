@@ -14,10 +14,8 @@ the overhead. Runs itself under torchrun with 2 local processes (Gloo on CPU), o
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +23,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import hybridplan  # noqa: E402
 import hybridplan.models as models  # noqa: E402
+from bench_executor import data, sgd, timed_medians_s  # noqa: E402  (this folder)
 
 
 def parse_args():
@@ -37,32 +36,6 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=3,
                    help="repeat the interleaved comparison; the median round is reported")
     return p.parse_args()
-
-
-def data(model, global_batch, i):
-    return model.example_inputs(global_batch, seed=i), model.example_target(global_batch,
-                                                                            seed=7 + i)
-
-
-def sgd(params):
-    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
-
-
-def timed_medians_s(steps_by_name, steps: int, warmup: int):
-    """Median wall time per step of each step function (alternating step by step), the
-    slowest rank's."""
-    times = {name: [] for name in steps_by_name}
-    for i in range(warmup + steps):
-        for name, step in steps_by_name.items():
-            dist.barrier()
-            started = time.perf_counter()
-            step(i)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - started)
-    medians = torch.tensor([statistics.median(times[n]) for n in steps_by_name],
-                           dtype=torch.float64)
-    dist.all_reduce(medians, op=dist.ReduceOp.MAX)
-    return dict(zip(steps_by_name, medians.tolist()))
 
 
 def bench(args, every: int):
