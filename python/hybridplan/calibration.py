@@ -305,17 +305,9 @@ def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, bat
         with open(graph_path, encoding="utf-8") as f:
             graph = json.load(f)
     torch.set_num_threads(1)
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
-    backend = "nccl" if cuda else "gloo"
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    try:
+    with _probe.process_group(env, timeout_s) as (device, backend):
         cluster = _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout_s,
                            name)
-    finally:
-        dist.destroy_process_group()
     if env.rank != 0:
         return None
     if out:

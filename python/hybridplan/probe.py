@@ -18,6 +18,7 @@ peak_flops from the fastest of several timed float32 matmuls, the slowest rank's
 Gloo on CPU, NCCL on CUDA; collectives time out after `timeout_s`.
 """
 
+import contextlib
 import datetime
 import json
 import os
@@ -172,6 +173,22 @@ def allreduce_link(points: List[Tuple[int, float]], p: int, fits: Dict[str, dict
             "latency_s": fit.alpha / (2 * (p - 1))}
 
 
+@contextlib.contextmanager
+def process_group(env, timeout_s: float):
+    """This rank's device and backend (CUDA + NCCL where there is a GPU, else CPU + Gloo) inside
+    a default process group that is destroyed on the way out (probe and calibrate)."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        yield device, backend
+    finally:
+        dist.destroy_process_group()
+
+
 def probe(sizes_bytes: Sequence[int] = DEFAULT_SIZES, warmup: int = 2, repeats: int = 10,
           timeout_s: float = 60.0, name: Optional[str] = None,
           out: Optional[str] = None) -> Optional[dict]:
@@ -181,16 +198,8 @@ def probe(sizes_bytes: Sequence[int] = DEFAULT_SIZES, warmup: int = 2, repeats: 
         raise ValueError(f"probe: sizes must hold at least two distinct sizes >= 4 bytes "
                          f"(got {list(sizes_bytes)})")
     env = _env()
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
-    backend = "nccl" if cuda else "gloo"
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    try:
+    with process_group(env, timeout_s) as (device, backend):
         cluster = _measure(env, device, backend, sorted(set(sizes_bytes)), warmup, repeats, name)
-    finally:
-        dist.destroy_process_group()
     if env.rank != 0:
         return None
     if out:
