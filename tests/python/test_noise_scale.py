@@ -253,17 +253,10 @@ def _cli(tmp_path, data_name, name, *extra):
     return out
 
 
-def _hybridplan_cli():
-    path = os.environ.get("HYBRIDPLAN_CLI", str(ROOT / "build" / "bin" / "hybridplan"))
-    if not os.path.exists(path):
-        pytest.skip(f"the hybridplan CLI is not built at {path} (make build)")
-    return path
-
-
-def _plan_with_cli(job_path):
+def _plan_with_cli(cli, job_path):
     import subprocess
     result = subprocess.run(
-        [_hybridplan_cli(), "plan", "--graph", str(ROOT / "examples" / "graph-tiny.json"),
+        [cli, "plan", "--graph", str(ROOT / "examples" / "graph-tiny.json"),
          "--cluster", "dgx1-v100", "--devices", "8", "--job", str(job_path), "--json"],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -282,7 +275,8 @@ def test_cli_job_matches_the_python_estimate(tmp_path):
     assert job["per_replica_batch"] == 32 and job["optimizer"] == "sgd_momentum"
 
 
-def test_cli_jobs_plan_end_to_end_and_the_plan_follows_the_critical_batch(tmp_path):
+def test_cli_jobs_plan_end_to_end_and_the_plan_follows_the_critical_batch(tmp_path,
+                                                                          hybridplan_cli):
     # examples/graph-tiny.json on 8 devices of dgx1-v100, 32 samples per replica, as the
     # planner prices the two contenders (step_s from its cost model):
     #   DP 8 x 1:              B = 256, step 0.0536 s (all of fwd+bwd 0.052 s, plus all-reduce)
@@ -299,7 +293,8 @@ def test_cli_jobs_plan_end_to_end_and_the_plan_follows_the_critical_batch(tmp_pa
     bc_large = json.loads(large.read_text())["convergence"]["critical_batch"]
     assert bc_small == pytest.approx(b_simple_exact(0.0), rel=0.25)
     assert bc_large == pytest.approx(b_simple_exact(5.0), rel=0.25)
-    hybrid, dp_only = _plan_with_cli(small), _plan_with_cli(large)
+    hybrid, dp_only = (_plan_with_cli(hybridplan_cli, small),
+                       _plan_with_cli(hybridplan_cli, large))
     assert (hybrid["dp"], hybrid["mp"], hybrid["mode"]) == (2, 4, "pipeline")
     assert (dp_only["dp"], dp_only["mp"]) == (8, 1)
     assert hybrid["predicted"]["epochs"] == pytest.approx(10 * (1 + 64 / bc_small))

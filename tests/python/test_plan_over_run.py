@@ -6,7 +6,6 @@ import dataclasses
 import importlib.util
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -31,20 +30,13 @@ def _job(critical_batch, epochs_min=10):
 GROWING = _job([[0, 50], [1, 400]])     # tests/cpp/planner/test_run_schedule.cc's case
 
 
-def _cli():
-    path = os.environ.get("HYBRIDPLAN_CLI", str(ROOT / "build" / "bin" / "hybridplan"))
-    if not os.path.exists(path):
-        pytest.skip(f"the hybridplan CLI is not built at {path} (make build)")
-    return path
-
-
 # ---- the binding --------------------------------------------------------------------------------
 
-def test_python_schedule_equals_the_cli_over_run(tmp_path):
+def test_python_schedule_equals_the_cli_over_run(tmp_path, hybridplan_cli):
     job_path = tmp_path / "job.json"
     job_path.write_text(json.dumps(GROWING))
     result = subprocess.run(
-        [_cli(), "plan", "--graph", str(TINY), "--cluster", "dgx1-v100", "--devices", "8",
+        [hybridplan_cli, "plan", "--graph", str(TINY), "--cluster", "dgx1-v100", "--devices", "8",
          "--job", str(job_path), "--over-run", "--segments", "16", "--switch-s", "60", "--json"],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
