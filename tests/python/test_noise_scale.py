@@ -17,7 +17,6 @@ With |delta| = 1 and d = 50: B_simple = 51 + 50 sigma^2.
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
