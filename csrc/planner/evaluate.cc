@@ -260,8 +260,20 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   const double scale = batch_scale(graph, batch);  // bytes are exactly linear in the batch
   activation_bytes_.assign(plan.mp, 0.0);
   fill_param_bytes(plan);
+  transient_bytes_.assign(plan.mp, 0.0);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    activation_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    const int32_t k = plan.assignment[v];
+    activation_bytes_[k] += scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    int64_t gradients = graph.nodes[v].output_bytes;  // backward workspace (memory_cost.h)
+    for (int32_t e : graph.in_edges[v]) gradients += graph.edges[e].bytes;
+    transient_bytes_[k] = std::max(transient_bytes_[k], scaled_bytes(gradients, scale));
+  }
+  if (pipeline) {  // receive buffers, one per micro-batch, each way (pipeline_compute filled stages_)
+    const auto m = static_cast<double>(plan.num_microbatches);
+    for (size_t b = 0; b < stages_.boundary_bytes.size(); ++b) {
+      transient_bytes_[b] += m * stages_.boundary_bytes[b];      // gradients into stage b
+      transient_bytes_[b + 1] += m * stages_.boundary_bytes[b];  // activations into stage b + 1
+    }
   }
   out.memory_bytes.resize(plan.mp);
   const int64_t have_bytes = problem_.cluster.device.memory_bytes;
@@ -270,7 +282,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
         in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone, plan.num_microbatches,
                                plan.mp, k);
     out.memory_bytes[k] = device_memory_bytes(param_bytes_[k], activation_bytes_[k], in_flight,
-                                              problem_.job.optimizer);
+                                              problem_.job.optimizer, transient_bytes_[k]);
     if (out.feasible && out.memory_bytes[k] > have_bytes) {
       out.feasible = false;
       out.infeasible_reason =

@@ -115,6 +115,7 @@ class Evaluator {
   mutable std::vector<int64_t> node_stamp_;
   mutable std::vector<int64_t> processes_on_node_;
   mutable std::vector<double> activation_bytes_;
+  mutable std::vector<double> transient_bytes_;  // memory_cost.h: workspace + receive buffers
   mutable std::vector<int64_t> param_bytes_;
   mutable std::vector<char> stage_stamp_;
 };

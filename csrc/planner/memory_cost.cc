@@ -27,13 +27,14 @@ int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int6
 }
 
 int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
-                            Optimizer optimizer) {
+                            Optimizer optimizer, double transient_bytes) {
   // In double, saturated at 2^62: activations scaled to a large batch and many micro-batches in
   // flight can exceed int64 (a cast of such a double is undefined); no device has 2^62 bytes,
   // so the plan is infeasible either way, and sums of two such values still fit.
   constexpr double kSaturated = 4611686018427387904.0;  // 2^62
   const double bytes = static_cast<double>(param_bytes) * static_cast<double>(2 + optimizer_state_copies(optimizer)) +
-                       std::ceil(activation_bytes * static_cast<double>(in_flight));
+                       std::ceil(activation_bytes * static_cast<double>(in_flight)) +
+                       std::ceil(transient_bytes);
   return bytes < kSaturated ? static_cast<int64_t>(bytes) : static_cast<int64_t>(kSaturated);
 }
 

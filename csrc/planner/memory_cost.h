@@ -7,9 +7,19 @@
 //                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs
 //   in_flight: placement 1; pipeline GPipe M (all forwards before any backward), 1F1B
 //              min(M, S - s) on stage s (its warm-up depth plus the one in steady state).
-// Not modelled: framework workspace, allocator fragmentation, received input activations,
-// DDP's gradient buckets (another copy of the gradients in PyTorch < 1.7 / without
-// gradient_as_bucket_view). The estimate is a lower bound; leave headroom.
+//                + transient_bytes                         alive only part of the step:
+//   backward workspace: while node v's backward runs, the gradient of its output and the
+//                     gradients of its inputs are alive together: max over the device's nodes of
+//                     output_bytes + the bytes of its in-edges, at the (micro-)batch it runs
+//   receive buffers (pipeline): torch.distributed.pipelining's PipelineStage allocates one
+//                     receive buffer per micro-batch for the activations a stage receives (every
+//                     stage but the first) and for the gradients it receives (every stage but the
+//                     last): M * the boundary's bytes per micro-batch, each way.
+// Measured against torch.profiler's memory timeline by `hybridplan validate` (peak memory per
+// rank, predicted beside measured). Not modelled: the input batch (the Graph does not record its
+// size), allocator fragmentation, DDP's gradient buckets (another copy of the gradients without
+// gradient_as_bucket_view). The search's partition check uses the first two terms only (a
+// relaxation: evaluate() decides feasibility).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,9 +36,10 @@ int64_t optimizer_state_copies(Optimizer optimizer);
 int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int64_t num_stages,
                                int64_t stage);
 
-// param_bytes * (2 + optimizer_state_copies) + activation_bytes * in_flight (rounded up).
+// param_bytes * (2 + optimizer_state_copies) + activation_bytes * in_flight + transient_bytes
+// (rounded up, saturated at 2^62).
 int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
-                            Optimizer optimizer);
+                            Optimizer optimizer, double transient_bytes = 0.0);
 
 // "device 1 (global device 9) needs 18.2 GiB > 16.0 GiB (over by 2.2 GiB)"; pipelines name
 // the stage.

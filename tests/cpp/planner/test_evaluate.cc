@@ -46,15 +46,16 @@ TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]"
   REQUIRE(p.allreduce_s == 2);
   REQUIRE(p.step_s == 23);
   REQUIRE(p.samples_per_s == 2.0 / 23);
-  // memory (sgd): device 0 params 100 * 2 + activations a, b, d 300 = 500
-  //               device 1 params 200 * 2 + activation c 40 = 440
-  REQUIRE(p.memory_bytes == std::vector<int64_t>{500, 440});
+  // memory (sgd): device 0 params 100 * 2 + activations a, b, d 300 = 500, plus the backward
+  //               workspace max(a 100 + 0, b 100 + 100, d 100 + 100 + 100) = 300 -> 800
+  //               device 1 params 200 * 2 + activation c 40 = 440, plus c 40 + 100 -> 580
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{800, 580});
   REQUIRE(p.feasible);
   // A node's measured saved tensors replace its output bytes: b keeps 700 B for backward.
   Problem saved = problem;
   saved.graph.nodes[1].saved_bytes = 700;
   saved.graph.finalize("diamond");
-  REQUIRE(evaluate(saved, plan).memory_bytes == std::vector<int64_t>{500 - 100 + 700, 440});
+  REQUIRE(evaluate(saved, plan).memory_bytes == std::vector<int64_t>{800 - 100 + 700, 580});
   // epochs(2) = 10 * (1 + 2/2) = 20; ceil(5/2) = 3 steps per epoch; 20 * 3 * 23 = 1380
   REQUIRE(p.epochs == 20);
   REQUIRE(p.time_to_train_s == 1380);
@@ -63,12 +64,12 @@ TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]"
 
 TEST_CASE("evaluate: memory over the device is infeasible with a reason", "[evaluate]") {
   Problem problem = diamond_problem();
-  problem.cluster.device.memory_bytes = 450;
+  problem.cluster.device.memory_bytes = 750;
   const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1,
                                     {0, 0, 1, 0});
   const Prediction p = evaluate(problem, plan);
   REQUIRE_FALSE(p.feasible);
-  REQUIRE(p.infeasible_reason == "device 0 (global device 0) needs 500 B > 450 B (over by 50 B)");
+  REQUIRE(p.infeasible_reason == "device 0 (global device 0) needs 800 B > 750 B (over by 50 B)");
   REQUIRE(std::isinf(objective(problem, p)));
   REQUIRE(p.step_s == 23);  // the breakdown is still there
 }
@@ -119,10 +120,13 @@ TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
     REQUIRE(p.samples_per_s == 8.0 / 11);
     // memory: params 100*2 + 50 bytes per micro-batch in flight
     //   GPipe: 2 in flight on both stages -> 300, 300; 1F1B: min(2, 2-0)=2, min(2, 2-1)=1
+    // plus the backward workspace (a: 50 + 0; b: 50 + the 50-byte edge) and one receive buffer
+    // per micro-batch (2 * 50: gradients into stage 0, activations into stage 1):
+    //   stage 0 + 50 + 100, stage 1 + 100 + 100
     if (schedule == Schedule::kGpipe) {
-      REQUIRE(p.memory_bytes == std::vector<int64_t>{300, 300});
+      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 500});
     } else {
-      REQUIRE(p.memory_bytes == std::vector<int64_t>{300, 250});
+      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 450});
     }
   }
 }
@@ -313,8 +317,9 @@ TEST_CASE("evaluate: tied parameters are copied to every pipeline stage that hol
   const Plan split = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 1,
                                      {0, 0, 1, 1}, 1, Schedule::kGpipe);
   const Prediction p = evaluate(problem, split);
-  // stage 0: a, b params 140 * 2 (sgd) + activations 20; stage 1: c's copy 100 * 2 + 20
-  REQUIRE(p.memory_bytes == std::vector<int64_t>{300, 220});
+  // stage 0: a, b params 140 * 2 (sgd) + activations 20 + workspace (b: 10 + 10) + gradient
+  // receive buffer 10; stage 1: c's copy 100 * 2 + 20 + workspace 20 + activation buffer 10
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{330, 250});
   // the copies' gradients summed between the two stages after the schedule: ring of 2 over
   // 100 B at 100 B/s and 0.5 s latency = 2 * 0.5 + 100 / 100 = 2 s
   REQUIRE(p.allreduce_s == Approx(2));
@@ -322,10 +327,10 @@ TEST_CASE("evaluate: tied parameters are copied to every pipeline stage that hol
   const Plan together = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 1,
                                         {0, 0, 0, 1}, 1, Schedule::kGpipe);
   const Prediction q = evaluate(problem, together);
-  REQUIRE(q.memory_bytes == std::vector<int64_t>{310, 10});
+  REQUIRE(q.memory_bytes == std::vector<int64_t>{310 + 20 + 10, 10 + 20 + 10});
   REQUIRE(q.allreduce_s == 0);
-  // Placement keeps one parameter per replica: no copy.
+  // Placement keeps one parameter per replica: no copy (and no receive buffers; workspace 20 each).
   const Plan placed = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
                                       {0, 0, 1, 1});
-  REQUIRE(evaluate(problem, placed).memory_bytes == std::vector<int64_t>{300, 20});
+  REQUIRE(evaluate(problem, placed).memory_bytes == std::vector<int64_t>{300 + 20, 20 + 20});
 }
