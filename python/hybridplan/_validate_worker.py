@@ -106,10 +106,17 @@ def main(argv=None) -> int:
     samples: Dict[str, List[float]] = {t: [] for t in TERMS}
     actions = []
 
-    def run_step(step: int):
+    def replica_batch(step: int):
+        """This replica's share of the step's global batch, copied out of it: what a data loader
+        hands a rank, so the measured peak memory holds this batch and not the global one."""
+        from torch.utils._pytree import tree_map
+
         inputs = module.example_inputs(global_batch, seed=step)
         target = module.example_target(global_batch, seed=10_000 + step)
-        shard = hp.shard(inputs, target)
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,
+                        hp.shard(inputs, target))
+
+    def run_step(shard):
         dist.barrier()
         clock.last_grad = clock.opt_start = clock.opt_end = None
         start = time.perf_counter()
@@ -120,7 +127,7 @@ def main(argv=None) -> int:
     last = args.warmup + args.steps - 1
     for step in range(args.warmup + args.steps):
         hp.record_actions(step == last)
-        start, end = run_step(step)
+        start, end = run_step(replica_batch(step))
         if step < args.warmup:
             continue
         opt_start = clock.opt_start if clock.opt_start is not None else end
@@ -138,7 +145,8 @@ def main(argv=None) -> int:
     mine["rank"] = rank
     mine["actions"] = actions
     hp.record_actions(False)
-    mine["memory_bytes"] = _peak_tensor_bytes(lambda: run_step(args.warmup + args.steps))
+    shard = replica_batch(args.warmup + args.steps)
+    mine["memory_bytes"] = _peak_tensor_bytes(lambda: run_step(shard))
     ranks: List[dict] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if rank == 0:
