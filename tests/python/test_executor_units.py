@@ -169,6 +169,29 @@ def test_stages_run_generated_code_not_the_fx_interpreter():
         torch.testing.assert_close(grads[k], p.grad, rtol=0, atol=0)
 
 
+class _SelfNamed(nn.Module):
+    """Like Hugging Face BERT's attention: a submodule named `self`."""
+
+    def __init__(self):
+        super().__init__()
+        self.self = nn.Linear(4, 4)
+        self.output = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.output(torch.relu(self.self(x)))
+
+
+def test_a_submodule_named_self_runs_as_generated_code():
+    # torch's generated code would bind the call's value to `self` and shadow forward's self
+    torch.manual_seed(0)
+    model = nn.Sequential(_SelfNamed(), _SelfNamed(), nn.Linear(4, 2))
+    names = nodes_in_call_order(model)
+    cut = stage_split.split(model, (torch.randn(3, 4),), {},
+                            {n: 0 if i < 4 else 1 for i, n in enumerate(names)}, 2)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(_run_stages(cut, (x,)), model(x), rtol=0, atol=0)
+
+
 def _carried(cut, inputs, upto):
     values = cut.flatten_inputs(inputs, {})
     for stage in cut.stages[:upto]:

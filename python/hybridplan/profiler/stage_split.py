@@ -309,9 +309,18 @@ def _run_generated_code(part: nn.Module) -> int:
     torch's, read per call. Returns how many modules were switched."""
     switched = 0
     for mod in part.modules():
-        if hasattr(mod, "_run_with_interpreter") and hasattr(mod, "graph_module"):
-            mod._run_with_interpreter = False
-            switched += 1
+        if not (hasattr(mod, "_run_with_interpreter") and hasattr(mod, "graph_module")):
+            continue
+        # torch names a call's value after the module it calls; a submodule named `self`
+        # (Hugging Face BERT's attention.self) then shadows forward's `self` in the generated
+        # code (`self = self.self(x); self.output(...)` fails). Rename such values first.
+        renamed = [n for n in mod.graph.nodes if n.name == "self"]
+        for node in renamed:
+            node._rename("self_module")
+        if renamed:
+            mod.graph_module.recompile()
+        mod._run_with_interpreter = False
+        switched += 1
     return switched
 
 
