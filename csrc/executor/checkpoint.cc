@@ -1,11 +1,5 @@
 #include "executor/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -138,39 +132,6 @@ std::vector<char> pickle_plain(const c10::IValue& value) {
   torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
   writer.writeEndOfFile();
   return file;
-}
-
-void write_file_atomic(const std::vector<char>& bytes, const std::string& path) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  auto fail = [&](const std::string& call) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw std::runtime_error(path + ": checkpoint not written (" + call + ": " + reason + ")");
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("open " + tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      fail("write " + tmp);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    fail("fsync " + tmp);
-  }
-  if (::close(fd) != 0) fail("close " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename to " + path);
-  std::string dir = std::filesystem::absolute(path).parent_path().string();
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {  // the rename is done; a directory that cannot be synced is not an error
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
 }
 
 IDict new_dict() { return IDict(c10::StringType::get(), c10::AnyType::get()); }

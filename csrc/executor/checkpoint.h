@@ -44,11 +44,8 @@ NamedTensors module_state(torch::nn::Module& module);
 ParameterNames canonical_parameter_names(torch::nn::Module& module);
 
 // A torch.save file's bytes that torch.load(weights_only=True) and torch::pickle_load read.
+// Written with common/json_io.h's write_file_atomic (tmp, fsync, rename, directory fsync).
 std::vector<char> pickle_plain(const c10::IValue& value);
-// Writes `bytes` to `<path>.tmp-<pid>`, fsyncs it, renames it over `path`, fsyncs the directory.
-// On any failure the temporary file is removed, `path` keeps its previous content, and a
-// std::runtime_error names the file and the system call.
-void write_file_atomic(const std::vector<char>& bytes, const std::string& path);
 
 IDict new_dict();
 // The checkpoint's root dict (checkpoint.py build()).

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_io.h"
 #include "common/sha256.h"
 #include "executor/checkpoint.h"
 #include "executor/ddp_reducer.h"
@@ -343,9 +344,9 @@ void Executor::save_checkpoint(const std::string& path, const torch::optim::Opti
       }
       std::vector<IDict> optimizers;
       for (const IDict& part : parts) optimizers.push_back(part.at("optimizer").toGenericDict());
-      write_file_atomic(pickle_plain(build_checkpoint(model, merge_optimizer_states(optimizers), steps_,
-                                                      plan_json_, plan_.graph_sha256)),
-                        path);
+      const std::vector<char> bytes = pickle_plain(
+          build_checkpoint(model, merge_optimizer_states(optimizers), steps_, plan_json_, plan_.graph_sha256));
+      write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
     } catch (const c10::Error& e) {
       status = std::string(e.what_without_backtrace());
       status = status.substr(0, status.find('\n'));
