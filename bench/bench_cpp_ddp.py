@@ -109,13 +109,14 @@ def prepare(folder: Path, widths: Sequence[int], global_batch: int) -> Dict[str,
     return paths
 
 
-def run_cpp(paths: Dict[str, str], widths: Sequence[int], steps: int, out_prefix: str
-            ) -> List[float]:
-    """Trains `steps` steps with 2 train_mlp ranks; writes <out_prefix>.rank<r>.json (trained
-    parameters); returns rank 0's step times (s)."""
+def run_cpp(paths: Dict[str, str], widths: Sequence[int], steps: int, out_prefix: str,
+            extra_args: Sequence[str] = ()) -> List[float]:
+    """Trains `steps` steps with 2 train_mlp ranks (plus train_mlp's `extra_args`); writes
+    <out_prefix>.rank<r>.json (trained parameters); returns rank 0's step times (s)."""
     argvs = [[str(bin_dir() / "train_mlp"), "--widths", ",".join(map(str, widths)),
               "--plan", paths["plan"], "--graph", paths["graph"], "--steps", str(steps),
-              "--seed", str(SEED), "--timeout-s", "60", "--out", f"{out_prefix}.rank{r}.json"]
+              "--seed", str(SEED), "--timeout-s", "60", "--out", f"{out_prefix}.rank{r}.json",
+              *extra_args]
              for r in range(2)]
     out = _run_ranks(argvs)[0].stdout
     return [float(s) for s in re.findall(r"^rank 0 step \d+ .* step_s (\S+)$", out, re.M)]

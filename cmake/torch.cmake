@@ -12,6 +12,9 @@ target_include_directories(hp_torch PUBLIC $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}
 # ${TORCH_LIBRARIES} by target name (it lists libc10.so by its path): the installed
 # hybridplanTorchTargets.cmake then names targets that the consumer's find_package(Torch) defines.
 target_link_libraries(hp_torch PUBLIC hp_core torch torch_library c10)
+# The version every rank reports in the rank agreement (executor/rank_agreement.h); Python's
+# hybridplan.__version__ must equal it (tests/python/test_reliability.py).
+target_compile_definitions(hp_torch PRIVATE HYBRIDPLAN_VERSION="${PROJECT_VERSION}")
 
 # The executor's Gloo process groups (csrc/executor/process_groups.cc) include ProcessGroupGloo.hpp,
 # which the torch wheel ships without the gloo headers it includes. Debian's libgloo-dev provides
@@ -29,7 +32,8 @@ if(HYBRIDPLAN_BUILD_TESTS)
     add_executable(torch_tests ${CMAKE_SOURCE_DIR}/tests/cpp/catch_main.cc ${HP_TORCH_TESTS})
     target_include_directories(torch_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests/cpp)
     target_link_libraries(torch_tests PRIVATE hp_torch ${HP_CATCH_LIBS})
-    target_compile_definitions(torch_tests PRIVATE HYBRIDPLAN_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+    target_compile_definitions(torch_tests PRIVATE HYBRIDPLAN_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                                                   HYBRIDPLAN_TEST_VERSION="${PROJECT_VERSION}")
     add_test(NAME torch_tests COMMAND torch_tests)
     set_tests_properties(torch_tests PROPERTIES
       ENVIRONMENT "HYBRIDPLAN_BIN_DIR=${CMAKE_BINARY_DIR}/bin;HYBRIDPLAN_SOURCE_DIR=${CMAKE_SOURCE_DIR}")

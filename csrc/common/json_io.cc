@@ -1,6 +1,10 @@
 #include "common/json_io.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -59,21 +63,35 @@ void check_not_empty(const std::string& text, const std::string& document, const
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(path + ": cannot write file (" + std::strerror(errno) + ")");
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw InputError(path + ": cannot write file (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  auto fail = [&](const std::string& what) {
     const std::string reason = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw InputError(path + ": cannot replace file (" + reason + ")");
+    ::unlink(tmp.c_str());
+    throw InputError(path + ": " + what + " (" + reason + ")");
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot write file");
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      fail("cannot write file");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail("cannot write file (fsync)");
+  }
+  if (::close(fd) != 0) fail("cannot write file");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot replace file");
+  // The rename is durable once the directory is synced; a directory that cannot be opened for
+  // that (some filesystems) leaves a renamed, complete file all the same.
+  const std::string dir = std::filesystem::absolute(path).parent_path().string();
+  if (const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
   }
 }
 

@@ -26,8 +26,10 @@ std::string document_label(const std::string& document, const std::string& sourc
 // Parses `text`, naming `source` in the error like read_json_file does.
 Json parse_json_text(const std::string& text, const std::string& source);
 
-// Writes `text` to `path` atomically: a temporary file next to it, flushed, then renamed over
-// `path`, so a reader never sees a half-written plan.
+// Writes `text` to `path` atomically and durably: `<path>.tmp-<pid>` next to it, fsynced, renamed
+// over `path`, then the directory fsynced, so a reader never sees a half-written plan or
+// checkpoint. On failure the temporary file is removed, `path` keeps its previous content, and
+// an InputError names `path` and the reason.
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // Canonical form (sorted keys, no spaces) plus a trailing newline: what save_* writes.

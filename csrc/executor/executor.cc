@@ -1,11 +1,15 @@
 #include "executor/executor.h"
 
 #include <atomic>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_io.h"
 #include "common/sha256.h"
+#include "executor/checkpoint.h"
 #include "executor/ddp_reducer.h"
+#include "executor/lost_peer.h"
 #include "executor/process_groups.h"
 #include "executor/rank_agreement.h"
 #include "executor/stage_channel.h"
@@ -24,9 +28,9 @@ int64_t param_bytes_of(torch::nn::Module& module) {
   return bytes;
 }
 
-RankFingerprint fingerprint_of(const Plan& plan, const Graph& graph, torch::nn::Module& module) {
+RankFingerprint fingerprint_of(const Plan& plan, const std::string& plan_json, torch::nn::Module& module) {
   RankFingerprint f;
-  f.plan_sha256 = sha256_hex(plan_to_json(plan, graph).dump());
+  f.plan_sha256 = sha256_hex(plan_json);
   std::ostringstream summary;
   summary << mode_name(plan.mode) << " dp=" << plan.dp << " mp=" << plan.mp << " batch "
           << plan.per_replica_batch << "/" << plan.global_batch;
@@ -44,6 +48,8 @@ RankFingerprint fingerprint_of(const Plan& plan, const Graph& graph, torch::nn::
   }
   f.params_sha256 = sha256_hex(params.str());
   f.params_summary = std::to_string(named.size()) + " parameter tensors, " + std::to_string(values) + " values";
+  f.torch_version = local_torch_version();
+  f.hybridplan_version = local_hybridplan_version();
   return f;
 }
 
@@ -97,10 +103,12 @@ Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::
   }
 
   const int64_t gen = executor_generation++;
-  const std::string tag = "executor" + std::to_string(gen);
+  tag_ = "executor" + std::to_string(gen);
+  const std::string& tag = tag_;
+  plan_json_ = plan_to_json(plan_, graph).dump();
   store_ = connect_store(env_, options_.timeout);
   check_ranks_agree(*store_, tag + "/agreement", env_.rank, env_.world_size,
-                    fingerprint_of(plan_, graph, *module_), options_.timeout);
+                    fingerprint_of(plan_, plan_json_, *module_), options_.timeout);
 
   const c10::DeviceType comm_device = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   if (pipeline && plan_.mp > 1) {
@@ -190,6 +198,24 @@ torch::Tensor Executor::run_local_blocks(torch::Tensor x) const {
 
 torch::Tensor Executor::forward_backward(const torch::Tensor& input, const torch::Tensor& target,
                                          const LossFn& loss_fn) {
+  const int64_t number = steps_ + 1;  // 1-based, as the Python executor's "step N"
+  torch::Tensor loss;
+  try {
+    loss = step(input, target, loss_fn);
+  } catch (const std::exception& e) {
+    if (env_.world_size == 1 || !is_communication_error(e)) throw;
+    const auto grace = std::chrono::milliseconds(static_cast<int64_t>(kLostPeerGraceS * 1000));
+    throw LostPeerError(lost_peer_message(
+        "step " + std::to_string(number), env_.rank,
+        lost_ranks(*store_, "step" + std::to_string(number), env_.rank, env_.world_size, grace),
+        error_type_name(e), error_text(e)));
+  }
+  steps_ = number;
+  return loss;
+}
+
+torch::Tensor Executor::step(const torch::Tensor& input, const torch::Tensor& target,
+                             const LossFn& loss_fn) {
   if (reducer_) reducer_->prepare_for_forward();
   return plan_.mode == MpMode::kPipeline ? step_pipeline(input, target, loss_fn)
                                          : step_placement(input, target, loss_fn);
@@ -257,6 +283,114 @@ torch::Tensor Executor::step_pipeline(const torch::Tensor& input, const torch::T
   }
   if (channel_) channel_->wait_sends();
   return loss_sum;
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+// The parts travel through the job's TCPStore, as pickled bytes: the executor has no process
+// group over replica 0's stages that gathers variable-size objects (Gloo gathers tensors of
+// known sizes), and the models the C++ executor trains are small. Keys, fresh per save:
+//   <tag>/checkpoint<n>/part/<rank>   a replica-0 rank's {"model": {...}, "optimizer": {...}}
+//   <tag>/checkpoint<n>/status        rank 0's outcome: "" written, else the error
+//   <tag>/checkpoint<n>/read/<rank>   this rank has read the status (rank 0, which hosts the
+//                                     store, waits for these before it returns)
+void Executor::save_checkpoint(const std::string& path, const torch::optim::Optimizer& optimizer) {
+  const std::string prefix = tag_ + "/checkpoint" + std::to_string(saves_++);
+  auto bytes_of = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  const int64_t contributors = plan_.mode == MpMode::kPipeline ? plan_.mp : 1;  // replica 0's ranks
+  if (env_.rank < contributors) {
+    try {
+      const ParameterNames names = canonical_parameter_names(*module_);
+      std::set<const void*> mine;
+      for (const torch::Tensor& t : local_states()) mine.insert(t.unsafeGetTensorImpl());
+      IDict model = new_dict();
+      for (const auto& [key, t] : module_state(*module_)) {
+        if (mine.count(t.unsafeGetTensorImpl())) model.insert(key, t.detach().to(torch::kCPU).clone());
+      }
+      IDict part = new_dict();
+      part.insert("model", model);
+      part.insert("optimizer", optimizer_state_by_name(optimizer, names));
+      std::vector<char> pickled = pickle_plain(part);
+      store_->set(prefix + "/part/" + std::to_string(env_.rank),
+                  std::vector<uint8_t>(pickled.begin(), pickled.end()));
+    } catch (const std::exception& e) {  // rank 0 reports it to every rank
+      store_->set(prefix + "/part/" + std::to_string(env_.rank), bytes_of("error: " + error_text(e)));
+    }
+  }
+  if (env_.rank == 0) {
+    std::string status;
+    try {
+      std::vector<std::string> keys;
+      for (int64_t r = 0; r < contributors; ++r) keys.push_back(prefix + "/part/" + std::to_string(r));
+      store_->wait(keys, options_.timeout);  // every part has arrived: the write may begin
+      std::vector<IDict> parts;
+      for (const std::string& key : keys) {
+        std::vector<uint8_t> value = store_->get(key);
+        store_->deleteKey(key);
+        const std::string text(value.begin(), value.end());
+        if (text.rfind("error: ", 0) == 0) throw std::runtime_error(key + ": " + text.substr(7));
+        parts.push_back(torch::pickle_load(std::vector<char>(value.begin(), value.end())).toGenericDict());
+      }
+      IDict model = new_dict();  // the module's order; a stage's tensors from its part
+      for (const auto& [key, t] : module_state(*module_)) {
+        c10::IValue value = t.detach().to(torch::kCPU).clone();  // state of no block: rank 0's
+        for (const IDict& part : parts) {
+          const IDict m = part.at("model").toGenericDict();
+          if (auto it = m.find(key); it != m.end()) {
+            value = it->value();
+            break;
+          }
+        }
+        model.insert(key, value);
+      }
+      std::vector<IDict> optimizers;
+      for (const IDict& part : parts) optimizers.push_back(part.at("optimizer").toGenericDict());
+      const std::vector<char> bytes = pickle_plain(
+          build_checkpoint(model, merge_optimizer_states(optimizers), steps_, plan_json_, plan_.graph_sha256));
+      write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
+    } catch (const c10::Error& e) {
+      status = std::string(e.what_without_backtrace());
+      status = status.substr(0, status.find('\n'));
+    } catch (const std::exception& e) {
+      status = e.what();
+    }
+    store_->set(prefix + "/status", bytes_of(status));
+  }
+  std::string status;
+  try {
+    store_->wait({prefix + "/status"}, options_.timeout);
+    std::vector<uint8_t> value = store_->get(prefix + "/status");
+    status.assign(value.begin(), value.end());
+    store_->set(prefix + "/read/" + std::to_string(env_.rank), std::vector<uint8_t>{1});
+  } catch (const std::exception& e) {
+    status = "no answer within the timeout: " + error_text(e);
+  }
+  if (env_.rank == 0) {
+    std::vector<std::string> read;
+    for (int64_t r = 0; r < env_.world_size; ++r) read.push_back(prefix + "/read/" + std::to_string(r));
+    try {
+      store_->wait(read, options_.timeout);
+    } catch (const std::exception&) {
+      // a rank that read nothing has failed on its own; the outcome here stays accurate
+    }
+  }
+  if (!status.empty()) {
+    throw std::runtime_error(path + ": checkpoint not written (rank 0: " + status +
+                             "); the previous file, if any, is unchanged");
+  }
+}
+
+int64_t Executor::load_checkpoint(const std::string& path, torch::optim::Optimizer& optimizer) {
+  const IDict checkpoint = read_checkpoint(path);
+  check_model(checkpoint, *module_, path);
+  load_model_state(checkpoint, *module_);
+  const ParameterNames all = canonical_parameter_names(*module_);
+  ParameterNames local;  // this rank's parameters only
+  for (const torch::Tensor& p : parameters()) {
+    if (auto it = all.find(p.unsafeGetTensorImpl()); it != all.end()) local.insert(*it);
+  }
+  load_optimizer_state(optimizer, local, checkpoint.at("optimizer").toGenericDict(), path);
+  steps_ = checkpoint.at("step").toInt();
+  return steps_;
 }
 
 }  // namespace hybridplan

@@ -17,13 +17,23 @@
 // node names in order, so the plan maps onto the module.
 //
 // Construction (every rank, collectively): validates the plan against the graph, the module and
-// WORLD_SIZE; connects to the TCPStore; checks that all ranks hold the same plan and parameter
-// shapes (rank_agreement.h: a mismatch fails every rank, naming two of them); builds the process
-// groups; broadcasts each DP group's first member's parameters and buffers (as DDP does).
+// WORLD_SIZE; connects to the TCPStore; checks that all ranks run the same torch and hybridplan
+// versions and hold the same plan and parameter shapes (rank_agreement.h: a mismatch fails every
+// rank, naming two of them); builds the process groups; broadcasts each DP group's first
+// member's parameters and buffers (as DDP does).
+//
+// A lost peer: when a step's collective or send/recv fails, forward_backward() throws
+// LostPeerError naming the ranks that did not answer (lost_peer.h, the Python executor's rule).
+//
+// Checkpoints (checkpoint.h, docs/formats.md "Checkpoint"): save_checkpoint() writes the file the
+// Python executor writes, load_checkpoint() resumes from a file either executor wrote, under any
+// plan.
 #pragma once
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -51,6 +61,12 @@ struct ExecutorOptions {
   std::string plan_source = "plan";  // names the plan in error messages (its file path)
 };
 
+// A step failed because a peer was lost or timed out; what() names it (lost_peer.h).
+class LostPeerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // loss_fn(output, target) must return the MEAN loss over the samples it is given; the executor
 // weights micro-batch losses by their share of the replica's batch.
 using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
@@ -74,8 +90,29 @@ class Executor {
   // replica's b = plan.per_replica_batch rows. Stages other than the first ignore `input`, other
   // than the last ignore `target`. Returns this replica's mean loss (detached) on the last stage
   // and an undefined tensor elsewhere. Leaves averaged gradients in parameters()' .grad.
+  // Throws LostPeerError (on every surviving rank, within the timeout plus kLostPeerGraceS) when
+  // a peer is lost: "hybridplan: step N failed on rank R: rank K lost or timed out (...)".
   torch::Tensor forward_backward(const torch::Tensor& input, const torch::Tensor& target,
                                  const LossFn& loss_fn);
+
+  // Steps taken: forward_backward() calls that completed (one per optimizer step), a resumed
+  // checkpoint's included. The checkpoint's `step`.
+  int64_t step_count() const { return steps_; }
+
+  // Writes one consolidated checkpoint to `path` (docs/formats.md "Checkpoint"): the whole model
+  // under the module's state keys (checkpoint.h), `optimizer`'s state by parameter name (SGD or
+  // Adam, built over parameters()), step_count(), the plan and its graph hash. Collective: every
+  // rank calls it; replica 0's ranks contribute their stages through the job's TCPStore, rank 0
+  // writes <path>.tmp-<pid>, fsyncs, renames and fsyncs the directory once every part has
+  // arrived. All ranks return, or all throw std::runtime_error "<path>: checkpoint not written
+  // (rank 0: ...)", and then `path` is unchanged.
+  void save_checkpoint(const std::string& path, const torch::optim::Optimizer& optimizer);
+
+  // Resumes from a checkpoint written by either executor under any plan, before the first step:
+  // the model state into the module (InputError naming the file and key if it is of another
+  // model), the optimizer state of this rank's parameters by name (same class as saved), and
+  // step_count(). Every rank calls it with the same file. Returns step_count().
+  int64_t load_checkpoint(const std::string& path, torch::optim::Optimizer& optimizer);
 
   int64_t replica() const { return replica_; }
   int64_t stage() const { return stage_; }  // 0 in placement mode
@@ -96,6 +133,7 @@ class Executor {
   // This rank's trained parameters as (block name "." parameter name, tensor), registration order.
   std::vector<std::pair<std::string, torch::Tensor>> local_named_parameters() const;
   std::vector<torch::Tensor> local_states() const;  // parameters, then buffers (DDP's broadcast)
+  torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss_fn);
 
   Plan plan_;
   DistEnv env_;
@@ -106,6 +144,10 @@ class Executor {
   std::vector<torch::Device> local_block_devices_;
   int64_t replica_ = 0;
   int64_t stage_ = 0;
+  std::string tag_;        // store prefix of this executor, the same on every rank
+  std::string plan_json_;  // the plan's canonical JSON (checkpoints)
+  int64_t steps_ = 0;      // step_count()
+  int64_t saves_ = 0;      // save_checkpoint() calls, for fresh store keys
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> dp_group_;    // nullptr when dp == 1
   c10::intrusive_ptr<c10d::ProcessGroup> pipe_group_;  // this replica's stages; nullptr unless pipeline mp > 1

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+#include <torch/version.h>
 
 #include "common/error.h"
 
@@ -12,7 +13,9 @@ std::string fingerprint_to_string(const RankFingerprint& f) {
   return nlohmann::json{{"plan_sha256", f.plan_sha256},
                         {"plan", f.plan_summary},
                         {"params_sha256", f.params_sha256},
-                        {"params", f.params_summary}}
+                        {"params", f.params_summary},
+                     {"torch_version", f.torch_version},
+                     {"hybridplan_version", f.hybridplan_version}}
       .dump();
 }
 
@@ -21,10 +24,35 @@ RankFingerprint fingerprint_from_string(const std::string& text) {
   HP_INTERNAL_ASSERT(j.is_object() && j.contains("plan_sha256") && j.contains("params_sha256"),
                      "malformed rank fingerprint " << text);
   return {j.at("plan_sha256").get<std::string>(), j.value("plan", ""),
-          j.at("params_sha256").get<std::string>(), j.value("params", "")};
+          j.at("params_sha256").get<std::string>(), j.value("params", ""),
+          j.value("torch_version", ""), j.value("hybridplan_version", "")};
+}
+
+std::string local_torch_version() { return TORCH_VERSION; }
+
+std::string local_hybridplan_version() { return HYBRIDPLAN_VERSION; }  // cmake/torch.cmake
+
+std::optional<std::string> describe_version_difference(int64_t rank_a, const std::string& torch_a,
+                                                       const std::string& hybridplan_a, int64_t rank_b,
+                                                       const std::string& torch_b,
+                                                       const std::string& hybridplan_b) {
+  if (torch_a == torch_b && hybridplan_a == hybridplan_b) return std::nullopt;
+  const std::string a = std::to_string(rank_a), b = std::to_string(rank_b);
+  return "rank " + a + " and rank " + b + " run different versions: rank " + a + " has torch " +
+         torch_a + ", hybridplan " + hybridplan_a + "; rank " + b + " has torch " + torch_b +
+         ", hybridplan " + hybridplan_b + "; every rank must run the same torch and hybridplan versions";
 }
 
 std::optional<std::string> describe_disagreement(const std::vector<RankFingerprint>& fingerprints) {
+  for (size_t r = 1; r < fingerprints.size(); ++r) {
+    const RankFingerprint& a = fingerprints[0];
+    const RankFingerprint& b = fingerprints[r];
+    if (auto message = describe_version_difference(0, a.torch_version, a.hybridplan_version,
+                                                   static_cast<int64_t>(r), b.torch_version,
+                                                   b.hybridplan_version)) {
+      return message;
+    }
+  }
   for (size_t r = 1; r < fingerprints.size(); ++r) {
     const RankFingerprint& a = fingerprints[0];
     const RankFingerprint& b = fingerprints[r];

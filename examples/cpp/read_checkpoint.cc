@@ -1,5 +1,6 @@
 // read_checkpoint: reads a hybridplan checkpoint (docs/formats.md "Checkpoint", written by
-// AppliedPlan.save_checkpoint in Python) with LibTorch alone, and prints what it holds:
+// AppliedPlan.save_checkpoint in Python or Executor::save_checkpoint in C++) with LibTorch alone,
+// and prints what it holds:
 //
 //   read_checkpoint ckpt.pt
 //   format hybridplan.checkpoint
@@ -9,9 +10,9 @@
 //   state stem.conv.weight exp_avg exp_avg_sq step         (one line per parameter)
 //   plan_bytes 2576
 //
-// The file is torch.save of plain containers, which torch::pickle_load reads; this is the
-// contract the C++ executor's resume will build on. Exit 2 with a message naming the file and
-// the field if it is not a checkpoint.
+// The file is torch.save of plain containers, which torch::pickle_load reads; the C++
+// executor's load_checkpoint (executor/checkpoint.h) reads it the same way. Exit 2 with a message
+// naming the file and the field if it is not a checkpoint.
 #include <cstdio>
 #include <fstream>
 #include <iostream>

@@ -9,6 +9,9 @@
 // (seeded per step); the Executor splits them across replicas, stages and micro-batches.
 // `--reference` trains the same model in this one process on the whole global batch, which is
 // what a plan's training must equal; `--out` writes the parameters this rank trains as JSON.
+// `--checkpoint ckpt.pt` saves a checkpoint after the last step (docs/formats.md "Checkpoint",
+// the Python executor's format); `--resume-from ckpt.pt` resumes one, written under any plan by
+// either executor, and trains --steps more steps (the data of step k is the same either way).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +37,8 @@ using hybridplan::Executor;
 struct Args {
   std::vector<int64_t> widths{16, 32, 32, 8};
   std::string write_graph, plan, graph, cluster = "localhost-cpu", out;
+  std::string optimizer = "sgd";  // sgd (with --momentum) or adam
+  std::string checkpoint, resume_from;
   bool reference = false;
   int64_t global_batch = 16;  // --reference only; a plan carries its own
   int64_t steps = 5;
@@ -69,6 +74,14 @@ void write_params(const std::string& path, torch::nn::Module& model,
   std::ofstream(path) << nlohmann::json{{"params", params}}.dump() << "\n";
 }
 
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Args& a, std::vector<torch::Tensor> params) {
+  if (a.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(std::move(params), torch::optim::AdamOptions(a.lr));
+  }
+  return std::make_unique<torch::optim::SGD>(std::move(params),
+                                             torch::optim::SGDOptions(a.lr).momentum(a.momentum));
+}
+
 int run(const Args& a) {
   torch::manual_seed(a.seed);
   torch::nn::Sequential model = hybridplan::models::mlp(a.widths);
@@ -85,13 +98,13 @@ int run(const Args& a) {
   }
 
   if (a.reference) {
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(a.lr).momentum(a.momentum));
+    auto opt = make_optimizer(a, model->parameters());
     for (int64_t step = 0; step < a.steps; ++step) {
       auto [x, y] = batch_at(a, a.global_batch, step);
-      opt.zero_grad();
+      opt->zero_grad();
       torch::Tensor loss = mse(model->forward(x), y);
       loss.backward();
-      opt.step();
+      opt->step();
       std::cout << "step " << step << " loss " << loss.item<double>() << "\n";
     }
     if (!a.out.empty()) write_params(a.out, *model, model->parameters());
@@ -111,18 +124,23 @@ int run(const Args& a) {
             << ", " << executor.local_blocks().size() << " blocks, " << executor.num_grad_buckets()
             << " gradient buckets\n";
 
-  torch::optim::SGD opt(executor.parameters(), torch::optim::SGDOptions(a.lr).momentum(a.momentum));
-  for (int64_t step = 0; step < a.steps; ++step) {
+  auto opt = make_optimizer(a, executor.parameters());
+  const int64_t first = a.resume_from.empty() ? 0 : executor.load_checkpoint(a.resume_from, *opt);
+  if (!a.resume_from.empty()) std::cout << "rank " << env.rank << " resumed at step " << first << "\n";
+  for (int64_t step = first; step < first + a.steps; ++step) {
     auto [x, y] = batch_at(a, plan.global_batch, step);
     const auto start = std::chrono::steady_clock::now();
-    opt.zero_grad();
+    opt->zero_grad();
     torch::Tensor loss = executor.forward_backward(x, y, mse);
-    opt.step();
+    opt->step();
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (loss.defined()) {
-      std::cout << "rank " << env.rank << " step " << step << " replica loss " << loss.item<double>()
-                << " step_s " << step_s << "\n";
-    }
+    std::cout << "rank " << env.rank << " step " << step;
+    if (loss.defined()) std::cout << " replica loss " << loss.item<double>();
+    std::cout << " step_s " << step_s << std::endl;  // flushed: tests follow the log
+  }
+  if (!a.checkpoint.empty()) {
+    executor.save_checkpoint(a.checkpoint, *opt);
+    std::cout << "rank " << env.rank << " saved " << a.checkpoint << " at step " << executor.step_count() << "\n";
   }
   if (!a.out.empty()) write_params(a.out, *model, executor.parameters());
   return 0;
@@ -141,7 +159,9 @@ int main(int argc, char** argv) {
   app.add_flag("--reference", a.reference, "train in this process alone on the whole global batch");
   app.add_option("--global-batch", a.global_batch, "global batch for --reference and --write-graph");
   app.add_option("--steps", a.steps, "optimizer steps");
-  app.add_option("--lr", a.lr, "SGD learning rate");
+  app.add_option("--optimizer", a.optimizer, "sgd (with --momentum) or adam")
+      ->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--lr", a.lr, "learning rate");
   app.add_option("--momentum", a.momentum, "SGD momentum");
   app.add_option("--seed", a.seed, "seed of the weights and the data");
   app.add_option("--timeout-s", a.timeout_s, "bound on every rendezvous, collective and receive");
@@ -149,6 +169,9 @@ int main(int argc, char** argv) {
                  "one cap for every gradient bucket, as DDP's bucket_cap_mb (default: DDP's "
                  "1 MiB first bucket, then 25 MiB)");
   app.add_option("--out", a.out, "write the parameters this rank trains as JSON");
+  app.add_option("--checkpoint", a.checkpoint, "save a checkpoint here after the last step");
+  app.add_option("--resume-from", a.resume_from,
+                 "resume from a checkpoint (either executor's, any plan), then train --steps more");
   CLI11_PARSE(app, argc, argv);
   if (a.write_graph.empty() && !a.reference && (a.plan.empty() || a.graph.empty())) {
     std::cerr << "train_mlp: give --plan and --graph, or --reference, or --write-graph\n";

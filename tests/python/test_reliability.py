@@ -1,6 +1,9 @@
-"""Jobs end cleanly (issue 13): a job under hybridplan.apply exits 0 every time, and a rank
-killed mid-training ends every other rank non-zero, within the timeout, naming the lost rank."""
+"""Jobs end cleanly (issue 13): a job under hybridplan.apply exits 0 every time, a rank killed
+mid-training ends every other rank non-zero, within the timeout, naming the lost rank, and a rank
+running another torch version is refused before the first step. The messages are the C++
+executor's too (tests/data/rank_messages.json, checked from both languages)."""
 
+import json
 import os
 import re
 import signal
@@ -11,8 +14,8 @@ import time
 import pytest
 import torch
 
-from dist_harness import HERE, format_results, run_ranks
-from hybridplan.executor import lost_peer
+from dist_harness import HERE, REPO, format_results, run_ranks
+from hybridplan.executor import lost_peer, rank_agreement
 
 GLOBAL_BATCH = 4
 
@@ -90,3 +93,71 @@ def test_twenty_launches_all_exit_zero():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "20/20 launches exited 0" in proc.stdout, proc.stdout
+
+
+# ---- the same messages as the C++ executor ------------------------------------------------------
+
+RANK_MESSAGES = json.loads(open(os.path.join(REPO, "tests", "data", "rank_messages.json")).read())
+
+
+def test_version_messages_are_the_cpp_executors():
+    for case in RANK_MESSAGES["versions"]:
+        assert rank_agreement.describe_version_difference(*case["a"], *case["b"]) == \
+            case["message"], case
+
+
+def test_lost_peer_messages_are_the_cpp_executors():
+    assert lost_peer.kGraceS == RANK_MESSAGES["grace_s"]
+    for case in RANK_MESSAGES["alive_keys"]:
+        assert lost_peer.alive_key(case["incident"], case["rank"]) == case["key"]
+    for case in RANK_MESSAGES["lost_peer"]:
+        assert lost_peer.lost_peer_message(case["what"], case["rank"], case["missing"],
+                                           case["error_type"], case["error_text"]) == \
+            case["message"], case
+    for case in RANK_MESSAGES["communication_errors"]:
+        assert lost_peer.is_communication_error_text(case["text"]) == case["is"], case
+
+
+def test_versions_agree_with_the_cpp_build():
+    """What C++ ranks report as the hybridplan version (CMake's PROJECT_VERSION) is Python's."""
+    import re as re_
+    import hybridplan
+    cmake = open(os.path.join(REPO, "CMakeLists.txt")).read()
+    assert re_.search(r"project\(hybridplan VERSION ([\d.]+)", cmake)[1] == hybridplan.__version__
+    assert rank_agreement.local_versions() == (torch.__version__, hybridplan.__version__)
+
+
+def test_judge_names_versions_before_plans():
+    a = rank_agreement.RankReport(0, "a" * 64, None, [], "2.13.0", "0.1.0")
+    b = rank_agreement.RankReport(1, "b" * 64, None, [], "2.12.1", "0.1.0")
+    assert rank_agreement.judge([a, b]) == "hybridplan.apply: " + \
+        rank_agreement.describe_version_difference(0, "2.13.0", "0.1.0", 1, "2.12.1", "0.1.0")
+
+
+# ---- a rank on another torch version ----------------------------------------------------------
+
+def apply_reporting_version():
+    """apply() on the tiny model; a rank given HYBRIDPLAN_TEST_REPORTED_TORCH_VERSION (this test
+    worker reads it, the package does not) reports that torch version instead of its own."""
+    import hybridplan
+    fake = os.environ.get("HYBRIDPLAN_TEST_REPORTED_TORCH_VERSION")
+    if fake:
+        real = rank_agreement.local_versions
+        rank_agreement.local_versions = lambda: (fake, real()[1])
+    model = tiny_model()
+    hp = hybridplan.apply(tiny_plan(model, "placement"), model, timeout_s=20)
+    print("applied", flush=True)  # must not be reached
+    hp.step(*hp.shard(*tiny_batch(0)))
+
+
+def test_rank_with_another_torch_version_is_refused_on_every_rank():
+    results = run_ranks("test_reliability:apply_reporting_version", 2, {}, timeout_s=90,
+                        env_per_rank=[{}, {"HYBRIDPLAN_TEST_REPORTED_TORCH_VERSION": "2.0.0+old"}])
+    text = format_results(results)
+    import hybridplan
+    expected = ("hybridplan.apply: " + rank_agreement.describe_version_difference(
+        0, torch.__version__, hybridplan.__version__, 1, "2.0.0+old", hybridplan.__version__))
+    for r in results:
+        assert not r.timed_out and r.returncode != 0, text
+        assert "applied" not in r.stdout, text
+        assert f"ValueError: {expected}" in r.stderr, text

@@ -8,7 +8,8 @@
 
 apply() initialises the default process group if needed (env:// rendezvous as torchrun sets it
 up; Gloo on CPU, NCCL for CUDA tensors), checks the plan against the module and the job, makes
-every rank agree on plan and parameter shapes, builds the process groups the plan needs, then:
+every rank agree on torch and hybridplan versions, plan and parameter shapes, builds the process
+groups the plan needs, then:
 
   placement  (one process per replica, rank = replica, world = dp): each assigned graph node
              moves to its replica device, inputs follow, and the replica is wrapped in
@@ -55,6 +56,7 @@ from . import checkpoint, lost_peer, noise, placement
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
+from . import rank_agreement
 from .rank_agreement import RankReport, agree_across_ranks, param_signature
 
 __all__ = ["apply", "AppliedPlan"]
@@ -606,7 +608,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                optimizer state of this rank's parameters by name, and step_count.
 
     Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
-    job's world size, or if ranks hold different plans or parameter shapes.
+    job's world size, or if ranks run different torch or hybridplan versions or hold different
+    plans or parameter shapes.
     """
     timeout = datetime.timedelta(seconds=timeout_s)
     _init_process_group(timeout)
@@ -615,6 +618,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     resumed, plan_dict = None, None
     signature = param_signature(module)  # before the cut, which may copy tied parameters
     aliases = checkpoint.parameter_aliases(module)  # likewise
+    versions = rank_agreement.local_versions()
     try:
         plan_dict = load_plan_dict(plan)[0]
         plan_json, plan_sha = canonical_json(plan_dict), sha256_hex(plan_dict)
@@ -626,7 +630,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             checkpoint.check_model(resumed, module, os.fspath(resume_from))
     except ValueError as e:
         error = str(e)
-    agree_across_ranks(RankReport(rank, plan_sha, error, signature))
+    agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions))
     if resumed is not None:  # into the whole module, before it is placed or cut
         with torch.no_grad():
             module.load_state_dict(resumed["model"])
@@ -635,7 +639,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             cut = _cut(spec, module, example_inputs, batch_dim)
         except ValueError as e:
             error = str(e)
-        agree_across_ranks(RankReport(rank, plan_sha, error, signature))
+        agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions))
     return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
                        batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
                        aliases=aliases, resumed=resumed,

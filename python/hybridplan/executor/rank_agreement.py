@@ -1,9 +1,13 @@
-"""Cross-rank agreement before training: every rank must hold the same plan and the same
-parameter shapes, and no rank may have failed its local checks.
+"""Cross-rank agreement before training: every rank must run the same torch and hybridplan
+versions and hold the same plan and the same parameter shapes, and no rank may have failed its
+local checks.
 
 Each rank gathers every rank's report (all_gather_object, under the process group's timeout) and
 then judges the same list, so a problem raises the same ValueError on every rank instead of
 leaving the healthy ranks waiting in a collective that the failed rank never joins.
+
+The C++ executor checks the same versions with the same message (csrc/executor/rank_agreement.h,
+describe_version_difference; tests/data/rank_messages.json holds the two together).
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ class RankReport:
     plan_sha256: Optional[str]   # None: the plan could not be read on this rank
     error: Optional[str]         # this rank's local check failure, if any
     params: ParamSignature
+    torch_version: str = ""       # torch.__version__
+    hybridplan_version: str = ""  # hybridplan.__version__
+
+
+def local_versions() -> Tuple[str, str]:
+    """(torch, hybridplan) versions of this process, as its RankReport carries them."""
+    import torch
+    from .. import __version__
+    return torch.__version__, __version__
 
 
 def param_signature(module: nn.Module) -> ParamSignature:
@@ -33,10 +46,28 @@ def _ranks_text(ranks: List[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
+def describe_version_difference(rank_a: int, torch_a: str, hybridplan_a: str, rank_b: int,
+                                torch_b: str, hybridplan_b: str) -> Optional[str]:
+    """Pure: the message when two ranks run different torch or hybridplan versions, else None."""
+    if (torch_a, hybridplan_a) == (torch_b, hybridplan_b):
+        return None
+    return (f"rank {rank_a} and rank {rank_b} run different versions: rank {rank_a} has torch "
+            f"{torch_a}, hybridplan {hybridplan_a}; rank {rank_b} has torch {torch_b}, "
+            f"hybridplan {hybridplan_b}; every rank must run the same torch and hybridplan "
+            f"versions")
+
+
 def judge(reports: List[RankReport]) -> Optional[str]:
-    """The message to raise on every rank, or None when all ranks agree. Plans are compared
-    first: a different plan explains most other differences."""
+    """The message to raise on every rank, or None when all ranks agree. Versions are compared
+    first (another torch can explain any other difference), then plans: a different plan
+    explains most other differences."""
     first = reports[0]
+    for other in reports[1:]:
+        message = describe_version_difference(
+            first.rank, first.torch_version, first.hybridplan_version,
+            other.rank, other.torch_version, other.hybridplan_version)
+        if message is not None:
+            return f"hybridplan.apply: {message}"
     for other in reports[1:]:
         if other.plan_sha256 != first.plan_sha256:
             def sha(r):

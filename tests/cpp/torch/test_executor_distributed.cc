@@ -3,7 +3,9 @@
 // MASTER_ADDR, MASTER_PORT, LOCAL_RANK), train an MLP under a plan, and must end with the
 // parameters that single-process training on the same global batch produces (rtol 1e-5).
 // A job whose ranks hold different plans must fail on every rank, with a message naming both
-// ranks, well within the timeout.
+// ranks, well within the timeout. A rank SIGKILLed mid-training ends the other non-zero within
+// the timeout, naming it. A checkpoint saved under one plan resumes under another and trains on
+// as uninterrupted training (SGD with momentum and Adam).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -185,7 +188,15 @@ struct Fixture {
 
   // Runs `num_ranks` train_mlp processes, rank r on plans[r] (or plans[0]).
   std::vector<Proc> run_job(const std::string& name, int num_ranks, const std::vector<std::string>& plans,
-                            const std::vector<std::string>& extra_args = {}) const {
+                            const std::vector<std::string>& extra_args = {}, int steps = kSteps) const {
+    std::vector<Proc> procs = start_job(name, num_ranks, plans, extra_args, steps, kRankTimeoutS);
+    wait_all(procs, kJobDeadlineS);
+    return procs;
+  }
+
+  // Starts them and returns at once (the caller waits: wait_all).
+  std::vector<Proc> start_job(const std::string& name, int num_ranks, const std::vector<std::string>& plans,
+                              const std::vector<std::string>& extra_args, int steps, int timeout_s) const {
     const int port = free_port();
     std::vector<Proc> procs;
     for (int r = 0; r < num_ranks; ++r) {
@@ -193,8 +204,8 @@ struct Fixture {
                                     "--plan", plans.size() > 1 ? plans[r] : plans[0],
                                     "--graph", (dir / "graph.json").string(),
                                     "--cluster", (dir / "cluster.json").string(),
-                                    "--steps", std::to_string(kSteps),
-                                    "--timeout-s", std::to_string(kRankTimeoutS),
+                                    "--steps", std::to_string(steps),
+                                    "--timeout-s", std::to_string(timeout_s),
                                     "--out", (dir / (name + ".rank" + std::to_string(r) + ".json")).string()};
       args.insert(args.end(), extra_args.begin(), extra_args.end());
       procs.push_back(spawn(args,
@@ -203,13 +214,16 @@ struct Fixture {
                              "MASTER_PORT=" + std::to_string(port)},
                             (dir / (name + ".rank" + std::to_string(r) + ".log")).string()));
     }
-    wait_all(procs, kJobDeadlineS);
     return procs;
   }
 
   // Every rank succeeded; every parameter a rank trained equals the reference; together the
   // ranks trained every parameter.
   void check_matches_reference(const std::string& name, const std::vector<Proc>& procs) const {
+    check_matches(name, procs, reference, kRtol, kAtol);
+  }
+  void check_matches(const std::string& name, const std::vector<Proc>& procs, const nlohmann::json& reference,
+                     double rtol, double atol) const {
     std::set<std::string> covered;
     for (size_t r = 0; r < procs.size(); ++r) {
       INFO(name << " rank " << r << " log:\n" << read_text(procs[r].log));
@@ -224,7 +238,7 @@ struct Fixture {
         double worst = 0;
         for (size_t i = 0; i < values.size(); ++i) {
           const double a = values[i].get<double>(), b = expected[i].get<double>();
-          worst = std::max(worst, std::abs(a - b) / (kAtol + kRtol * std::abs(b)));
+          worst = std::max(worst, std::abs(a - b) / (atol + rtol * std::abs(b)));
         }
         INFO("parameter " << key << ": worst |a-b| / (atol + rtol |b|) = " << worst);
         CHECK(worst <= 1.0);
@@ -289,4 +303,96 @@ TEST_CASE("executor: ranks holding different plans all fail, naming both, within
                         Catch::Matchers::Contains("rank 1 has pipeline dp=1 mp=2"));
   }
   CHECK(took_s < kRankTimeoutS);  // decided by the exchange, not by a timeout
+}
+
+TEST_CASE("executor: a rank killed mid-training ends the other non-zero within the timeout, naming it",
+          "[executor][distributed]") {
+  Fixture& f = Fixture::get();
+  constexpr int kTimeoutS = 10;  // train_mlp --timeout-s: the survivor must not need more
+  struct Case {
+    std::string name;
+    std::string plan;
+    int victim;
+  };
+  const std::string dp_plan = f.write_plan("killed_dp", MpMode::kPlacement, 2, 1, kOneDevice);
+  const std::string pipe_plan = f.write_plan("killed_pipe", MpMode::kPipeline, 1, 2, kTwoStages, 2, Schedule::kGpipe);
+  for (const Case& c : {Case{"killed_dp_victim1", dp_plan, 1}, Case{"killed_dp_victim0", dp_plan, 0},
+                        Case{"killed_pipe_victim1", pipe_plan, 1}}) {
+    SECTION(c.name) {
+      // Far more steps than it can run: the job only ends because a rank is killed.
+      std::vector<Proc> procs = f.start_job(c.name, 2, {c.plan}, {}, 100000000, kTimeoutS);
+      const std::string marker = "rank " + std::to_string(c.victim) + " step 2 ";
+      const auto wait_start = std::chrono::steady_clock::now();
+      bool trained = false;
+      while (!trained && std::chrono::steady_clock::now() - wait_start < std::chrono::seconds(kJobDeadlineS)) {
+        trained = read_text(procs[c.victim].log).find(marker) != std::string::npos;
+        if (!trained) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        int status = 0;
+        if (!trained && waitpid(procs[c.victim].pid, &status, WNOHANG) == procs[c.victim].pid) {
+          procs[c.victim].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          break;  // it ended on its own: reported below
+        }
+      }
+      if (procs[c.victim].exit_code == -1) kill(procs[c.victim].pid, SIGKILL);
+      const auto killed_at = std::chrono::steady_clock::now();
+      wait_all(procs, kJobDeadlineS);  // reaps every process, killing what outlives the deadline
+      const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+      const int survivor = 1 - c.victim;
+      const std::string log = read_text(procs[survivor].log);
+      INFO("victim log:\n" << read_text(procs[c.victim].log) << "\nsurvivor log:\n" << log);
+      REQUIRE(trained);
+      CHECK(procs[c.victim].exit_code == 128 + SIGKILL);
+      CHECK(procs[survivor].exit_code == 1);
+      CHECK_THAT(log, Catch::Matchers::Contains("rank " + std::to_string(c.victim) + " lost or timed out"));
+      CHECK(std::regex_search(log, std::regex("hybridplan: step [0-9]+ failed on rank " + std::to_string(survivor) + ": ")));
+      // within the timeout, plus the grace period for the others' reports and slack for a loaded machine
+      CHECK(took_s < kTimeoutS + 3 + 10);
+    }
+  }
+}
+
+TEST_CASE("executor: a checkpoint saved under pipeline 1x2 resumes under DP 2x1 as uninterrupted training",
+          "[executor][distributed][checkpoint]") {
+  Fixture& f = Fixture::get();
+  constexpr int kFirst = 3;  // steps before the checkpoint; kSteps - kFirst after it
+  const std::string pipe_plan = f.write_plan("ckpt_pipe", MpMode::kPipeline, 1, 2, kTwoStages, 4, Schedule::kGpipe);
+  const std::string dp_plan = f.write_plan("ckpt_dp", MpMode::kPlacement, 2, 1, kOneDevice);
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    SECTION(optimizer) {
+      // SGD: train_mlp's default lr and momentum, the fixture's reference; Adam: its own
+      const std::vector<std::string> opt_args =
+          optimizer == "sgd" ? std::vector<std::string>{"--optimizer", "sgd"}
+                             : std::vector<std::string>{"--optimizer", "adam", "--lr", "0.01"};
+      nlohmann::json reference = f.reference;
+      if (optimizer == "adam") {
+        std::vector<std::string> args{bin_dir() + "/train_mlp", "--reference", "--global-batch",
+                                      std::to_string(kGlobalBatch), "--steps", std::to_string(kSteps),
+                                      "--out", (f.dir / "reference_adam.json").string()};
+        args.insert(args.end(), opt_args.begin(), opt_args.end());
+        std::vector<Proc> ref{spawn(args, {}, (f.dir / "reference_adam.log").string())};
+        wait_all(ref, kJobDeadlineS);
+        INFO(read_text(ref[0].log));
+        REQUIRE(ref[0].exit_code == 0);
+        reference = nlohmann::json::parse(read_text((f.dir / "reference_adam.json").string())).at("params");
+      }
+      const std::string ckpt = (f.dir / ("ckpt_" + optimizer + ".pt")).string();
+      std::vector<std::string> save_args(opt_args);
+      save_args.insert(save_args.end(), {"--checkpoint", ckpt});
+      auto saved = f.run_job("ckpt_save_" + optimizer, 2, {pipe_plan}, save_args, kFirst);
+      for (const Proc& p : saved) {
+        INFO(read_text(p.log));
+        REQUIRE(p.exit_code == 0);
+      }
+      REQUIRE(fs::exists(ckpt));
+      std::vector<std::string> resume_args(opt_args);
+      resume_args.insert(resume_args.end(), {"--resume-from", ckpt});
+      auto resumed = f.run_job("ckpt_resume_" + optimizer, 2, {dp_plan}, resume_args, kSteps - kFirst);
+      for (const Proc& p : resumed) {
+        CHECK_THAT(read_text(p.log), Catch::Matchers::Contains("resumed at step " + std::to_string(kFirst)));
+      }
+      // Adam divides by sqrt of tiny second moments: more reassociation noise than SGD
+      f.check_matches("ckpt_resume_" + optimizer, resumed, reference, optimizer == "sgd" ? kRtol : 1e-4,
+                      optimizer == "sgd" ? kAtol : 1e-6);
+    }
+  }
 }
