@@ -1,9 +1,9 @@
 """`make demo`: the main job end to end on this machine.
 
-1. calibrate this machine (what the executor pays: links, all-reduce, the pipeline runtime's
-   costs, ranks sharing cores) into a Cluster;
-2. profile a built-in model (the Inception-style branchy CNN) on the CPU into a Graph, each node
+1. profile a built-in model (the Inception-style branchy CNN) on the CPU into a Graph, each node
    at several batch sizes;
+2. calibrate this machine (what the executor pays: links, all-reduce, the pipeline runtime's
+   costs measured on the model's own stages, ranks sharing cores) into a Cluster;
 3. plan it on 2 devices of the calibrated cluster (the `hybridplan` CLI prints the ranked table
    and writes the best plan);
 4. train the best plan and a spread across the ranking (DP, GPipe and 1F1B with their fewest
@@ -48,12 +48,7 @@ def main() -> int:
     launcher = [shutil.which("torchrun")] if shutil.which("torchrun") else [
         sys.executable, "-m", "torch.distributed.run"]
 
-    print(f"== 1. calibrate this machine ({DEVICES} ranks)", flush=True)
-    run(launcher + ["--standalone", "--nproc-per-node", DEVICES, "-m", "hybridplan", "calibrate",
-                    "--out", out / "cluster.json", "--model", f"hybridplan.models:{MODEL}",
-                    "--batch", PROFILE_BATCH], env=env)
-
-    print(f"\n== 2. profile {MODEL} at batch {PROFILE_BATCH} on cpu", flush=True)
+    print(f"== 1. profile {MODEL} at batch {PROFILE_BATCH} on cpu", flush=True)
     module = models.get(MODEL, seed=0)
     graph = hybridplan.profile(module, module.example_inputs(PROFILE_BATCH), verbose=False,
                                clock="thread")
@@ -61,6 +56,11 @@ def main() -> int:
     print(f"   {len(graph.nodes)} nodes, each measured at batch sizes "
           f"{[p['batch_size'] for p in graph.nodes[0].get('batch_times', [])] + [PROFILE_BATCH]}"
           f" -> {out / 'graph.json'}")
+
+    print(f"\n== 2. calibrate this machine ({DEVICES} ranks)", flush=True)
+    run(launcher + ["--standalone", "--nproc-per-node", DEVICES, "-m", "hybridplan", "calibrate",
+                    "--graph", out / "graph.json", "--out", out / "cluster.json",
+                    "--model", f"hybridplan.models:{MODEL}", "--batch", PROFILE_BATCH], env=env)
 
     print(f"\n== 3. plan on {DEVICES} devices of the calibrated cluster", flush=True)
     run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",

@@ -13,6 +13,7 @@ void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assign
   stages.forward_s.assign(num_stages, action_s);
   stages.backward_s.assign(num_stages, action_s);
   stages.boundary_bytes.assign(num_stages > 1 ? num_stages - 1 : 0, 0.0);
+  stages.boundary_tensors.assign(stages.boundary_bytes.size(), 0.0);
   const size_t n = graph.nodes.size();
   for (size_t v = 0; v < n; ++v) {
     const int32_t s = assignment[v];
@@ -32,11 +33,16 @@ void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assign
     if (last_stage > s) {
       const double scaled = scaled_bytes(bytes, bytes_scale);
       stages.boundary_bytes[s] += scaled;
-      if (last_stage < num_stages - 1) stages.boundary_bytes[last_stage] -= scaled;
+      stages.boundary_tensors[s] += 1;
+      if (last_stage < num_stages - 1) {
+        stages.boundary_bytes[last_stage] -= scaled;
+        stages.boundary_tensors[last_stage] -= 1;
+      }
     }
   }
   for (size_t b = 1; b < stages.boundary_bytes.size(); ++b) {
     stages.boundary_bytes[b] += stages.boundary_bytes[b - 1];
+    stages.boundary_tensors[b] += stages.boundary_tensors[b - 1];
   }
 }
 

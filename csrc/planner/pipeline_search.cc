@@ -68,7 +68,8 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   std::vector<int64_t> position(n);
   for (int64_t p = 0; p < n; ++p) position[g.topo_order[p]] = p;
   // cut_bytes(p) by a difference array: node u at q with last consumer at L crosses (q, L].
-  std::vector<double> cut_bytes(n + 1, 0.0);
+  // cut_tensors(p) likewise: each crossing value is its own message (pipeline_schedule.h).
+  std::vector<double> cut_bytes(n + 1, 0.0), cut_tensors(n + 1, 0.0);
   for (int64_t v = 0; v < n; ++v) {
     int64_t last = -1, bytes = 0;
     for (int32_t e : g.out_edges[v]) {
@@ -78,8 +79,13 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     if (last < 0) continue;
     cut_bytes[position[v] + 1] += static_cast<double>(bytes);
     cut_bytes[last + 1] -= static_cast<double>(bytes);
+    cut_tensors[position[v] + 1] += 1;
+    cut_tensors[last + 1] -= 1;
   }
-  for (int64_t p = 1; p <= n; ++p) cut_bytes[p] += cut_bytes[p - 1];
+  for (int64_t p = 1; p <= n; ++p) {
+    cut_bytes[p] += cut_bytes[p - 1];
+    cut_tensors[p] += cut_tensors[p - 1];
+  }
 
   PartitionCosts c;
   c.prefix_compute_s.assign(n + 1, 0.0);
@@ -102,7 +108,8 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     const Link link = problem.cluster.link(base.mesh[0][l], base.mesh[0][l + 1]);
     for (int64_t p = 0; p <= n; ++p) {
       if (cut_bytes[p] <= 0) continue;
-      const double p2p_s = link.latency_s + cut_bytes[p] * micro_scale / link.bandwidth_bytes_per_s;
+      const double p2p_s = cut_tensors[p] * link.latency_s +
+                           cut_bytes[p] * micro_scale / link.bandwidth_bytes_per_s;
       c.boundary_s[l][p] = 2 * m * p2p_s;
     }
   }

@@ -13,10 +13,16 @@ What is measured (every fit by least squares, its points and residuals under "me
   runtime.step_s               a data-parallel step of a tiny model under hybridplan.apply, minus
                                the tiny model's own compute and its all-reduce: the executor's
                                fixed cost per step (zero_grad, DDP bookkeeping, optimizer loop)
-  runtime.action_s             two-stage pipelines of the tiny model under hybridplan.apply, GPipe
-                               and 1F1B, 1..32 micro-batches: the fixed cost per schedule action
-                               that makes the cost model's own schedule reproduce the measured
-                               steps (one-parameter least squares on evaluate()'s slope)
+  runtime.action_s             the fixed cost per schedule action that makes the cost model's own
+                               schedule reproduce measured pipeline steps (one-parameter least
+                               squares on evaluate()'s slope). With --graph and --model: two-stage
+                               1F1B pipelines of that model (kModelMicrobatchCounts micro-batches
+                               of the --batch) under hybridplan.apply, because on CPU ranks the
+                               cost of an action is mostly waiting for a message while the other
+                               rank computes (its Gloo threads compete with compute for the
+                               cores), which an idle tiny model does not show. Otherwise (and
+                               always reported as tiny_pipeline_actions): the tiny model, GPipe
+                               and 1F1B, 1..32 micro-batches.
   runtime.shared_host_slowdown a workload's forward+backward (the --model, else the built-in
                                branchy_cnn) on each rank alone vs on every rank at once, in
                                interleaved rounds: how much slower ranks compute when they share
@@ -52,6 +58,9 @@ __all__ = ["calibrate"]
 kMinLargestBytes = 16 << 20
 kMaxLargestBytes = 256 << 20
 kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
+# The model's own pipeline runs (1F1B): counts `hybridplan validate`'s plan spread does not pick
+# by default (it takes each schedule's fewest and most), so validation predicts unseen runs.
+kModelMicrobatchCounts = (8, 16)
 
 
 def _sizes_up_to(largest: int) -> List[int]:
@@ -178,9 +187,52 @@ def _tiny_graph() -> dict:
                         batch_sizes=())
 
 
+def _tiny_pipeline_plan(graph: dict, run: dict) -> dict:
+    """The tiny model's 1x2 pipeline plan of `run`, over its profiled graph (one node a stage)."""
+    from .planner import Graph
+
+    plan = _hand_plan("pipeline", 1, 2, run["schedule"], run["num_microbatches"],
+                      run["per_replica_batch"])
+    plan["graph"]["sha256"] = Graph.from_dict(graph, "calibration graph").sha256
+    plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": i * 2 // len(graph["nodes"])}
+                          for i, n in enumerate(graph["nodes"])]
+    return plan
+
+
+def model_pipeline_plan(graph: dict, schedule: str, microbatches: int, batch: int) -> dict:
+    """A 1x2 pipeline plan over `graph` (a profiled model): stage 1 begins at the node nearest the
+    middle of the node order where a stage may begin (nodes[].cut_before). ValueError when the
+    graph cannot be cut."""
+    from .planner import Graph
+
+    nodes = graph["nodes"]
+    split = graph.get("pipeline_split", {})
+    allowed = [p for p in range(1, len(nodes)) if nodes[p].get("cut_before", True)]
+    if split.get("supported") is False or not allowed:
+        raise ValueError(f"calibrate: graph {graph.get('name')!r} cannot be cut into pipeline "
+                         f"stages ({split.get('reason', 'no node may begin a stage')})")
+    cut = min(allowed, key=lambda p: abs(2 * p - len(nodes)))
+    return {
+        "schema_version": 1, "kind": "hybridplan.plan",
+        "graph": {"name": graph.get("name", "model"),
+                  "sha256": Graph.from_dict(graph, "calibration graph").sha256},
+        "cluster": {"name": "localhost-cpu", "num_nodes": 1, "devices_per_node": 2},
+        "world_size": 2, "dp": 1, "mp": 2, "mode": "pipeline",
+        "per_replica_batch": batch, "global_batch": batch, "num_microbatches": microbatches,
+        "schedule": schedule, "mesh": [[0, 1]],
+        "assignment": [{"node": n["id"], "name": n["name"], "device": int(p >= cut)}
+                       for p, n in enumerate(nodes)],
+        "device_mapping": "calibration: one replica on devices 0, 1",
+        "predicted": {"step_s": 0.0, "compute_s": 0.0, "allreduce_s": 0.0, "transfer_s": 0.0,
+                      "bubble_s": 0.0, "memory_bytes": [0, 0], "epochs": 0, "time_to_train_s": 0,
+                      "samples_per_s": 0.0, "feasible": True},
+    }
+
+
 def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     """runtime.action_s by least squares: measured = base + slope * action_s, where base and
-    slope are evaluate()'s step time at action_s = 0 and its change per second of action_s."""
+    slope are evaluate()'s step time of each run's plan (run["plan"], over `graph`) at
+    action_s = 0 and its change per second of action_s."""
     from .planner import Cluster, Graph, evaluate
 
     g = Graph.from_dict(graph, "calibration graph")
@@ -188,12 +240,7 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     def predicted(run, action_s):
         c = json.loads(json.dumps(cluster))
         c["runtime"]["action_s"] = action_s
-        plan = _hand_plan("pipeline", 1, 2, run["schedule"], run["num_microbatches"],
-                          run["per_replica_batch"])
-        plan["graph"]["sha256"] = g.sha256
-        plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": i * 2 // len(graph["nodes"])}
-                              for i, n in enumerate(graph["nodes"])]
-        return evaluate(g, Cluster.from_dict(c, "calibration cluster"), plan)["step_s"]
+        return evaluate(g, Cluster.from_dict(c, "calibration cluster"), run["plan"])["step_s"]
 
     for run in runs:
         run["base_s"] = predicted(run, 0.0)
@@ -203,8 +250,40 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     for run in runs:
         run["fitted_s"] = run["base_s"] + run["slope"] * action_s
     errors = [abs(r["fitted_s"] / r["step_s"] - 1) for r in runs]
-    return {"action_s": action_s, "runs": runs, "median_abs_error": statistics.median(errors),
-            "worst_abs_error": max(errors)}
+    return {"action_s": action_s, "runs": [{k: v for k, v in r.items() if k != "plan"}
+                                           for r in runs],
+            "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors)}
+
+
+def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmup: int,
+                         repeats: int, timeout_s: float) -> List[dict]:
+    """The model's own 1x2 1F1B pipeline under hybridplan.apply at kModelMicrobatchCounts
+    micro-batches of `batch` (those dividing it): median step (slowest rank) of each."""
+    from . import apply
+    from .__main__ import _load_factory
+
+    runs = []
+    for m in kModelMicrobatchCounts:
+        if batch % m or batch // m < 1:
+            continue
+        plan = model_pipeline_plan(graph, "1f1b", m, batch)
+        torch.manual_seed(0)
+        module = _load_factory(model_spec)()
+        inputs = module.example_inputs(batch)
+        target = module.example_target(batch)
+        hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
+                   optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+        samples = []
+        for i in range(warmup + repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            hp.step(*hp.shard(inputs, target))
+            if i >= warmup:
+                samples.append(time.perf_counter() - start)
+        hp.close()
+        runs.append({"schedule": "1f1b", "num_microbatches": m, "per_replica_batch": batch,
+                     "step_s": _median_slowest(samples, device), "plan": plan})
+    return runs
 
 
 # ---- shared cores -----------------------------------------------------------------------------
@@ -242,9 +321,12 @@ def _tensors(value) -> List[torch.Tensor]:
 def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, device, rounds: int,
                           steps: int) -> dict:
     """Interleaved rounds: each rank alone (the others wait in a barrier), then all at once.
-    factor = median over rounds and ranks of (all at once) / (alone)."""
+    A synchronous job waits for its slowest rank, so per round the ratio is the slowest rank's
+    time all at once over the ranks' median time alone; factor = median over rounds (at least 1).
+    (A per-rank ratio understates it: measured here, one rank slowed by 8 % and the other not at
+    all, round after round.)"""
     step()  # warm up
-    ratios, alone_s, together_s = [], [], []
+    alone_s, together_s = [], []
     for _ in range(rounds):
         mine = None
         for turn in range(world):
@@ -263,12 +345,13 @@ def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, devic
         dist.barrier()
         alone_s.append(mine)
         together_s.append(both)
-        ratios.append(both / mine)
     gathered = [None] * world
-    dist.all_gather_object(gathered, ratios)
-    all_ratios = [r for per_rank in gathered for r in per_rank]
-    return {"factor": max(1.0, statistics.median(all_ratios)), "ratios": all_ratios,
-            "alone_s": alone_s, "together_s": together_s, "processes": world}
+    dist.all_gather_object(gathered, (alone_s, together_s))
+    ratios = [max(g[1][i] for g in gathered) / statistics.median(g[0][i] for g in gathered)
+              for i in range(rounds)]
+    return {"factor": max(1.0, statistics.median(ratios)), "ratios": ratios,
+            "alone_s": [g[0] for g in gathered], "together_s": [g[1] for g in gathered],
+            "processes": world}
 
 
 # ---- memory bandwidth -------------------------------------------------------------------------
@@ -364,6 +447,9 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
                 runs.append({"schedule": schedule, "num_microbatches": m, "per_replica_batch": m,
                              "step_s": _step_times_s(plan, m, device, warmup, repeats,
                                                      timeout_s)})
+    model_runs = []
+    if env.world_size == 2 and graph is not None and model:
+        model_runs = _model_pipeline_runs(model, graph, batch, device, warmup, repeats, timeout_s)
     module_step = _workload(model, batch)[1]
     slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                      rounds=max(3, repeats // 3), steps=3)
@@ -388,7 +474,13 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
                 "shared_host": slowdown, "memory_bandwidth": bandwidth,
                 "world_size": env.world_size, "warmup": warmup, "repeats": repeats}
     if runs and env.rank == 0:
-        action = _fit_action_s(_tiny_graph(), cluster, runs)
+        tiny = _tiny_graph()
+        for run in runs:
+            run["plan"] = _tiny_pipeline_plan(tiny, run)
+        action = _fit_action_s(tiny, cluster, runs)
+        measured["tiny_pipeline_actions"] = action
+        if model_runs:  # the model's own stages decide (see the module doc)
+            action = _fit_action_s(graph, cluster, model_runs)
         cluster["runtime"]["action_s"] = action["action_s"]
         measured["pipeline_actions"] = action
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -131,6 +131,21 @@ TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
   }
 }
 
+TEST_CASE("evaluate: every tensor crossing a stage boundary pays the link latency", "[evaluate]") {
+  // a and b both feed c: two values (two messages) cross the 0|1 boundary, 50 bytes each.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50}},
+                                   {{0, 2, 50}, {1, 2, 50}}, 2, "fan-in");
+  problem.cluster = test::make_cluster(1, 2, 100, 0.25);  // 100 B/s, 0.25 s per message
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 2,
+                                    {0, 0, 1}, 1, Schedule::kGpipe);
+  const Prediction p = evaluate(problem, plan);
+  // one micro-batch of 2 = the profiled batch: p2p = 2 * 0.25 + 100 / 100 = 1.5 s each way
+  REQUIRE(p.transfer_s == Approx(2 * 1.5));
+  // F0 = 2, F1 = 1, B1 = 2, B0 = 4: 2 + 1.5 + 1 + 2 + 1.5 + 4
+  REQUIRE(p.compute_s == Approx(12));
+}
+
 TEST_CASE("evaluate: a DP group spanning nodes uses the hierarchical all-reduce", "[evaluate]") {
   // Two nodes of 2 devices; one 1000-byte-parameter node; placement mp=1, dp=4.
   Problem problem;

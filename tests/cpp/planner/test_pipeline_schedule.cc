@@ -141,4 +141,6 @@ TEST_CASE("stage costs count each value once per boundary it crosses", "[pipelin
   // boundary 0|1: a (once, though consumed by c and d) 100 + b 50 = 150, halved = 75
   // boundary 1|2: a forwarded 100 + c 30 = 130, halved = 65
   REQUIRE(stages.boundary_bytes == std::vector<double>{75, 65});
+  // each value is its own message: a and b cross 0|1, a and c cross 1|2
+  REQUIRE(stages.boundary_tensors == std::vector<double>{2, 2});
 }
