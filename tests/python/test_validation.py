@@ -70,9 +70,20 @@ def _launch(args, timeout):
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
+    import torch
+
+    import hybridplan
+    from hybridplan import models
+
+    torch.set_num_threads(1)
+    module = models.get("branchy_cnn", seed=0)
+    graph_path = tmp_path_factory.mktemp("graph") / "graph.json"
+    hybridplan.profile(module, module.example_inputs(8), verbose=False, batch_sizes=(1,),
+                       repeats=2, clock="thread").save(graph_path)
     out = tmp_path_factory.mktemp("calibrate") / "cluster.json"
     done = _launch(["calibrate", "--out", str(out), "--warmup", "1", "--repeats", "3",
-                    "--model", "hybridplan.models:branchy_cnn", "--batch", "8"], timeout=600)
+                    "--graph", str(graph_path), "--model", "hybridplan.models:branchy_cnn",
+                    "--batch", "8"], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -91,6 +102,12 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     # every fit reports residuals and whether the data resolved it, never a failed run
     assert all("resolved" in f for f in cluster["measured"]["fits"].values())
     assert os.listdir(calibrated.parent) == ["cluster.json"]  # atomic: no temporary left
+    # the per-action cost comes from the model's own pipeline (1F1B, 8 micro-batches of 1), the
+    # tiny model's fit beside it
+    measured = cluster["measured"]
+    assert [r["num_microbatches"] for r in measured["pipeline_actions"]["runs"]] == [8]
+    assert measured["pipeline_actions"]["action_s"] == runtime["action_s"]
+    assert len(measured["tiny_pipeline_actions"]["runs"]) >= 2
 
 
 def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
