@@ -269,6 +269,10 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     for (int32_t e : graph.in_edges[v]) gradients += graph.edges[e].bytes;
     transient_bytes_[k] = std::max(transient_bytes_[k], scaled_bytes(gradients, scale));
   }
+  if (!graph.topo_order.empty()) {  // the replica's input batch, where the first node runs
+    transient_bytes_[plan.assignment[graph.topo_order.front()]] += scaled_bytes(
+        graph.profiled.input_bytes, batch_scale(graph, static_cast<double>(plan.per_replica_batch)));
+  }
   if (pipeline) {  // receive buffers, one per micro-batch, each way (pipeline_compute filled stages_)
     const auto m = static_cast<double>(plan.num_microbatches);
     for (size_t b = 0; b < stages_.boundary_bytes.size(); ++b) {

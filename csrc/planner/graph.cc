@@ -122,6 +122,7 @@ void Graph::validate(const std::string& source) const {
   if (nodes.empty()) throw_input_error(source, "nodes", "must list at least one node", "[]");
   std::unordered_map<NodeId, size_t> id_at;
   std::unordered_map<std::string, size_t> name_at;
+  check_bytes(source, "profiled.input_bytes", profiled.input_bytes);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& node = nodes[i];
     const std::string path = json_index_path("nodes", i);
@@ -238,6 +239,9 @@ Graph graph_from_json(const Json& j, const std::string& source) {
   g.profiled.batch_size = in.field_int(profiled, "profiled", "batch_size");
   if (const Json* d = in.optional(profiled, "device")) g.profiled.device = in.string(*d, "profiled.device");
   if (const Json* d = in.optional(profiled, "dtype")) g.profiled.dtype = in.string(*d, "profiled.dtype");
+  if (const Json* b = in.optional(profiled, "input_bytes")) {
+    g.profiled.input_bytes = in.integer(*b, "profiled.input_bytes");
+  }
 
   if (const Json* split = in.optional(j, "pipeline_split")) {
     in.object(*split, "pipeline_split");
@@ -353,6 +357,8 @@ Json graph_to_json(const Graph& g) {
               {"dtype", g.profiled.dtype}}},
             {"nodes", std::move(nodes)},
             {"edges", std::move(edges)}};
+  // Written only when known, so graphs without it keep their hash.
+  if (g.profiled.input_bytes > 0) j["profiled"]["input_bytes"] = g.profiled.input_bytes;
   // Written only when they say something, so graphs without them keep their hash.
   if (!g.pipeline_split.supported) {
     j["pipeline_split"] = {{"supported", false}, {"reason", g.pipeline_split.reason}};

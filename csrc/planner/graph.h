@@ -56,6 +56,7 @@ struct ProfiledAt {
   std::string device = "unknown";
   int64_t batch_size = 1;
   std::string dtype = "float32";
+  int64_t input_bytes = 0;  // the model's input tensors at batch_size (JSON optional; 0 = unknown)
 };
 
 // A parameter several nodes hold (tied weights, e.g. GPT-2's wte and lm_head). Its bytes are in

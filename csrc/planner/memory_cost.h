@@ -15,9 +15,10 @@
 //                     receive buffer per micro-batch for the activations a stage receives (every
 //                     stage but the first) and for the gradients it receives (every stage but the
 //                     last): M * the boundary's bytes per micro-batch, each way.
+//   input batch:      the replica's per-replica batch of model inputs (Graph profiled.input_bytes,
+//                     scaled), on the device of the first node in topological order.
 // Measured against torch.profiler's memory timeline by `hybridplan validate` (peak memory per
-// rank, predicted beside measured). Not modelled: the input batch (the Graph does not record its
-// size), allocator fragmentation, DDP's gradient buckets (another copy of the gradients without
+// rank, predicted beside measured). Not modelled: allocator fragmentation, DDP's gradient buckets (another copy of the gradients without
 // gradient_as_bucket_view). The search's partition check uses the first two terms only (a
 // relaxation: evaluate() decides feasibility).
 #pragma once

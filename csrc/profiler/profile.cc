@@ -254,6 +254,7 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
                               : inputs[0].dim() > 0  ? inputs[0].size(0)
                                                      : 1;
   graph.profiled.dtype = dtype_name(param_dtype.value_or(inputs[0].scalar_type()));
+  for (const torch::Tensor& t : inputs) graph.profiled.input_bytes += t.numel() * t.element_size();
 
   if (options.retain_freed_memory) retain_freed_memory();
   const TimingOptions timing{device, clock_of(options, device), options.warmup, options.repeats};

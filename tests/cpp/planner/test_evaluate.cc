@@ -56,6 +56,16 @@ TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]"
   saved.graph.nodes[1].saved_bytes = 700;
   saved.graph.finalize("diamond");
   REQUIRE(evaluate(saved, plan).memory_bytes == std::vector<int64_t>{800 - 100 + 700, 580});
+  // The model's inputs (profiled.input_bytes, 30 B a sample) sit where the first node runs.
+  Problem with_inputs = problem;
+  with_inputs.graph.profiled.input_bytes = 30;
+  REQUIRE(evaluate(with_inputs, plan).memory_bytes == std::vector<int64_t>{800 + 30, 580});
+  const Graph round_trip = graph_from_json(graph_to_json(with_inputs.graph), "graph.json");
+  REQUIRE(round_trip.profiled.input_bytes == 30);
+  Json negative = graph_to_json(with_inputs.graph);
+  negative["profiled"]["input_bytes"] = -1;
+  REQUIRE_THROWS_WITH(graph_from_json(negative, "g.json"),
+                      Catch::Contains("g.json") && Catch::Contains("profiled.input_bytes"));
   // epochs(2) = 10 * (1 + 2/2) = 20; ceil(5/2) = 3 steps per epoch; 20 * 3 * 23 = 1380
   REQUIRE(p.epochs == 20);
   REQUIRE(p.time_to_train_s == 1380);
