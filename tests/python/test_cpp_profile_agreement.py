@@ -48,7 +48,9 @@ def test_structure_is_identical(profiles, model):
     cpps, pythons = profiles(model)
     cpp = cpps[0]
     assert all(agreement.structure(g) == agreement.structure(cpp) for g in cpps + pythons)
-    assert cpp["profiled"] == {"device": "cpu", "batch_size": BATCH, "dtype": "float32"}
+    inputs = agreement.TWINS[model](BATCH)[1]  # the same inputs, built by the Python twin
+    assert cpp["profiled"] == {"device": "cpu", "batch_size": BATCH, "dtype": "float32",
+                               "input_bytes": sum(t.numel() * t.element_size() for t in inputs)}
 
 
 def test_biglstm_nodes_are_the_python_modules(profiles):

@@ -89,7 +89,8 @@ def test_branchy_edges_exact_with_fx(capsys):
     assert _edges(graph) == BRANCHY_EDGES
     assert [n["name"] for n in graph["nodes"]] == ["stem", "right_a", "act", "right_b", "left",
                                                    "head"]
-    assert graph["profiled"] == {"device": "cpu", "batch_size": BATCH, "dtype": "float32"}
+    assert graph["profiled"] == {"device": "cpu", "batch_size": BATCH, "dtype": "float32",
+                                 "input_bytes": BATCH * 8 * 4}  # the (BATCH, 8) float32 input
 
 
 def test_fallback_hooks_give_the_same_edges_where_fx_fails(capsys):
