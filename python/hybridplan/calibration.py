@@ -256,33 +256,35 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
 
 
 def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmup: int,
-                         repeats: int, timeout_s: float) -> List[dict]:
+                         repeats: int, timeout_s: float, rounds: int = 2) -> List[dict]:
     """The model's own 1x2 1F1B pipeline under hybridplan.apply at kModelMicrobatchCounts
-    micro-batches of `batch` (those dividing it): median step (slowest rank) of each."""
+    micro-batches of `batch` (those dividing it), `rounds` times in turn (8, 16, 8, 16: on a
+    shared CPU one run can be slower throughout, from how the ranks' threads happen to be
+    scheduled): the median step (slowest rank) of each run."""
     from . import apply
     from .__main__ import _load_factory
 
+    counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     runs = []
-    for m in kModelMicrobatchCounts:
-        if batch % m or batch // m < 1:
-            continue
-        plan = model_pipeline_plan(graph, "1f1b", m, batch)
-        torch.manual_seed(0)
-        module = _load_factory(model_spec)()
-        inputs = module.example_inputs(batch)
-        target = module.example_target(batch)
-        hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
-                   optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
-        samples = []
-        for i in range(warmup + repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            hp.step(*hp.shard(inputs, target))
-            if i >= warmup:
-                samples.append(time.perf_counter() - start)
-        hp.close()
-        runs.append({"schedule": "1f1b", "num_microbatches": m, "per_replica_batch": batch,
-                     "step_s": _median_slowest(samples, device), "plan": plan})
+    for _ in range(rounds):
+        for m in counts:
+            plan = model_pipeline_plan(graph, "1f1b", m, batch)
+            torch.manual_seed(0)
+            module = _load_factory(model_spec)()
+            inputs = module.example_inputs(batch)
+            target = module.example_target(batch)
+            hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
+                       optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+            samples = []
+            for i in range(warmup + max(repeats, 20)):
+                dist.barrier()
+                start = time.perf_counter()
+                hp.step(*hp.shard(inputs, target))
+                if i >= warmup:
+                    samples.append(time.perf_counter() - start)
+            hp.close()
+            runs.append({"schedule": "1f1b", "num_microbatches": m, "per_replica_batch": batch,
+                         "step_s": _median_slowest(samples, device), "plan": plan})
     return runs
 
 

@@ -102,10 +102,10 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     # every fit reports residuals and whether the data resolved it, never a failed run
     assert all("resolved" in f for f in cluster["measured"]["fits"].values())
     assert os.listdir(calibrated.parent) == ["cluster.json"]  # atomic: no temporary left
-    # the per-action cost comes from the model's own pipeline (1F1B, 8 micro-batches of 1), the
-    # tiny model's fit beside it
+    # the per-action cost comes from the model's own pipeline (1F1B, 8 micro-batches of 1, two
+    # runs), the tiny model's fit beside it
     measured = cluster["measured"]
-    assert [r["num_microbatches"] for r in measured["pipeline_actions"]["runs"]] == [8]
+    assert [r["num_microbatches"] for r in measured["pipeline_actions"]["runs"]] == [8, 8]
     assert measured["pipeline_actions"]["action_s"] == runtime["action_s"]
     assert len(measured["tiny_pipeline_actions"]["runs"]) >= 2
 
