@@ -26,7 +26,13 @@ What is measured (every fit by least squares, its points and residuals under "me
   runtime.shared_host_slowdown a workload's forward+backward (the --model, else the built-in
                                branchy_cnn) on each rank alone vs on every rank at once, in
                                interleaved rounds: how much slower ranks compute when they share
-                               the node's cores, caches and memory bandwidth
+                               the node's cores, caches and memory bandwidth. With --graph of the
+                               same model at the same --batch (equal parameter bytes and batch),
+                               both entries are relative to the graph's own forward+backward sum
+                               instead ([1, alone / graph], [P, slowest together / graph]): the
+                               wall clock of a whole step under the job's conditions, against
+                               the profile's clock (which may be a thread's CPU time, blind to
+                               time the host takes away)
   device.memory_bandwidth      an SGD-momentum step over a 32 Mi-element parameter (5 bytes
                                touched per parameter byte, optimizer_cost.h) / its time
   device.*, type, collectives  as the probe (python/hybridplan/probe.py); "cpu" and Gloo on CPU
@@ -310,6 +316,21 @@ def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callabl
     return module, step
 
 
+def _graph_step_s(graph: Optional[dict], model_spec: Optional[str], batch: int) -> float:
+    """The graph's forward+backward sum at its profiled batch, when the graph is the --model's
+    profile at --batch (same batch, same parameter bytes); else 0 (not comparable)."""
+    if not graph or not model_spec or graph.get("profiled", {}).get("batch_size") != batch:
+        return 0.0
+    from .__main__ import _load_factory
+
+    module = _load_factory(model_spec)()
+    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    graph_param_bytes = sum(n.get("param_bytes", 0) for n in graph["nodes"])
+    if param_bytes != graph_param_bytes:
+        return 0.0
+    return sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"])
+
+
 def _tensors(value) -> List[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value] if value.requires_grad else []
@@ -458,6 +479,20 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     bandwidth = _memory_bandwidth(device)
     peak_flops = _probe._min_over_ranks(_probe._peak_flops(device), device)
 
+    slowdown_table = [[1, 1.0], [env.local_world_size, slowdown["factor"]]]
+    graph_s = _graph_step_s(graph, model, batch)
+    if graph_s:
+        alone = statistics.median(t for per_rank in slowdown["alone_s"] for t in per_rank)
+        slowdown["graph_step_s"] = graph_s
+        slowdown["alone_over_graph"] = alone / graph_s
+        slowdown["together_over_graph"] = statistics.median(
+            max(per_rank[i] for per_rank in slowdown["together_s"])
+            for i in range(len(slowdown["ratios"]))) / graph_s
+        slowdown_table = [[1, slowdown["alone_over_graph"]]]
+        if env.local_world_size > 1:
+            slowdown_table.append([env.local_world_size,
+                                   max(slowdown["together_over_graph"],
+                                       slowdown["alone_over_graph"])])
     cluster = {
         "schema_version": 1, "kind": "hybridplan.cluster",
         "name": name or ("localhost-cpu" if device.type == "cpu" else "calibrated-cuda"),
@@ -469,8 +504,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         "intra_node": intra, "inter_node": dict(intra),
         "collectives": {"library": backend if backend in ("gloo", "nccl") else "nccl"},
         "runtime": {"step_s": step_s, "action_s": 0.0,
-                    "shared_host_slowdown": [[1, 1.0], [env.local_world_size,
-                                                        slowdown["factor"]]]},
+                    "shared_host_slowdown": slowdown_table},
     }
     measured = {"fits": fits, "tiny_compute_s": tiny_compute_s, "dp_step_s": dp_step_s,
                 "shared_host": slowdown, "memory_bandwidth": bandwidth,

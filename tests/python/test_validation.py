@@ -96,7 +96,11 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     assert cluster["device"]["type"] == "cpu" and cluster["collectives"]["library"] == "gloo"
     runtime = cluster["runtime"]
     assert runtime["step_s"] >= 0 and runtime["action_s"] >= 0
-    assert runtime["shared_host_slowdown"][0] == [1, 1.0]
+    # the graph is the --model's profile at --batch: compute factors are relative to it
+    assert runtime["shared_host_slowdown"][0][0] == 1 and runtime["shared_host_slowdown"][0][1] > 0
+    shared = cluster["measured"]["shared_host"]
+    assert runtime["shared_host_slowdown"][0][1] == shared["alone_over_graph"]
+    assert shared["graph_step_s"] > 0
     assert runtime["shared_host_slowdown"][1][0] == 2 and runtime["shared_host_slowdown"][1][1] > 0
     assert cluster["device"]["memory_bandwidth_bytes_per_s"] > 0
     # every fit reports residuals and whether the data resolved it, never a failed run
