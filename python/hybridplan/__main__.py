@@ -132,10 +132,13 @@ def _parser() -> argparse.ArgumentParser:
                                            "a Cluster JSON (run under torchrun)")
     cal.add_argument("--out", required=True, help="Cluster JSON path (rank 0 writes it)")
     cal.add_argument("--graph", help="the Graph JSON to size messages for (its gradient bytes "
-                                     "and largest edge)")
+                                     "and largest edge); with --model, the per-action cost is "
+                                     "fitted on that model's own pipeline, and compute factors "
+                                     "are taken against the graph when it is the model's "
+                                     "profile at --batch")
     cal.add_argument("--model", metavar="MODULE:FACTORY",
                      help="workload for the shared-core measurement (default: the built-in "
-                          "branchy_cnn)")
+                          "branchy_cnn) and, with --graph, for the pipeline runs")
     cal.add_argument("--batch", type=int, default=32, help="the workload's batch")
     cal.add_argument("--warmup", type=int, default=3)
     cal.add_argument("--repeats", type=int, default=15)
