@@ -1,6 +1,7 @@
 #include "executor/executor.h"
 
 #include <atomic>
+#include <csignal>
 #include <set>
 #include <sstream>
 
@@ -61,9 +62,25 @@ std::vector<int64_t> iota_ranks(int64_t first, int64_t count, int64_t stride) {
 
 }  // namespace
 
+namespace {
+
+// A write to the socket of a rank that died (the TCPStore's host, a Gloo peer) raises SIGPIPE,
+// whose default action kills this process at once (exit 141), before the executor can name the
+// lost rank. Python ignores SIGPIPE from startup, so its executor sees an error; do the same
+// here, unless the program installed a handler of its own (then it is left alone).
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::nn::Module> module,
                    const DistEnv& env, ExecutorOptions options)
     : plan_(plan), env_(env), options_(std::move(options)), module_(std::move(module)) {
+  ignore_sigpipe();
   const std::string& src = options_.plan_source;
   plan_.validate_structure(src);
   if (graph_sha256(graph) != plan_.graph_sha256) {

@@ -16,6 +16,8 @@
 // a torch::nn::Sequential or a hybridplan::BlockList's blocks(). Their names must be the graph's
 // node names in order, so the plan maps onto the module.
 //
+// Construction ignores SIGPIPE when its action is the default (as Python does), so that a
+// write to a dead peer's socket becomes an error naming the lost rank, not a silent exit 141.
 // Construction (every rank, collectively): validates the plan against the graph, the module and
 // WORLD_SIZE; connects to the TCPStore; checks that all ranks run the same torch and hybridplan
 // versions and hold the same plan and parameter shapes (rank_agreement.h: a mismatch fails every
