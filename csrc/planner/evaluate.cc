@@ -92,8 +92,7 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   for (size_t s = 0; s < p2p_s_.size(); ++s) {
     if (stages_.boundary_bytes[s] <= 0) continue;
     const Link link = problem_.cluster.link(plan.mesh[0][s], plan.mesh[0][s + 1]);
-    p2p_s_[s] = stages_.boundary_tensors[s] * link.latency_s +
-                stages_.boundary_bytes[s] / link.bandwidth_bytes_per_s;
+    p2p_s_[s] = boundary_p2p_s(link, stages_.boundary_tensors[s], stages_.boundary_bytes[s]);
   }
   const PipelineTimes times = simulate_pipeline(plan.schedule, plan.num_microbatches,
                                                 stages_.forward_s, stages_.backward_s, p2p_s_,

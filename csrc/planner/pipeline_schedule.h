@@ -46,11 +46,18 @@
 #include <string>
 #include <vector>
 
+#include "planner/cluster.h"
 #include "planner/compute_cost.h"
 #include "planner/graph.h"
 #include "planner/plan.h"
 
 namespace hybridplan {
+
+// One boundary's transfer per micro-batch on `link` (the p2p_s formula above): every tensor
+// pays the latency, the bytes the bandwidth.
+inline double boundary_p2p_s(const Link& link, double tensors, double bytes) {
+  return tensors * link.latency_s + bytes / link.bandwidth_bytes_per_s;
+}
 
 // Per-micro-batch stage costs, reusable between calls.
 struct PipelineStages {

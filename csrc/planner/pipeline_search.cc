@@ -108,9 +108,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     const Link link = problem.cluster.link(base.mesh[0][l], base.mesh[0][l + 1]);
     for (int64_t p = 0; p <= n; ++p) {
       if (cut_bytes[p] <= 0) continue;
-      const double p2p_s = cut_tensors[p] * link.latency_s +
-                           cut_bytes[p] * micro_scale / link.bandwidth_bytes_per_s;
-      c.boundary_s[l][p] = 2 * m * p2p_s;
+      c.boundary_s[l][p] = 2 * m * boundary_p2p_s(link, cut_tensors[p], cut_bytes[p] * micro_scale);
     }
   }
   c.activation_multiplier.resize(k);

@@ -193,46 +193,38 @@ def _tiny_graph() -> dict:
                         batch_sizes=())
 
 
-def _tiny_pipeline_plan(graph: dict, run: dict) -> dict:
-    """The tiny model's 1x2 pipeline plan of `run`, over its profiled graph (one node a stage)."""
+def _graph_pipeline_plan(graph: dict, module: nn.Module, schedule: str, microbatches: int,
+                         batch: int, cut: int) -> dict:
+    """A 1x2 pipeline plan (hand_plan's) over the profiled `graph` of `module`: nodes before
+    position `cut` of the graph's node order on stage 0, the rest on stage 1."""
+    from .hand_plans import hand_plan
     from .planner import Graph
 
-    plan = _hand_plan("pipeline", 1, 2, run["schedule"], run["num_microbatches"],
-                      run["per_replica_batch"])
+    plan = hand_plan(module, mode="pipeline", dp=1, mp=2, schedule=schedule,
+                     num_microbatches=microbatches, per_replica_batch=batch,
+                     name=graph.get("name", ""))
     plan["graph"]["sha256"] = Graph.from_dict(graph, "calibration graph").sha256
-    plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": i * 2 // len(graph["nodes"])}
-                          for i, n in enumerate(graph["nodes"])]
+    plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": int(p >= cut)}
+                          for p, n in enumerate(graph["nodes"])]
     return plan
 
 
-def model_pipeline_plan(graph: dict, schedule: str, microbatches: int, batch: int) -> dict:
-    """A 1x2 pipeline plan over `graph` (a profiled model): stage 1 begins at the node nearest the
-    middle of the node order where a stage may begin (nodes[].cut_before). ValueError when the
-    graph cannot be cut."""
-    from .planner import Graph
+def _tiny_pipeline_plan(graph: dict, run: dict) -> dict:
+    """The tiny model's 1x2 pipeline plan of `run`, over its profiled graph (one node a stage)."""
+    return _graph_pipeline_plan(graph, _Tiny(), run["schedule"], run["num_microbatches"],
+                                run["per_replica_batch"], cut=(len(graph["nodes"]) + 1) // 2)
 
+
+def _middle_cut(graph: dict) -> int:
+    """The node position nearest the middle of the graph's node order where a pipeline stage may
+    begin (nodes[].cut_before). ValueError when the graph cannot be cut."""
     nodes = graph["nodes"]
     split = graph.get("pipeline_split", {})
     allowed = [p for p in range(1, len(nodes)) if nodes[p].get("cut_before", True)]
     if split.get("supported") is False or not allowed:
         raise ValueError(f"calibrate: graph {graph.get('name')!r} cannot be cut into pipeline "
                          f"stages ({split.get('reason', 'no node may begin a stage')})")
-    cut = min(allowed, key=lambda p: abs(2 * p - len(nodes)))
-    return {
-        "schema_version": 1, "kind": "hybridplan.plan",
-        "graph": {"name": graph.get("name", "model"),
-                  "sha256": Graph.from_dict(graph, "calibration graph").sha256},
-        "cluster": {"name": "localhost-cpu", "num_nodes": 1, "devices_per_node": 2},
-        "world_size": 2, "dp": 1, "mp": 2, "mode": "pipeline",
-        "per_replica_batch": batch, "global_batch": batch, "num_microbatches": microbatches,
-        "schedule": schedule, "mesh": [[0, 1]],
-        "assignment": [{"node": n["id"], "name": n["name"], "device": int(p >= cut)}
-                       for p, n in enumerate(nodes)],
-        "device_mapping": "calibration: one replica on devices 0, 1",
-        "predicted": {"step_s": 0.0, "compute_s": 0.0, "allreduce_s": 0.0, "transfer_s": 0.0,
-                      "bubble_s": 0.0, "memory_bytes": [0, 0], "epochs": 0, "time_to_train_s": 0,
-                      "samples_per_s": 0.0, "feasible": True},
-    }
+    return min(allowed, key=lambda p: abs(2 * p - len(nodes)))
 
 
 def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
@@ -271,12 +263,13 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
     from .__main__ import _load_factory
 
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
+    cut = _middle_cut(graph)
     runs = []
     for _ in range(rounds):
         for m in counts:
-            plan = model_pipeline_plan(graph, "1f1b", m, batch)
             torch.manual_seed(0)
             module = _load_factory(model_spec)()
+            plan = _graph_pipeline_plan(graph, module, "1f1b", m, batch, cut)
             inputs = module.example_inputs(batch)
             target = module.example_target(batch)
             hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
@@ -316,14 +309,12 @@ def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callabl
     return module, step
 
 
-def _graph_step_s(graph: Optional[dict], model_spec: Optional[str], batch: int) -> float:
-    """The graph's forward+backward sum at its profiled batch, when the graph is the --model's
-    profile at --batch (same batch, same parameter bytes); else 0 (not comparable)."""
-    if not graph or not model_spec or graph.get("profiled", {}).get("batch_size") != batch:
+def _graph_step_s(graph: Optional[dict], module: Optional[nn.Module], batch: int) -> float:
+    """The graph's forward+backward sum at its profiled batch, when the graph is `module`'s
+    (the --model's) profile at --batch (same batch, same parameter bytes); else 0 (not
+    comparable)."""
+    if not graph or module is None or graph.get("profiled", {}).get("batch_size") != batch:
         return 0.0
-    from .__main__ import _load_factory
-
-    module = _load_factory(model_spec)()
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     graph_param_bytes = sum(n.get("param_bytes", 0) for n in graph["nodes"])
     if param_bytes != graph_param_bytes:
@@ -370,11 +361,12 @@ def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, devic
         together_s.append(both)
     gathered = [None] * world
     dist.all_gather_object(gathered, (alone_s, together_s))
-    ratios = [max(g[1][i] for g in gathered) / statistics.median(g[0][i] for g in gathered)
-              for i in range(rounds)]
+    slowest_together = [max(g[1][i] for g in gathered) for i in range(rounds)]
+    median_alone = [statistics.median(g[0][i] for g in gathered) for i in range(rounds)]
+    ratios = [t / a for t, a in zip(slowest_together, median_alone)]
     return {"factor": max(1.0, statistics.median(ratios)), "ratios": ratios,
             "alone_s": [g[0] for g in gathered], "together_s": [g[1] for g in gathered],
-            "processes": world}
+            "slowest_together_s": slowest_together, "processes": world}
 
 
 # ---- memory bandwidth -------------------------------------------------------------------------
@@ -473,21 +465,19 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     model_runs = []
     if env.world_size == 2 and graph is not None and model:
         model_runs = _model_pipeline_runs(model, graph, batch, device, warmup, repeats, timeout_s)
-    module_step = _workload(model, batch)[1]
+    module, module_step = _workload(model, batch)
     slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                      rounds=max(3, repeats // 3), steps=3)
     bandwidth = _memory_bandwidth(device)
     peak_flops = _probe._min_over_ranks(_probe._peak_flops(device), device)
 
     slowdown_table = [[1, 1.0], [env.local_world_size, slowdown["factor"]]]
-    graph_s = _graph_step_s(graph, model, batch)
+    graph_s = _graph_step_s(graph, module if model else None, batch)
     if graph_s:
         alone = statistics.median(t for per_rank in slowdown["alone_s"] for t in per_rank)
         slowdown["graph_step_s"] = graph_s
         slowdown["alone_over_graph"] = alone / graph_s
-        slowdown["together_over_graph"] = statistics.median(
-            max(per_rank[i] for per_rank in slowdown["together_s"])
-            for i in range(len(slowdown["ratios"]))) / graph_s
+        slowdown["together_over_graph"] = statistics.median(slowdown["slowest_together_s"]) / graph_s
         slowdown_table = [[1, slowdown["alone_over_graph"]]]
         if env.local_world_size > 1:
             slowdown_table.append([env.local_world_size,

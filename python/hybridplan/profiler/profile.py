@@ -131,9 +131,8 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                    first, batch_times)
     _add_pipeline_split(graph, module, flow, inputs, kwargs, log)
     # the model's input tensors at the profiled batch: the memory model's input batch term
-    graph["profiled"]["input_bytes"] = sum(
-        t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves((inputs, kwargs))
-        if isinstance(t, torch.Tensor))
+    graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()
+                                           for t in dataflow.tensors_in((inputs, kwargs)))
     total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
     log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
         f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")

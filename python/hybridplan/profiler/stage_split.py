@@ -298,7 +298,7 @@ def export_failure(module: nn.Module, exc: BaseException) -> str:
     return f"{where}: {reason}" if where else reason
 
 
-def _run_generated_code(part: nn.Module) -> int:
+def _run_generated_code(part: nn.Module) -> None:
     """Makes the stage's outlined submodules (torch.export's InterpreterModule, which pipelining's
     split leaves for every module call it preserves) run their generated Python code instead of
     torch.fx.Interpreter. The Interpreter dispatches every graph node through Python, about 20 us
@@ -306,8 +306,7 @@ def _run_generated_code(part: nn.Module) -> int:
     + backward against 2.5 ms eager, and 2.7 ms with the generated code (thread clock; `python
     bench/bench_stage_code.py` measures all three side by side). The generated code is the
     graph's own (`InterpreterModule.forward` falls back to it under torch.compile); the flag is
-    torch's, read per call. Returns how many modules were switched."""
-    switched = 0
+    torch's, read per call."""
     for mod in part.modules():
         if not (hasattr(mod, "_run_with_interpreter") and hasattr(mod, "graph_module")):
             continue
@@ -320,8 +319,6 @@ def _run_generated_code(part: nn.Module) -> int:
         if renamed:
             mod.graph_module.recompile()
         mod._run_with_interpreter = False
-        switched += 1
-    return switched
 
 
 def _build_cut(pipe, flat: _FlatCall, num_stages: int) -> StageCut:
