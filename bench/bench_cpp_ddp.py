@@ -139,6 +139,8 @@ def ddp_rank(init: str, widths: Sequence[int], global_batch: int, steps: int,
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from hybridplan.executor import destroy_groups
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -163,7 +165,8 @@ def ddp_rank(init: str, widths: Sequence[int], global_batch: int, steps: int,
     params = {k: v.detach().double().reshape(-1).tolist() for k, v in model.named_parameters()}
     Path(f"{out_prefix}.rank{rank}.json").write_text(json.dumps({"params": params}))
     Path(f"{out_prefix}.rank{rank}.times.json").write_text(json.dumps(times))
-    dist.destroy_process_group()
+    del ddp, opt  # then collect and destroy while Python is alive: see destroy_groups
+    destroy_groups()
 
 
 def max_relative_difference(a_path: str, b_path: str, atol: float = 1e-7) -> float:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import hybridplan  # noqa: E402
+from hybridplan.executor import destroy_groups  # noqa: E402
 import hybridplan.models as models  # noqa: E402
 
 
@@ -143,7 +144,7 @@ def main():
         print(f"pipeline plan (mp=2, 1F1B, {args.microbatches} mb): executor "
               f"{pipe_exec_s * 1e3:8.2f} ms  Schedule1F1B {pipe_torch_s * 1e3:8.2f} ms  "
               f"ratio {pipe_exec_s / pipe_torch_s:.3f}")
-    dist.destroy_process_group()
+    destroy_groups()  # the DDP baseline's wrapper is gone: collect, then destroy
     return 0
 
 

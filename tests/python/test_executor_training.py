@@ -62,6 +62,7 @@ def train_cases(cases: list, out_dir: str) -> None:
     <out_dir>/<case_id>.rank<r>.pt with the gathered state_dict and the losses."""
     import torch.distributed as dist
     import hybridplan
+    from hybridplan.executor import destroy_groups
     torch.set_num_threads(1)
     for case in cases:
         name = case["name"]
@@ -78,7 +79,7 @@ def train_cases(cases: list, out_dir: str) -> None:
         if case.get("with_ddp"):  # torch's own DDP on the same ranks, data and seeds
             result["ddp_state"] = train_torch_ddp(name)
         torch.save(result, os.path.join(out_dir, f"{case['case_id']}.rank{dist.get_rank()}.pt"))
-    dist.destroy_process_group()
+    destroy_groups()  # train_torch_ddp's wrapper is gone: collect, then destroy
 
 
 def train_torch_ddp(name: str):

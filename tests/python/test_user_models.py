@@ -59,6 +59,7 @@ def train_cases(cases_file, out_dir):
     line) in turn on this rank and saves <out_dir>/<id>.rank<r>.pt."""
     import torch.distributed as dist
     import hybridplan
+    from hybridplan.executor import destroy_groups
     torch.set_num_threads(1)
     for case in torch.load(cases_file):
         model, batch, loss_fn = FACTORIES[case["model"]]()
@@ -73,7 +74,7 @@ def train_cases(cases_file, out_dir):
         if case.get("with_ddp"):
             result["ddp_state"] = train_torch_ddp(case["model"], global_batch)
         torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
-    dist.destroy_process_group()
+    destroy_groups()  # train_torch_ddp's wrapper is gone: collect, then destroy
 
 
 def train_torch_ddp(name, global_batch):

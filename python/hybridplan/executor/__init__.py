@@ -3,6 +3,6 @@
 (every rank holds the same plan and model), plus plan_spec (the plan's fields the executor acts
 on), placement and pipeline (the two MP modes)."""
 
-from .executor import AppliedPlan, apply
+from .executor import AppliedPlan, apply, destroy_groups
 
-__all__ = ["apply", "AppliedPlan"]
+__all__ = ["apply", "AppliedPlan", "destroy_groups"]

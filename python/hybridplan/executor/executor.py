@@ -44,7 +44,7 @@ import gc
 import os
 import sys
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -59,10 +59,37 @@ from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha25
 from . import rank_agreement
 from .rank_agreement import RankReport, agree_across_ranks, param_signature
 
-__all__ = ["apply", "AppliedPlan"]
+__all__ = ["apply", "AppliedPlan", "destroy_groups"]
 
 kDefaultTimeoutS = 300.0
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def destroy_groups(groups: Sequence[Optional["dist.ProcessGroup"]] = (None,)) -> None:
+    """Destroys `groups` newest first (None: every group, the default included) after a garbage
+    collection, while Python is fully alive. Call it once the DDP wrappers (and anything else
+    holding a group) are dropped; AppliedPlan.close() does, and so does every plain-DDP job in
+    the tests and benches (issue 13, and a CI run where both ranks of torch DDP aborted at exit).
+
+    Why (issue 13: ~1 exit in 4 aborted with "terminate called without an active exception"):
+    each backward stashes a Python object in thread-local state
+    (torch.autograd.graph._engine_run_backward), and every all-reduce DDP launches from the
+    backward keeps a copy of that state in its Gloo Work. A Gloo worker thread drops its last
+    reference to a Work just after wait() returns; if the interpreter is finalizing by then,
+    releasing the Python object makes the thread exit from inside take_gil (pthread_exit), which
+    unwinds through the Work's noexcept destructor: std::terminate. A process group's Gloo
+    threads are joined when its last reference goes, so the wrappers (which hold the groups, in
+    reference cycles only a collection frees) must be collected and the groups destroyed while
+    Python is alive. Order: the wrappers go first, while the groups are still registered, so
+    that a DDP Reducer never holds a group's last reference. Its destruction would join the Gloo
+    threads with the GIL held while a thread waits for the GIL to release that Python object: a
+    deadlock (seen as hung plain-DDP ranks, exit_launches.py --plain-ddp).
+    destroy_process_group() drops the registered references, and the group's own binding
+    releases the GIL before joining."""
+    gc.collect()
+    for group in reversed(list(groups)):
+        if dist.is_initialized():  # else every group is destroyed already
+            dist.destroy_process_group(group)  # its last reference: joins its threads
 
 
 class _Lifecycle:
@@ -456,27 +483,9 @@ class AppliedPlan:
             if wait_for_peers and dist.is_initialized():
                 dist.barrier()
         finally:
-            # Why this order (issue 13: ~1 exit in 4 aborted with "terminate called without an
-            # active exception"): each backward stashes a Python object in thread-local state
-            # (torch.autograd.graph._engine_run_backward), and every all-reduce DDP launches
-            # from the backward keeps a copy of that state in its Gloo Work. A Gloo worker
-            # thread drops its last reference to a Work just after wait() returns; if the
-            # interpreter is finalizing by then, releasing the Python object makes the thread
-            # exit from inside take_gil (pthread_exit), which unwinds through the Work's
-            # noexcept destructor: std::terminate. A process group's Gloo threads are joined
-            # when its last reference goes: so drop the DDP wrappers and the pipeline (they
-            # hold the groups), collect, and destroy the groups while Python is fully alive.
-            # Order: the wrappers go first, while the groups are still registered, so that a
-            # DDP Reducer never holds a group's last reference. Its destruction would join
-            # the Gloo threads with the GIL held while a thread waits for the GIL to release
-            # that Python object: a deadlock (seen as hung plain-DDP ranks, exit_launches.py
-            # --plain-ddp). destroy_process_group() drops the registered references, and the
-            # group's own binding releases the GIL before joining.
+            # The wrappers go first, while the groups are still registered: see destroy_groups.
             self.ddp = self._runner = self._replica_group = None
-            gc.collect()
-            for group in reversed(self._groups):
-                if dist.is_initialized():  # else the user destroyed every group already
-                    dist.destroy_process_group(group)  # its last reference: joins its threads
+            destroy_groups(self._groups)
             self._groups = []
             _Lifecycle.forget(self)
 
