@@ -120,8 +120,8 @@ def structure(graph: dict) -> dict:
     names = {n["id"]: n["name"] for n in graph["nodes"]}
     return {
         "profiled": graph["profiled"],
-        "nodes": [(n["name"], n["op"], n["param_bytes"], n["output_bytes"])
-                  for n in graph["nodes"]],
+        "nodes": [(n["name"], n["op"], n["param_bytes"], n.get("param_tensors"),
+                   n["output_bytes"]) for n in graph["nodes"]],
         "edges": sorted((names[e["src"]], names[e["dst"]], e["bytes"]) for e in graph["edges"]),
     }
 

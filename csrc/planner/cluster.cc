@@ -57,6 +57,9 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
   Runtime r;
   if (const Json* v = in.optional(j, "step_s")) r.step_s = in.number(*v, "runtime.step_s");
   if (const Json* v = in.optional(j, "action_s")) r.action_s = in.number(*v, "runtime.action_s");
+  if (const Json* v = in.optional(j, "optimizer_tensor_s")) {
+    r.optimizer_tensor_s = in.number(*v, "runtime.optimizer_tensor_s");
+  }
   if (const Json* table = in.optional(j, "shared_host_slowdown")) {
     const std::string path = "runtime.shared_host_slowdown";
     in.array(*table, path);
@@ -73,6 +76,7 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
 void validate_runtime(const std::string& source, const Runtime& r) {
   check_non_negative(source, "runtime.step_s", r.step_s);
   check_non_negative(source, "runtime.action_s", r.action_s);
+  check_non_negative(source, "runtime.optimizer_tensor_s", r.optimizer_tensor_s);
   const auto& table = r.shared_host_slowdown;
   for (size_t k = 0; k < table.size(); ++k) {
     const std::string p = json_index_path("runtime.shared_host_slowdown", k);
@@ -273,9 +277,10 @@ Json cluster_to_json(const Cluster& c) {
     if (c.inter_node_allreduce) j["inter_node"]["allreduce"] = link_to_json(*c.inter_node_allreduce);
   }
   const Runtime& r = c.runtime;
-  if (r.step_s > 0 || r.action_s > 0 || !r.shared_host_slowdown.empty()) {
+  if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 || !r.shared_host_slowdown.empty()) {
     j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
                     {"shared_host_slowdown", r.shared_host_slowdown}};
+    if (r.optimizer_tensor_s > 0) j["runtime"]["optimizer_tensor_s"] = r.optimizer_tensor_s;
   }
   if (!c.measured.is_null()) j["measured"] = c.measured;
   return j;

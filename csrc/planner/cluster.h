@@ -43,11 +43,15 @@ enum class CollectiveLibrary { kNccl, kGloo };
 //   step_s        once per training step per process (zero_grad, the step's bookkeeping)
 //   action_s      per pipeline schedule action: one forward or one backward of one micro-batch
 //                 on one stage (micro-batch slicing, p2p posting and waiting, autograd setup)
+//   optimizer_tensor_s  per parameter tensor per optimizer step: the optimizer's loop over its
+//                 tensors (torch.optim's for-loop implementation on CPU), beyond the
+//                 memory-bound update of the bytes (optimizer_cost.h)
 //   shared_host_slowdown[k]: compute time multiplier when k processes of the job compute on one
 //                 node at once (CPU ranks share cores, caches and memory bandwidth; GPUs: 1)
 struct Runtime {
   double step_s = 0;
   double action_s = 0;
+  double optimizer_tensor_s = 0;
   std::vector<std::pair<int64_t, double>> shared_host_slowdown;  // (processes, factor), k ascending
 
   // The multiplier for `processes` computing at once on a node: the table's entry for the

@@ -209,16 +209,34 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
 
 double Evaluator::optimizer_s(const Plan& plan) const {
   fill_param_bytes(plan);
-  const bool one_process = plan.mode == MpMode::kPlacement && serial_replica_devices();
-  int64_t fullest = 0;
-  for (int64_t bytes : param_bytes_) fullest = one_process ? fullest + bytes : std::max(fullest, bytes);
-  return optimizer_step_s(problem_.cluster, problem_.job.optimizer, static_cast<double>(fullest));
+  const Cluster& cluster = problem_.cluster;
+  const Optimizer optimizer = problem_.job.optimizer;
+  if (plan.mode == MpMode::kPlacement) {
+    // One process per replica loops over every tensor of its devices (the per-tensor cost adds
+    // up); the devices stream their bytes concurrently, unless one device runs them all.
+    int64_t bytes = 0, tensors = 0;
+    for (size_t d = 0; d < param_bytes_.size(); ++d) {
+      bytes = serial_replica_devices() ? bytes + param_bytes_[d] : std::max(bytes, param_bytes_[d]);
+      tensors += param_tensors_[d];
+    }
+    return optimizer_step_s(cluster, optimizer, static_cast<double>(bytes), static_cast<double>(tensors));
+  }
+  double slowest_s = 0;  // pipeline: a process per stage
+  for (size_t d = 0; d < param_bytes_.size(); ++d) {
+    slowest_s = std::max(slowest_s, optimizer_step_s(cluster, optimizer, static_cast<double>(param_bytes_[d]),
+                                                     static_cast<double>(param_tensors_[d])));
+  }
+  return slowest_s;
 }
 
 void Evaluator::fill_param_bytes(const Plan& plan) const {
   const Graph& graph = problem_.graph;
   param_bytes_.assign(plan.mp, 0);
-  for (size_t v = 0; v < graph.nodes.size(); ++v) param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
+  param_tensors_.assign(plan.mp, 0);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
+    param_tensors_[plan.assignment[v]] += std::max<int64_t>(0, graph.nodes[v].param_tensors);
+  }
   if (plan.mode != MpMode::kPipeline) return;
   for (const TiedParams& tied : graph.tied_params) {
     // Every stage holding one of the nodes, but the first node's (whose param_bytes count it).
@@ -229,6 +247,7 @@ void Evaluator::fill_param_bytes(const Plan& plan) const {
       if (stage_stamp_[s]) continue;
       stage_stamp_[s] = 1;
       param_bytes_[s] += tied.bytes;
+      if (graph.nodes[tied.nodes.front()].param_tensors >= 0) param_tensors_[s] += 1;  // the copy
     }
   }
 }

@@ -17,8 +17,9 @@
 //   tied copies     = in a pipeline, every stage holding a node of a tied parameter other than
 //                     the first holds a copy: its bytes join that stage's parameters (memory,
 //                     its DP group's all-reduce, its optimizer step)
-//   optimizer_s     = optimizer_cost.h for the device (placement "cpu": the process) holding
-//                     the most parameters
+//   optimizer_s     = optimizer_cost.h: pipeline, the slowest stage's; placement, the
+//                     replica's process: the per-tensor cost of all its devices' tensors, the
+//                     bytes of its fullest device (all of them when one device runs the replica)
 //   overhead_s      = Cluster runtime.step_s
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
 //   samples_per_s   = global_batch / step_s
@@ -117,6 +118,7 @@ class Evaluator {
   mutable std::vector<double> activation_bytes_;
   mutable std::vector<double> transient_bytes_;  // memory_cost.h: workspace + receive buffers
   mutable std::vector<int64_t> param_bytes_;
+  mutable std::vector<int64_t> param_tensors_;  // per device / stage, the same way (counted ones)
   mutable std::vector<char> stage_stamp_;
 };
 

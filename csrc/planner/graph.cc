@@ -142,6 +142,9 @@ void Graph::validate(const std::string& source) const {
     check_bytes(source, path + ".param_bytes", node.param_bytes);
     check_bytes(source, path + ".output_bytes", node.output_bytes);
     if (node.saved_bytes < -1) check_bytes(source, path + ".saved_bytes", node.saved_bytes);
+    if (node.param_tensors < -1) {
+      throw_input_error(source, path + ".param_tensors", "must be >= 0", std::to_string(node.param_tensors));
+    }
     if (!std::isfinite(node.flops) || node.flops < 0) {
       throw_input_error(source, path + ".flops", "must be finite and >= 0",
                         json_number_text(node.flops));
@@ -270,6 +273,10 @@ Graph graph_from_json(const Json& j, const std::string& source) {
       node.saved_bytes = in.integer(*b, path + ".saved_bytes");
       if (node.saved_bytes < 0) in.fail(path + ".saved_bytes", "must be >= 0", *b);
     }
+    if (const Json* t = in.optional(jn, "param_tensors")) {
+      node.param_tensors = in.integer(*t, path + ".param_tensors");
+      if (node.param_tensors < 0) in.fail(path + ".param_tensors", "must be >= 0", *t);
+    }
     if (const Json* bt = in.optional(jn, "batch_times")) {
       node.batch_times = batch_times_from_json(in, *bt, path + ".batch_times");
     }
@@ -333,6 +340,7 @@ Json graph_to_json(const Graph& g) {
                {"output_bytes", n.output_bytes}};
     if (n.flops > 0) jn["flops"] = n.flops;
     if (n.saved_bytes >= 0) jn["saved_bytes"] = n.saved_bytes;
+    if (n.param_tensors >= 0) jn["param_tensors"] = n.param_tensors;
     if (!n.batch_times.empty()) {
       Json points = Json::array();
       for (const BatchTime& p : n.batch_times) {

@@ -36,6 +36,9 @@ struct Node {
   // place of output_bytes. activation_bytes() reads either.
   int64_t saved_bytes = -1;
   double flops = 0;  // optional in JSON (forward FLOPs at the profiled batch)
+  // Optional (-1 = not counted): how many parameter tensors param_bytes is made of; the
+  // optimizer pays a fixed cost per tensor (optimizer_cost.h, Cluster runtime.optimizer_tensor_s).
+  int64_t param_tensors = -1;
 
   int64_t activation_bytes() const { return saved_bytes >= 0 ? saved_bytes : output_bytes; }
   // Optional: times at other batch sizes, batch_size strictly increasing, never the profiled one

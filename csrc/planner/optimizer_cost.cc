@@ -1,5 +1,7 @@
 #include "planner/optimizer_cost.h"
 
+#include <algorithm>
+
 namespace hybridplan {
 
 int64_t optimizer_bytes_touched_per_param_byte(Optimizer optimizer) {
@@ -11,10 +13,13 @@ int64_t optimizer_bytes_touched_per_param_byte(Optimizer optimizer) {
   return 3;
 }
 
-double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double param_bytes) {
+double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double param_bytes,
+                        double param_tensors) {
   const double bandwidth = cluster.device.memory_bandwidth_bytes_per_s;
-  if (bandwidth <= 0 || param_bytes <= 0) return 0.0;
-  return param_bytes * static_cast<double>(optimizer_bytes_touched_per_param_byte(optimizer)) / bandwidth;
+  const double per_tensor_s = std::max(0.0, param_tensors) * cluster.runtime.optimizer_tensor_s;
+  if (bandwidth <= 0 || param_bytes <= 0) return per_tensor_s;
+  return param_bytes * static_cast<double>(optimizer_bytes_touched_per_param_byte(optimizer)) / bandwidth +
+         per_tensor_s;
 }
 
 }  // namespace hybridplan

@@ -5,9 +5,15 @@
 //     sgd           read p, g; write p                       = 3
 //     sgd_momentum  read p, g, m; write m, p                 = 5
 //     adam          read p, g, m, v; write p, m, v           = 7
-// A device without memory_bandwidth_bytes_per_s in the cluster costs 0 here (the plan's
+// plus a fixed cost per parameter tensor (the optimizer's loop over its tensors: torch.optim's
+// for-loop implementation, the default on CPU, pays it per tensor and state):
+//   + param_tensors * Cluster runtime.optimizer_tensor_s   (measured by calibrate; 0 if not)
+// Graph nodes carry param_tensors when the profiler counted them (absent: 0 here). Measured on
+// 2 CPU ranks before this term: branchy_cnn's 72 tensors took 0.26-0.42 ms per SGD-momentum step
+// against 0.03 ms predicted from bandwidth alone.
+// A device without memory_bandwidth_bytes_per_s in the cluster costs 0 for the bytes (the plan's
 // `compute_model` says so); the devices of a step update concurrently, so a step pays the
-// largest device's update.
+// slowest device's update.
 #pragma once
 #include <cstdint>
 
@@ -18,7 +24,8 @@ namespace hybridplan {
 
 int64_t optimizer_bytes_touched_per_param_byte(Optimizer optimizer);
 
-// Seconds to update `param_bytes` of parameters on one device of `cluster`.
-double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double param_bytes);
+// Seconds to update `param_bytes` of parameters in `param_tensors` tensors on one device.
+double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double param_bytes,
+                        double param_tensors);
 
 }  // namespace hybridplan

@@ -77,6 +77,14 @@ int64_t param_bytes_of(torch::nn::Module& module) {
   return bytes;
 }
 
+// The tensors an optimizer updates (those that require grad): it pays a fixed cost per tensor
+// (planner/optimizer_cost.h; the Python profiler counts the same way).
+int64_t param_tensors_of(torch::nn::Module& module) {
+  int64_t count = 0;
+  for (const torch::Tensor& p : module.parameters()) count += p.requires_grad() ? 1 : 0;
+  return count;
+}
+
 void check_options(const ProfileOptions& options) {
   if (options.warmup < 0) {
     throw_input_error("profile", "options.warmup", "must be >= 0", std::to_string(options.warmup));
@@ -269,6 +277,7 @@ Graph profile_blocks(const std::vector<Block>& blocks, const std::vector<torch::
     node.forward_s = times.forward_s[i];
     node.backward_s = times.backward_s[i];
     node.param_bytes = param_bytes_of(*block.module);
+    node.param_tensors = param_tensors_of(*block.module);
     node.output_bytes = recorded.output_bytes[i];
     graph.nodes.push_back(std::move(node));
     if (i > 0) {

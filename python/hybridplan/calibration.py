@@ -11,8 +11,9 @@ What is measured (every fit by least squares, its points and residuals under "me
   intra_node.allreduce         all_reduce of flat float32 buckets (as DDP reduces its buckets),
                                as the link that makes the ring formula reproduce them
   runtime.step_s               a data-parallel step of a tiny model under hybridplan.apply, minus
-                               the tiny model's own compute and its all-reduce: the executor's
-                               fixed cost per step (zero_grad, DDP bookkeeping, optimizer loop)
+                               the tiny model's own compute, its all-reduce and its optimizer's
+                               per-tensor cost: the executor's fixed cost per step (zero_grad, DDP
+                               bookkeeping)
   runtime.action_s             the fixed cost per schedule action that makes the cost model's own
                                schedule reproduce measured pipeline steps (one-parameter least
                                squares on evaluate()'s slope). With --graph and --model: two-stage
@@ -35,6 +36,8 @@ What is measured (every fit by least squares, its points and residuals under "me
                                time the host takes away)
   device.memory_bandwidth      an SGD-momentum step over a 32 Mi-element parameter (5 bytes
                                touched per parameter byte, optimizer_cost.h) / its time
+  runtime.optimizer_tensor_s   the slope of SGD-momentum step times over 16, 64 and 256 small
+                               parameters (torch.optim's per-tensor loop; fit "optimizer_tensors")
   device.*, type, collectives  as the probe (python/hybridplan/probe.py); "cpu" and Gloo on CPU
 
 Each time is a median over repeats, the slowest rank's, taken with one intra-op thread per rank
@@ -390,6 +393,32 @@ def _memory_bandwidth(device, repeats: int = 7) -> dict:
             "param_bytes": nbytes}
 
 
+# The parameter counts of the per-tensor fit: small tensors (64 elements), so that the loop's
+# fixed cost per tensor, not the bytes, decides (branchy_cnn has 72 tensors, GPT-2 small 148).
+kOptimizerTensorCounts = (16, 64, 256)
+
+
+def _optimizer_tensor_times(device, warmup: int, repeats: int) -> List[Tuple[int, float]]:
+    """(tensors, median seconds of one SGD-momentum step over that many 64-element parameters),
+    the optimizer the executor's jobs use, with torch's default implementation for the device."""
+    out = []
+    for count in kOptimizerTensorCounts:
+        params = [nn.Parameter(torch.zeros(64, device=device)) for _ in range(count)]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        samples = []
+        for i in range(warmup + repeats):
+            _probe._sync(device)
+            start = time.perf_counter()
+            opt.step()
+            _probe._sync(device)
+            if i >= warmup:
+                samples.append(time.perf_counter() - start)
+        out.append((count, _median_slowest(samples, device)))
+    return out
+
+
 # ---- the whole calibration --------------------------------------------------------------------
 
 def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, batch: int = 32,
@@ -444,14 +473,24 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         intra = _probe._link(p2p, fits, "p2p")
         intra["allreduce"] = _probe.allreduce_link(allreduce, env.world_size, fits, "allreduce")
 
-    # The executor's fixed costs, from tiny-model runs under hybridplan.apply.
+    # The optimizer's cost per parameter tensor (unresolved, i.e. the step time did not grow
+    # with the count: not a cost here).
+    tensor_times = _optimizer_tensor_times(device, warmup, repeats)
+    tensor_fit = fit_line([n for n, _ in tensor_times], [t for _, t in tensor_times],
+                          relative=False)
+    fits["optimizer_tensors"] = tensor_fit.to_dict()
+    optimizer_tensor_s = tensor_fit.beta if tensor_fit.resolved else 0.0
+    # The executor's fixed costs, from tiny-model runs under hybridplan.apply, less what the
+    # model prices separately: the tiny model's compute, all-reduce and per-tensor updates.
     tiny_compute_s = _probe._max_over_ranks(_tiny_compute_s(warmup, repeats), device)
     dp_step_s = _step_times_s(_hand_plan("placement", env.world_size, 1), 2 * env.world_size,
                               device, warmup, repeats, timeout_s)
-    tiny_grad_bytes = sum(p.numel() * 4 for p in _Tiny().parameters())
+    tiny_params = list(_Tiny().parameters())
+    tiny_grad_bytes = sum(p.numel() * 4 for p in tiny_params)
     allreduce_fit = fits.get("allreduce", {"alpha": 0.0, "beta": 0.0})  # none on one device
     step_s = max(0.0, dp_step_s - tiny_compute_s - (allreduce_fit["alpha"] + allreduce_fit["beta"]
-                                                    * tiny_grad_bytes))
+                                                    * tiny_grad_bytes)
+                 - len(tiny_params) * optimizer_tensor_s)
     runs = []
     if env.world_size == 2:
         for m in kMicrobatchCounts:
@@ -494,6 +533,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         "intra_node": intra, "inter_node": dict(intra),
         "collectives": {"library": backend if backend in ("gloo", "nccl") else "nccl"},
         "runtime": {"step_s": step_s, "action_s": 0.0,
+                    "optimizer_tensor_s": optimizer_tensor_s,
                     "shared_host_slowdown": slowdown_table},
     }
     measured = {"fits": fits, "tiny_compute_s": tiny_compute_s, "dp_step_s": dp_step_s,

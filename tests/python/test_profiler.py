@@ -212,6 +212,12 @@ def test_node_selection_and_orphan_parameters():
     bytes_by_name = {n["name"]: n["param_bytes"] for n in graph["nodes"]}
     # pos (4 floats) goes to the first node that runs: attn (16 floats of its own)
     assert bytes_by_name == {"attn": (16 + 4) * 4, "fc": (16 + 4) * 4}
+    # ...and its tensor to the optimizer's count there: attn's weight plus pos; fc's weight and
+    # bias. A frozen parameter is no tensor the optimizer updates.
+    assert {n["name"]: n["param_tensors"] for n in graph["nodes"]} == {"attn": 2, "fc": 2}
+    model.fc.bias.requires_grad_(False)
+    graph = profile_dict(model, torch.randn(3, 4), warmup=0, repeats=1, verbose=False)
+    assert {n["name"]: n["param_tensors"] for n in graph["nodes"]} == {"attn": 2, "fc": 1}
     assert [n["op"] for n in graph["nodes"]] == ["attention", "linear"]
 
 

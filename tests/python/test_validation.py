@@ -96,6 +96,11 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     assert cluster["device"]["type"] == "cpu" and cluster["collectives"]["library"] == "gloo"
     runtime = cluster["runtime"]
     assert runtime["step_s"] >= 0 and runtime["action_s"] >= 0
+    # the optimizer's per-tensor cost: the fitted slope when the data resolve it, else 0 (never a
+    # failed run); its points are the three tensor counts
+    tensors = cluster["measured"]["fits"]["optimizer_tensors"]
+    assert [x for x, _ in tensors["points"]] == [16, 64, 256]
+    assert runtime["optimizer_tensor_s"] == (tensors["beta"] if tensors["resolved"] else 0.0)
     # the graph is the --model's profile at --batch: compute factors are relative to it
     assert runtime["shared_host_slowdown"][0][0] == 1 and runtime["shared_host_slowdown"][0][1] > 0
     shared = cluster["measured"]["shared_host"]

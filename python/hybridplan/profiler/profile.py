@@ -279,7 +279,7 @@ def _measure_other_batches(module, nodes, call, clock, warmup, repeats, verbose,
 def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev, first,
            batch_times=None):
     ids = {name: i for i, name in enumerate(flow.order)}
-    param_bytes = _param_bytes(module, nodes, flow)
+    param_bytes, param_tensors = _param_bytes(module, nodes, flow)
     floating = [p.dtype for p in module.parameters() if p.is_floating_point()]
     dtype = str(floating[0] if floating else first.dtype).replace("torch.", "")
     return {
@@ -287,7 +287,7 @@ def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops,
         "profiled": {"device": str(dev), "batch_size": int(first.shape[0]), "dtype": dtype},
         "nodes": [{"id": ids[n], "name": n, "op": _snake_case(type(nodes[n]).__name__),
                    "forward_s": forward_s[n], "backward_s": backward_s[n],
-                   "param_bytes": param_bytes[n],
+                   "param_bytes": param_bytes[n], "param_tensors": param_tensors[n],
                    "output_bytes": dataflow.tree_total(flow.output_tree[n]),
                    "saved_bytes": int(flow.saved_bytes.get(n, 0)),
                    "flops": flops.get(n, 0.0),
@@ -308,23 +308,28 @@ def _batch_times_of(name: str, batch_times) -> Dict[str, Any]:
                             for size, (f, bw) in sorted(batch_times.items())]}
 
 
-def _param_bytes(module, nodes, flow) -> Dict[str, int]:
-    """Bytes of each node's parameters. A parameter several nodes hold (tied weights such as
-    GPT-2's wte/lm_head) counts once, at its first node in execution order (_tied_params lists
-    it for the others); a parameter inside no node (block_list: held by the root) goes to the
-    first node that reads it, else to the first node."""
+def _param_bytes(module, nodes, flow) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Bytes of each node's parameters, and how many of them the optimizer updates (tensors that
+    require grad: the optimizer pays a fixed cost per tensor, docs/formats.md param_tensors). A
+    parameter several nodes hold (tied weights such as GPT-2's wte/lm_head) counts once, at its
+    first node in execution order (_tied_params lists it for the others); a parameter inside no
+    node (block_list: held by the root) goes to the first node that reads it, else to the first
+    node."""
     seen = set()
-    out = {}
+    nbytes: Dict[str, int] = {}
+    tensors: Dict[str, int] = {}
     for name in flow.order:
-        total = 0
+        nbytes[name] = tensors[name] = 0
         for p in nodes[name].parameters():
             if id(p) not in seen:
                 seen.add(id(p))
-                total += p.numel() * p.element_size()
-        out[name] = total
+                nbytes[name] += p.numel() * p.element_size()
+                tensors[name] += int(p.requires_grad)
     for name, p in dataflow.orphan_parameters(module, nodes).items():
-        out[flow.param_readers.get(name, flow.order[0])] += p.numel() * p.element_size()
-    return out
+        reader = flow.param_readers.get(name, flow.order[0])
+        nbytes[reader] += p.numel() * p.element_size()
+        tensors[reader] += int(p.requires_grad)
+    return nbytes, tensors
 
 
 def _tied_params(nodes, order, ids) -> List[Dict[str, Any]]:

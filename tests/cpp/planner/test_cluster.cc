@@ -43,7 +43,7 @@ TEST_CASE("cluster: device extras, collectives, calibrated all-reduce link and r
   j["device"]["call_floor_s"] = 2e-5;
   j["collectives"] = {{"library", "gloo"}};
   j["intra_node"]["allreduce"] = {{"bandwidth_bytes_per_s", 3e8}, {"latency_s", 1e-3}};
-  j["runtime"] = Json::parse(R"({"step_s": 0.002, "action_s": 0.0004,
+  j["runtime"] = Json::parse(R"({"step_s": 0.002, "action_s": 0.0004, "optimizer_tensor_s": 5e-6,
                                  "shared_host_slowdown": [[1, 1.0], [2, 1.3]]})");
   j["measured"] = {{"points", 3}};
   const Cluster c = cluster_from_json(j, "cluster.json");
@@ -56,6 +56,7 @@ TEST_CASE("cluster: device extras, collectives, calibrated all-reduce link and r
   REQUIRE(c.runtime.slowdown(1) == 1.0);
   REQUIRE(c.runtime.slowdown(4) == 1.3);
   REQUIRE(c.runtime.action_s == 0.0004);
+  REQUIRE(c.runtime.optimizer_tensor_s == 5e-6);
   REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(c), "again")) == cluster_to_json(c));
   REQUIRE(cluster_to_json(c)["measured"]["points"] == 3);
 
@@ -71,6 +72,9 @@ TEST_CASE("cluster: device extras, collectives, calibrated all-reduce link and r
   j["runtime"].erase("shared_host_slowdown");
   j["runtime"]["action_s"] = -1;
   REQUIRE(load_error(j) == "cluster.json: runtime.action_s must be finite and >= 0 (got -1)");
+  j["runtime"]["action_s"] = 0;
+  j["runtime"]["optimizer_tensor_s"] = -1e-6;
+  REQUIRE(load_error(j) == "cluster.json: runtime.optimizer_tensor_s must be finite and >= 0 (got -1e-06)");
   j.erase("runtime");
   j["device"]["type"] = "tpu";
   REQUIRE(load_error(j) == "cluster.json: device.type must be \"cuda\" or \"cpu\" (got \"tpu\")");

@@ -305,6 +305,39 @@ TEST_CASE("evaluate: optimizer step, fixed step overhead and shared-host slowdow
   REQUIRE(evaluate(problem, dp1).compute_slowdown == 1.0);  // one process: no sharing
 }
 
+TEST_CASE("evaluate: the optimizer pays a fixed cost per parameter tensor", "[evaluate]") {
+  Problem problem = diamond_problem();
+  problem.job = default_job();
+  problem.job.optimizer = Optimizer::kAdam;
+  problem.cluster.device.memory_bandwidth_bytes_per_s = 700;  // B/s: Adam's bytes cost 7 / 700
+  problem.cluster.runtime.optimizer_tensor_s = 0.5;
+  // a holds 2 tensors (100 B), c 3 (200 B); b and d none. A graph without counts pays only the
+  // bytes (the term is 0 for nodes whose tensors were not counted).
+  const Plan mp2 = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
+                                   {0, 0, 1, 0});
+  REQUIRE(evaluate(problem, mp2).optimizer_s == 2);  // 200 * 7 / 700, as before
+  problem.graph.nodes[0].param_tensors = 2;
+  problem.graph.nodes[1].param_tensors = 0;
+  problem.graph.nodes[2].param_tensors = 3;
+  problem.graph.nodes[3].param_tensors = 0;
+  // Placement: one process loops over both devices' 5 tensors; the fuller device's bytes.
+  REQUIRE(evaluate(problem, mp2).optimizer_s == 2 + 5 * 0.5);
+  // Pipeline: a process per stage; stage 0 = a, b (100 B, 2 tensors): 1 + 1 = 2 s; stage 1 =
+  // c, d (200 B, 3 tensors): 2 + 1.5 = 3.5 s, the slower decides.
+  const Plan pipe = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 2,
+                                    {0, 0, 1, 1}, 2, Schedule::kGpipe);
+  REQUIRE(evaluate(problem, pipe).optimizer_s == 3.5);
+  // The counts survive the JSON round trip; a negative count is refused with its path.
+  const Graph again = graph_from_json(graph_to_json(problem.graph), "diamond.json");
+  REQUIRE(again.nodes[2].param_tensors == 3);
+  REQUIRE(again.nodes[1].param_tensors == 0);
+  Json bad = graph_to_json(problem.graph);
+  bad["nodes"][2]["param_tensors"] = -2;
+  REQUIRE_THROWS_WITH(graph_from_json(bad, "diamond.json"),
+                      Catch::Contains("diamond.json") && Catch::Contains("nodes[2].param_tensors") &&
+                          Catch::Contains(">= 0"));
+}
+
 TEST_CASE("evaluate: a replica's CPU devices run one after another", "[evaluate]") {
   // On "cpu" devices one process drives the replica: placement mp=2 is the serial sum, with
   // no transfers, whatever the assignment (test_placement_schedule.cc: 8 + 13 on "cuda").

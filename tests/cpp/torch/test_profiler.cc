@@ -94,6 +94,9 @@ TEST_CASE("profile of a Sequential MLP: names, ops, edges and bytes are exact", 
   CHECK(g.nodes[0].param_bytes == 576);
   CHECK(g.nodes[1].param_bytes == 0);
   CHECK(g.nodes[2].param_bytes == 272);
+  CHECK(g.nodes[0].param_tensors == 2);  // weight and bias: the optimizer's per-tensor count
+  CHECK(g.nodes[1].param_tensors == 0);
+  CHECK(g.nodes[2].param_tensors == 2);
   // Outputs: 5 x 16 floats = 320 bytes (twice), then 5 x 4 floats = 80 bytes.
   CHECK(g.nodes[0].output_bytes == 320);
   CHECK(g.nodes[1].output_bytes == 320);
