@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -137,9 +138,18 @@ def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
     done = subprocess.run(cmd, env=child_env, capture_output=True, text=True,
                           timeout=timeout_s + 60 * steps)
     if done.returncode != 0 or not result_path.exists():
-        raise RuntimeError(f"validate: the {_kind(plan)} plan failed (exit {done.returncode}): "
-                           f"{done.stderr[-2000:]}")
+        raise RuntimeError(f"validate: the {_kind(plan)} plan failed (exit {done.returncode}"
+                           f"{'' if result_path.exists() else ', no measurements written'}); "
+                           f"what the ranks printed:\n{_rank_output(done.stdout + done.stderr)}")
     return json.loads(result_path.read_text())
+
+
+def _rank_output(text: str, limit: int = 4000) -> str:
+    """A torchrun's output without the launcher's log lines (glog style, "E1201 09:07:06.157000
+    ..."), which would otherwise fill the tail and hide why a rank died (e.g. "terminate called
+    ..."); the last `limit` characters."""
+    own = [line for line in text.splitlines() if not re.match(r"[IWE]\d{4} \d\d:\d\d:\d\d", line)]
+    return "\n".join(own)[-limit:]
 
 
 def _error(predicted: float, measured: float) -> Optional[float]:

@@ -60,6 +60,17 @@ def test_compare_and_summarize():
     assert "median |error| 15.0 %" in validation.markdown(result, "t")
 
 
+def test_a_failed_plan_shows_the_ranks_output_not_the_launchers_log():
+    # torchrun's own log lines fill the tail of a failed job's output; a rank's abort message
+    # (the line that says why) sits before them and must survive
+    launcher = "\n".join(f"E1201 09:07:06.{i:06d} 13072 site-packages/torch/distributed/elastic/"
+                         f"multiprocessing/api.py:1002] failed (exitcode: -6)" for i in range(200))
+    text = "terminate called without an active exception\n" + launcher + "\nRoot Cause: rank 1"
+    shown = validation._rank_output(text)
+    assert shown == "terminate called without an active exception\nRoot Cause: rank 1"
+    assert len(validation._rank_output("x" * 10_000)) == 4000
+
+
 def _launch(args, timeout):
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="lo")
