@@ -12,6 +12,7 @@ from torch.nn.parallel import distributed as torch_ddp
 from dist_harness import format_results, run_ranks
 from hybridplan import _C, profiler
 from hybridplan._bucket_policy import ddp_bucket_kwargs
+from hybridplan.executor import destroy_groups
 
 MIB = 1024 * 1024
 LAYERS = 30  # Linear(512, 512): 1 MiB weight + 2 KiB bias each, 31.5 MiB in all
@@ -52,8 +53,10 @@ def ddp_buckets_rank(out: str) -> None:
             ddp(torch.randn(2, 512)).sum().backward()
         rebuilt = ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"]
         sizes[label] = [int(s) for s in rebuilt.split(", ")]
+        del ddp  # then collect and destroy while Python is alive (destroy_groups says why)
     with open(out, "w") as f:
         json.dump(sizes, f)
+    destroy_groups()
 
 
 def test_ddp_builds_the_policys_buckets(tmp_path):
