@@ -214,9 +214,10 @@ double Evaluator::optimizer_s(const Plan& plan) const {
   if (plan.mode == MpMode::kPlacement) {
     // One process per replica loops over every tensor of its devices (the per-tensor cost adds
     // up); the devices stream their bytes concurrently, unless one device runs them all.
+    const bool serial = serial_replica_devices();
     int64_t bytes = 0, tensors = 0;
     for (size_t d = 0; d < param_bytes_.size(); ++d) {
-      bytes = serial_replica_devices() ? bytes + param_bytes_[d] : std::max(bytes, param_bytes_[d]);
+      bytes = serial ? bytes + param_bytes_[d] : std::max(bytes, param_bytes_[d]);
       tensors += param_tensors_[d];
     }
     return optimizer_step_s(cluster, optimizer, static_cast<double>(bytes), static_cast<double>(tensors));

@@ -379,15 +379,7 @@ def _memory_bandwidth(device, repeats: int = 7) -> dict:
     p = nn.Parameter(torch.zeros(32 << 20, device=device))
     p.grad = torch.ones_like(p)
     opt = torch.optim.SGD([p], lr=0.01, momentum=0.9)
-    opt.step()
-    samples = []
-    for _ in range(repeats):
-        _probe._sync(device)
-        start = time.perf_counter()
-        opt.step()
-        _probe._sync(device)
-        samples.append(time.perf_counter() - start)
-    seconds = statistics.median(samples)
+    seconds = statistics.median(_probe._timed_samples(opt.step, device, 1, repeats))
     nbytes = p.numel() * p.element_size()
     return {"bandwidth_bytes_per_s": 5 * nbytes / seconds, "step_s": seconds,
             "param_bytes": nbytes}
@@ -407,14 +399,7 @@ def _optimizer_tensor_times(device, warmup: int, repeats: int) -> List[Tuple[int
         for p in params:
             p.grad = torch.ones_like(p)
         opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-        samples = []
-        for i in range(warmup + repeats):
-            _probe._sync(device)
-            start = time.perf_counter()
-            opt.step()
-            _probe._sync(device)
-            if i >= warmup:
-                samples.append(time.perf_counter() - start)
+        samples = _probe._timed_samples(opt.step, device, warmup, repeats)
         out.append((count, _median_slowest(samples, device)))
     return out
 
@@ -448,14 +433,7 @@ def _copy_link(device, sizes: List[int], warmup: int, repeats: int, fits: Dict[s
     points = []
     for n in sizes:
         buf = torch.ones(max(1, n // 4), dtype=torch.float32, device=device)
-        samples = []
-        for i in range(warmup + repeats):
-            _probe._sync(device)
-            start = time.perf_counter()
-            buf.clone()
-            _probe._sync(device)
-            if i >= warmup:
-                samples.append(time.perf_counter() - start)
+        samples = _probe._timed_samples(buf.clone, device, warmup, repeats)
         points.append((n, statistics.median(samples)))
     return _probe._link(points, fits, "copy")
 

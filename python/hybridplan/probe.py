@@ -73,18 +73,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_allreduce(nbytes: int, device: torch.device, warmup: int, repeats: int) -> float:
-    """Median seconds of one all-reduce of `nbytes` (float32), the slowest rank's median."""
-    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+def _timed_samples(fn, device: torch.device, warmup: int, repeats: int,
+                   barrier: bool = False) -> List[float]:
+    """Seconds of each of `repeats` calls of fn() after `warmup` untimed ones, the device
+    synchronized around each call; `barrier`: every rank starts each call together."""
     samples = []
     for i in range(warmup + repeats):
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         _sync(device)
         start = time.perf_counter()
-        dist.all_reduce(buf)
+        fn()
         _sync(device)
         if i >= warmup:
             samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _time_allreduce(nbytes: int, device: torch.device, warmup: int, repeats: int) -> float:
+    """Median seconds of one all-reduce of `nbytes` (float32), the slowest rank's median."""
+    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    samples = _timed_samples(lambda: dist.all_reduce(buf), device, warmup, repeats, barrier=True)
     return _max_over_ranks(statistics.median(samples), device)
 
 
