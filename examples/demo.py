@@ -66,8 +66,8 @@ def main() -> int:
     run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--devices", DEVICES, "--top", 5, "--out", out / "plan.json"])
 
-    print(f"\n== 4. train {PLANS} plans across the ranking, {STEPS} steps each: predicted vs "
-          "measured",
+    print(f"\n== 4. train {PLANS} plans across the ranking, {STEPS} steps each, in 3 "
+          "interleaved launches (each plan's median launch): predicted vs measured",
           flush=True)
     run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--model", f"hybridplan.models:{MODEL}", "--devices", DEVICES, "--plans", PLANS,

@@ -156,6 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--plans", type=int, default=8, help="how many plans to run")
     val.add_argument("--steps", type=int, default=20)
     val.add_argument("--warmup", type=int, default=5)
+    val.add_argument("--rounds", type=int, default=3,
+                     help="launches per plan, interleaved; each plan's row is its median launch")
     val.add_argument("--timeout-s", type=float, default=120.0)
     val.add_argument("--out-dir", default="out/validate")
     val.add_argument("--baseline-cluster", metavar="CLUSTER",
@@ -282,14 +284,15 @@ def _calibrate(args) -> int:
 def _validate(args) -> int:
     from .validation import markdown, validate
 
-    if args.devices < 1 or args.plans < 1 or args.steps < 1 or args.warmup < 0:
-        raise ValueError(f"validate: need --devices, --plans, --steps >= 1 and --warmup >= 0 "
-                         f"(got {args.devices}, {args.plans}, {args.steps}, {args.warmup})")
+    if min(args.devices, args.plans, args.steps, args.rounds) < 1 or args.warmup < 0:
+        raise ValueError(f"validate: need --devices, --plans, --steps, --rounds >= 1 and "
+                         f"--warmup >= 0 (got {args.devices}, {args.plans}, {args.steps}, "
+                         f"{args.rounds}, {args.warmup})")
     _load_factory(args.model, "validate", "--model")  # fail here, not in every rank
     result = validate(args.graph, args.cluster, args.model, job=args.job, devices=args.devices,
                       plans=args.plans, steps=args.steps, warmup=args.warmup,
                       timeout_s=args.timeout_s, out_dir=args.out_dir,
-                      baseline_cluster=args.baseline_cluster)
+                      baseline_cluster=args.baseline_cluster, rounds=args.rounds)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     global_batch = plan["global_batch"]
     rank = dist.get_rank()
     samples: Dict[str, List[float]] = {t: [] for t in TERMS}
-    actions = []
+    actions, last_start = [], 0.0
 
     def replica_batch(step: int):
         """This replica's share of the step's global batch, copied out of it: what a data loader
@@ -141,9 +141,13 @@ def main(argv=None) -> int:
         if step == last:
             actions = [{"kind": k, "microbatch": i, "start_s": a - start, "end_s": b - start}
                        for k, i, a, b in hp.recorded_actions]
+            # The ranks share one host and so one monotonic clock: with this, their actions
+            # line up across ranks (a message's send on one, its use on the other).
+            last_start = start
     mine = {t: statistics.median(v) for t, v in samples.items()}
     mine["rank"] = rank
     mine["actions"] = actions
+    mine["last_step_start_s"] = last_start
     hp.record_actions(False)
     shard = replica_batch(args.warmup + args.steps)
     mine["memory_bytes"] = _peak_tensor_bytes(lambda: run_step(shard))

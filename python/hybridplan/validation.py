@@ -18,7 +18,14 @@ rank from the executor's own clock:
     overhead_s   the rest of the step
     memory       peak tensor bytes of one step per rank (torch.profiler's memory timeline)
 
-and written to <out-dir>/validate.json and validate.md (a table per term, the error of each
+Each plan runs in `rounds` launches, interleaved (every plan once, then every plan again, ...),
+and its row is the launch with the median step time (the lower one of an even count), whole:
+on a shared host one launch can run slower throughout (measured here: a 1F1B plan at 42 ms in one
+launch and 25-30 ms in others, when both ranks' threads were packed onto one core), and a
+median of launches, unlike a median of one launch's steps, is robust to that. Every launch's step
+time is kept in the row (`launch_step_s`).
+
+The results are written to <out-dir>/validate.json and validate.md (a table per term, the error of each
 plan's step, the median and worst), plus scatter.png (predicted vs measured step time) and,
 for the first pipeline plan, timeline.png (per-stage predicted schedule beside the measured
 forward/backward actions).
@@ -144,6 +151,18 @@ def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
     return json.loads(result_path.read_text())
 
 
+def median_launch(launches: Sequence[dict]) -> dict:
+    """The launch whose step time is the median of the launches' (the lower middle one of an even
+    count: a real launch, so that its terms, per-rank timelines and memory stay one run's), with
+    every launch's step time under launch_step_s."""
+    if not launches:
+        raise ValueError("median_launch: no launches")
+    ordered = sorted(launches, key=lambda m: m["step_s"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["launch_step_s"] = [m["step_s"] for m in launches]
+    return chosen
+
+
 def _rank_output(text: str, limit: int = 4000) -> str:
     """A torchrun's output without the launcher's log lines (glog style, "E1201 09:07:06.157000
     ..."), which would otherwise fill the tail and hide why a rank died (e.g. "terminate called
@@ -166,7 +185,8 @@ def compare(plan: dict, measured: dict) -> dict:
            "measured": {t: measured[t] for t in TERMS},
            "predicted_memory_bytes": predicted.get("memory_bytes", []),
            "measured_memory_bytes": measured.get("memory_bytes", []),
-           "measured_per_rank": measured.get("per_rank", [])}
+           "measured_per_rank": measured.get("per_rank", []),
+           "launch_step_s": measured.get("launch_step_s", [measured["step_s"]])}
     row["errors"] = {t: _error(row["predicted"][t], row["measured"][t]) for t in TERMS}
     mem_p, mem_m = max(row["predicted_memory_bytes"] or [0]), max(row["measured_memory_bytes"] or [0])
     row["memory_error"] = _error(mem_p, mem_m)
@@ -205,13 +225,14 @@ def _ms(x: float) -> str:
 def markdown(result: ValidationResult, title: str) -> str:
     base = result.baseline_cluster is not None
     lines = [f"# {title}", "",
-             "Times in ms (slowest rank, median of the timed steps); error = predicted / measured "
-             "- 1. The first row is the planner's choice.", "",
-             "| plan | batch | step pred | step meas | error | compute pred | compute meas | "
+             "Times in ms (slowest rank, median of the timed steps, of the plan's median launch; "
+             "every launch's step under launches); error = predicted / measured - 1. The first "
+             "row is the planner's choice.", "",
+             "| plan | batch | step pred | step meas | launches | error | compute pred | compute meas | "
              "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "
              "| overhead meas | peak mem pred | peak mem meas | mem error |"
              + (f" step pred ({result.baseline_cluster}) | its error |" if base else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
              + ("---|---|" if base else "")]
     for r in result.rows:
         p, m = r["predicted"], r["measured"]
@@ -219,7 +240,8 @@ def markdown(result: ValidationResult, title: str) -> str:
         mem_m = max(r["measured_memory_bytes"] or [0]) / 2**20
         lines.append(
             f"| {r['dp']}x{r['mp']} {r['kind']} | {r['per_replica_batch']} | {_ms(p['step_s'])} | "
-            f"{_ms(m['step_s'])} | {_pct(r['errors']['step_s'])} | {_ms(p['compute_s'])} | "
+            f"{_ms(m['step_s'])} | {' / '.join(_ms(t) for t in r.get('launch_step_s', []))} | "
+            f"{_pct(r['errors']['step_s'])} | {_ms(p['compute_s'])} | "
             f"{_ms(m['compute_s'])} | {_ms(p['allreduce_s'])} | {_ms(m['allreduce_s'])} | "
             f"{_ms(p['optimizer_s'])} | {_ms(m['optimizer_s'])} | {_ms(p['overhead_s'])} | "
             f"{_ms(m['overhead_s'])} | {mem_p:.1f} MiB | {mem_m:.1f} MiB | "
@@ -272,13 +294,19 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
     stages = len(predicted)
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * stages))
     colors = {"F": "tab:blue", "B": "tab:orange"}
+    ranks = measured["per_rank"]
+    # Each rank timed its step from its own barrier exit; the ranks share the host's monotonic
+    # clock, so shifting by each rank's start puts all of them on the earliest one's time axis.
+    starts = [r.get("last_step_start_s") for r in ranks]
+    first = min(starts) if starts and None not in starts else None
     for s in range(stages):
         for a in predicted[s]:
             ax.broken_barh([(a["start_s"] * 1e3, (a["end_s"] - a["start_s"]) * 1e3)],
                            (2 * s + 1.05, 0.8), color=colors[a["kind"]], alpha=0.9)
-        actions = measured["per_rank"][s].get("actions", []) if s < len(measured["per_rank"]) else []
+        actions = ranks[s].get("actions", []) if s < len(ranks) else []
+        shift_ms = 0.0 if first is None else (starts[s] - first) * 1e3
         for a in actions:
-            ax.broken_barh([(a["start_s"] * 1e3, (a["end_s"] - a["start_s"]) * 1e3)],
+            ax.broken_barh([(a["start_s"] * 1e3 + shift_ms, (a["end_s"] - a["start_s"]) * 1e3)],
                            (2 * s + 0.15, 0.8), color=colors[a["kind"]], alpha=0.5)
     ax.set_yticks([2 * s + 0.55 for s in range(stages)] + [2 * s + 1.45 for s in range(stages)])
     ax.set_yticklabels([f"stage {s} measured" for s in range(stages)] +
@@ -293,13 +321,14 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
 def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int = 8,
              steps: int = 20, warmup: int = 5, timeout_s: float = 120.0,
              out_dir: str = "out/validate", progress: bool = True,
-             baseline_cluster=None) -> ValidationResult:
+             baseline_cluster=None, rounds: int = 3) -> ValidationResult:
     """Runs `plans` plans of `model` (MODULE:FACTORY, whose module has example_inputs /
     example_target and, optionally, loss) on `devices` local ranks and compares each with its
     prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths.
     `baseline_cluster`: also predict each measured plan with this cluster (e.g. the
     uncalibrated preset), so the errors before and after calibration stand side by side on the
-    same measurements."""
+    same measurements. `rounds`: launches per plan, interleaved; each row is the median launch
+    (see the module docstring)."""
     from tqdm import tqdm
 
     from . import planner
@@ -311,20 +340,29 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     baseline = None if baseline_cluster is None else planner._as_cluster(baseline_cluster)
     ranked = planner.search(g, c, j, devices=devices, top_k=1000).plans
     chosen = select_plans([p.to_dict() for p in ranked], plans)
+    if rounds < 1:
+        raise ValueError(f"validate: rounds must be >= 1 (got {rounds})")
+    launches: List[List[dict]] = [[] for _ in chosen]
+    with tempfile.TemporaryDirectory(prefix="hybridplan-validate-") as tmp, \
+            tqdm(total=rounds * len(chosen), desc="validate", unit="run",
+                 disable=not progress) as bar:
+        for _ in range(rounds):
+            for i, plan in enumerate(chosen):
+                launches[i].append(run_plan(plan, model, steps, warmup, timeout_s, Path(tmp)))
+                bar.update()
     rows, drew_timeline = [], False
-    with tempfile.TemporaryDirectory(prefix="hybridplan-validate-") as tmp:
-        for plan in tqdm(chosen, desc="validate", unit="plan", disable=not progress):
-            measured = run_plan(plan, model, steps, warmup, timeout_s, Path(tmp))
-            rows.append(compare(plan, measured))
-            if baseline is not None:  # the plan as if made for the baseline cluster
-                as_baseline = dict(plan, cluster=dict(plan["cluster"], name=baseline.name))
-                add_baseline(rows[-1], planner.evaluate(g, baseline, as_baseline, j)["step_s"])
-            if not drew_timeline and plan["mode"] == "pipeline":
-                predicted = json.loads(planner._C.pipeline_timeline(
-                    g.to_json(), c.to_json(), None if j is None else j.to_json(),
-                    json.dumps(plan)))
-                timeline(plan, measured, predicted, out / "timeline.png")
-                drew_timeline = True
+    for plan, runs in zip(chosen, launches):
+        measured = median_launch(runs)
+        rows.append(compare(plan, measured))
+        if baseline is not None:  # the plan as if made for the baseline cluster
+            as_baseline = dict(plan, cluster=dict(plan["cluster"], name=baseline.name))
+            add_baseline(rows[-1], planner.evaluate(g, baseline, as_baseline, j)["step_s"])
+        if not drew_timeline and plan["mode"] == "pipeline":
+            predicted = json.loads(planner._C.pipeline_timeline(
+                g.to_json(), c.to_json(), None if j is None else j.to_json(),
+                json.dumps(plan)))
+            timeline(plan, measured, predicted, out / "timeline.png")
+            drew_timeline = True
     result = summarize(rows, str(out), None if baseline is None else baseline.name)
     (out / "validate.json").write_text(json.dumps(result.to_dict(), indent=2))
     (out / "validate.md").write_text(markdown(result, f"{g.name} on {c.name}: predicted vs "

@@ -60,6 +60,23 @@ def test_compare_and_summarize():
     assert "median |error| 15.0 %" in validation.markdown(result, "t")
 
 
+def test_the_median_launch_is_one_whole_launch():
+    launches = [{"step_s": 0.042, "compute_s": 0.040, "per_rank": ["slow"]},
+                {"step_s": 0.027, "compute_s": 0.026, "per_rank": ["mid"]},
+                {"step_s": 0.025, "compute_s": 0.024, "per_rank": ["fast"]}]
+    chosen = validation.median_launch(launches)
+    # the middle launch with its own terms and timelines, not a mix of launches
+    assert (chosen["step_s"], chosen["compute_s"], chosen["per_rank"]) == (0.027, 0.026, ["mid"])
+    assert chosen["launch_step_s"] == [0.042, 0.027, 0.025]  # in launch order
+    assert validation.median_launch(launches[:2])["step_s"] == 0.027  # even: the lower middle
+    assert validation.median_launch(launches[:1])["launch_step_s"] == [0.042]
+    with pytest.raises(ValueError):
+        validation.median_launch([])
+    row = validation.compare(dict(_plan(1, 2, m=4, step=0.02), predicted={"step_s": 0.02}),
+                             dict({t: 0.0 for t in validation.TERMS}, **chosen))
+    assert row["launch_step_s"] == [0.042, 0.027, 0.025]
+
+
 def test_a_failed_plan_shows_the_ranks_output_not_the_launchers_log():
     # torchrun's own log lines fill the tail of a failed job's output; a rank's abort message
     # (the line that says why) sits before them and must survive
@@ -147,7 +164,7 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
          str(calibrated), "--model", "hybridplan.models:branchy_cnn", "--devices", "2",
-         "--plans", "3", "--steps", "2", "--out-dir", str(out),
+         "--plans", "3", "--steps", "2", "--rounds", "2", "--out-dir", str(out),
          "--baseline-cluster", "localhost-cpu"],
         env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
         timeout=900)
@@ -157,6 +174,9 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
     assert len(rows) == 3
     for row in rows:
         assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
+        # two interleaved launches; the row is the lower one's (the lower middle of two)
+        assert len(row["launch_step_s"]) == 2
+        assert row["measured"]["step_s"] == min(row["launch_step_s"])
         assert row["measured"]["compute_s"] > 0
         assert max(row["measured_memory_bytes"]) > 0 and max(row["predicted_memory_bytes"]) > 0
         assert row["errors"]["step_s"] == pytest.approx(
@@ -175,3 +195,15 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         # every stage ran every micro-batch forward, stamped by the executor's own clock
         assert len(forwards) == pipe["mp"] * pipe["num_microbatches"]
         assert all(0 <= a["start_s"] <= a["end_s"] for a in actions)
+        # The ranks share the host's monotonic clock: on it, a stage's forward of a micro-batch
+        # starts only after the previous stage's forward of it ended (its input was sent then).
+        ranks = pipe["measured_per_rank"]
+
+        def forward_times(rank):
+            shift = rank["last_step_start_s"]
+            return {a["microbatch"]: (a["start_s"] + shift, a["end_s"] + shift)
+                    for a in rank["actions"] if a["kind"] == "F"}
+
+        for before, after in zip(ranks, ranks[1:]):
+            sent, used = forward_times(before), forward_times(after)
+            assert all(used[i][0] > sent[i][1] for i in sent), (sent, used)
