@@ -77,6 +77,33 @@ def test_the_median_launch_is_one_whole_launch():
     assert row["launch_step_s"] == [0.042, 0.027, 0.025]
 
 
+def test_a_failed_launch_runs_once_more_and_stays_on_record(monkeypatch, tmp_path):
+    calls = []
+
+    def flaky(plan, model, steps, warmup, timeout_s, work_dir):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("validate: the 1f1b M=4 b=8 plan failed (exit 1); SIGSEGV")
+        return dict({t: 0.01 for t in validation.TERMS})
+
+    monkeypatch.setattr(validation, "run_plan", flaky)
+    measured = validation.run_plan_once_more_on_failure({}, "m:f", 2, 1, 10.0, tmp_path)
+    assert len(calls) == 2 and measured["failed_launches"] == [
+        "validate: the 1f1b M=4 b=8 plan failed (exit 1); SIGSEGV"]
+    chosen = validation.median_launch([measured, dict(measured, failed_launches=[])])
+    row = validation.compare(dict(_plan(1, 2, m=4), predicted={"step_s": 0.01}), chosen)
+    assert len(row["failed_launches"]) == 1
+    text = validation.markdown(validation.summarize([row], "x"), "t")
+    assert "1 launch(es) failed and ran again" in text
+
+    def broken(*args):
+        raise RuntimeError("validate: the plan failed (exit 1)")
+
+    monkeypatch.setattr(validation, "run_plan", broken)
+    with pytest.raises(RuntimeError, match="plan failed"):  # twice: the plan fails validation
+        validation.run_plan_once_more_on_failure({}, "m:f", 2, 1, 10.0, tmp_path)
+
+
 def test_a_failed_plan_shows_the_ranks_output_not_the_launchers_log():
     # torchrun's own log lines fill the tail of a failed job's output; a rank's abort message
     # (the line that says why) sits before them and must survive
