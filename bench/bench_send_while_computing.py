@@ -1,8 +1,9 @@
 """How long a Gloo p2p message takes to arrive when its sender goes on computing (not a timed
 test). README "Calibrate and validate" explains why this matters: torch's ScheduleGPipe posts
 every send and computes on without waiting for it, Schedule1F1B waits on its sends (fused with
-the next receive); on a host whose cores are all busy, the sender's Gloo transport thread must
-wait for a core before the data leaves.
+the next receive). With the receive posted first, Gloo's isend writes the message on the
+caller's thread; what this VM then delays (1-2 ms) is the receiver's wake-up while the sender
+computes, when the sender was idle just before its send.
 
     python bench/bench_send_while_computing.py [--repeats 40] [--compute-ms 8]
 
