@@ -60,6 +60,17 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
   if (const Json* v = in.optional(j, "optimizer_tensor_s")) {
     r.optimizer_tensor_s = in.number(*v, "runtime.optimizer_tensor_s");
   }
+  if (const Json* by_schedule = in.optional(j, "schedule_action_s")) {
+    const std::string path = "runtime.schedule_action_s";
+    in.object(*by_schedule, path);
+    for (const auto& [name, value] : by_schedule->items()) {
+      if (name != "gpipe" && name != "1f1b") {
+        in.fail(path + "." + name, "is not a pipeline schedule (the keys are \"gpipe\" and \"1f1b\")",
+                value);
+      }
+      r.schedule_action_s.emplace_back(name, in.number(value, path + "." + name));
+    }
+  }
   if (const Json* table = in.optional(j, "shared_host_slowdown")) {
     const std::string path = "runtime.shared_host_slowdown";
     in.array(*table, path);
@@ -77,6 +88,9 @@ void validate_runtime(const std::string& source, const Runtime& r) {
   check_non_negative(source, "runtime.step_s", r.step_s);
   check_non_negative(source, "runtime.action_s", r.action_s);
   check_non_negative(source, "runtime.optimizer_tensor_s", r.optimizer_tensor_s);
+  for (const auto& [name, seconds] : r.schedule_action_s) {
+    check_non_negative(source, "runtime.schedule_action_s." + name, seconds);
+  }
   const auto& table = r.shared_host_slowdown;
   for (size_t k = 0; k < table.size(); ++k) {
     const std::string p = json_index_path("runtime.shared_host_slowdown", k);
@@ -95,6 +109,13 @@ void validate_runtime(const std::string& source, const Runtime& r) {
 
 const char* collective_library_name(CollectiveLibrary library) {
   return library == CollectiveLibrary::kGloo ? "gloo" : "nccl";
+}
+
+double Runtime::action_s_for(const std::string& schedule) const {
+  for (const auto& [name, seconds] : schedule_action_s) {
+    if (name == schedule) return seconds;
+  }
+  return action_s;
 }
 
 double Runtime::slowdown(int64_t processes) const {
@@ -277,10 +298,16 @@ Json cluster_to_json(const Cluster& c) {
     if (c.inter_node_allreduce) j["inter_node"]["allreduce"] = link_to_json(*c.inter_node_allreduce);
   }
   const Runtime& r = c.runtime;
-  if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 || !r.shared_host_slowdown.empty()) {
+  if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 ||
+      !r.shared_host_slowdown.empty() || !r.schedule_action_s.empty()) {
     j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
                     {"shared_host_slowdown", r.shared_host_slowdown}};
     if (r.optimizer_tensor_s > 0) j["runtime"]["optimizer_tensor_s"] = r.optimizer_tensor_s;
+    if (!r.schedule_action_s.empty()) {
+      Json by_schedule = Json::object();
+      for (const auto& [name, seconds] : r.schedule_action_s) by_schedule[name] = seconds;
+      j["runtime"]["schedule_action_s"] = std::move(by_schedule);
+    }
   }
   if (!c.measured.is_null()) j["measured"] = c.measured;
   return j;

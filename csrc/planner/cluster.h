@@ -43,6 +43,11 @@ enum class CollectiveLibrary { kNccl, kGloo };
 //   step_s        once per training step per process (zero_grad, the step's bookkeeping)
 //   action_s      per pipeline schedule action: one forward or one backward of one micro-batch
 //                 on one stage (micro-batch slicing, p2p posting and waiting, autograd setup)
+//   schedule_action_s  action_s measured per schedule ("gpipe", "1f1b"), where the runtime's
+//                 schedules pay differently for an action: torch's ScheduleGPipe posts every
+//                 send and receive on its own and leaves its sends in flight while it computes,
+//                 Schedule1F1B posts a send with the next receive and waits for both. A schedule
+//                 listed here uses its own value, any other action_s.
 //   optimizer_tensor_s  per parameter tensor per optimizer step: the optimizer's loop over its
 //                 tensors (torch.optim's for-loop implementation on CPU), beyond the
 //                 memory-bound update of the bytes (optimizer_cost.h)
@@ -52,7 +57,12 @@ struct Runtime {
   double step_s = 0;
   double action_s = 0;
   double optimizer_tensor_s = 0;
+  std::vector<std::pair<std::string, double>> schedule_action_s;  // (schedule name, seconds)
   std::vector<std::pair<int64_t, double>> shared_host_slowdown;  // (processes, factor), k ascending
+
+  // The cost per action of `schedule` ("gpipe", "1f1b"): its schedule_action_s entry, else
+  // action_s.
+  double action_s_for(const std::string& schedule) const;
 
   // The multiplier for `processes` computing at once on a node: the table's entry for the
   // largest k <= processes (1 below the table).

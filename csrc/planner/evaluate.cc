@@ -86,8 +86,9 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   const double microbatch = static_cast<double>(plan.per_replica_batch) /
                             static_cast<double>(plan.num_microbatches);
   const NodeTimes& micro_times = node_times(microbatch, slowdown);
+  const double action_s = problem_.cluster.runtime.action_s_for(schedule_name(plan.schedule));
   pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,
-                       batch_scale(graph, microbatch), problem_.cluster.runtime.action_s, stages_);
+                       batch_scale(graph, microbatch), action_s, stages_);
   p2p_s_.assign(stages_.boundary_bytes.size(), 0.0);
   for (size_t s = 0; s < p2p_s_.size(); ++s) {
     if (stages_.boundary_bytes[s] <= 0) continue;
@@ -98,7 +99,7 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
                                                 stages_.forward_s, stages_.backward_s, p2p_s_,
                                                 pipeline_);
   // Gradients become final during each stage's last backward, in reverse topological order.
-  stage_backward_s_.assign(num_stages, problem_.cluster.runtime.action_s);
+  stage_backward_s_.assign(num_stages, action_s);
   gradient_ready_s_.resize(graph.nodes.size());
   for (NodeIndex v : reverse_topo_) {
     const int32_t s = plan.assignment[v];

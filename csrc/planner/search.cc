@@ -197,7 +197,7 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
     const auto m = static_cast<double>(plan.num_microbatches);
     const double micro = static_cast<double>(plan.per_replica_batch) / m;
     compute_s = evaluator.node_times(micro, slowdown).total_s() * m / static_cast<double>(plan.mp) +
-                2 * m * cluster.runtime.action_s;
+                2 * m * cluster.runtime.action_s_for(schedule_name(plan.schedule));
   } else if (evaluator.serial_replica_devices()) {
     compute_s = evaluator.node_times(static_cast<double>(plan.per_replica_batch), slowdown).total_s();
   } else {

@@ -273,7 +273,9 @@ def _calibrate(args) -> int:
               f"{intra['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, all-reduce link "
               f"{intra['allreduce']['latency_s'] * 1e6:.0f} us + "
               f"{intra['allreduce']['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, step "
-              f"{rt['step_s'] * 1e3:.2f} ms, pipeline action {rt['action_s'] * 1e3:.2f} ms, "
+              f"{rt['step_s'] * 1e3:.2f} ms, pipeline action "
+              + (", ".join(f"{v * 1e3:.2f} ms ({k})" for k, v in rt["schedule_action_s"].items())
+                 if rt.get("schedule_action_s") else f"{rt['action_s'] * 1e3:.2f} ms") + ", "
               f"optimizer {rt['optimizer_tensor_s'] * 1e6:.1f} us per tensor, "
               "compute x" + ", x".join(f"{f:.2f} with {k} process{'es' if k > 1 else ''}"
                                        for k, f in rt["shared_host_slowdown"]),

@@ -14,16 +14,21 @@ What is measured (every fit by least squares, its points and residuals under "me
                                the tiny model's own compute, its all-reduce and its optimizer's
                                per-tensor cost: the executor's fixed cost per step (zero_grad, DDP
                                bookkeeping)
-  runtime.action_s             the fixed cost per schedule action that makes the cost model's own
-                               schedule reproduce measured pipeline steps (one-parameter least
-                               squares on evaluate()'s slope). With --graph and --model: two-stage
-                               1F1B pipelines of that model (kModelMicrobatchCounts micro-batches
-                               of the --batch) under hybridplan.apply, because on CPU ranks the
-                               cost of an action is mostly waiting for a message while the other
-                               rank computes (its Gloo threads compete with compute for the
-                               cores), which an idle tiny model does not show. Otherwise (and
-                               always reported as tiny_pipeline_actions): the tiny model, GPipe
-                               and 1F1B, 1..32 micro-batches.
+  runtime.schedule_action_s    the fixed cost per schedule action that makes the cost model's own
+  (and runtime.action_s)       schedule reproduce measured pipeline steps (one-parameter least
+                               squares on evaluate()'s slope), fitted for each schedule on its own
+                               runs: torch's ScheduleGPipe posts every send and receive on its own
+                               and leaves its sends in flight while it computes, Schedule1F1B
+                               posts a send with the next receive and waits for both, and on CPU
+                               ranks that difference is most of an action's cost (measured here:
+                               0.39-0.49 ms per GPipe action against 0.11-0.20 ms per 1F1B
+                               action). action_s is 1F1B's (the value for any other schedule).
+                               With --graph and --model: two-stage pipelines of that model
+                               (kModelMicrobatchCounts micro-batches of the --batch) under
+                               hybridplan.apply, because on CPU ranks the cost of an action is
+                               mostly waiting for a message while the other rank computes, which
+                               an idle tiny model does not show. Otherwise (and always reported as
+                               tiny_pipeline_actions): the tiny model, 1..32 micro-batches.
   runtime.shared_host_slowdown a workload's forward+backward (the --model, else the built-in
                                branchy_cnn) on each rank alone vs on every rank at once, in
                                interleaved rounds: how much slower ranks compute when they share
@@ -70,6 +75,7 @@ kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
 # The model's own pipeline runs (1F1B): counts `hybridplan validate`'s plan spread does not pick
 # by default (it takes each schedule's fewest and most), so validation predicts unseen runs.
 kModelMicrobatchCounts = (8, 16)
+kSchedules = ("gpipe", "1f1b")
 
 
 def _sizes_up_to(largest: int) -> List[int]:
@@ -241,6 +247,7 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     def predicted(run, action_s):
         c = json.loads(json.dumps(cluster))
         c["runtime"]["action_s"] = action_s
+        c["runtime"].pop("schedule_action_s", None)
         return evaluate(g, Cluster.from_dict(c, "calibration cluster"), run["plan"])["step_s"]
 
     for run in runs:
@@ -256,37 +263,43 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
             "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors)}
 
 
+def _fit_action_s_by_schedule(graph: dict, cluster: dict, runs: List[dict]) -> Dict[str, dict]:
+    """_fit_action_s over each schedule's own runs: {"gpipe": fit, "1f1b": fit} (the schedules
+    that ran)."""
+    return {schedule: _fit_action_s(graph, cluster, [r for r in runs if r["schedule"] == schedule])
+            for schedule in kSchedules if any(r["schedule"] == schedule for r in runs)}
+
+
 def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmup: int,
                          repeats: int, timeout_s: float, rounds: int = 2) -> List[dict]:
-    """The model's own 1x2 1F1B pipeline under hybridplan.apply at kModelMicrobatchCounts
-    micro-batches of `batch` (those dividing it), `rounds` times in turn (8, 16, 8, 16: on a
-    shared CPU one run can be slower throughout, from how the ranks' threads happen to be
-    scheduled): the median step (slowest rank) of each run."""
+    """The model's own 1x2 GPipe and 1F1B pipelines under hybridplan.apply at
+    kModelMicrobatchCounts micro-batches of `batch` (those dividing it), `rounds` times in turn
+    (GPipe 8, 16, 1F1B 8, 16, again: on a shared CPU one run can be slower throughout, from how
+    the ranks' threads happen to be scheduled): the median step (slowest rank) of each run."""
     from . import apply
     from .__main__ import _load_factory
 
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     cut = _middle_cut(graph)
     runs = []
-    for _ in range(rounds):
-        for m in counts:
-            torch.manual_seed(0)
-            module = _load_factory(model_spec)()
-            plan = _graph_pipeline_plan(graph, module, "1f1b", m, batch, cut)
-            inputs = module.example_inputs(batch)
-            target = module.example_target(batch)
-            hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
-                       optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
-            samples = []
-            for i in range(warmup + max(repeats, 20)):
-                dist.barrier()
-                start = time.perf_counter()
-                hp.step(*hp.shard(inputs, target))
-                if i >= warmup:
-                    samples.append(time.perf_counter() - start)
-            hp.close()
-            runs.append({"schedule": "1f1b", "num_microbatches": m, "per_replica_batch": batch,
-                         "step_s": _median_slowest(samples, device), "plan": plan})
+    for _, schedule, m in ((r, s, m) for r in range(rounds) for s in kSchedules for m in counts):
+        torch.manual_seed(0)
+        module = _load_factory(model_spec)()
+        plan = _graph_pipeline_plan(graph, module, schedule, m, batch, cut)
+        inputs = module.example_inputs(batch)
+        target = module.example_target(batch)
+        hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
+                   optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+        samples = []
+        for i in range(warmup + max(repeats, 20)):
+            dist.barrier()
+            start = time.perf_counter()
+            hp.step(*hp.shard(inputs, target))
+            if i >= warmup:
+                samples.append(time.perf_counter() - start)
+        hp.close()
+        runs.append({"schedule": schedule, "num_microbatches": m, "per_replica_batch": batch,
+                     "step_s": _median_slowest(samples, device), "plan": plan})
     return runs
 
 
@@ -472,7 +485,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     runs = []
     if env.world_size == 2:
         for m in kMicrobatchCounts:
-            for schedule in ("gpipe", "1f1b"):
+            for schedule in kSchedules:
                 if schedule == "1f1b" and m < 2:
                     continue  # Schedule1F1B needs a micro-batch per stage
                 plan = _hand_plan("pipeline", 1, 2, schedule, m, m)
@@ -521,11 +534,12 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         tiny = _tiny_graph()
         for run in runs:
             run["plan"] = _tiny_pipeline_plan(tiny, run)
-        action = _fit_action_s(tiny, cluster, runs)
+        action = _fit_action_s_by_schedule(tiny, cluster, runs)
         measured["tiny_pipeline_actions"] = action
         if model_runs:  # the model's own stages decide (see the module doc)
-            action = _fit_action_s(graph, cluster, model_runs)
-        cluster["runtime"]["action_s"] = action["action_s"]
+            action = _fit_action_s_by_schedule(graph, cluster, model_runs)
+        cluster["runtime"]["action_s"] = action["1f1b"]["action_s"]
+        cluster["runtime"]["schedule_action_s"] = {s: fit["action_s"] for s, fit in action.items()}
         measured["pipeline_actions"] = action
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cluster["sources"] = [

@@ -166,12 +166,15 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     # every fit reports residuals and whether the data resolved it, never a failed run
     assert all("resolved" in f for f in cluster["measured"]["fits"].values())
     assert os.listdir(calibrated.parent) == ["cluster.json"]  # atomic: no temporary left
-    # the per-action cost comes from the model's own pipeline (1F1B, 8 micro-batches of 1, two
-    # runs), the tiny model's fit beside it
+    # the per-action cost comes from the model's own pipelines (8 micro-batches of 1, two runs
+    # each), fitted per schedule; action_s is 1F1B's; the tiny model's fits beside them
     measured = cluster["measured"]
-    assert [r["num_microbatches"] for r in measured["pipeline_actions"]["runs"]] == [8, 8]
-    assert measured["pipeline_actions"]["action_s"] == runtime["action_s"]
-    assert len(measured["tiny_pipeline_actions"]["runs"]) >= 2
+    for schedule in ("gpipe", "1f1b"):
+        fit = measured["pipeline_actions"][schedule]
+        assert [(r["schedule"], r["num_microbatches"]) for r in fit["runs"]] == [(schedule, 8)] * 2
+        assert runtime["schedule_action_s"][schedule] == fit["action_s"] >= 0
+        assert len(measured["tiny_pipeline_actions"][schedule]["runs"]) >= 2
+    assert runtime["action_s"] == runtime["schedule_action_s"]["1f1b"]
 
 
 def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):

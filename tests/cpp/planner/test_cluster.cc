@@ -57,7 +57,25 @@ TEST_CASE("cluster: device extras, collectives, calibrated all-reduce link and r
   REQUIRE(c.runtime.slowdown(4) == 1.3);
   REQUIRE(c.runtime.action_s == 0.0004);
   REQUIRE(c.runtime.optimizer_tensor_s == 5e-6);
+  REQUIRE(c.runtime.action_s_for("gpipe") == 0.0004);  // no per-schedule entry: action_s
   REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(c), "again")) == cluster_to_json(c));
+  j["runtime"]["schedule_action_s"] = {{"gpipe", 0.0009}};
+  const Cluster by_schedule = cluster_from_json(j, "cluster.json");
+  REQUIRE(by_schedule.runtime.action_s_for("gpipe") == 0.0009);
+  REQUIRE(by_schedule.runtime.action_s_for("1f1b") == 0.0004);
+  REQUIRE(cluster_to_json(by_schedule)["runtime"]["schedule_action_s"] == Json{{"gpipe", 0.0009}});
+  REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(by_schedule), "again")) ==
+          cluster_to_json(by_schedule));
+  j["runtime"]["schedule_action_s"] = {{"interleaved", 0.001}};
+  REQUIRE(load_error(j) ==
+          "cluster.json: runtime.schedule_action_s.interleaved is not a pipeline schedule (the keys "
+          "are \"gpipe\" and \"1f1b\") (got 0.001)");
+  j["runtime"]["schedule_action_s"] = {{"1f1b", -0.001}};
+  REQUIRE(load_error(j) ==
+          "cluster.json: runtime.schedule_action_s.1f1b must be finite and >= 0 (got -0.001)");
+  j["runtime"]["schedule_action_s"] = Json::array();
+  REQUIRE(load_error(j) == "cluster.json: runtime.schedule_action_s must be a JSON object (got [])");
+  j["runtime"].erase("schedule_action_s");
   REQUIRE(cluster_to_json(c)["measured"]["points"] == 3);
 
   j["collectives"]["library"] = "mpi";

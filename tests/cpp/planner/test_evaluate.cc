@@ -141,6 +141,27 @@ TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
   }
 }
 
+TEST_CASE("evaluate: each schedule pays its own calibrated cost per action", "[evaluate]") {
+  // The hand-computed pipeline above (F=1, B=2 per stage, p2p 0.5 s, M=2) with a cost per action:
+  // every forward and backward takes that much longer, for the schedule whose value it is.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
+  problem.cluster = test::make_cluster(1, 2, 100, 0);
+  problem.cluster.runtime.action_s = 0.25;
+  problem.cluster.runtime.schedule_action_s = {{"gpipe", 0.5}};
+  const auto compute_s = [&](Schedule schedule) {
+    const Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
+                                      {0, 1}, 2, schedule);
+    return evaluate(problem, plan).compute_s;
+  };
+  // F = 1 + a, B = 2 + a, p2p 0.5. GPipe (a = 0.5): stage 0 F0 0-1.5, F1 1.5-3; stage 1 F0 2-3.5,
+  // F1 3.5-5, B0 5-7.5, B1 7.5-10; stage 0 B0 8-10.5, B1 10.5-13.
+  REQUIRE(compute_s(Schedule::kGpipe) == Approx(13));
+  // 1F1B (action_s, a = 0.25): stage 0 F0 0-1.25, F1 1.25-2.5; stage 1 F0 1.75-3, B0 3-5.25,
+  // F1 5.25-6.5, B1 6.5-8.75; stage 0 B0 5.75-8, B1 9.25-11.5.
+  REQUIRE(compute_s(Schedule::k1F1B) == Approx(11.5));
+}
+
 TEST_CASE("evaluate: every tensor crossing a stage boundary pays the link latency", "[evaluate]") {
   // a and b both feed c: two values (two messages) cross the 0|1 boundary, 50 bytes each.
   Problem problem;
