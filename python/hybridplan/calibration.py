@@ -21,7 +21,7 @@ What is measured (every fit by least squares, its points and residuals under "me
                                and leaves its sends in flight while it computes, Schedule1F1B
                                posts a send with the next receive and waits for both, and on CPU
                                ranks that difference is most of an action's cost (measured here:
-                               0.39-0.49 ms per GPipe action against 0.11-0.20 ms per 1F1B
+                               0.25-0.42 ms per GPipe action against 0.11-0.19 ms per 1F1B
                                action). action_s is 1F1B's (the value for any other schedule).
                                With --graph and --model: two-stage pipelines of that model
                                (kModelMicrobatchCounts micro-batches of the --batch) under
