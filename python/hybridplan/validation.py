@@ -154,8 +154,9 @@ def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
 def run_plan_once_more_on_failure(plan: dict, model: str, steps: int, warmup: int,
                                   timeout_s: float, work_dir: Path) -> dict:
     """run_plan, and once more if that launch fails: the measured step's peak memory comes from
-    torch.profiler's memory timeline, and in about one launch in 100-150 here a rank dies
-    inside the profiled step (SIGSEGV or SIGABRT just after "profiler_start"; torch.profiler
+    torch.profiler's memory timeline, and in about one launch in 200 here a rank dies
+    inside the profiled step (SIGSEGV after "profiler_start", `free(): invalid pointer` after
+    "profiler_stop"; torch.profiler
     has known races between its record queue and other threads' allocations, and Gloo's
     threads allocate). The failed launch's error (the ranks' own output) is kept under
     `failed_launches`, never dropped; a plan that fails twice fails validation."""
