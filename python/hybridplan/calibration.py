@@ -54,6 +54,7 @@ latency. Gloo on CPU, NCCL on CUDA; every collective times out after `timeout_s`
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -72,8 +73,9 @@ __all__ = ["calibrate"]
 kMinLargestBytes = 16 << 20
 kMaxLargestBytes = 256 << 20
 kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
-# The model's own pipeline runs (1F1B): counts `hybridplan validate`'s plan spread does not pick
-# by default (it takes each schedule's fewest and most), so validation predicts unseen runs.
+# The model's own pipeline runs (GPipe and 1F1B): counts `hybridplan validate`'s plan spread does
+# not pick by default (it takes each schedule's fewest and most), so validation predicts unseen
+# runs.
 kModelMicrobatchCounts = (8, 16)
 kSchedules = ("gpipe", "1f1b")
 
@@ -282,7 +284,7 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     cut = _middle_cut(graph)
     runs = []
-    for _, schedule, m in ((r, s, m) for r in range(rounds) for s in kSchedules for m in counts):
+    for _, schedule, m in itertools.product(range(rounds), kSchedules, counts):
         torch.manual_seed(0)
         module = _load_factory(model_spec)()
         plan = _graph_pipeline_plan(graph, module, schedule, m, batch, cut)

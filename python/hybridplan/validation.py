@@ -19,15 +19,15 @@ rank from the executor's own clock:
     memory       peak tensor bytes of one step per rank (torch.profiler's memory timeline)
 
 Each plan runs in `rounds` launches, interleaved (every plan once, then every plan again, ...),
-and its row is the launch with the median step time (the lower one of an even count), whole:
-on a shared host one launch can run slower throughout (measured here: a 1F1B plan at 42 ms in one
-launch and 25-30 ms in others, when both ranks' threads were packed onto one core), and a
-median of launches, unlike a median of one launch's steps, is robust to that. Every launch's step
-time is kept in the row (`launch_step_s`).
+and its row is the launch with the median step time (the lower one of an even count), whole: on
+a shared host one launch can run slower throughout (measured here: a 1F1B plan at 42 ms in one
+launch and 25-30 ms in others, as if both ranks shared one core), and a median of launches,
+unlike a median of one launch's steps, is robust to that. Every launch's step time is kept in
+the row (`launch_step_s`).
 
-The results are written to <out-dir>/validate.json and validate.md (a table per term, the error of each
-plan's step, the median and worst), plus scatter.png (predicted vs measured step time) and,
-for the first pipeline plan, timeline.png (per-stage predicted schedule beside the measured
+The results are written to <out-dir>/validate.json and validate.md (a table per term, the error
+of each plan's step, the median and worst), plus scatter.png (predicted vs measured step time)
+and, for the first pipeline plan, timeline.png (per-stage predicted schedule beside the measured
 forward/backward actions).
 """
 
@@ -154,12 +154,12 @@ def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
 def run_plan_once_more_on_failure(plan: dict, model: str, steps: int, warmup: int,
                                   timeout_s: float, work_dir: Path) -> dict:
     """run_plan, and once more if that launch fails: the measured step's peak memory comes from
-    torch.profiler's memory timeline, and in about one launch in 200 here a rank dies
-    inside the profiled step (SIGSEGV after "profiler_start", `free(): invalid pointer` after
-    "profiler_stop"; torch.profiler
-    has known races between its record queue and other threads' allocations, and Gloo's
-    threads allocate). The failed launch's error (the ranks' own output) is kept under
-    `failed_launches`, never dropped; a plan that fails twice fails validation."""
+    torch.profiler's memory timeline, and in about one launch in 200 here a rank dies inside
+    the profiled step (SIGSEGV after "profiler_start", `free(): invalid pointer` after
+    "profiler_stop"; torch.profiler has known races between its record queue and other
+    threads' allocations, and Gloo's threads allocate). The failed launch's error (the ranks'
+    own output) is kept under `failed_launches`, never dropped; a plan that fails twice fails
+    validation."""
     try:
         return run_plan(plan, model, steps, warmup, timeout_s, work_dir)
     except RuntimeError as first:
@@ -247,7 +247,8 @@ def markdown(result: ValidationResult, title: str) -> str:
              "Times in ms (slowest rank, median of the timed steps, of the plan's median launch; "
              "every launch's step under launches); error = predicted / measured - 1. The first "
              "row is the planner's choice.", "",
-             "| plan | batch | step pred | step meas | launches | error | compute pred | compute meas | "
+             "| plan | batch | step pred | step meas | launches | error | compute pred | "
+             "compute meas | "
              "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "
              "| overhead meas | peak mem pred | peak mem meas | mem error |"
              + (f" step pred ({result.baseline_cluster}) | its error |" if base else ""),
