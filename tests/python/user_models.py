@@ -10,6 +10,15 @@ one-process and distributed training draw no random numbers and can be compared 
     bert               Hugging Face BertForSequenceClassification, three keyword inputs
     vit                a ViT-like model whose root holds the class token and position embedding
     bn_cnn             a CNN with BatchNorm2d
+    llama              Hugging Face LlamaForCausalLM: rotary position embedding computed once
+                       (under no_grad) and read by every layer, grouped-query attention
+    mistral            Hugging Face MistralForCausalLM with a sliding attention window
+    mixtral            Hugging Face MixtralForCausalLM: a mixture of 4 experts, top-2 routing
+    albert             Hugging Face AlbertForSequenceClassification: one layer applied 3 times
+                       (weights shared across depth)
+    shared_seq2seq     an encoder-decoder whose encoder and decoder share one embedding
+                       module, an attribute of the root and of both halves
+    lstm_lm            an nn.LSTM language model (embedding, 2-layer LSTM, vocabulary head)
 """
 
 from typing import Any, Callable, Dict, Tuple
@@ -140,8 +149,127 @@ def bn_cnn():
     return model, batch, F.cross_entropy
 
 
-FACTORIES: Dict[str, Factory] = {"transformer_stack": transformer_stack, "gpt2": gpt2,
-                                 "bert": bert, "vit": vit, "bn_cnn": bn_cnn}
+def _causal_lm_batch(n, seed):
+    g = _generator(seed)
+    ids = torch.randint(0, VOCAB, (n, SEQ + 1), generator=g)
+    return {"input_ids": ids[:, :-1]}, ids[:, 1:]
+
+
+def _next_token_loss(output, target):
+    logits = output.logits if hasattr(output, "logits") else output
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def _decoder_config(config_class, **extra):
+    return config_class(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=32,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                        max_position_embeddings=SEQ * 2, use_cache=False, attention_dropout=0.0,
+                        pad_token_id=0, bos_token_id=0, eos_token_id=0, **extra)
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(_decoder_config(LlamaConfig)), _causal_lm_batch, _next_token_loss
+
+
+def mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(_decoder_config(MistralConfig, sliding_window=4))
+    return model, _causal_lm_batch, _next_token_loss
+
+
+def mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(_decoder_config(MixtralConfig, num_local_experts=4,
+                                               num_experts_per_tok=2, router_jitter_noise=0.0))
+    return model, _causal_lm_batch, _next_token_loss
+
+
+def albert():
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = AlbertConfig(vocab_size=VOCAB, embedding_size=8, hidden_size=D_MODEL,
+                          num_hidden_layers=3, num_attention_heads=2, intermediate_size=32,
+                          max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
+                          num_labels=CLASSES, pad_token_id=0)
+    model = AlbertForSequenceClassification(config)
+
+    def batch(n, seed):
+        g = _generator(seed)
+        return ({"input_ids": torch.randint(1, VOCAB, (n, SEQ), generator=g)},
+                torch.randint(0, CLASSES, (n,), generator=g))
+
+    def loss(output, target):
+        return F.cross_entropy(output.logits, target)
+    return model, batch, loss
+
+
+class _Half(nn.Module):
+    def __init__(self, embed: nn.Embedding, decoder: bool):
+        super().__init__()
+        self.embed = embed  # the root's module, under a second (and third) name
+        layer = nn.TransformerDecoderLayer if decoder else nn.TransformerEncoderLayer
+        self.layer = layer(D_MODEL, 2, 32, dropout=0.0, batch_first=True)
+
+
+class SharedSeq2Seq(nn.Module):
+    """Encoder and decoder that share the root's embedding module (as T5 and BART did):
+    `shared`, `encoder.embed` and `decoder.embed` are one module."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Embedding(VOCAB, D_MODEL)
+        self.encoder, self.decoder = _Half(self.shared, False), _Half(self.shared, True)
+        self.head = nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, src, tgt):
+        memory = self.encoder.layer(self.encoder.embed(src))
+        return self.head(self.decoder.layer(self.decoder.embed(tgt), memory))
+
+
+def shared_seq2seq():
+    torch.manual_seed(0)
+
+    def batch(n, seed):
+        g = _generator(seed)
+        src = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+        tgt = torch.randint(0, VOCAB, (n, SEQ + 1), generator=g)
+        return (src, tgt[:, :-1]), tgt[:, 1:]
+    return SharedSeq2Seq(), batch, _next_token_loss
+
+
+class LstmLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        self.lstm = nn.LSTM(D_MODEL, D_MODEL, num_layers=2, batch_first=True)
+        self.head = nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, ids):
+        return self.head(self.lstm(self.embed(ids))[0])
+
+
+def lstm_lm():
+    torch.manual_seed(0)
+
+    def batch(n, seed):
+        inputs, target = _causal_lm_batch(n, seed)
+        return (inputs["input_ids"],), target
+    return LstmLM(), batch, _next_token_loss
+
+
+FACTORIES: Dict[str, Factory] = {
+    "transformer_stack": transformer_stack, "gpt2": gpt2, "bert": bert, "vit": vit,
+    "bn_cnn": bn_cnn, "llama": llama, "mistral": mistral, "mixtral": mixtral, "albert": albert,
+    "shared_seq2seq": shared_seq2seq, "lstm_lm": lstm_lm}
 
 
 def call(model: nn.Module, inputs: Any):

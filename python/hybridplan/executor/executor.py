@@ -155,11 +155,12 @@ def _device(spec: PlanSpec, global_device: int) -> torch.device:
 
 
 def _check_module(spec: PlanSpec, module: nn.Module) -> None:
-    """Assignment names must be graph nodes of `module` (profiler.block_list), and every node
-    that holds parameters or buffers must be assigned (parameter-free nodes may be left out:
-    they run where their inputs are, like functional ops)."""
+    """Assignment names must be graph nodes of `module` (profiler.block_list: a node module, or
+    "name@k" for its call k), and every node module that holds parameters or buffers must be
+    assigned (parameter-free nodes may be left out: they run where their inputs are, like
+    functional ops)."""
     nodes = block_list.select_nodes(module)
-    unknown = sorted(set(spec.assignment) - set(nodes))
+    unknown = sorted(n for n in spec.assignment if block_list.module_name(n) not in nodes)
     if unknown:
         raise ValueError(f"{spec.source}: assignment names must be graph nodes of "
                          f"{type(module).__name__} (got {len(unknown)} unknown: "

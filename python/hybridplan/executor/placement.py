@@ -1,7 +1,9 @@
 """Placement mode: one process per replica; each assigned graph node (profiler.block_list) lives
 on the replica device the plan gives it, and its inputs follow it there (a forward pre-hook
 moves tensor arguments), so branches on different devices run where the planner put them.
-Parameters the root holds itself (belonging to no node) stay on the replica's device 0. The
+Parameters the root holds itself (belonging to no node) stay on the replica's device 0. A
+module called more than once (graph nodes "name", "name@1", ...) holds one set of parameters,
+so every call runs on the device of its first call. The
 replica is then wrapped in DistributedDataParallel over all replicas (world = dp), on a
 process group of its own that AppliedPlan.close() destroys."""
 
@@ -14,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .._bucket_policy import ddp_bucket_kwargs
+from ..profiler.block_list import split_call_name
 
 
 def _move(value: Any, device: torch.device) -> Any:
@@ -39,6 +42,9 @@ def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.dev
     module.to(devices[0])
     handles = []
     for name, k in assignment.items():
+        name, call = split_call_name(name)
+        if call:
+            continue  # a later call of a module runs where its parameters are (the module doc)
         node = module.get_submodule(name)
         node.to(devices[k])
         if len(set(devices)) > 1:  # on one device (e.g. CPU) there is nothing to move

@@ -15,9 +15,18 @@ known (see dataflow.reused_stateless): a parameter-free node called more than on
 Parameters held directly by the root (a ViT's class token and position embedding) belong to no
 node: the profiler charges their bytes to the first node in execution order that reads them,
 the executor keeps them where the ops that read them run.
+
+A module reachable under several names (an embedding that is an attribute of the root and of
+both halves of an encoder-decoder) is one node, named by its first name in `named_modules`
+order (its canonical name; `module_aliases` maps the others to it). A node module called
+more than once in one forward (ALBERT's one layer applied at every depth, a shared embedding
+called by the encoder and by the decoder) is one graph node per call: the first call is named
+by the module's name, the k-th after it by `call_name(name, k)` = "name@k" (torch.export's
+spelling of a module's repeated calls). Every call reads the module's parameters, so its
+graph nodes share them as tied weights do (Graph `tied_params`).
 """
 
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 from torch import nn
 
@@ -47,14 +56,78 @@ def select_nodes(module: nn.Module) -> Dict[str, nn.Module]:
     return nodes
 
 
-def node_of(qualified_name: str, node_names: Iterable[str]) -> Optional[str]:
+def module_aliases(module: nn.Module) -> Dict[str, str]:
+    """Qualified name -> canonical name, for every module reached under a name other than its
+    first ("encoder.embed" -> "shared" when both name one module); {} for most models."""
+    first: Dict[int, str] = {}
+    aliases: Dict[str, str] = {}
+    for name, mod in module.named_modules(remove_duplicate=False):
+        canonical = first.setdefault(id(mod), name)
+        if canonical != name:
+            aliases[name] = canonical
+    return aliases
+
+
+def canonical_name(qualified_name: str, aliases: Dict[str, str]) -> str:
+    """`qualified_name` with its longest prefix that is an alias replaced by the canonical name
+    ("decoder.embed.weight" -> "shared.weight")."""
+    if not aliases:
+        return qualified_name
+    parts = qualified_name.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in aliases:
+            return ".".join([aliases[prefix]] + parts[end:])
+    return qualified_name
+
+
+def node_of(qualified_name: str, node_names: Iterable[str],
+            aliases: Optional[Dict[str, str]] = None) -> Optional[str]:
     """The node that contains the module or tensor at `qualified_name` ("enc0.self_attn.out_proj"
     -> "enc0.self_attn"), or None where it belongs to no node (the root's own parameters, or a
-    module that is not inside any node)."""
+    module that is not inside any node). A name under an alias is read as its canonical name."""
     names = set(node_names)
-    parts = qualified_name.split(".")
+    parts = canonical_name(qualified_name, aliases or {}).split(".")
     for end in range(len(parts), 0, -1):
         prefix = ".".join(parts[:end])
         if prefix in names:
             return prefix
     return None
+
+
+def call_name(name: str, call: int) -> str:
+    """The graph node of call `call` (0 = the first) of node module `name` in one forward."""
+    return name if call == 0 else f"{name}@{call}"
+
+
+def split_call_name(node: str) -> Tuple[str, int]:
+    """("name", k) for the graph node "name@k", ("name", 0) for "name"."""
+    name, at, call = node.rpartition("@")
+    if at and call.isdigit() and name:
+        return name, int(call)
+    return node, 0
+
+
+def module_name(node: str) -> str:
+    """The node module that graph node `node` is a call of."""
+    return split_call_name(node)[0]
+
+
+class CallCounter:
+    """Names the calls of node modules during one forward (see the module doc): `current(name)`
+    is the graph node of the call now running or about to run, `finish(name)` returns it and
+    moves on to the next call. `reset()` before each forward."""
+
+    def __init__(self) -> None:
+        self.calls: Dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.calls.clear()
+
+    def current(self, name: str) -> str:
+        return call_name(name, self.calls.get(name, 0))
+
+    def finish(self, name: str) -> str:
+        node = self.current(name)
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return node

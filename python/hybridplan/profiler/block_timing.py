@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from . import block_list
 from .dataflow import tensors_in
 
 
@@ -130,13 +131,14 @@ def run_step(module: nn.Module, inputs: Sequence[Any],
 
 class StepTimer:
     """Hooks on the node modules that time steps; `step()` runs one and returns
-    (forward_s, backward_s) per node name."""
+    (forward_s, backward_s) per graph node (one per call of a node module, block_list)."""
 
     def __init__(self, module: nn.Module, nodes: Dict[str, nn.Module], clock: str):
         self.module = module
         self.clock = _Clock(clock)
         self._handles = []
-        self._grad_hooks = {name: self._grads_ready(name) for name in nodes}
+        self._calls = block_list.CallCounter()
+        self._grad_hooks: Dict[str, Callable] = {}  # graph node -> its autograd pre-hook
         for name, mod in nodes.items():
             # Only a forward hook: the interval from the previous node's end to this node's end
             # is this node's, gap (its input's functional ops) included. A pre-hook would only
@@ -150,18 +152,23 @@ class StepTimer:
         self.backward_marks: List[Tuple[Any, str]] = []
         self.last_forward: Optional[str] = None
         self.backward_owner: Optional[str] = None
+        self._calls.reset()
 
     def _forward_end(self, name: str) -> Callable:
         def hook(mod, args, output):
-            self.forward_marks.append((self.clock.mark(), name))
-            self.last_forward = name
+            mark = self.clock.mark()
+            node = self._calls.finish(name)
+            self.forward_marks.append((mark, node))
+            self.last_forward = node
+            if node not in self._grad_hooks:
+                self._grad_hooks[node] = self._grads_ready(node)
             hooked = set()
             for t in tensors_in(output):
                 fn = t.grad_fn
                 if fn is not None and fn not in hooked:
                     # a pre-hook on the autograd node that computes this output: it runs when
                     # the output's gradient is complete (cheaper than Tensor.register_hook)
-                    fn.register_prehook(self._grad_hooks[name])
+                    fn.register_prehook(self._grad_hooks[node])
                     hooked.add(fn)
             # registering costs tens of microseconds per node: the profiler's own time, charged
             # to no node (None) so that it does not inflate the next node's forward
@@ -218,19 +225,21 @@ def count_flops(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence
     marks: List[Tuple[float, str]] = []
     last: List[str] = []
     rnn_input_shapes: Dict[str, torch.Size] = {}
+    calls = block_list.CallCounter()
 
-    def mark(name):
+    def mark(name, ends):
         def hook(mod, args, *output):
-            marks.append((counter.get_total_flops(), name))
-            last[:] = [name]
+            node = calls.finish(name) if ends else calls.current(name)
+            marks.append((counter.get_total_flops(), node))
+            last[:] = [node]
             if isinstance(mod, nn.RNNBase) and args and isinstance(args[0], torch.Tensor):
-                rnn_input_shapes.setdefault(name, args[0].shape)
+                rnn_input_shapes.setdefault(node, args[0].shape)
         return hook
 
     handles = []
     for name, mod in nodes.items():
-        handles.append(mod.register_forward_pre_hook(mark(name)))
-        handles.append(mod.register_forward_hook(mark(name)))
+        handles.append(mod.register_forward_pre_hook(mark(name, False)))
+        handles.append(mod.register_forward_hook(mark(name, True)))
     rnns = [mod for mod in nodes.values() if isinstance(mod, nn.RNNBase)]
     try:
         for mod in rnns:
@@ -248,8 +257,9 @@ def count_flops(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence
         if name:
             flops[name] = flops.get(name, 0.0) + float(total - previous)
         previous = total
-    for name, shape in rnn_input_shapes.items():
-        flops[name] = flops.get(name, 0.0) + rnn_flops(nodes[name], shape)
+    for node, shape in rnn_input_shapes.items():
+        flops[node] = flops.get(node, 0.0) + rnn_flops(nodes[block_list.module_name(node)],
+                                                       shape)
     return flops
 
 

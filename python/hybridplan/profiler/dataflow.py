@@ -19,6 +19,8 @@ import torch
 import torch.fx
 from torch import nn
 
+from . import block_list
+
 EdgeKey = Tuple[str, str]  # (producer node name, consumer node name)
 
 
@@ -78,9 +80,10 @@ def shapes_of(value: Any) -> List[List[int]]:
 @dataclass
 class Dataflow:
     """What one hooked forward pass saw."""
-    order: List[str] = field(default_factory=list)           # node names, first-call order
-    calls: Dict[str, int] = field(default_factory=dict)      # node name -> times called
-    output_tree: Dict[str, Any] = field(default_factory=dict)  # first call's output nbytes_tree
+    # graph nodes in execution order: one per call of a node module (block_list.call_name)
+    order: List[str] = field(default_factory=list)
+    calls: Dict[str, int] = field(default_factory=dict)      # node module name -> times called
+    output_tree: Dict[str, Any] = field(default_factory=dict)  # graph node -> output nbytes_tree
     edges: Dict[EdgeKey, int] = field(default_factory=dict)  # hook-derived edges -> bytes
     # orphan parameter name -> the first node whose inputs were computed from it
     param_readers: Dict[str, str] = field(default_factory=dict)
@@ -204,29 +207,31 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
     orphans = orphan_parameters(module, nodes)
     for name, p in orphans.items():
         producers.add_parameter(name, p)
-    running: List[Tuple[str, Any]] = []  # (node, input shapes) of nodes entered, not left
+    running: List[Tuple[str, Any]] = []  # (graph node, input shapes) of calls entered, not left
+    counter = block_list.CallCounter()
 
     def pre_hook(name):
         def hook(mod, args, kwargs):
+            node = counter.current(name)
             consumed: Dict[Tuple[str, Any], int] = {}
             for t in tensors_in((args, kwargs)):
                 consumed.update(producers.producers_of(t))
             for (src, _), nbytes in consumed.items():
                 if src in orphans:
-                    flow.param_readers.setdefault(src, name)
-                elif src != name:
-                    flow.edges[(src, name)] = flow.edges.get((src, name), 0) + nbytes
-            running.append((name, shapes_of((args, kwargs))))
+                    flow.param_readers.setdefault(src, node)
+                elif src != node:
+                    flow.edges[(src, node)] = flow.edges.get((src, node), 0) + nbytes
+            running.append((node, shapes_of((args, kwargs))))
         return hook
 
     def post_hook(name):
         def hook(mod, args, kwargs, output):
             running.pop()
+            node = counter.finish(name)
             flow.calls[name] = flow.calls.get(name, 0) + 1
-            if name not in flow.output_tree:
-                flow.order.append(name)
-                flow.output_tree[name] = nbytes_tree(output)
-            producers.add_outputs(name, output)
+            flow.order.append(node)
+            flow.output_tree[node] = nbytes_tree(output)
+            producers.add_outputs(node, output)
         return hook
 
     handles = []
@@ -251,7 +256,8 @@ def _forward_failure(module, nodes, flow, running, inputs, exc) -> str:
     given = shapes_of(inputs)
     if running:
         name, shapes = running[-1]
-        where = f"module '{name}' ({type(nodes[name]).__name__}) with input shapes {shapes}"
+        module_type = type(nodes[block_list.module_name(name)]).__name__
+        where = f"module '{name}' ({module_type}) with input shapes {shapes}"
     elif flow.order:
         where = f"code after module '{flow.order[-1]}' in {type(module).__name__}.forward"
     else:
@@ -280,12 +286,13 @@ def fx_edges(module: nn.Module, nodes: Dict[str, nn.Module], flow: Dataflow) -> 
     if root_is_node:
         return {}
     graph = _NodeTracer(nodes).trace(module)
+    calls = _call_names(graph, nodes)
     edges: Dict[EdgeKey, int] = {}
     for fx_node in graph.nodes:
         if not _is_node_call(fx_node, nodes):
             continue
-        consumer = fx_node.target
-        for producer, path in _fx_producers(fx_node, nodes):
+        consumer = calls[fx_node]
+        for producer, path in _fx_producers(fx_node, nodes, calls):
             if producer == consumer or producer not in flow.output_tree:
                 continue
             nbytes = tree_total(_index(flow.output_tree[producer], path))
@@ -297,18 +304,24 @@ def _is_node_call(n: torch.fx.Node, nodes) -> bool:
     return n.op == "call_module" and n.target in nodes
 
 
-def _getitem_chain(n: torch.fx.Node, nodes) -> Optional[Tuple[str, Tuple[Any, ...]]]:
-    """For getitem(getitem(node_call, i), j): (node name, (i, j)); None if not such a chain."""
+def _call_names(graph: torch.fx.Graph, nodes) -> Dict[torch.fx.Node, str]:
+    """fx call of a node module -> its graph node (block_list.call_name, in graph order)."""
+    counter = block_list.CallCounter()
+    return {n: counter.finish(n.target) for n in graph.nodes if _is_node_call(n, nodes)}
+
+
+def _getitem_chain(n: torch.fx.Node, nodes, calls) -> Optional[Tuple[str, Tuple[Any, ...]]]:
+    """For getitem(getitem(node_call, i), j): (graph node, (i, j)); None if not such a chain."""
     path: List[Any] = []
     while n.op == "call_function" and n.target is operator.getitem:
         path.append(n.args[1])
         n = n.args[0]
     if path and _is_node_call(n, nodes):
-        return n.target, tuple(reversed(path))
+        return calls[n], tuple(reversed(path))
     return None
 
 
-def _fx_producers(consumer: torch.fx.Node, nodes) -> set:
+def _fx_producers(consumer: torch.fx.Node, nodes, calls) -> set:
     """{(producer node name, index path read)} reachable from the consumer's arguments through
     non-node fx nodes."""
     found = set()
@@ -320,9 +333,9 @@ def _fx_producers(consumer: torch.fx.Node, nodes) -> set:
             continue
         seen.add(n)
         if _is_node_call(n, nodes):
-            found.add((n.target, ()))
+            found.add((calls[n], ()))
             continue
-        chain = _getitem_chain(n, nodes)
+        chain = _getitem_chain(n, nodes, calls)
         if chain is not None:
             found.add(chain)
             continue

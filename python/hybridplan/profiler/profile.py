@@ -80,7 +80,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
 
     Raises ValueError for: a module without parameters, a device that does not exist, inputs
     the module cannot run (naming the module that failed and the shapes), a module none of
-    whose node modules runs, and reused modules whose edges would form a cycle."""
+    whose node modules runs, and dataflow between nodes that forms a cycle."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"profile: module must be a torch.nn.Module (got {type(module).__name__})")
     if warmup < 0 or repeats < 1:
@@ -120,12 +120,13 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
         warnings.warn(busy, stacklevel=3)
     if retain_freed_memory:
         block_timing.retain_freed_memory()
-    forward_s, backward_s = _measure(module, nodes, (inputs, kwargs), clock, warmup, repeats,
-                                     verbose, graph_name)
+    forward_s, backward_s = _measure(module, nodes, flow.order, (inputs, kwargs), clock, warmup,
+                                     repeats, verbose, graph_name)
     first = _first_tensor(inputs, kwargs)
-    batch_times = _measure_other_batches(module, nodes, (inputs, kwargs), clock, warmup, repeats,
-                                         verbose, graph_name, _batch_sizes(batch_sizes, first),
-                                         batch_time_budget_s, log)
+    batch_times = _measure_other_batches(module, nodes, flow.order, (inputs, kwargs), clock,
+                                         warmup, repeats, verbose, graph_name,
+                                         _batch_sizes(batch_sizes, first), batch_time_budget_s,
+                                         log)
     flops = block_timing.count_flops(module, nodes, inputs, kwargs)
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
                    first, batch_times)
@@ -209,8 +210,9 @@ def _edges(module, nodes, flow) -> Tuple[Dict[dataflow.EdgeKey, int], str]:
         return flow.edges, f"forward hooks; torch.fx could not trace: {reason[:120]}"
 
 
-def _measure(module, nodes, call, clock, warmup, repeats, verbose, graph_name):
-    """Median forward and backward seconds per node over `repeats` steps after `warmup`."""
+def _measure(module, nodes, names, call, clock, warmup, repeats, verbose, graph_name):
+    """Median forward and backward seconds per graph node (`names`, one per call of a node
+    module) over `repeats` steps after `warmup`."""
     from tqdm import tqdm
 
     timer = block_timing.StepTimer(module, nodes, clock)
@@ -223,7 +225,6 @@ def _measure(module, nodes, call, clock, warmup, repeats, verbose, graph_name):
                 samples.append(step)
     finally:
         timer.remove()
-    names = list(nodes)
     forward_s = {n: statistics.median(s[0].get(n, 0.0) for s in samples) for n in names}
     backward_s = {n: statistics.median(s[1].get(n, 0.0) for s in samples) for n in names}
     return forward_s, backward_s
@@ -254,8 +255,8 @@ def _slice_batch(call, b: int, size: int):
     return tuple(cut(x) for x in args), {k: cut(v) for k, v in kwargs.items()}
 
 
-def _measure_other_batches(module, nodes, call, clock, warmup, repeats, verbose, graph_name,
-                           sizes, budget_s, log) -> Dict[int, Tuple[Dict[str, float],
+def _measure_other_batches(module, nodes, names, call, clock, warmup, repeats, verbose,
+                           graph_name, sizes, budget_s, log) -> Dict[int, Tuple[Dict[str, float],
                                                                     Dict[str, float]]]:
     """{batch size: (forward_s, backward_s)} for the sizes measured within the time budget."""
     import time
@@ -268,7 +269,7 @@ def _measure_other_batches(module, nodes, call, clock, warmup, repeats, verbose,
             log(f"profile {graph_name}: batch-size budget of {budget_s:.0f} s spent; not "
                 f"measured: {sizes[len(out):]}")
             break
-        out[size] = _measure(module, nodes, _slice_batch(call, b, size), clock, warmup,
+        out[size] = _measure(module, nodes, names, _slice_batch(call, b, size), clock, warmup,
                              repeats, verbose, f"{graph_name} b={size}")
     if out:
         log(f"profile {graph_name}: also measured at batch sizes "
@@ -285,7 +286,8 @@ def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops,
     return {
         "schema_version": 1, "kind": "hybridplan.graph", "name": graph_name,
         "profiled": {"device": str(dev), "batch_size": int(first.shape[0]), "dtype": dtype},
-        "nodes": [{"id": ids[n], "name": n, "op": _snake_case(type(nodes[n]).__name__),
+        "nodes": [{"id": ids[n], "name": n,
+                   "op": _snake_case(type(nodes[block_list.module_name(n)]).__name__),
                    "forward_s": forward_s[n], "backward_s": backward_s[n],
                    "param_bytes": param_bytes[n], "param_tensors": param_tensors[n],
                    "output_bytes": dataflow.tree_total(flow.output_tree[n]),
@@ -314,13 +316,14 @@ def _param_bytes(module, nodes, flow) -> Tuple[Dict[str, int], Dict[str, int]]:
     parameter several nodes hold (tied weights such as GPT-2's wte/lm_head) counts once, at its
     first node in execution order (_tied_params lists it for the others); a parameter inside no
     node (block_list: held by the root) goes to the first node that reads it, else to the first
-    node."""
+    node. A module called more than once holds its parameters at its first call's node (the
+    other calls' nodes share them, block_list)."""
     seen = set()
     nbytes: Dict[str, int] = {}
     tensors: Dict[str, int] = {}
     for name in flow.order:
         nbytes[name] = tensors[name] = 0
-        for p in nodes[name].parameters():
+        for p in nodes[block_list.module_name(name)].parameters():
             if id(p) not in seen:
                 seen.add(id(p))
                 nbytes[name] += p.numel() * p.element_size()
@@ -333,12 +336,13 @@ def _param_bytes(module, nodes, flow) -> Tuple[Dict[str, int], Dict[str, int]]:
 
 
 def _tied_params(nodes, order, ids) -> List[Dict[str, Any]]:
-    """[{"nodes": [ids], "bytes": n}] for each parameter held by more than one node: a stage
-    holding any of those nodes holds a copy of it (docs/formats.md, Graph tied_params)."""
+    """[{"nodes": [ids], "bytes": n}] for each parameter held by more than one graph node (tied
+    weights, or the calls of a module called more than once): a stage holding any of those
+    nodes holds a copy of it (docs/formats.md, Graph tied_params)."""
     holders: Dict[int, List[str]] = {}
     tensors: Dict[int, torch.Tensor] = {}
     for name in order:
-        for p in nodes[name].parameters():
+        for p in nodes[block_list.module_name(name)].parameters():
             holders.setdefault(id(p), []).append(name)
             tensors[id(p)] = p
     return [{"nodes": [ids[n] for n in names],
@@ -347,7 +351,8 @@ def _tied_params(nodes, order, ids) -> List[Dict[str, Any]]:
 
 
 def _check_acyclic(order: List[str], edges: Dict[dataflow.EdgeKey, int]) -> None:
-    """Kahn's algorithm; a module with parameters called in two places can close a cycle."""
+    """Kahn's algorithm. Each call of a module is its own node (block_list), so a cycle means
+    the hooks saw a value flow backwards, which no plan can order."""
     succs: Dict[str, List[str]] = {n: [] for n in order}
     indegree = {n: 0 for n in order}
     for src, dst in edges:
@@ -365,8 +370,8 @@ def _check_acyclic(order: List[str], edges: Dict[dataflow.EdgeKey, int]) -> None
                 ready.append(m)
     if done != len(order):
         cyclic = sorted(n for n, d in indegree.items() if d > 0)
-        raise ValueError("profile: the dataflow between modules has a cycle (a module called "
-                         f"more than once?) among {cyclic}; a plan needs a DAG")
+        raise ValueError("profile: the dataflow between modules has a cycle among "
+                         f"{cyclic}; a plan needs a DAG")
 
 
 def _snake_case(name: str) -> str:

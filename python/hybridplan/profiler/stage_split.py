@@ -25,6 +25,12 @@ How the cut is made:
   attention mask read by every layer) nor the gradient of a value read by two later stages, so
   the stages are built from the Pipe's stage modules as PipelineStage's manual frontend runs
   them: each receives one tuple from its predecessor. With two stages this is exactly the Pipe.
+- Regions that torch.export wraps in a higher-order op (`torch.no_grad()` or an autocast block
+  inside a module: a Llama rotary embedding computes its cos/sin under both) are inlined back
+  into the graph between calls that set and restore the mode (`_inline_mode_regions`).
+  pipelining's outliner otherwise moves the region's subgraph (a get_attr, then a placeholder)
+  to the front of the stage, which splits the module into two calls of which it keeps one,
+  and the stage fails with "forward() missing ... positional arguments".
 - A parameter read on several stages (tied weights: GPT-2's wte and lm_head) is copied onto each
   by the Pipe (its `replicated_params`); `tied` lists them so that the executor sums their
   gradients between those stages.
@@ -33,6 +39,7 @@ How the cut is made:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -156,30 +163,43 @@ def original_name(stage_name: str) -> str:
 
 # ---- where each graph operation belongs ------------------------------------------------------
 
-def _module_path(fx_node: fx.Node) -> str:
-    """Qualified name (in the original module) of the innermost module that ran `fx_node`."""
-    stack = fx_node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = list(stack.values())[-1][0]
+def _clean_path(path: str) -> str:
+    """An nn_module_stack path as a qualified name in the original module ("" for the root)."""
     path = re.sub(r"\[(\w+)\]", r".\1", path.replace("L['self'].", ""))  # strict-mode spellings
     return path[len(kPrefix):] if path.startswith(kPrefix) else ("" if path == "module" else path)
 
 
-def _owners(gm: fx.GraphModule, node_names: Sequence[str]) -> List[Tuple[fx.Node, Optional[str]]]:
-    """(operation, node that owns it or None for a functional op between nodes) in graph order."""
-    ops = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
-    return [(n, block_list.node_of(_module_path(n), node_names) if _module_path(n) else None)
-            for n in ops]
+def _owners(gm: fx.GraphModule, graph_nodes: Sequence[str], aliases: Dict[str, str]
+            ) -> List[Tuple[fx.Node, Optional[str]]]:
+    """(operation, graph node that owns it or None for a functional op between nodes) in graph
+    order. An operation belongs to the outermost module on its nn_module_stack that is a node
+    module (under any of its names); each distinct stack entry of that module is one call of it
+    (torch.export keys a module's repeated calls "...@1", "...@2"; calls under another name
+    have other keys), numbered in graph order as the profiler numbers calls (block_list)."""
+    modules = {block_list.module_name(n) for n in graph_nodes}
+    calls: Dict[str, Dict[str, str]] = {}  # node module -> stack key -> graph node
+    owners: List[Tuple[fx.Node, Optional[str]]] = []
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method", "call_module"):
+            continue
+        owner = None
+        for key, (path, _) in (n.meta.get("nn_module_stack") or {}).items():
+            name = block_list.canonical_name(_clean_path(path), aliases)
+            if name in modules:
+                seen = calls.setdefault(name, {})
+                owner = seen.setdefault(key, block_list.call_name(name, len(seen)))
+                break
+        owners.append((n, owner))
+    return owners
 
 
 def _place_markers(gm: fx.GraphModule, stage_of: Dict[str, int], num_stages: int,
-                   source: str) -> fx.GraphModule:
+                   source: str, aliases: Dict[str, str]) -> fx.GraphModule:
     """Inserts pipe_split before each stage's first operation (see the module doc)."""
     from torch.distributed.pipelining._IR import aten_pipe_split_alias
 
     current, last_owned, current_node = 0, None, None
-    for op, owner in _owners(gm, list(stage_of)):
+    for op, owner in _owners(gm, list(stage_of), aliases):
         if owner is None or owner not in stage_of:
             continue
         stage = stage_of[owner]
@@ -203,6 +223,82 @@ def _place_markers(gm: fx.GraphModule, stage_of: Dict[str, int], num_stages: int
     return gm
 
 
+# ---- regions under another grad or autocast mode ----------------------------------------------
+
+def _mode_region(node: fx.Node):
+    """(enter, exit, subgraph argument index) for a higher-order op that runs a subgraph under
+    another mode, else None. enter(*mode args) -> state that exit(state) restores."""
+    if node.op != "call_function":
+        return None
+    if node.target is torch.ops.higher_order.wrap_with_set_grad_enabled:
+        return _enter_grad_mode, _exit_grad_mode, 1
+    if node.target is torch.ops.higher_order.wrap_with_autocast:
+        return torch.amp._enter_autocast, torch.amp._exit_autocast, 4
+    return None
+
+
+def _enter_grad_mode(enabled: bool) -> bool:
+    """Sets grad mode; returns the mode it replaced, for _exit_grad_mode."""
+    previous = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(enabled)
+    return previous
+
+
+def _exit_grad_mode(previous: bool) -> None:
+    """(Not torch._C._set_grad_enabled itself: pipelining's passes expect its argument to be
+    a constant.)"""
+    torch._C._set_grad_enabled(previous)
+
+
+# torch.fx drops calls whose results are unused unless their targets are known side effects
+fx.node._side_effectful_functions.update((_enter_grad_mode, _exit_grad_mode))
+
+
+def _inline_mode_regions(gm: fx.GraphModule) -> None:
+    """Replaces each set-grad or autocast region (see the module doc) by its subgraph's
+    operations between enter and exit calls, all in the region's module scope; nested regions
+    are inlined in turn. The subgraph's own get_attr targets move to `gm`."""
+    while True:
+        region = next(((n, _mode_region(n)) for n in gm.graph.nodes if _mode_region(n)), None)
+        if region is None:
+            break
+        node, (enter, leave, at) = region
+        holder = node.args[at]  # the get_attr of the region's subgraph
+        sub = getattr(gm, holder.target)
+        mode_args, operands = node.args[:at], node.args[at + 1:]
+        scope = {k: v for k, v in node.meta.items() if k == "nn_module_stack"}
+        with gm.graph.inserting_before(node):
+            state = gm.graph.call_function(enter, tuple(mode_args))
+            env = dict(zip((p for p in sub.graph.nodes if p.op == "placeholder"), operands))
+            result = None
+            for inner in sub.graph.nodes:
+                if inner.op == "placeholder":
+                    continue
+                if inner.op == "output":
+                    result = fx.map_arg(inner.args[0], lambda a: env[a])
+                    continue
+                if inner.op == "get_attr":
+                    target = f"_hp_region_{inner.target}_{len(gm.graph.nodes)}"
+                    setattr(gm, target, getattr(sub, inner.target))
+                    env[inner] = gm.graph.get_attr(target)
+                else:
+                    env[inner] = gm.graph.node_copy(inner, lambda a: env[a])
+                env[inner].meta.update(scope)
+            done = gm.graph.call_function(leave, (state,))
+            for n in (state, done):
+                n.meta.update(scope)
+        for user in list(node.users):  # getitem(region, i) -> the region's i-th output
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(result[user.args[1]])
+                gm.graph.erase_node(user)
+        if node.users:
+            node.replace_all_uses_with(result)  # a region with one output
+        gm.graph.erase_node(node)
+        if not holder.users:
+            gm.graph.erase_node(holder)
+    gm.recompile()
+
+
 # ---- the cut -----------------------------------------------------------------------------------
 
 def split(module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
@@ -210,23 +306,27 @@ def split(module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
     """Cuts `module` as `stage_of` (node name -> stage; nodes not named run with their
     consumers) says. `args`/`kwargs`: one micro-batch. ValueError where torch.export or the
     split fails (naming the module and the cause) or the stages are not contiguous."""
-    return _split(module, args, kwargs, lambda gm, _: (stage_of, num_stages), source)
+    return _split(module, args, kwargs, lambda gm, _inputs, _aliases: (stage_of, num_stages),
+                  source)
 
 
 def _split(module, args, kwargs, stages_for, source) -> StageCut:
-    """The cut, with `stages_for(traced graph, flat inputs)` -> (stage_of, num_stages)."""
+    """The cut, with `stages_for(traced graph, flat inputs, module aliases)` -> (stage_of,
+    num_stages)."""
     from torch.distributed.pipelining import pipeline
 
     flat = _FlatCall(module, args, kwargs)
+    aliases = block_list.module_aliases(module)
     inputs = tuple(flat.input_leaves[i] for i in flat.tensor_at)
     policy_error: List[ValueError] = []
     wanted: List[int] = []
 
     def policy(gm):
         try:
-            stage_of, num_stages = stages_for(gm, inputs)
+            _inline_mode_regions(gm)
+            stage_of, num_stages = stages_for(gm, inputs, aliases)
             wanted.append(num_stages)
-            return _place_markers(gm, stage_of, num_stages, source)
+            return _place_markers(gm, stage_of, num_stages, source, aliases)
         except ValueError as e:  # pipeline() would wrap it; keep it to raise as it is
             policy_error.append(e)
             raise
@@ -251,9 +351,10 @@ def probe(module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
     (one export), so "supported" means the executor's cut works there."""
     cut_before: Dict[str, bool] = {}
 
-    def place(gm, flat_inputs):
-        cut_before.update(_cut_before(gm, order))
-        owning = {owner for _, owner in _owners(gm, order) if owner is not None}
+    def place(gm, flat_inputs, aliases):
+        owners = _owners(gm, order, aliases)
+        cut_before.update(_cut_before(owners, order))
+        owning = {owner for _, owner in owners if owner is not None}
         stage_of, stage = {}, 0
         for i, name in enumerate(order):
             if i and cut_before[name] and name in owning and stage_of:
@@ -267,9 +368,10 @@ def probe(module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
     return {"supported": True, "reason": ""}, cut_before
 
 
-def _cut_before(gm: fx.GraphModule, order: Sequence[str]) -> Dict[str, bool]:
+def _cut_before(owners: List[Tuple[fx.Node, Optional[str]]], order: Sequence[str]
+                ) -> Dict[str, bool]:
     positions: Dict[str, List[int]] = {}
-    for i, (_, owner) in enumerate(_owners(gm, order)):
+    for i, (_, owner) in enumerate(owners):
         if owner is not None:
             positions.setdefault(owner, []).append(i)
     out, last_before = {}, -1
