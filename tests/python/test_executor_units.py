@@ -264,6 +264,66 @@ def test_tied_weights_are_copied_onto_each_stage_and_listed():
     torch.testing.assert_close(merged["head.weight"], merged["embed.weight"])
 
 
+def test_a_module_called_on_two_stages_is_tied_and_one_tensor_within_a_stage():
+    """l applied three times, calls 0 and 1 on stage 0, call 2 on stage 1: stage 0 holds one
+    tensor for both its calls (the outliner had made a copy per call), stage 1 a copy, and the
+    cut lists each parameter as tied between the two stages; the stages compose to the model."""
+    class Loop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            for _ in range(3):
+                x = torch.tanh(self.l(x))
+            return self.head(x)
+    model = Loop()
+    x = torch.randn(2, 4)
+    cut = stage_split.split(model, (x,), {}, {"l": 0, "l@1": 0, "l@2": 1, "head": 1}, 2)
+    assert len(cut.tied) == 2 and all(set(uses) == {0, 1} for uses in cut.tied)
+    stage0 = {id(p) for p in cut.stages[0].parameters()}
+    assert len(stage0) == 2  # l.weight and l.bias, whatever calls the outliner kept apart
+    assert sorted({stage_split.original_name(k) for k, _ in
+                   cut.stages[1].named_parameters()}) == ["head.bias", "head.weight", "l.bias",
+                                                          "l.weight"]
+    torch.testing.assert_close(_run_stages(cut, (x,)), model(x), rtol=0, atol=0)
+
+
+def test_no_grad_regions_inside_a_module_are_cut_and_keep_their_mode():
+    """A module computing under torch.no_grad() (a Llama rotary embedding) is one region that
+    torch.export wraps in a higher-order op; the cut inlines it, its outputs carry no gradient,
+    and the caller's grad mode is restored."""
+    class Rotary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("freq", torch.arange(4.0))
+
+        @torch.no_grad()
+        def forward(self, x):
+            return torch.cos(x[..., :1] * self.freq), torch.sin(x[..., :1] * self.freq)
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.rotary = nn.Linear(4, 4), Rotary()
+            self.l0, self.l1 = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.embed(x)
+            cos, sin = self.rotary(h)
+            h = self.l0(h * cos + sin)
+            return self.l1(h * cos - sin)
+    model = Decoder()
+    x = torch.randn(2, 4)
+    cut = stage_split.split(model, (x,), {}, {"embed": 0, "rotary": 0, "l0": 0, "l1": 1}, 2)
+    hops = [n for st in cut.stages for m in st.modules() if hasattr(m, "graph")
+            for n in m.graph.nodes if "wrap_with" in str(n.target)]
+    assert hops == []
+    out = _run_stages(cut, (x,))
+    assert torch.is_grad_enabled() and out.requires_grad
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+
+
 def test_parameter_free_nodes_may_be_left_out():
     model = small_cnn()
     plan = pipeline_plan(model, dp=1, mp=2, schedule="gpipe", num_microbatches=1)

@@ -78,8 +78,9 @@ def test_tied_weights_are_listed_once_per_parameter():
 
 
 def test_where_a_stage_can_begin():
-    """enc runs on x, then mid, then enc again on y: no stage may begin at mid (enc's second
-    call would run on a later stage than mid's predecessor... on two stages at once)."""
+    """enc runs on x, then mid, then enc again on y: each call of enc is its own graph node
+    (enc, enc@1), so a stage may begin at any of them; the second call's stage holds a tied
+    copy of enc's parameters."""
     class Reused(nn.Module):
         def __init__(self):
             super().__init__()
@@ -90,7 +91,8 @@ def test_where_a_stage_can_begin():
     graph = quick_profile(Reused(), (torch.randn(2, 4), torch.randn(2, 4)))
     assert graph["pipeline_split"] == {"supported": True, "reason": ""}
     assert {n["name"]: n.get("cut_before", True) for n in graph["nodes"]} == {
-        "enc": True, "mid": False, "head": True}
+        "enc": True, "mid": True, "enc@1": True, "head": True}
+    assert [t["nodes"] for t in graph["tied_params"]] == [[0, 2], [0, 2]]
 
 
 def test_a_model_torch_export_cannot_cut_is_recorded_with_module_and_cause(capsys):

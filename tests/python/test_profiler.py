@@ -372,7 +372,9 @@ def test_no_submodule_runs():
         profile_dict(Functional(), torch.randn(2, 4), verbose=False)
 
 
-def test_reused_module_making_a_cycle():
+def test_a_module_called_twice_is_a_node_per_call_sharing_its_parameters():
+    """a(b(a(x))): graph nodes a, b, a@1 in execution order (no cycle); a's parameters count
+    once, at its first call, and both calls' nodes list them as tied."""
     class Reuse(nn.Module):
         def __init__(self):
             super().__init__()
@@ -381,8 +383,52 @@ def test_reused_module_making_a_cycle():
         def forward(self, x):
             return self.a(self.b(self.a(x)))
 
-    with pytest.raises(ValueError, match=r"has a cycle .* among \['a', 'b'\]"):
-        profile_dict(Reuse(), torch.randn(2, 4), warmup=0, repeats=1, verbose=False)
+    graph = profile_dict(Reuse(), torch.randn(2, 4), warmup=0, repeats=1, verbose=False,
+                         batch_sizes=[])
+    assert [n["name"] for n in graph["nodes"]] == ["a", "b", "a@1"]
+    assert [(e["src"], e["dst"], e["bytes"]) for e in graph["edges"]] == [(0, 1, 32), (1, 2, 32)]
+    assert [n["param_bytes"] for n in graph["nodes"]] == [80, 80, 0]
+    assert [n["param_tensors"] for n in graph["nodes"]] == [2, 2, 0]
+    assert graph["tied_params"] == [{"nodes": [0, 2], "bytes": 64}, {"nodes": [0, 2], "bytes": 16}]
+    assert all(n["forward_s"] > 0 and n["backward_s"] > 0 for n in graph["nodes"])
+    assert graph["pipeline_split"] == {"supported": True, "reason": ""}
+
+
+def test_a_module_under_two_names_is_one_node():
+    """`shared` is also `enc.embed`: one node named `shared`, a node per call."""
+    class Half(nn.Module):
+        def __init__(self, embed):
+            super().__init__()
+            self.embed, self.fc = embed, nn.Linear(4, 4)
+
+    class TwoNames(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shared = nn.Embedding(8, 4)
+            self.enc, self.dec = Half(self.shared), Half(self.shared)
+
+        def forward(self, src, tgt):
+            memory = self.enc.fc(self.enc.embed(src))
+            return self.dec.fc(self.dec.embed(tgt) + memory)
+
+    model = TwoNames()
+    assert block_list.module_aliases(model) == {"enc.embed": "shared", "dec.embed": "shared"}
+    assert list(block_list.select_nodes(model)) == ["shared", "enc.fc", "dec.fc"]
+    ids = torch.randint(0, 8, (2, 3))
+    graph = profile_dict(model, (ids, ids), warmup=0, repeats=1, verbose=False, batch_sizes=[])
+    assert [n["name"] for n in graph["nodes"]] == ["shared", "enc.fc", "shared@1", "dec.fc"]
+    assert graph["pipeline_split"] == {"supported": True, "reason": ""}
+    assert graph["tied_params"] == [{"nodes": [0, 2], "bytes": 128}]
+
+
+def test_call_names():
+    assert block_list.call_name("layer", 0) == "layer" and block_list.call_name("l", 2) == "l@2"
+    assert block_list.split_call_name("enc.layer@12") == ("enc.layer", 12)
+    assert block_list.split_call_name("a@b") == ("a@b", 0)
+    assert block_list.module_name("x@1") == "x" and block_list.module_name("x") == "x"
+    assert block_list.canonical_name("dec.embed.weight", {"dec.embed": "shared"}) == (
+        "shared.weight")
+    assert block_list.node_of("dec.embed", ["shared"], {"dec.embed": "shared"}) == "shared"
 
 
 def test_bad_clock_and_repeats():

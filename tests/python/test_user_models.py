@@ -3,7 +3,7 @@ planner's search on the localhost-cpu preset, given 4 ranks where a kind needs 4
 equals one-process training (torch.allclose(rtol=1e-4, atol=1e-6)).
 
 Plan kinds, each on 2 ranks: DP (dp=2 x mp=1), placement (dp=2 x mp=2), pipeline GPipe and
-1F1B (dp=1 x mp=2); and one hybrid dp=2 x mp=2 1F1B pipeline of GPT-2 on 4 ranks. The planner
+1F1B (dp=1 x mp=2); and a hybrid dp=2 x mp=2 1F1B pipeline of GPT-2 and of Llama on 4 ranks. The planner
 ranks one pipeline schedule above the other for a given model; the other schedule runs the same
 planned stages with the plan's "schedule" field switched (its prediction is then stale, which
 the executor does not read).
@@ -31,7 +31,7 @@ KINDS = {  # kind -> (mode, planner devices, dp, mp, schedule)
     "hybrid": ("pipeline", 4, 2, 2, "1f1b"),
 }
 CASES = [(m, k) for m in FACTORIES for k in ("dp", "placement", "gpipe", "1f1b")] + [
-    ("gpt2", "hybrid")]
+    ("gpt2", "hybrid"), ("llama", "hybrid")]
 
 
 def sgd(params):

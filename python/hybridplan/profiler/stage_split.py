@@ -31,9 +31,10 @@ How the cut is made:
   pipelining's outliner otherwise moves the region's subgraph (a get_attr, then a placeholder)
   to the front of the stage, which splits the module into two calls of which it keeps one,
   and the stage fails with "forward() missing ... positional arguments".
-- A parameter read on several stages (tied weights: GPT-2's wte and lm_head) is copied onto each
-  by the Pipe (its `replicated_params`); `tied` lists them so that the executor sums their
-  gradients between those stages.
+- A parameter read on several stages (tied weights: GPT-2's wte and lm_head; a module called on
+  several stages) is copied onto each by the Pipe; `tied` lists them so that the executor sums
+  their gradients between those stages, and copies inside one stage are one tensor
+  (`_tie_copies`).
 """
 
 from __future__ import annotations
@@ -154,11 +155,12 @@ class StageCut:
 
 def original_name(stage_name: str) -> str:
     """A parameter's name inside a CarryStage ("part.module.enc0.weight") -> the original
-    module's ("enc0.weight")."""
+    module's ("enc0.weight"). The outliner names a module's repeated calls "layer@1": the
+    parameter they read is the module's ("part.module.layer@1.weight" -> "layer.weight")."""
     for prefix in ("part.", kPrefix):
         if stage_name.startswith(prefix):
             stage_name = stage_name[len(prefix):]
-    return stage_name
+    return re.sub(r"@\d+(?=\.|$)", "", stage_name)
 
 
 # ---- where each graph operation belongs ------------------------------------------------------
@@ -462,9 +464,32 @@ def _build_cut(pipe, flat: _FlatCall, num_stages: int) -> StageCut:
         stages.append(CarryStage(s, part, part_inputs[s], carry_in[s], out))
     meta = _value_meta(pipe, flat)
     carry_meta = [[meta[k] for k in keys_s] for keys_s in carry_in]
-    tied = [{int(name.rsplit("_", 1)[1]): q for name, q in uses.items()}
-            for uses in pipe.replicated_params]
+    tied = _tie_copies([stage.part for stage in stages], flat.module)
     return StageCut(num_stages, stages, flat, carry_meta, [meta[k] for k in output_keys], tied)
+
+
+def _tie_copies(parts: Sequence[nn.Module], module: nn.Module) -> List[Dict[int, str]]:
+    """Makes the copies of one parameter of `module` inside one stage one tensor again, and
+    returns, per parameter held by several stages, stage -> its name in that stage's part.
+    The Pipe copies a parameter onto every stage that reads it (its replicated_params: tied
+    weights) and, when a module is called more than once, once more for each call the
+    outliner keeps as its own submodule ("layer@1"): ALBERT's shared layer on one stage had a
+    copy per call, each with only its call's gradient. The copies are found by the tensor
+    their name (original_name) has in `module`, under any of its names."""
+    tensor_of = {name: id(p) for name, p in module.named_parameters(remove_duplicate=False)}
+    holders: Dict[int, Dict[int, str]] = {}  # original tensor -> stage -> name
+    for stage, part in enumerate(parts):
+        first: Dict[int, nn.Parameter] = {}
+        for name, param in list(part.named_parameters(remove_duplicate=False)):
+            key = tensor_of.get(original_name(name))
+            if key is None:
+                continue
+            kept = first.setdefault(key, param)
+            if kept is not param:
+                owner, _, attr = name.rpartition(".")
+                (part.get_submodule(owner) if owner else part)._parameters[attr] = kept
+            holders.setdefault(key, {}).setdefault(stage, name)
+    return [uses for uses in holders.values() if len(uses) > 1]
 
 
 def _value_meta(pipe, flat: _FlatCall) -> Dict[ValueKey, torch.Tensor]:
@@ -503,4 +528,6 @@ def _drop_unused_attributes(part: nn.Module) -> None:
     for name, _ in named:
         if name not in used:
             owner, _, attr = name.rpartition(".")
-            delattr(part.get_submodule(owner) if owner else part, attr)
+            holder = part.get_submodule(owner) if owner else part
+            if attr in holder._parameters or attr in holder._buffers:  # not yet deleted under
+                delattr(holder, attr)                                   # another name of holder
