@@ -59,6 +59,7 @@ import json
 import os
 import statistics
 import time
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -358,16 +359,17 @@ def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, devic
     (A per-rank ratio understates it: measured here, one rank slowed by 8 % and the other not at
     all, round after round.)"""
     step()  # warm up
-    alone_s, together_s = [], []
+    alone_s, together_s, cpu_share = [], [], []
     for _ in range(rounds):
         mine = None
         for turn in range(world):
             dist.barrier()
             if turn == rank:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.thread_time()
                 for _ in range(steps):
                     step()
                 mine = (time.perf_counter() - start) / steps
+                cpu_share.append((time.thread_time() - start_cpu) / (mine * steps))
             dist.barrier()
         dist.barrier()
         start = time.perf_counter()
@@ -378,13 +380,34 @@ def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, devic
         alone_s.append(mine)
         together_s.append(both)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (alone_s, together_s))
+    dist.all_gather_object(gathered, (alone_s, together_s, cpu_share))
     slowest_together = [max(g[1][i] for g in gathered) for i in range(rounds)]
     median_alone = [statistics.median(g[0][i] for g in gathered) for i in range(rounds)]
     ratios = [t / a for t, a in zip(slowest_together, median_alone)]
     return {"factor": max(1.0, statistics.median(ratios)), "ratios": ratios,
             "alone_s": [g[0] for g in gathered], "together_s": [g[1] for g in gathered],
-            "slowest_together_s": slowest_together, "processes": world}
+            "slowest_together_s": slowest_together, "processes": world,
+            "alone_cpu_share": statistics.median(x for g in gathered for x in g[2])}
+
+
+# A rank computing alone (the others wait in a barrier, one intra-op thread) has a core to itself
+# on a quiet machine: two runs of _shared_host_slowdown on this 2-core machine measured 0.997
+# and 0.998 of its wall time on the CPU, and 0.72 while two busy-loop processes shared the
+# cores. Below this share another process took the core part of the time.
+kBusyCpuShare = 0.9
+
+
+def busy_host_warning(shared_host: dict) -> Optional[str]:
+    """A warning when the ranks, each computing alone, had less than kBusyCpuShare of a core:
+    another job shares the cores, and every fitted cost then includes its interference (a
+    calibration taken so predicted a transformer's pipelines 40-50 % slow). None otherwise."""
+    share = shared_host.get("alone_cpu_share")
+    if share is None or share >= kBusyCpuShare:
+        return None
+    return (f"calibrate: the CPU is busy: each rank computing alone ran {share:.0%} of the "
+            f"time (median; a quiet machine gives {kBusyCpuShare:.0%} or more), so another "
+            "process shares the cores and the costs fitted here include its interference. "
+            "Calibrate again on a quiet machine.")
 
 
 # ---- memory bandwidth -------------------------------------------------------------------------
@@ -532,6 +555,10 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     measured = {"fits": fits, "tiny_compute_s": tiny_compute_s, "dp_step_s": dp_step_s,
                 "shared_host": slowdown, "memory_bandwidth": bandwidth,
                 "world_size": env.world_size, "warmup": warmup, "repeats": repeats}
+    busy = busy_host_warning(slowdown)
+    if busy and env.rank == 0:
+        warnings.warn(busy, stacklevel=2)
+        measured["busy_host_warning"] = busy
     if runs and env.rank == 0:
         tiny = _tiny_graph()
         for run in runs:

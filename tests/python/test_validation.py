@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
-from hybridplan import validation  # noqa: E402
+from hybridplan import calibration, validation  # noqa: E402
 
 
 def _plan(dp, mp, mode="pipeline", schedule="gpipe", m=1, batch=8, step=0.01):
@@ -143,6 +143,14 @@ def calibrated(tmp_path_factory):
     return out
 
 
+def test_calibrate_says_when_another_process_shares_the_cores():
+    assert calibration.busy_host_warning({"alone_cpu_share": 0.998}) is None
+    assert calibration.busy_host_warning({}) is None  # a calibration from before the share
+    warning = calibration.busy_host_warning({"alone_cpu_share": 0.72})
+    assert "the CPU is busy: each rank computing alone ran 72% of the time" in warning
+    assert "Calibrate again on a quiet machine" in warning
+
+
 def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     cluster = json.loads(calibrated.read_text())
     from hybridplan.planner import Cluster
@@ -161,6 +169,10 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     shared = cluster["measured"]["shared_host"]
     assert runtime["shared_host_slowdown"][0][1] == shared["alone_over_graph"]
     assert shared["graph_step_s"] > 0
+    # each rank's share of a core while computing alone: what the busy-machine warning reads
+    assert 0 < shared["alone_cpu_share"] <= 1.05
+    assert ("busy_host_warning" in cluster["measured"]) == (
+        shared["alone_cpu_share"] < calibration.kBusyCpuShare)
     assert runtime["shared_host_slowdown"][1][0] == 2 and runtime["shared_host_slowdown"][1][1] > 0
     assert cluster["device"]["memory_bandwidth_bytes_per_s"] > 0
     # every fit reports residuals and whether the data resolved it, never a failed run
