@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <optional>
 #include <regex>
 
@@ -40,6 +41,8 @@ std::optional<nn::AnyModule> known_layer(const std::shared_ptr<nn::Module>& modu
 class Collector {
  public:
   std::vector<Block> blocks;
+  // The first block name of each module holding parameters (see add()).
+  std::map<const nn::Module*, std::string> first_name_of;
 
   // Expands a container child in place; any other child becomes one block.
   void add(const std::string& name, const std::shared_ptr<nn::Module>& module,
@@ -61,6 +64,22 @@ class Collector {
                         "children are the graph nodes; hold them in a Sequential, ModuleList or "
                         "ModuleDict, or derive from hybridplan::BlockList",
                         module->name());
+    }
+    // One module with parameters at two positions of a container is a module called twice.
+    // The Python profiler makes that a node per call sharing the parameters as tied weights
+    // (docs/models.md); here each block would count and train the parameters as its own, so
+    // such a container is refused rather than planned wrong. A parameter-free module (one
+    // ReLU used twice) is a function, and each use a block of its own.
+    if (!module->parameters().empty()) {
+      const auto [first, inserted] = first_name_of.emplace(module.get(), name);
+      if (!inserted) {
+        throw_input_error("profile", "module." + name,
+                          "is the module already at module." + first->second +
+                              ", and holds parameters: the C++ profiler needs each block to own "
+                              "its parameters (profile the model in Python, which makes each "
+                              "call a node with tied parameters)",
+                          module->name());
+      }
     }
     if (!callable) callable = known_layer(module);
     if (!callable) {

@@ -274,6 +274,14 @@ TEST_CASE("profile: bad input throws InputError with a clear message", "[profile
                                "by the node rule its children are the graph nodes") &&
                           Contains("PairImpl)"));
   }
+  SECTION("one module with parameters at two positions (a module called twice)") {
+    nn::Linear shared(7, 7);
+    nn::Sequential net{shared, nn::ReLU(), shared};
+    CHECK_THROWS_WITH(hybridplan::profile(net, {x}, quick()),
+                      Contains("profile: module.2 is the module already at module.0, and holds "
+                               "parameters") &&
+                          Contains("LinearImpl)"));
+  }
   SECTION("bad options and inputs") {
     nn::Sequential net(nn::Linear(7, 3));
     ProfileOptions options = quick();
@@ -291,6 +299,14 @@ TEST_CASE("profile: a module holding parameters itself is one node with its chil
   const Graph g = hybridplan::profile(net, {torch::randn({4, 7})}, quick());
   CHECK(names_of(g) == std::vector<std::string>{"0", "1", "2"});
   CHECK(g.nodes[0].param_bytes == (3 + 7 * 3 + 3) * 4);  // scale, inner.weight, inner.bias
+}
+
+TEST_CASE("profile: a parameter-free module used twice is a block at each position",
+          "[profiler]") {
+  nn::ReLU relu;
+  nn::Sequential net{nn::Linear(7, 3), relu, nn::Linear(3, 3), relu};
+  const Graph g = hybridplan::profile(net, {torch::randn({4, 7})}, quick());
+  CHECK(names_of(g) == std::vector<std::string>{"0", "1", "2", "3"});
 }
 
 TEST_CASE("median_s", "[profiler]") {
