@@ -324,6 +324,34 @@ def test_no_grad_regions_inside_a_module_are_cut_and_keep_their_mode():
     torch.testing.assert_close(out, model(x), rtol=0, atol=0)
 
 
+def test_autocast_regions_inside_a_module_are_cut_and_keep_their_mode():
+    """An autocast block inside a module (bfloat16 matmul) is inlined as the no_grad region
+    is; the stages compute what the model does and autocast is off again afterwards."""
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("freq", torch.arange(4.0))
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch.cos(x[..., :1] * self.freq) @ torch.ones(4, 4)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.mixed, self.b = nn.Linear(4, 4), Mixed(), nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h * self.mixed(h).float())
+    model = Net()
+    x = torch.randn(2, 4)
+    cut = stage_split.split(model, (x,), {}, {"a": 0, "mixed": 0, "b": 1}, 2)
+    out = _run_stages(cut, (x,))
+    assert not torch.is_autocast_enabled("cpu")
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+
+
 def test_parameter_free_nodes_may_be_left_out():
     model = small_cnn()
     plan = pipeline_plan(model, dp=1, mp=2, schedule="gpipe", num_microbatches=1)

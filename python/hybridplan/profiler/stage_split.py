@@ -235,7 +235,7 @@ def _mode_region(node: fx.Node):
     if node.target is torch.ops.higher_order.wrap_with_set_grad_enabled:
         return _enter_grad_mode, _exit_grad_mode, 1
     if node.target is torch.ops.higher_order.wrap_with_autocast:
-        return torch.amp._enter_autocast, torch.amp._exit_autocast, 4
+        return _enter_autocast_mode, _exit_autocast_mode, 4
     return None
 
 
@@ -252,8 +252,19 @@ def _exit_grad_mode(previous: bool) -> None:
     torch._C._set_grad_enabled(previous)
 
 
+def _enter_autocast_mode(*mode_args: Any) -> Any:
+    """torch.amp._enter_autocast under a name of our own: fx's split_module gives torch's
+    enter/exit calls a region handling of its own that fails on a cut graph (KeyError)."""
+    return torch.amp._enter_autocast(*mode_args)
+
+
+def _exit_autocast_mode(mode: Any) -> None:
+    torch.amp._exit_autocast(mode)
+
+
 # torch.fx drops calls whose results are unused unless their targets are known side effects
-fx.node._side_effectful_functions.update((_enter_grad_mode, _exit_grad_mode))
+fx.node._side_effectful_functions.update((_enter_grad_mode, _exit_grad_mode,
+                                          _enter_autocast_mode, _exit_autocast_mode))
 
 
 def _inline_mode_regions(gm: fx.GraphModule) -> None:
