@@ -11,8 +11,11 @@
    term of the cost model predicted beside measured (`hybridplan validate`), with the step time
    the uncalibrated preset `localhost-cpu` predicts for the same runs beside it.
 
-Everything lands in out/demo/.
+Everything lands in out/demo/. `--model` runs the same job on another built-in model (the cost
+model's other families: transformer_lm, biglstm) and `--out-dir` puts it elsewhere;
+bench/bench_validate_families.py runs it on each family.
 """
+import argparse
 import os
 import shutil
 import subprocess
@@ -39,8 +42,12 @@ def run(cmd, **kwargs):
     subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT, **kwargs)
 
 
-def main() -> int:
-    out = ROOT / "out" / "demo"
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=MODEL, choices=sorted(models.MODELS))
+    parser.add_argument("--out-dir", default=str(ROOT / "out" / "demo"))
+    args = parser.parse_args(argv)
+    model_name, out = args.model, Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cli = Path(os.environ.get("HYBRIDPLAN_CLI", ROOT / "build" / "bin" / "hybridplan"))
     torch.set_num_threads(1)  # one thread per rank: the two ranks share this machine's cores
@@ -48,10 +55,11 @@ def main() -> int:
     launcher = [shutil.which("torchrun")] if shutil.which("torchrun") else [
         sys.executable, "-m", "torch.distributed.run"]
 
-    print(f"== 1. profile {MODEL} at batch {PROFILE_BATCH} on cpu", flush=True)
-    module = models.get(MODEL, seed=0)
+    print(f"== 1. profile {model_name} at batch {PROFILE_BATCH} on cpu", flush=True)
+    module = models.get(model_name, seed=0)
+    loss_fn, target = models.loss_and_target(module, PROFILE_BATCH)  # a real training step
     graph = hybridplan.profile(module, module.example_inputs(PROFILE_BATCH), verbose=False,
-                               clock="thread")
+                               clock="thread", loss_fn=loss_fn, target=target)
     graph.save(out / "graph.json")
     print(f"   {len(graph.nodes)} nodes, each measured at batch sizes "
           f"{[p['batch_size'] for p in graph.nodes[0].get('batch_times', [])] + [PROFILE_BATCH]}"
@@ -60,7 +68,8 @@ def main() -> int:
     print(f"\n== 2. calibrate this machine ({DEVICES} ranks)", flush=True)
     run(launcher + ["--standalone", "--nproc-per-node", DEVICES, "-m", "hybridplan", "calibrate",
                     "--graph", out / "graph.json", "--out", out / "cluster.json",
-                    "--model", f"hybridplan.models:{MODEL}", "--batch", PROFILE_BATCH], env=env)
+                    "--model", f"hybridplan.models:{model_name}", "--batch", PROFILE_BATCH],
+        env=env)
 
     print(f"\n== 3. plan on {DEVICES} devices of the calibrated cluster", flush=True)
     run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
@@ -70,7 +79,7 @@ def main() -> int:
           "interleaved launches (each plan's median launch): predicted vs measured",
           flush=True)
     run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
-         "--model", f"hybridplan.models:{MODEL}", "--devices", DEVICES, "--plans", PLANS,
+         "--model", f"hybridplan.models:{model_name}", "--devices", DEVICES, "--plans", PLANS,
          "--steps", STEPS, "--out-dir", out, "--baseline-cluster", "localhost-cpu"], env=env)
     return 0
 

@@ -216,7 +216,8 @@ def _example_inputs(args, module) -> tuple:
 def _profile(args) -> int:
     import torch
 
-    from .profiler import profile_dict
+    from . import models
+    from .profiler import dataflow, profile_dict
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -225,8 +226,10 @@ def _profile(args) -> int:
     inputs = _example_inputs(args, module)
     name = args.name or args.factory.partition(":")[2].split(".")[-1]
     counts = {k: v for k, v in (("warmup", args.warmup), ("repeats", args.repeats)) if v is not None}
+    batch = next(t for t in dataflow.tensors_in(inputs)).shape[0]
+    loss_fn, target = models.loss_and_target(module, batch)  # the executor's default loss
     graph = profile_dict(module, inputs, device=args.device, verbose=not args.quiet, name=name,
-                         clock=args.clock, **counts)
+                         clock=args.clock, loss_fn=loss_fn, target=target, **counts)
     try:
         from .planner import Graph  # validates and writes the canonical JSON
     except ImportError:

@@ -68,6 +68,7 @@ from torch import nn
 
 from . import probe as _probe
 from .fitting import fit_line, fit_through_origin
+from .profiler.block_timing import backward_roots
 
 __all__ = ["calibrate"]
 
@@ -320,10 +321,14 @@ def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callabl
         raise ValueError(f"calibrate: {type(module).__name__} has no example_inputs(batch); "
                          "give a model with example inputs for the shared-core measurement")
 
+    # the step the profile measured: the model's own loss where it has one (models.loss_and_target)
+    loss_fn, target = models.loss_and_target(module, batch)
+    loss = None if loss_fn is None else (lambda output: loss_fn(output, target))
+
     def step():
         module.zero_grad(set_to_none=True)
-        out = module(*inputs)
-        sum(t.float().sum() for t in _tensors(out)).backward()
+        roots = backward_roots(module(*inputs), loss)
+        torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
 
     return module, step
 
@@ -339,16 +344,6 @@ def _graph_step_s(graph: Optional[dict], module: Optional[nn.Module], batch: int
     if param_bytes != graph_param_bytes:
         return 0.0
     return sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"])
-
-
-def _tensors(value) -> List[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value] if value.requires_grad else []
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, device, rounds: int,

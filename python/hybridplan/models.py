@@ -4,6 +4,8 @@ milliseconds on a CPU.
     branchy_cnn  Inception-style CNN: parallel branches concatenated (Inception-V3's shape)
     gnmt_lstm    GNMT-style LSTM encoder-decoder with residual connections and attention
     biglstm      BigLSTM-style language model: embedding, 2 projected LSTMs, a large softmax
+    transformer_lm  a causal transformer language model of torch's own TransformerEncoderLayers
+                 (the cost model's second family: attention's shapes, many small matmuls)
 
 Every model is deterministic and trains the same under any split (the executor's tests compare
 against single-process training), so: no BatchNorm (GroupNorm instead), no dropout, no in-place
@@ -20,14 +22,14 @@ Each model carries its own example data and loss:
 Factories take a `seed` and leave the global RNG untouched, so two calls build identical models.
 """
 
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["BranchyCNN", "GnmtLstm", "BigLstm", "branchy_cnn", "gnmt_lstm", "biglstm",
-           "MODELS", "get"]
+__all__ = ["BranchyCNN", "GnmtLstm", "BigLstm", "TransformerLM", "branchy_cnn", "gnmt_lstm",
+           "biglstm", "transformer_lm", "MODELS", "get", "loss_and_target"]
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -208,6 +210,44 @@ class BigLstm(_ExampleData, nn.Module):
                              generator=_generator(seed))
 
 
+# ---- transformer_lm ---------------------------------------------------------------------------
+
+class TransformerLM(_ExampleData, nn.Module):
+    """Decoder-only language model of torch's nn.TransformerEncoderLayer (pre-norm, GELU) under
+    a causal mask: token and learned position embeddings, `num_layers` layers, a final norm and
+    an untied vocabulary head. Input: token ids (B, T); output: next-token logits (B, T, V)."""
+
+    def __init__(self, vocab_size: int = 512, d_model: int = 96, num_heads: int = 4,
+                 num_layers: int = 4, seq_len: int = 32):
+        super().__init__()
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.position = nn.Embedding(seq_len, d_model)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d_model, num_heads, 4 * d_model, dropout=0.0,
+                                       activation="gelu", batch_first=True, norm_first=True)
+            for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        steps = tokens.shape[1]
+        positions = torch.arange(steps, device=tokens.device)
+        mask = nn.Transformer.generate_square_subsequent_mask(steps, device=tokens.device)
+        x = self.embed(tokens) + self.position(positions)
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+        shape = (batch_size, self.seq_len)
+        return (torch.randint(0, self.vocab_size, shape, generator=_generator(seed)),)
+
+    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
+        return torch.randint(0, self.vocab_size, (batch_size, self.seq_len),
+                             generator=_generator(seed))
+
+
 # ---- factories --------------------------------------------------------------------------------
 
 def _seeded(build: Callable[[], nn.Module], seed: int) -> nn.Module:
@@ -232,8 +272,25 @@ def biglstm(seed: int = 0, **kwargs) -> BigLstm:
     return _seeded(lambda: BigLstm(**kwargs), seed)
 
 
+def transformer_lm(seed: int = 0, **kwargs) -> TransformerLM:
+    """Causal transformer language model; kwargs: vocab_size, d_model, num_heads, num_layers,
+    seq_len."""
+    return _seeded(lambda: TransformerLM(**kwargs), seed)
+
+
 MODELS: Dict[str, Callable[..., nn.Module]] = {
-    "branchy_cnn": branchy_cnn, "gnmt_lstm": gnmt_lstm, "biglstm": biglstm}
+    "branchy_cnn": branchy_cnn, "gnmt_lstm": gnmt_lstm, "biglstm": biglstm,
+    "transformer_lm": transformer_lm}
+
+
+def loss_and_target(module: nn.Module, batch_size: int) -> Tuple[Optional[Callable], Any]:
+    """(module.loss, module.example_target(batch_size)) for a module that has both (the built-in
+    models; `loss` is the executor's default loss too), else (None, None): what profiling a
+    training step of `module` needs (hybridplan.profile's loss_fn and target)."""
+    loss = getattr(module, "loss", None)
+    if callable(loss) and callable(getattr(module, "example_target", None)):
+        return loss, module.example_target(batch_size)
+    return None, None
 
 
 def get(name: str, **kwargs) -> nn.Module:

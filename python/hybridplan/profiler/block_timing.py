@@ -116,17 +116,17 @@ class _Clock:
             torch.cuda.synchronize()
 
 
-def backward_roots(output: Any) -> List[torch.Tensor]:
-    """The output tensors a step back-propagates from (each seeded with ones)."""
+Loss = Callable[[Any], torch.Tensor]  # the model's output -> the scalar a step minimises
+
+
+def backward_roots(output: Any, loss: Optional[Loss] = None) -> List[torch.Tensor]:
+    """The tensors a profiled step back-propagates from, each seeded with ones: the loss of the
+    output where the profile has one (its forward and backward are then part of the step,
+    charged to the last node like any op after it), else the output tensors that require grad
+    (the gradient of sum(output))."""
+    if loss is not None:
+        return [loss(output)]
     return [t for t in tensors_in(output) if t.requires_grad]
-
-
-def run_step(module: nn.Module, inputs: Sequence[Any],
-             kwargs: Optional[Dict[str, Any]] = None) -> None:
-    """One forward+backward step as the profiler times it: the output's floating tensors are
-    back-propagated with all-ones gradients (the gradient of sum(output))."""
-    roots = backward_roots(module(*inputs, **(kwargs or {})))
-    torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
 
 
 class StepTimer:
@@ -181,13 +181,13 @@ class StepTimer:
             self.backward_owner = name
         return hook
 
-    def step(self, inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None
-             ) -> Tuple[Dict[str, float], Dict[str, float]]:
+    def step(self, inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None,
+             loss: Optional[Loss] = None) -> Tuple[Dict[str, float], Dict[str, float]]:
         self.module.zero_grad(set_to_none=True)
         self._reset()
         self.clock.sync()
         start = self.clock.mark()
-        roots = backward_roots(self.module(*inputs, **(kwargs or {})))
+        roots = backward_roots(self.module(*inputs, **(kwargs or {})), loss)
         seeds = [torch.ones_like(t) for t in roots]
         forward_end = self.clock.mark()
         torch.autograd.backward(roots, seeds)

@@ -13,7 +13,7 @@ consumer reads only `output`, not `(h, c)`, only `output`).
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.fx
@@ -50,6 +50,17 @@ def tensors_in(value: Any) -> List[torch.Tensor]:
     if isinstance(value, dict):
         return [t for v in value.values() for t in tensors_in(v)]
     return []
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`value` with fn applied to every tensor in its nested tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
 
 
 def nbytes_tree(value: Any) -> Any:
@@ -198,10 +209,13 @@ class _SavedBytes:
 
 
 def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
-                    inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None
+                    inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None,
+                    loss: Optional[Callable[[Any], torch.Tensor]] = None
                     ) -> Tuple[Dataflow, Any]:
-    """Runs module(*inputs, **kwargs) once with hooks; returns what it saw and the output. A failing
-    forward becomes a ValueError naming the node that was running and its input shapes."""
+    """Runs module(*inputs, **kwargs) once with hooks; returns what it saw and the output. With
+    `loss` (output -> scalar), what the loss saves for backward is the last node's, as its time
+    is (block_timing). A failing forward becomes a ValueError naming the node that was running
+    and its input shapes."""
     flow = Dataflow()
     producers = _Producers()
     orphans = orphan_parameters(module, nodes)
@@ -242,6 +256,8 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
     try:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             output = module(*inputs, **(kwargs or {}))
+            if loss is not None and flow.order:
+                loss(output)
         saved.finish()
     except Exception as exc:  # re-raised as ValueError naming where the forward failed
         raise ValueError(_forward_failure(module, nodes, flow, running, (inputs, kwargs),

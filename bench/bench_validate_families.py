@@ -1,0 +1,67 @@
+"""Predicted vs measured step time and memory on three model families, each on its own: the
+Inception-style CNN the cost model was first validated on (branchy_cnn), a causal transformer
+language model of torch's TransformerEncoderLayers (transformer_lm) and an LSTM language model
+(biglstm). Each run is `make demo`'s job on that model (examples/demo.py --model: profile,
+calibrate with the model's own graph, plan, validate 8 plans in 3 interleaved launches each),
+from scratch; the table gives, per run, the median and worst |step error| and the worst
+|memory error| over the plans. Targets: median <= 10 %, worst <= 25 %, memory within 15 %.
+
+    python bench/bench_validate_families.py [--runs 3] [--models transformer_lm biglstm]
+
+Needs a quiet machine: the ranks' timings are the measurement. Runs land in
+out/bench/validate/<model>-<run>/ (validate.md there has every plan's terms).
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("branchy_cnn", "transformer_lm", "biglstm")
+
+
+def one_run(model: str, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "demo.log", "w") as log:  # the ranks' warnings stay out of the table
+        done = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--model",
+                               model, "--out-dir", str(out_dir)], cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise SystemExit(f"{model}: examples/demo.py failed ({done.returncode}); see "
+                         f"{out_dir / 'demo.log'}")
+    result = json.loads((out_dir / "validate.json").read_text())
+    memory = [abs(r["memory_error"]) for r in result["rows"] if r["memory_error"] is not None]
+    worst_row = max(result["rows"], key=lambda r: abs(r["errors"]["step_s"] or 0))
+    return {"median": result["median_abs_error"], "worst": result["worst_abs_error"],
+            "worst_plan": worst_row["kind"],
+            "memory": max(memory) if memory else None,
+            "first_fastest": result["best_predicted_rank_measured"] == 1}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=list(FAMILIES))
+    args = parser.parse_args(argv)
+    print("| model | run | median \\|error\\| | worst (plan) | memory worst | first plan fastest |")
+    print("|---|---|---|---|---|---|")
+    missed = False
+    for model in args.models:
+        for run in range(1, args.runs + 1):
+            r = one_run(model, ROOT / "out" / "bench" / "validate" / f"{model}-{run}")
+            memory = "-" if r["memory"] is None else f"{100 * r['memory']:.1f} %"
+            print(f"| {model} | {run} | {100 * r['median']:.1f} % | {100 * r['worst']:.1f} % "
+                  f"({r['worst_plan']}) | {memory} | {'yes' if r['first_fastest'] else 'no'} |",
+                  flush=True)
+            missed |= (r["median"] > 0.10 or r["worst"] > 0.25
+                       or (r["memory"] is not None and r["memory"] > 0.15))
+    print("targets (median <= 10 %, worst <= 25 %, memory within 15 %):",
+          "missed in at least one run" if missed else "held in every run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
