@@ -9,8 +9,9 @@ milliseconds on a CPU.
 
 Every model is deterministic and trains the same under any split (the executor's tests compare
 against single-process training), so: no BatchNorm (GroupNorm instead), no dropout, no in-place
-ops, no data-dependent control flow (each forward is torch.fx symbolic_trace-able), and all
-sequence models are batch_first so dim 0 of every input is the batch.
+ops, no data-dependent control flow (each forward is torch.fx symbolic_trace-able, except
+transformer_lm's torch layers, whose edges the profiler takes from hooks), and all sequence
+models are batch_first so dim 0 of every input is the batch.
 
 Each model carries its own example data and loss:
 

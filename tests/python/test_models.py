@@ -48,8 +48,11 @@ def test_symbolic_trace_matches_eager(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_no_batchnorm_no_dropout(name):
-    forbidden = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
-    bad = [n for n, m in models.get(name).named_modules() if isinstance(m, forbidden)]
+    """No BatchNorm, and no dropout that drops anything (torch's transformer layers hold
+    Dropout modules; transformer_lm builds them with p=0, which draws no random numbers)."""
+    bad = [n for n, m in models.get(name).named_modules()
+           if isinstance(m, nn.modules.batchnorm._BatchNorm)
+           or (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0)]
     assert bad == []
 
 

@@ -147,13 +147,27 @@ def test_shared_relu_and_inplace_residual(untraceable, capsys):
     }
 
 
-@pytest.mark.parametrize("name", sorted(models.MODELS))
+@pytest.mark.parametrize("name", sorted(set(models.MODELS) - {"transformer_lm"}))
 def test_hook_edges_equal_fx_edges_on_builtin_models(name):
     model = models.get(name)
     nodes = block_list.select_nodes(model)
     flow, _ = _tracing.record_dataflow(model, nodes, model.example_inputs(2))
     assert flow.edges == _tracing.fx_edges(model, nodes, flow)
     assert len(flow.edges) >= len(nodes) - 2  # connected: one edge into each non-input node
+
+
+def test_torch_transformer_layers_take_their_edges_from_hooks():
+    """nn.TransformerEncoderLayer cannot be traced by torch.fx with its children as leaves (it
+    canonicalises the mask proxy); the profiler falls back to the hooked run's edges."""
+    model = models.transformer_lm(vocab_size=16, d_model=8, num_heads=2, num_layers=2,
+                                  seq_len=4)
+    nodes = block_list.select_nodes(model)
+    flow, _ = _tracing.record_dataflow(model, nodes, model.example_inputs(2))
+    with pytest.raises(Exception):
+        _tracing.fx_edges(model, nodes, flow)
+    graph = profile_dict(model, model.example_inputs(2), warmup=0, repeats=1, verbose=False,
+                         batch_sizes=[])
+    assert len(graph["edges"]) == len(flow.edges) and graph["pipeline_split"]["supported"]
 
 
 def test_lstm_edge_carries_only_the_output_it_reads():
