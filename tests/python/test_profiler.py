@@ -502,3 +502,20 @@ def test_retain_freed_memory_sets_glibc_thresholds():
     # On glibc (this machine, CI) mallopt accepts both settings; elsewhere nothing is changed.
     import platform
     assert _timing.retain_freed_memory() == (platform.libc_ver()[0] == "glibc")
+
+
+def test_a_profile_with_the_loss_charges_it_to_the_last_node():
+    """With loss_fn and target each step back-propagates from the loss: cross-entropy's saved
+    log-probabilities (the logits' size) are the last node's, and its time is in the steps."""
+    model = models.biglstm(vocab_size=512, embed_size=8, hidden_size=16, seq_len=5)
+    inputs, target = model.example_inputs(4), model.example_target(4)
+    plain = profile_dict(model, inputs, warmup=0, repeats=1, verbose=False, batch_sizes=[])
+    with_loss = profile_dict(model, inputs, warmup=0, repeats=1, verbose=False,
+                             batch_sizes=[2], loss_fn=model.loss, target=target)
+    logits = 4 * 5 * 512 * 4
+    assert with_loss["nodes"][-1]["saved_bytes"] - plain["nodes"][-1]["saved_bytes"] >= logits
+    assert [n["saved_bytes"] for n in with_loss["nodes"][:-1]] == [
+        n["saved_bytes"] for n in plain["nodes"][:-1]]
+    assert all(p["forward_s"] > 0 for p in with_loss["nodes"][-1]["batch_times"])  # target sliced
+    with pytest.raises(ValueError, match="loss_fn and target go together"):
+        profile_dict(model, inputs, verbose=False, loss_fn=model.loss)

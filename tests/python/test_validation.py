@@ -249,3 +249,35 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         for before, after in zip(ranks, ranks[1:]):
             sent, used = forward_times(before), forward_times(after)
             assert all(used[i][0] > sent[i][1] for i in sent), (sent, used)
+
+
+@pytest.mark.parametrize("name", ["transformer_lm", "biglstm"])
+def test_validate_runs_the_other_model_families(calibrated, tmp_path, name):
+    """The cost model's other families end to end in reduced form: profiled with their own
+    loss, planned, two plans trained and compared (structure and sanity only, as above; the
+    figures are bench/bench_validate_families.py's on a quiet machine)."""
+    import torch
+
+    import hybridplan
+    from hybridplan import models
+
+    torch.set_num_threads(1)
+    module = models.get(name, seed=0)
+    loss_fn, target = models.loss_and_target(module, 8)
+    graph = hybridplan.profile(module, module.example_inputs(8), verbose=False, batch_sizes=(),
+                               repeats=2, clock="thread", loss_fn=loss_fn, target=target)
+    graph_path = tmp_path / "graph.json"
+    graph.save(graph_path)
+    out = tmp_path / "validate"
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
+         str(calibrated), "--model", f"hybridplan.models:{name}", "--devices", "2",
+         "--plans", "2", "--steps", "2", "--rounds", "1", "--out-dir", str(out)],
+        env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
+        timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((out / "validate.json").read_text())["rows"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
+        assert max(row["measured_memory_bytes"]) > 0 and max(row["predicted_memory_bytes"]) > 0
