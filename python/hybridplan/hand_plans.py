@@ -20,9 +20,11 @@ __all__ = ["hand_plan", "nodes_in_call_order", "even_split"]
 
 
 def nodes_in_call_order(module: nn.Module, example_inputs: Any = None) -> List[str]:
-    """Graph nodes in the order forward() first calls them on `example_inputs` (a tensor, a
-    tuple or a dict of keyword arguments; one forward in eval mode, so BatchNorm statistics do
-    not move), then any node it never calls; without inputs, in registration order."""
+    """Graph nodes in the order forward() calls them on `example_inputs` (a tensor, a tuple or a
+    dict of keyword arguments; one forward in eval mode, so BatchNorm statistics do not move),
+    then any node it never calls; without inputs, in registration order. As in the profiler, a
+    module called more than once is a node per call, unless it holds no parameters (then it
+    is a functional op, no node)."""
     nodes = block_list.select_nodes(module)
     if example_inputs is None:
         return list(nodes)
@@ -35,7 +37,9 @@ def nodes_in_call_order(module: nn.Module, example_inputs: Any = None) -> List[s
         flow, _ = dataflow.record_dataflow(module, nodes, args, kwargs)
     finally:
         module.train(training)
-    return flow.order + [n for n in nodes if n not in flow.order]
+    reused = set(dataflow.reused_stateless(nodes, flow))
+    called = [n for n in flow.order if block_list.module_name(n) not in reused]
+    return called + [n for n in nodes if n not in flow.calls]
 
 
 def even_split(names: Sequence[str], parts: int) -> Dict[str, int]:

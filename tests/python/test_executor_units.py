@@ -390,3 +390,16 @@ def test_judge_names_disagreeing_ranks():
     assert msg == ("hybridplan.apply: rank 0 and rank 1 hold different models: 'w' is "
                    "torch.float32[2, 2] on rank 0 and torch.float32[2, 3] on rank 1")
     assert param_signature(nn.Linear(2, 3))[0] == ("weight", [3, 2], "torch.float32")
+
+
+def test_hand_plans_name_the_nodes_the_profiler_does():
+    """A module called twice is a node per call; a parameter-free one (a shared ReLU) is a
+    functional op, as in the profiler."""
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.mid, self.act = nn.Linear(4, 4), nn.Linear(4, 4), nn.ReLU()
+
+        def forward(self, x):
+            return self.lin(self.act(self.mid(self.act(self.lin(x)))))
+    assert nodes_in_call_order(Twice(), torch.randn(2, 4)) == ["lin", "mid", "lin@1"]
