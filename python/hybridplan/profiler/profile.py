@@ -108,19 +108,19 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                          f"loss_fn={'given' if loss_fn else 'None'}, target="
                          f"{'given' if target is not None else 'None'})")
     target = _move(target, dev)
-    loss = _loss_at(loss_fn, target, int(_first_tensor(inputs, kwargs).shape[0]))
+    loss_at = _loss_at(loss_fn, target, int(_first_tensor(inputs, kwargs).shape[0]))
     module.to(dev)
     graph_name = name or _snake_case(type(module).__name__)
     log = (lambda msg: print(msg, file=sys.stderr)) if verbose else (lambda msg: None)
 
     nodes = block_list.select_nodes(module)
-    flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs, loss(None))
+    flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs, loss_at(None))
     reused = dataflow.reused_stateless(nodes, flow)
     if reused:
         log(f"profile {graph_name}: parameter-free modules called more than once are treated "
             f"as functional ops: {', '.join(reused)}")
         nodes = {n: m for n, m in nodes.items() if n not in reused}
-        flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs, loss(None))
+        flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs, loss_at(None))
     if not flow.order:
         raise ValueError(
             f"profile: none of {type(module).__name__}'s {len(nodes)} graph nodes ran in "
@@ -139,12 +139,12 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     if retain_freed_memory:
         block_timing.retain_freed_memory()
     forward_s, backward_s = _measure(module, nodes, flow.order, (inputs, kwargs), clock, warmup,
-                                     repeats, verbose, graph_name, loss(None))
+                                     repeats, verbose, graph_name, loss_at(None))
     first = _first_tensor(inputs, kwargs)
     batch_times = _measure_other_batches(module, nodes, flow.order, (inputs, kwargs), clock,
                                          warmup, repeats, verbose, graph_name,
                                          _batch_sizes(batch_sizes, first), batch_time_budget_s,
-                                         log, loss)
+                                         log, loss_at)
     flops = block_timing.count_flops(module, nodes, inputs, kwargs)
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
                    first, batch_times)
@@ -290,8 +290,8 @@ def _slice_batch(call, b: int, size: int):
 
 
 def _measure_other_batches(module, nodes, names, call, clock, warmup, repeats, verbose,
-                           graph_name, sizes, budget_s, log, loss) -> Dict[int, Tuple[Dict[str, float],
-                                                                    Dict[str, float]]]:
+                           graph_name, sizes, budget_s, log, loss_at
+                           ) -> Dict[int, Tuple[Dict[str, float], Dict[str, float]]]:
     """{batch size: (forward_s, backward_s)} for the sizes measured within the time budget."""
     import time
 
@@ -304,7 +304,7 @@ def _measure_other_batches(module, nodes, names, call, clock, warmup, repeats, v
                 f"measured: {sizes[len(out):]}")
             break
         out[size] = _measure(module, nodes, names, _slice_batch(call, b, size), clock, warmup,
-                             repeats, verbose, f"{graph_name} b={size}", loss(size))
+                             repeats, verbose, f"{graph_name} b={size}", loss_at(size))
     if out:
         log(f"profile {graph_name}: also measured at batch sizes "
             f"{', '.join(map(str, sorted(out)))} ({time.monotonic() - started:.1f} s)")
