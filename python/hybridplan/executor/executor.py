@@ -594,7 +594,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           batch_dim: int = 0, example_inputs: Any = None, measure_noise_scale: int = 0,
           noise_scale_decay: float = 0.99,
           resume_from: Union[str, os.PathLike, None] = None,
-          retain_freed_memory: bool = False) -> AppliedPlan:
+          retain_freed_memory: bool = True) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
     plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
@@ -622,10 +622,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                as caching allocators (CUDA's) do: otherwise every large activation or gradient
                buffer of every step is mapped anew and page-faults on first touch. BigLSTM's
                step at batch 32 took 28.8 ms without, 21.4 ms with it (one process, median of
-               10); branchy_cnn's DP step measured 21-23 ms with it against 29 ms without. Off
-               by default: the calibrated cost model (calibrate fits its runtime terms on runs
-               without it) is validated without it; with it, make demo's 1F1B M=32 measured
-               20-26 % faster than predicted and M=4 15-20 % slower (docs/models.md).
+               10); the profile, and so the plan's prediction, assumes it. False: leave malloc
+               as it is.
 
     Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
     job's world size, or if ranks run different torch or hybridplan versions or hold different
