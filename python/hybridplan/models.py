@@ -51,6 +51,22 @@ class _ExampleData:
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
 
 
+class _TokenData(_ExampleData):
+    """Random token ids (B, seq_len) below vocab_size as inputs, and as next-token targets: the
+    language models' example data."""
+
+    vocab_size: int
+    seq_len: int
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+        shape = (batch_size, self.seq_len)
+        return (torch.randint(0, self.vocab_size, shape, generator=_generator(seed)),)
+
+    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
+        return torch.randint(0, self.vocab_size, (batch_size, self.seq_len),
+                             generator=_generator(seed))
+
+
 # ---- branchy_cnn ------------------------------------------------------------------------------
 
 class ConvNormAct(nn.Module):
@@ -182,7 +198,7 @@ class GnmtLstm(_ExampleData, nn.Module):
 
 # ---- biglstm ----------------------------------------------------------------------------------
 
-class BigLstm(_ExampleData, nn.Module):
+class BigLstm(_TokenData, nn.Module):
     """BigLSTM-style language model (Jozefowicz et al., https://arxiv.org/abs/1602.02410), scaled
     down: embedding, two LSTM layers with projection (LSTMP, nn.LSTM proj_size), and a softmax
     layer over a vocabulary large relative to the rest, so the classifier dominates parameters.
@@ -202,18 +218,10 @@ class BigLstm(_ExampleData, nn.Module):
         x = self.lstm1(x)[0]
         return self.softmax(x)
 
-    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
-        shape = (batch_size, self.seq_len)
-        return (torch.randint(0, self.vocab_size, shape, generator=_generator(seed)),)
-
-    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
-        return torch.randint(0, self.vocab_size, (batch_size, self.seq_len),
-                             generator=_generator(seed))
-
 
 # ---- transformer_lm ---------------------------------------------------------------------------
 
-class TransformerLM(_ExampleData, nn.Module):
+class TransformerLM(_TokenData, nn.Module):
     """Decoder-only language model of torch's nn.TransformerEncoderLayer (pre-norm, GELU) under
     a causal mask: token and learned position embeddings, `num_layers` layers, a final norm and
     an untied vocabulary head. Input: token ids (B, T); output: next-token logits (B, T, V)."""
@@ -239,14 +247,6 @@ class TransformerLM(_ExampleData, nn.Module):
         for layer in self.layers:
             x = layer(x, src_mask=mask, is_causal=True)
         return self.head(self.norm(x))
-
-    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
-        shape = (batch_size, self.seq_len)
-        return (torch.randint(0, self.vocab_size, shape, generator=_generator(seed)),)
-
-    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
-        return torch.randint(0, self.vocab_size, (batch_size, self.seq_len),
-                             generator=_generator(seed))
 
 
 # ---- factories --------------------------------------------------------------------------------
