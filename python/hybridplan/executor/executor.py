@@ -69,9 +69,9 @@ def destroy_groups(groups: Sequence[Optional["dist.ProcessGroup"]] = (None,)) ->
     """Destroys `groups` newest first (None: every group, the default included) after a garbage
     collection, while Python is fully alive. Call it once the DDP wrappers (and anything else
     holding a group) are dropped; AppliedPlan.close() does, and so does every plain-DDP job in
-    the tests and benches (issue 13, and a CI run where both ranks of torch DDP aborted at exit).
+    the tests and benches (a CI run had both ranks of torch DDP abort at exit without it).
 
-    Why (issue 13: ~1 exit in 4 aborted with "terminate called without an active exception"):
+    Why (~1 exit in 4 aborted with "terminate called without an active exception" before):
     each backward stashes a Python object in thread-local state
     (torch.autograd.graph._engine_run_backward), and every all-reduce DDP launches from the
     backward keeps a copy of that state in its Gloo Work. A Gloo worker thread drops its last
