@@ -17,16 +17,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .._bucket_policy import ddp_bucket_kwargs
 from ..profiler.block_list import split_call_name
+from ..profiler.dataflow import map_tensors
 
 
 def _move(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_move(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _move(v, device) for k, v in value.items()}
-    return value
+    return map_tensors(value, lambda t: t.to(device))
 
 
 def _inputs_follow(device: torch.device):

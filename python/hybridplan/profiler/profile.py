@@ -203,7 +203,7 @@ def _loss_at(loss_fn, target, b: int) -> Callable[[Optional[int]], Optional[Call
         if loss_fn is None:
             return None
         part = target if size is None else dataflow.map_tensors(
-            target, lambda t: t[:size] if t.dim() and t.shape[0] == b else t)
+            target, lambda t: _first_samples(t, b, size))
         return lambda output: loss_fn(output, part)
     return at
 
@@ -281,10 +281,15 @@ def _batch_sizes(batch_sizes, first: torch.Tensor) -> List[int]:
     return sizes
 
 
+def _first_samples(t: torch.Tensor, b: int, size: int) -> torch.Tensor:
+    """The first `size` samples of `t` where its dim 0 is the batch b; else `t` as it is."""
+    return t[:size] if t.dim() > 0 and t.shape[0] == b else t
+
+
 def _slice_batch(call, b: int, size: int):
     """(args, kwargs) with the first `size` samples of every tensor whose dim 0 is the batch b."""
     def cut(x):
-        return x[:size] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == b else x
+        return _first_samples(x, b, size) if isinstance(x, torch.Tensor) else x
     args, kwargs = call
     return tuple(cut(x) for x in args), {k: cut(v) for k, v in kwargs.items()}
 
