@@ -272,7 +272,7 @@ def _inline_mode_regions(gm: fx.GraphModule) -> None:
     operations between enter and exit calls, all in the region's module scope; nested regions
     are inlined in turn. The subgraph's own get_attr targets move to `gm`."""
     while True:
-        region = next(((n, _mode_region(n)) for n in gm.graph.nodes if _mode_region(n)), None)
+        region = next(((n, r) for n in gm.graph.nodes if (r := _mode_region(n))), None)
         if region is None:
             break
         node, (enter, leave, at) = region
