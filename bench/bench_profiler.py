@@ -80,7 +80,7 @@ def main():
         inputs = model.example_inputs(args.batch)
         nodes = block_list.select_nodes(model)
         flow, _ = dataflow.record_dataflow(model, nodes, inputs)
-        same_edges = flow.edges == dataflow.fx_edges(model, nodes, flow)
+        same_edges = flow.edges == dataflow.fx_edges(model, nodes, flow, inputs)
         for clock in args.clock:
             ratio, lo, hi, node_sum_s, profile_s, graph = node_sum_ratio(
                 model, inputs, clock, args.rounds, args.steps)

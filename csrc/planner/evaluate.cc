@@ -282,16 +282,26 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   activation_bytes_.assign(plan.mp, 0.0);
   fill_param_bytes(plan);
   transient_bytes_.assign(plan.mp, 0.0);
+  const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
     activation_bytes_[k] += scaled_bytes(graph.nodes[v].activation_bytes(), scale);
     int64_t gradients = graph.nodes[v].output_bytes;  // backward workspace (memory_cost.h)
     for (int32_t e : graph.in_edges[v]) gradients += graph.edges[e].bytes;
+    if (static_cast<int32_t>(v) == sink) {
+      gradients = std::max(gradients, graph.profiled.loss_backward_bytes);
+    }
     transient_bytes_[k] = std::max(transient_bytes_[k], scaled_bytes(gradients, scale));
   }
-  if (!graph.topo_order.empty()) {  // the replica's input batch, where the first node runs
-    transient_bytes_[plan.assignment[graph.topo_order.front()]] += scaled_bytes(
-        graph.profiled.input_bytes, batch_scale(graph, static_cast<double>(plan.per_replica_batch)));
+  if (sink >= 0) {
+    const double replica_scale = batch_scale(graph, static_cast<double>(plan.per_replica_batch));
+    // the replica's input batch, where the first node runs
+    transient_bytes_[plan.assignment[graph.topo_order.front()]] +=
+        scaled_bytes(graph.profiled.input_bytes, replica_scale);
+    // the model's output of the replica's whole batch, held by the caller (a pipeline's last
+    // stage: one per micro-batch) until the step's backward is done
+    transient_bytes_[plan.assignment[sink]] +=
+        scaled_bytes(graph.nodes[sink].output_bytes, replica_scale);
   }
   if (pipeline) {  // receive buffers, one per micro-batch, each way (pipeline_compute filled stages_)
     const auto m = static_cast<double>(plan.num_microbatches);

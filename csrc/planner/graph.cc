@@ -123,6 +123,7 @@ void Graph::validate(const std::string& source) const {
   std::unordered_map<NodeId, size_t> id_at;
   std::unordered_map<std::string, size_t> name_at;
   check_bytes(source, "profiled.input_bytes", profiled.input_bytes);
+  check_bytes(source, "profiled.loss_backward_bytes", profiled.loss_backward_bytes);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& node = nodes[i];
     const std::string path = json_index_path("nodes", i);
@@ -244,6 +245,9 @@ Graph graph_from_json(const Json& j, const std::string& source) {
   if (const Json* d = in.optional(profiled, "dtype")) g.profiled.dtype = in.string(*d, "profiled.dtype");
   if (const Json* b = in.optional(profiled, "input_bytes")) {
     g.profiled.input_bytes = in.integer(*b, "profiled.input_bytes");
+  }
+  if (const Json* b = in.optional(profiled, "loss_backward_bytes")) {
+    g.profiled.loss_backward_bytes = in.integer(*b, "profiled.loss_backward_bytes");
   }
 
   if (const Json* split = in.optional(j, "pipeline_split")) {
@@ -367,6 +371,9 @@ Json graph_to_json(const Graph& g) {
             {"edges", std::move(edges)}};
   // Written only when known, so graphs without it keep their hash.
   if (g.profiled.input_bytes > 0) j["profiled"]["input_bytes"] = g.profiled.input_bytes;
+  if (g.profiled.loss_backward_bytes > 0) {
+    j["profiled"]["loss_backward_bytes"] = g.profiled.loss_backward_bytes;
+  }
   // Written only when they say something, so graphs without them keep their hash.
   if (!g.pipeline_split.supported) {
     j["pipeline_split"] = {{"supported", false}, {"reason", g.pipeline_split.reason}};

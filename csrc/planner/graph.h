@@ -60,6 +60,9 @@ struct ProfiledAt {
   int64_t batch_size = 1;
   std::string dtype = "float32";
   int64_t input_bytes = 0;  // the model's input tensors at batch_size (JSON optional; 0 = unknown)
+  // Peak bytes the loss's backward allocates down to the gradient of the model's output, at
+  // batch_size (JSON optional; 0 = not profiled with a loss). memory_cost.h.
+  int64_t loss_backward_bytes = 0;
 };
 
 // A parameter several nodes hold (tied weights, e.g. GPT-2's wte and lm_head). Its bytes are in

@@ -10,7 +10,13 @@
 //                + transient_bytes                         alive only part of the step:
 //   backward workspace: while node v's backward runs, the gradient of its output and the
 //                     gradients of its inputs are alive together: max over the device's nodes of
-//                     output_bytes + the bytes of its in-edges, at the (micro-)batch it runs
+//                     output_bytes + the bytes of its in-edges, at the (micro-)batch it runs;
+//                     for the last node, at least the loss's backward peak (Graph
+//                     profiled.loss_backward_bytes: cross-entropy holds two logits-sized
+//                     gradients at once)
+//   held output:      the model's output for the replica's whole batch, which the caller (a
+//                     pipeline's last stage: one per micro-batch) holds until backward is done,
+//                     on the device of the last node
 //   receive buffers (pipeline): torch.distributed.pipelining's PipelineStage allocates one
 //                     receive buffer per micro-batch for the activations a stage receives (every
 //                     stage but the first) and for the gradients it receives (every stage but the

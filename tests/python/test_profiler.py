@@ -139,20 +139,73 @@ def test_shared_relu_and_inplace_residual(untraceable, capsys):
     assert "treated as functional ops: layer.0.relu, layer.1.relu" in err
     assert ("forward hooks" in err) == untraceable
     act = 2 * 4 * 8 * 8 * 4  # one (2, 4, 8, 8) float32 activation
-    assert _edges(graph) == {  # the residual `out += x` adds the block input's producer
+    # the residual `out += x` adds the block input's producer; the first block's result is a
+    # functional value (relu(conv2 + stem)) that layer.1.conv1 reads first, so fc's edge for it
+    # comes from layer.1.conv1, not from stem and layer.0.conv2 again
+    assert _edges(graph) == {
         ("stem", "layer.0.conv1", act), ("layer.0.conv1", "layer.0.conv2", act),
         ("stem", "layer.1.conv1", act), ("layer.0.conv2", "layer.1.conv1", act),
         ("layer.1.conv1", "layer.1.conv2", act),
-        ("stem", "fc", act), ("layer.0.conv2", "fc", act), ("layer.1.conv2", "fc", act),
+        ("layer.1.conv1", "fc", act), ("layer.1.conv2", "fc", act),
     }
+
+
+class ResidualStream(nn.Module):
+    """x = x + f(x) at every layer, as transformers' residual streams are."""
+
+    def __init__(self, untraceable=False):
+        super().__init__()
+        self.untraceable = untraceable
+        self.embed = nn.Linear(4, 8)
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = x + layer(x)
+            if self.untraceable and float(x.detach().mean()) > -1e30:  # a Proxy to fx
+                x = x * 1.0
+        return self.head(x)
+
+
+@pytest.mark.parametrize("untraceable", [False, True])
+def test_residual_stream_is_read_from_its_first_reader(untraceable, capsys):
+    """Each layer's sum is a functional value its next layer reads first: later readers get it
+    from that layer, once, as the executor's cut carries it; not an edge from every earlier
+    layer (which charged a pipeline boundary for each)."""
+    graph = profile_dict(ResidualStream(untraceable), torch.randn(BATCH, 4), warmup=0, repeats=1,
+                         batch_sizes=[])
+    assert ("forward hooks" in capsys.readouterr().err) == untraceable
+    act = BATCH * 8 * 4
+    assert _edges(graph) == {
+        ("embed", "layers.0", act), ("embed", "layers.1", act), ("layers.0", "layers.1", act),
+        # the stream (first read by the layer before) and that layer's output
+        ("layers.1", "layers.2", 2 * act), ("layers.2", "layers.3", 2 * act),
+        ("layers.3", "head", 2 * act),
+    }
+
+
+def test_loss_backward_bytes_are_measured_with_the_loss():
+    """Cross-entropy's backward holds the gradients of its log-softmax and of the logits at once:
+    twice the logits (the memory model's last-node workspace); no loss, no field."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 512))
+    x, target = torch.randn(BATCH, 4), torch.randint(0, 512, (BATCH,))
+    logits = BATCH * 512 * 4
+    with_loss = profile_dict(model, x, warmup=0, repeats=1, batch_sizes=[], verbose=False,
+                             loss_fn=F.cross_entropy, target=target)
+    assert 2 * logits <= with_loss["profiled"]["loss_backward_bytes"] < 2.5 * logits
+    without = profile_dict(model, x, warmup=0, repeats=1, batch_sizes=[], verbose=False)
+    assert "loss_backward_bytes" not in without["profiled"]
 
 
 @pytest.mark.parametrize("name", sorted(set(models.MODELS) - {"transformer_lm"}))
 def test_hook_edges_equal_fx_edges_on_builtin_models(name):
     model = models.get(name)
     nodes = block_list.select_nodes(model)
-    flow, _ = _tracing.record_dataflow(model, nodes, model.example_inputs(2))
-    assert flow.edges == _tracing.fx_edges(model, nodes, flow)
+    inputs = model.example_inputs(2)
+    flow, _ = _tracing.record_dataflow(model, nodes, inputs)
+    assert flow.edges == _tracing.fx_edges(model, nodes, flow, inputs)
     assert len(flow.edges) >= len(nodes) - 2  # connected: one edge into each non-input node
 
 
@@ -164,7 +217,7 @@ def test_torch_transformer_layers_take_their_edges_from_hooks():
     nodes = block_list.select_nodes(model)
     flow, _ = _tracing.record_dataflow(model, nodes, model.example_inputs(2))
     with pytest.raises(Exception):
-        _tracing.fx_edges(model, nodes, flow)
+        _tracing.fx_edges(model, nodes, flow, model.example_inputs(2))
     graph = profile_dict(model, model.example_inputs(2), warmup=0, repeats=1, verbose=False,
                          batch_sizes=[])
     assert len(graph["edges"]) == len(flow.edges) and graph["pipeline_split"]["supported"]

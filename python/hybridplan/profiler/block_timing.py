@@ -129,6 +129,35 @@ def backward_roots(output: Any, loss: Optional[Loss] = None) -> List[torch.Tenso
     return [t for t in tensors_in(output) if t.requires_grad]
 
 
+def loss_backward_bytes(output: Any, loss: Loss) -> int:
+    """Peak bytes the loss's backward allocates, from the loss down to the gradient of the
+    model's output, with the loss's forward already done (what it saves is the last node's
+    saved bytes, record_dataflow). Cross-entropy over logits holds the gradient of its
+    log-softmax and the logits' gradient at once: twice the logits, which a language model's
+    large vocabulary makes a large part of a step's peak. Measured from torch.profiler's
+    allocation events (the instrument `validate` reads peak memory with)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    roots = [t for t in tensors_in(output) if t.requires_grad]
+    value = loss(output)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        grads = torch.autograd.grad(value, roots, allow_unused=True)
+        del grads
+    allocations = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            allocations.append((event.start_time_ns, event.extra_fields.alloc_size))
+    live = peak = 0
+    for _, nbytes in sorted(allocations):
+        live += nbytes
+        peak = max(peak, live)
+    return int(peak)
+
+
 class StepTimer:
     """Hooks on the node modules that time steps; `step()` runs one and returns
     (forward_s, backward_s) per graph node (one per call of a node module, block_list)."""

@@ -9,6 +9,14 @@ Edges come from the real dataflow, two ways:
   storage for views of tensors without autograd history) and look up each node's inputs.
 Edge bytes are the bytes of the producer's output tensors the consumer reads (for an LSTM whose
 consumer reads only `output`, not `(h, c)`, only `output`).
+
+A value computed by functional ops between nodes belongs to the first node that reads it: the
+executor's cut runs such ops on the stage of the next node module in execution order
+(stage_split._place_markers), which is the first reader in models' forwards. A later reader's
+edge then comes from that first reader, with the value's bytes, and the walk back stops there.
+Without this rule a residual stream (x = x + f(x) at every layer) would be an edge from every
+earlier layer to every later one, charging a pipeline boundary for each, where the cut carries
+the stream once.
 """
 
 import operator
@@ -110,6 +118,9 @@ class _Producers:
         # id(grad_fn) -> (node, output_nr -> bytes)
         self.by_grad_fn: Dict[int, Tuple[str, Dict[int, int]]] = {}
         self.by_storage: Dict[int, Tuple[str, int]] = {}    # storage data_ptr -> (node, bytes)
+        # (id(grad_fn), output_nr) of a functional value -> (its first reader, bytes)
+        self.first_reader: Dict[Tuple[int, int], Tuple[str, int]] = {}
+        self.parameters: set = set()  # names of the orphan parameters added as producers
         self._keep_alive: List[Any] = []  # ids are only unique while the objects live
 
     def add_outputs(self, name: str, output: Any) -> None:
@@ -119,6 +130,10 @@ class _Producers:
             self.by_id[id(t)] = (name, nbytes)
             if t.grad_fn is not None:
                 self._keep_alive.append(t.grad_fn)
+                if self.by_grad_fn.get(id(t.grad_fn), (name,))[0] != name:
+                    # a node that returns its input unchanged (dropout with p=0, identity):
+                    # later readers read it from this node, once
+                    del self.by_grad_fn[id(t.grad_fn)]
                 _, per_output = self.by_grad_fn.setdefault(id(t.grad_fn), (name, {}))
                 per_output[t.output_nr] = per_output.get(t.output_nr, 0) + nbytes
             if t.numel() and t.layout == torch.strided and t.device.type != "meta":
@@ -129,17 +144,20 @@ class _Producers:
         class token concatenated to its input) reads it. Its autograd leaf node (AccumulateGrad)
         stands for it in the autograd walk."""
         self.by_id[id(p)] = (name, 0)
+        self.parameters.add(name)
         if p.requires_grad and torch.is_grad_enabled():
             leaf = p.view_as(p).grad_fn.next_functions[0][0]
             self._keep_alive.append(leaf)
             self.by_grad_fn[id(leaf)] = (name, {0: 0})
 
-    def producers_of(self, t: torch.Tensor) -> Dict[Tuple[str, Any], int]:
-        """(producer, distinguishing key) -> bytes, for the node outputs `t` was computed from."""
+    def producers_of(self, t: torch.Tensor, reader: str) -> Dict[Tuple[str, Any], int]:
+        """(producer, distinguishing key) -> bytes, for the node outputs and the functional
+        values first read by earlier nodes that `t` was computed from; functional values met
+        for the first time become `reader`'s (see the module doc)."""
         # autograd history first: it survives in-place ops (out += x), which keep the tensor
         # object but add an input; identity and storage serve tensors without history
         if t.grad_fn is not None:
-            return self._walk_autograd(t.grad_fn, t.output_nr)
+            return self._walk_autograd(t.grad_fn, t.output_nr, reader)
         if id(t) in self.by_id:
             name, nbytes = self.by_id[id(t)]
             return {(name, id(t)): nbytes}
@@ -149,21 +167,51 @@ class _Producers:
             return {(name, ("storage", name)): nbytes}
         return {}
 
-    def _walk_autograd(self, grad_fn: Any, output_nr: int) -> Dict[Tuple[str, Any], int]:
+    def _walk_autograd(self, grad_fn: Any, output_nr: int, reader: str
+                       ) -> Dict[Tuple[str, Any], int]:
         found: Dict[Tuple[str, Any], int] = {}
+        from_node: Dict[Tuple[int, int], bool] = {}  # value -> computed from a node's output
+        functional: List[Tuple[Tuple[int, int], Any, int, List[Tuple[int, int]]]] = []
         stack = [(grad_fn, output_nr)]
-        seen = set()
         while stack:
             fn, nr = stack.pop()
-            if fn is None or (id(fn), nr) in seen:
+            key = (id(fn), nr)
+            if fn is None or key in from_node:
                 continue
-            seen.add((id(fn), nr))
             if id(fn) in self.by_grad_fn:
                 name, per_output = self.by_grad_fn[id(fn)]
-                found[(name, (id(fn), nr))] = per_output.get(nr, sum(per_output.values()))
+                found[(name, key)] = per_output.get(nr, sum(per_output.values()))
+                from_node[key] = name not in self.parameters
                 continue
-            stack.extend(fn.next_functions)
+            if key in self.first_reader:
+                name, nbytes = self.first_reader[key]
+                found[(name, key)] = nbytes
+                from_node[key] = True
+                continue
+            from_node[key] = False
+            inputs = [(f, n) for f, n in fn.next_functions if f is not None]
+            functional.append((key, fn, nr, [(id(f), n) for f, n in inputs]))
+            stack.extend(inputs)
+        changed = True
+        while changed:  # a value is from a node if any of its inputs is (to a fixed point)
+            changed = False
+            for key, _, _, inputs in reversed(functional):
+                if not from_node[key] and any(from_node.get(i, False) for i in inputs):
+                    from_node[key] = changed = True
+        for key, fn, nr, _ in functional:
+            if from_node[key]:  # values of inputs and parameters alone have no producer node
+                self._keep_alive.append(fn)
+                self.first_reader[key] = (reader, _value_bytes(fn, nr))
         return found
+
+
+def _value_bytes(fn: Any, nr: int) -> int:
+    """Bytes of forward output `nr` of the op whose backward is `fn` (its gradient's shape)."""
+    metadata = fn._input_metadata
+    if nr >= len(metadata) or metadata[nr].is_nested_tensor:
+        return 0
+    meta = metadata[nr]
+    return int(torch.Size(meta.shape).numel()) * torch.empty((), dtype=meta.dtype).element_size()
 
 
 class _SavedBytes:
@@ -229,7 +277,7 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
             node = counter.current(name)
             consumed: Dict[Tuple[str, Any], int] = {}
             for t in tensors_in((args, kwargs)):
-                consumed.update(producers.producers_of(t))
+                consumed.update(producers.producers_of(t, node))
             for (src, _), nbytes in consumed.items():
                 if src in orphans:
                     flow.param_readers.setdefault(src, node)
@@ -295,25 +343,64 @@ class _NodeTracer(torch.fx.Tracer):
         return module_qualified_name in self.node_names
 
 
-def fx_edges(module: nn.Module, nodes: Dict[str, nn.Module], flow: Dataflow) -> Dict[EdgeKey, int]:
+def fx_edges(module: nn.Module, nodes: Dict[str, nn.Module], flow: Dataflow,
+             inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None
+             ) -> Dict[EdgeKey, int]:
     """Edges from a torch.fx trace; raises whatever fx raises on untraceable models. Bytes come
-    from the hooked run's outputs, indexed by the getitem path the consumer reads."""
+    from the hooked run's outputs, indexed by the getitem path the consumer reads, and, for a
+    functional value first read by an earlier node (see the module doc), from running the
+    traced graph on the inputs."""
     root_is_node = len(nodes) == 1 and next(iter(nodes.values())) is module
     if root_is_node:
         return {}
     graph = _NodeTracer(nodes).trace(module)
     calls = _call_names(graph, nodes)
-    edges: Dict[EdgeKey, int] = {}
+    first_reader: Dict[torch.fx.Node, str] = {}
+    from_node: set = set()  # fx values computed from a node's output
+    for n in graph.nodes:
+        if _is_node_call(n, nodes) or any(a in from_node for a in n.all_input_nodes):
+            from_node.add(n)
+    found: List[Tuple[str, str, Any]] = []  # (producer, consumer, getitem path or fx value)
     for fx_node in graph.nodes:
         if not _is_node_call(fx_node, nodes):
             continue
         consumer = calls[fx_node]
-        for producer, path in _fx_producers(fx_node, nodes, calls):
-            if producer == consumer or producer not in flow.output_tree:
-                continue
-            nbytes = tree_total(_index(flow.output_tree[producer], path))
-            edges[(producer, consumer)] = edges.get((producer, consumer), 0) + nbytes
+        for producer, read in _fx_producers(fx_node, nodes, calls, first_reader, from_node):
+            if producer != consumer:
+                found.append((producer, consumer, read))
+    value_bytes = (_fx_value_bytes(torch.fx.GraphModule(module, graph), inputs, kwargs or {})
+                   if any(isinstance(read, torch.fx.Node) for _, _, read in found) else {})
+    edges: Dict[EdgeKey, int] = {}
+    for producer, consumer, read in found:
+        if isinstance(read, torch.fx.Node):
+            nbytes = value_bytes.get(read, 0)
+        elif producer in flow.output_tree:
+            nbytes = tree_total(_index(flow.output_tree[producer], read))
+        else:
+            continue
+        edges[(producer, consumer)] = edges.get((producer, consumer), 0) + nbytes
     return edges
+
+
+def _fx_value_bytes(gm: torch.fx.GraphModule, inputs: Sequence[Any], kwargs: Dict[str, Any]
+                    ) -> Dict[torch.fx.Node, int]:
+    """fx node -> bytes of the tensors it computed, from one forward of the traced graph."""
+    sizes: Dict[torch.fx.Node, int] = {}
+
+    class _Sizes(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            sizes[n] = tree_total(nbytes_tree(out))
+            return out
+
+    args = list(inputs)
+    for p in [n for n in gm.graph.nodes if n.op == "placeholder"][len(args):]:
+        if p.target not in kwargs:
+            break  # the rest take their defaults
+        args.append(kwargs[p.target])
+    with torch.no_grad():
+        _Sizes(gm).run(*args)
+    return sizes
 
 
 def _is_node_call(n: torch.fx.Node, nodes) -> bool:
@@ -337,9 +424,12 @@ def _getitem_chain(n: torch.fx.Node, nodes, calls) -> Optional[Tuple[str, Tuple[
     return None
 
 
-def _fx_producers(consumer: torch.fx.Node, nodes, calls) -> set:
-    """{(producer node name, index path read)} reachable from the consumer's arguments through
-    non-node fx nodes."""
+def _fx_producers(consumer: torch.fx.Node, nodes, calls, first_reader: Dict[torch.fx.Node, str],
+                  from_node: set) -> set:
+    """{(producer node name, what it reads)} reachable from the consumer's arguments through
+    non-node fx nodes: a node's output (read: the getitem index path) or a functional value an
+    earlier node read first (read: its fx node). Functional values computed from a node's
+    output (`from_node`) met for the first time become the consumer's, in `first_reader`."""
     found = set()
     stack = list(consumer.all_input_nodes)
     seen = set()
@@ -355,6 +445,11 @@ def _fx_producers(consumer: torch.fx.Node, nodes, calls) -> set:
         if chain is not None:
             found.add(chain)
             continue
+        if n in first_reader:
+            found.add((first_reader[n], n))
+            continue
+        if n in from_node:
+            first_reader[n] = calls[consumer]
         stack.extend(n.all_input_nodes)
     return found
 

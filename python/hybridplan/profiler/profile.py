@@ -129,7 +129,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     if not block_timing.backward_roots(output):
         raise ValueError(f"profile: no output of {type(module).__name__} requires grad (got "
                          f"output shapes {dataflow.shapes_of(output)}): nothing to train or plan")
-    edges, how = _edges(module, nodes, flow)
+    edges, how = _edges(module, nodes, flow, inputs, kwargs)
     _check_acyclic(flow.order, edges)
     log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
 
@@ -152,6 +152,9 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     # the model's input tensors at the profiled batch: the memory model's input batch term
     graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()
                                            for t in dataflow.tensors_in((inputs, kwargs)))
+    if loss_fn is not None:  # the memory model's loss workspace (memory_cost.h)
+        graph["profiled"]["loss_backward_bytes"] = block_timing.loss_backward_bytes(
+            module(*inputs, **kwargs), loss_at(None))
     total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
     log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
         f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")
@@ -234,10 +237,10 @@ def _add_pipeline_split(graph, module, flow, args, kwargs, log) -> None:
         log(f"profile {graph['name']}: no pipeline plans: {split['reason']}")
 
 
-def _edges(module, nodes, flow) -> Tuple[Dict[dataflow.EdgeKey, int], str]:
+def _edges(module, nodes, flow, inputs, kwargs) -> Tuple[Dict[dataflow.EdgeKey, int], str]:
     """fx edges where the model traces, else the hooks' edges."""
     try:
-        return dataflow.fx_edges(module, nodes, flow), "torch.fx"
+        return dataflow.fx_edges(module, nodes, flow, inputs, kwargs), "torch.fx"
     except Exception as exc:  # any fx failure means: use the hook-based dataflow instead
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return flow.edges, f"forward hooks; torch.fx could not trace: {reason[:120]}"

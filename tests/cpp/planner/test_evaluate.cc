@@ -47,19 +47,30 @@ TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]"
   REQUIRE(p.step_s == 23);
   REQUIRE(p.samples_per_s == 2.0 / 23);
   // memory (sgd): device 0 params 100 * 2 + activations a, b, d 300 = 500, plus the backward
-  //               workspace max(a 100 + 0, b 100 + 100, d 100 + 100 + 100) = 300 -> 800
+  //               workspace max(a 100 + 0, b 100 + 100, d 100 + 100 + 100) = 300, plus the
+  //               model's output (d's 100) that the caller holds through backward -> 900
   //               device 1 params 200 * 2 + activation c 40 = 440, plus c 40 + 100 -> 580
-  REQUIRE(p.memory_bytes == std::vector<int64_t>{800, 580});
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{900, 580});
   REQUIRE(p.feasible);
   // A node's measured saved tensors replace its output bytes: b keeps 700 B for backward.
   Problem saved = problem;
   saved.graph.nodes[1].saved_bytes = 700;
   saved.graph.finalize("diamond");
-  REQUIRE(evaluate(saved, plan).memory_bytes == std::vector<int64_t>{800 - 100 + 700, 580});
+  REQUIRE(evaluate(saved, plan).memory_bytes == std::vector<int64_t>{900 - 100 + 700, 580});
   // The model's inputs (profiled.input_bytes, 30 B a sample) sit where the first node runs.
   Problem with_inputs = problem;
   with_inputs.graph.profiled.input_bytes = 30;
-  REQUIRE(evaluate(with_inputs, plan).memory_bytes == std::vector<int64_t>{800 + 30, 580});
+  REQUIRE(evaluate(with_inputs, plan).memory_bytes == std::vector<int64_t>{900 + 30, 580});
+  // The loss's backward peak (profiled.loss_backward_bytes) is the last node's workspace where
+  // it is larger than d's own 300: 450 -> device 0 holds 900 - 300 + 450.
+  Problem with_loss = problem;
+  with_loss.graph.profiled.loss_backward_bytes = 450;
+  REQUIRE(evaluate(with_loss, plan).memory_bytes == std::vector<int64_t>{1050, 580});
+  with_loss.graph.profiled.loss_backward_bytes = 250;  // smaller than d's workspace: no change
+  REQUIRE(evaluate(with_loss, plan).memory_bytes == std::vector<int64_t>{900, 580});
+  with_loss.graph.profiled.loss_backward_bytes = 450;
+  REQUIRE(graph_from_json(graph_to_json(with_loss.graph), "graph.json")
+              .profiled.loss_backward_bytes == 450);
   const Graph round_trip = graph_from_json(graph_to_json(with_inputs.graph), "graph.json");
   REQUIRE(round_trip.profiled.input_bytes == 30);
   Json negative = graph_to_json(with_inputs.graph);
@@ -79,7 +90,7 @@ TEST_CASE("evaluate: memory over the device is infeasible with a reason", "[eval
                                     {0, 0, 1, 0});
   const Prediction p = evaluate(problem, plan);
   REQUIRE_FALSE(p.feasible);
-  REQUIRE(p.infeasible_reason == "device 0 (global device 0) needs 800 B > 750 B (over by 50 B)");
+  REQUIRE(p.infeasible_reason == "device 0 (global device 0) needs 900 B > 750 B (over by 150 B)");
   REQUIRE(std::isinf(objective(problem, p)));
   REQUIRE(p.step_s == 23);  // the breakdown is still there
 }
@@ -131,12 +142,13 @@ TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
     // memory: params 100*2 + 50 bytes per micro-batch in flight
     //   GPipe: 2 in flight on both stages -> 300, 300; 1F1B: min(2, 2-0)=2, min(2, 2-1)=1
     // plus the backward workspace (a: 50 + 0; b: 50 + the 50-byte edge) and one receive buffer
-    // per micro-batch (2 * 50: gradients into stage 0, activations into stage 1):
-    //   stage 0 + 50 + 100, stage 1 + 100 + 100
+    // per micro-batch (2 * 50: gradients into stage 0, activations into stage 1), and on the
+    // last stage the model's output of both micro-batches (2 * 50), held until backward is done:
+    //   stage 0 + 50 + 100, stage 1 + 100 + 100 + 100
     if (schedule == Schedule::kGpipe) {
-      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 500});
+      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 600});
     } else {
-      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 450});
+      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 550});
     }
   }
 }
@@ -398,7 +410,8 @@ TEST_CASE("evaluate: tied parameters are copied to every pipeline stage that hol
   const Prediction p = evaluate(problem, split);
   // stage 0: a, b params 140 * 2 (sgd) + activations 20 + workspace (b: 10 + 10) + gradient
   // receive buffer 10; stage 1: c's copy 100 * 2 + 20 + workspace 20 + activation buffer 10
-  REQUIRE(p.memory_bytes == std::vector<int64_t>{330, 250});
+  // + the model's output (d's 10), held until backward is done
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{330, 260});
   // the copies' gradients summed between the two stages after the schedule: ring of 2 over
   // 100 B at 100 B/s and 0.5 s latency = 2 * 0.5 + 100 / 100 = 2 s
   REQUIRE(p.allreduce_s == Approx(2));
@@ -406,10 +419,11 @@ TEST_CASE("evaluate: tied parameters are copied to every pipeline stage that hol
   const Plan together = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 1,
                                         {0, 0, 0, 1}, 1, Schedule::kGpipe);
   const Prediction q = evaluate(problem, together);
-  REQUIRE(q.memory_bytes == std::vector<int64_t>{310 + 20 + 10, 10 + 20 + 10});
+  REQUIRE(q.memory_bytes == std::vector<int64_t>{310 + 20 + 10, 10 + 20 + 10 + 10});
   REQUIRE(q.allreduce_s == 0);
-  // Placement keeps one parameter per replica: no copy (and no receive buffers; workspace 20 each).
+  // Placement keeps one parameter per replica: no copy (and no receive buffers; workspace 20
+  // each; the held output 10 where d runs).
   const Plan placed = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
                                       {0, 0, 1, 1});
-  REQUIRE(evaluate(problem, placed).memory_bytes == std::vector<int64_t>{300 + 20, 20 + 20});
+  REQUIRE(evaluate(problem, placed).memory_bytes == std::vector<int64_t>{300 + 20, 20 + 20 + 10});
 }
