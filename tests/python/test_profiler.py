@@ -186,6 +186,34 @@ def test_residual_stream_is_read_from_its_first_reader(untraceable, capsys):
     }
 
 
+class TwoReaders(nn.Module):
+    """Two branches read one concatenation: neither is upstream of the other."""
+
+    def __init__(self, untraceable=False):
+        super().__init__()
+        self.untraceable = untraceable
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.c1, self.c2 = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = torch.cat([self.a(x), self.b(x)], dim=1)
+        if self.untraceable and float(h.detach().mean()) > -1e30:  # a Proxy to fx
+            h = h * 1.0
+        return self.head(self.c1(h) + self.c2(h))
+
+
+@pytest.mark.parametrize("untraceable", [False, True])
+def test_a_value_two_branches_read_keeps_its_producers(untraceable):
+    """c1 reads the concatenation first, but c2 does not depend on c1: an edge c1 -> c2 would
+    serialise the branches that placement runs side by side."""
+    graph = profile_dict(TwoReaders(untraceable), torch.randn(BATCH, 4), warmup=0, repeats=1,
+                         batch_sizes=[], verbose=False)
+    half, act = BATCH * 4 * 4, BATCH * 8 * 4
+    assert _edges(graph) == {("a", "c1", half), ("b", "c1", half), ("a", "c2", half),
+                             ("b", "c2", half), ("c1", "head", act), ("c2", "head", act)}
+
+
 def test_loss_backward_bytes_are_measured_with_the_loss():
     """Cross-entropy's backward holds the gradients of its log-softmax and of the logits at once:
     twice the logits (the memory model's last-node workspace); no loss, no field."""

@@ -13,10 +13,13 @@ consumer reads only `output`, not `(h, c)`, only `output`).
 A value computed by functional ops between nodes belongs to the first node that reads it: the
 executor's cut runs such ops on the stage of the next node module in execution order
 (stage_split._place_markers), which is the first reader in models' forwards. A later reader's
-edge then comes from that first reader, with the value's bytes, and the walk back stops there.
-Without this rule a residual stream (x = x + f(x) at every layer) would be an edge from every
-earlier layer to every later one, charging a pipeline boundary for each, where the cut carries
-the stream once.
+edge then comes from that first reader, with the value's bytes, and the walk back stops there,
+where the first reader is upstream of the later reader anyway (one of the later reader's other
+producers, or their ancestor). Without this rule a residual stream (x = x + f(x) at every layer)
+would be an edge from every earlier layer to every later one, charging a pipeline boundary for
+each, where the cut carries the stream once. Where the first reader is not upstream (two
+branches reading one concatenation), the edge would be a dependency the model does not have, so
+the later reader's edges come from the value's producers, as the first reader's do.
 """
 
 import operator
@@ -121,6 +124,7 @@ class _Producers:
         # (id(grad_fn), output_nr) of a functional value -> (its first reader, bytes)
         self.first_reader: Dict[Tuple[int, int], Tuple[str, int]] = {}
         self.parameters: set = set()  # names of the orphan parameters added as producers
+        self.read_values: Dict[Tuple[int, int], Tuple[Any, int]] = {}  # key -> (grad_fn, nr)
         self._keep_alive: List[Any] = []  # ids are only unique while the objects live
 
     def add_outputs(self, name: str, output: Any) -> None:
@@ -152,8 +156,8 @@ class _Producers:
 
     def producers_of(self, t: torch.Tensor, reader: str) -> Dict[Tuple[str, Any], int]:
         """(producer, distinguishing key) -> bytes, for the node outputs and the functional
-        values first read by earlier nodes that `t` was computed from; functional values met
-        for the first time become `reader`'s (see the module doc)."""
+        values first read by earlier nodes (key ("read", ...)) that `t` was computed from;
+        functional values met for the first time become `reader`'s (see the module doc)."""
         # autograd history first: it survives in-place ops (out += x), which keep the tensor
         # object but add an input; identity and storage serve tensors without history
         if t.grad_fn is not None:
@@ -167,8 +171,24 @@ class _Producers:
             return {(name, ("storage", name)): nbytes}
         return {}
 
-    def _walk_autograd(self, grad_fn: Any, output_nr: int, reader: str
+    def upstream_only(self, consumed: Dict[Tuple[str, Any], int],
+                      edges: Dict[EdgeKey, int]) -> Dict[Tuple[str, Any], int]:
+        """`consumed` with each value read from a first reader that is not upstream of the
+        reader's other producers replaced by the value's own producers (see the module doc)."""
+        direct = {name for name, key in consumed if not _is_read(key)}
+        upstream = ancestors_or_self(direct, edges)
+        resolved: Dict[Tuple[str, Any], int] = {}
+        for (name, key), nbytes in consumed.items():
+            if _is_read(key) and name not in upstream:
+                resolved.update(self._walk_autograd(*self.read_values[key[1]], reader=None))
+            else:
+                resolved[(name, key)] = nbytes
+        return resolved
+
+    def _walk_autograd(self, grad_fn: Any, output_nr: int, reader: Optional[str]
                        ) -> Dict[Tuple[str, Any], int]:
+        """Node outputs `grad_fn`'s output `output_nr` was computed from; with a reader, values
+        first read by earlier nodes stop the walk and new ones become the reader's."""
         found: Dict[Tuple[str, Any], int] = {}
         from_node: Dict[Tuple[int, int], bool] = {}  # value -> computed from a node's output
         functional: List[Tuple[Tuple[int, int], Any, int, List[Tuple[int, int]]]] = []
@@ -183,9 +203,9 @@ class _Producers:
                 found[(name, key)] = per_output.get(nr, sum(per_output.values()))
                 from_node[key] = name not in self.parameters
                 continue
-            if key in self.first_reader:
+            if reader is not None and key in self.first_reader:
                 name, nbytes = self.first_reader[key]
-                found[(name, key)] = nbytes
+                found[(name, ("read", key))] = nbytes
                 from_node[key] = True
                 continue
             from_node[key] = False
@@ -199,10 +219,30 @@ class _Producers:
                 if not from_node[key] and any(from_node.get(i, False) for i in inputs):
                     from_node[key] = changed = True
         for key, fn, nr, _ in functional:
-            if from_node[key]:  # values of inputs and parameters alone have no producer node
+            # values of inputs and parameters alone have no producer node
+            if reader is not None and from_node[key] and key not in self.first_reader:
                 self._keep_alive.append(fn)
                 self.first_reader[key] = (reader, _value_bytes(fn, nr))
+                self.read_values[key] = (fn, nr)
         return found
+
+
+def _is_read(key: Any) -> bool:
+    return isinstance(key, tuple) and len(key) == 2 and key[0] == "read"
+
+
+def ancestors_or_self(names: Any, edges: Any) -> set:
+    """`names` and every node upstream of them along `edges` ((src, dst) pairs)."""
+    producers: Dict[str, List[str]] = {}
+    for src, dst in edges:
+        producers.setdefault(dst, []).append(src)
+    found, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name not in found:
+            found.add(name)
+            stack.extend(producers.get(name, ()))
+    return found
 
 
 def _value_bytes(fn: Any, nr: int) -> int:
@@ -278,7 +318,7 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
             consumed: Dict[Tuple[str, Any], int] = {}
             for t in tensors_in((args, kwargs)):
                 consumed.update(producers.producers_of(t, node))
-            for (src, _), nbytes in consumed.items():
+            for (src, _), nbytes in producers.upstream_only(consumed, flow.edges).items():
                 if src in orphans:
                     flow.param_readers.setdefault(src, node)
                 elif src != node:
@@ -365,7 +405,15 @@ def fx_edges(module: nn.Module, nodes: Dict[str, nn.Module], flow: Dataflow,
         if not _is_node_call(fx_node, nodes):
             continue
         consumer = calls[fx_node]
-        for producer, read in _fx_producers(fx_node, nodes, calls, first_reader, from_node):
+        reads = _fx_producers(fx_node.all_input_nodes, nodes, calls, first_reader, from_node,
+                              consumer)
+        direct = {p for p, read in reads if not isinstance(read, torch.fx.Node)}
+        upstream = ancestors_or_self(direct, [(p, c) for p, c, _ in found])
+        for producer, read in list(reads):
+            if isinstance(read, torch.fx.Node) and producer not in upstream:
+                reads.discard((producer, read))  # not upstream: read from its producers
+                reads |= _fx_producers([read], nodes, calls, None, from_node, consumer)
+        for producer, read in reads:
             if producer != consumer:
                 found.append((producer, consumer, read))
     value_bytes = (_fx_value_bytes(torch.fx.GraphModule(module, graph), inputs, kwargs or {})
@@ -424,14 +472,16 @@ def _getitem_chain(n: torch.fx.Node, nodes, calls) -> Optional[Tuple[str, Tuple[
     return None
 
 
-def _fx_producers(consumer: torch.fx.Node, nodes, calls, first_reader: Dict[torch.fx.Node, str],
-                  from_node: set) -> set:
-    """{(producer node name, what it reads)} reachable from the consumer's arguments through
-    non-node fx nodes: a node's output (read: the getitem index path) or a functional value an
-    earlier node read first (read: its fx node). Functional values computed from a node's
-    output (`from_node`) met for the first time become the consumer's, in `first_reader`."""
+def _fx_producers(start: Sequence[torch.fx.Node], nodes, calls,
+                  first_reader: Optional[Dict[torch.fx.Node, str]], from_node: set,
+                  consumer: str) -> set:
+    """{(producer node name, what it reads)} reachable from `start` (a consumer's arguments)
+    through non-node fx nodes: a node's output (read: the getitem index path) or, with
+    `first_reader`, a functional value an earlier node read first (read: its fx node).
+    Functional values computed from a node's output (`from_node`) met for the first time
+    become `consumer`'s, in `first_reader`; without it the walk goes on to node outputs."""
     found = set()
-    stack = list(consumer.all_input_nodes)
+    stack = list(start)
     seen = set()
     while stack:
         n = stack.pop()
@@ -445,11 +495,12 @@ def _fx_producers(consumer: torch.fx.Node, nodes, calls, first_reader: Dict[torc
         if chain is not None:
             found.add(chain)
             continue
-        if n in first_reader:
-            found.add((first_reader[n], n))
-            continue
-        if n in from_node:
-            first_reader[n] = calls[consumer]
+        if first_reader is not None:
+            if n in first_reader:
+                found.add((first_reader[n], n))
+                continue
+            if n in from_node:
+                first_reader[n] = consumer
         stack.extend(n.all_input_nodes)
     return found
 
