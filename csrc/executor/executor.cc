@@ -87,6 +87,16 @@ Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::
     throw_input_error(src, "graph.sha256", "does not match the graph given to the executor (" +
                                                graph_sha256(graph) + ")", plan_.graph_sha256);
   }
+  for (size_t v = 0; v < plan_.recompute.size(); ++v) {
+    if (plan_.recomputes(v)) {
+      // Recompute is applied by the Python executor (torch.utils.checkpoint); the C++ executor
+      // keeps every activation, so running the plan here would not be the plan priced.
+      throw_input_error(src, "assignment[" + std::to_string(v) + "].recompute",
+                        "is not supported by the C++ executor (it keeps every activation); run "
+                        "the plan with the Python executor (hybridplan.apply)",
+                        "true");
+    }
+  }
   if (plan_.num_processes() != env_.world_size) {
     throw_input_error(src, "dp/mp",
                       std::string("need ") + std::to_string(plan_.num_processes()) + " processes for a " +

@@ -37,6 +37,15 @@ const PlacementOrder& Evaluator::placement_order(double batch, double slowdown) 
   return *costs.order;
 }
 
+const NodeTimes& Evaluator::with_recompute(const Plan& plan, const NodeTimes& times) const {
+  if (plan.recompute.empty()) return times;
+  recompute_times_ = times;
+  for (size_t v = 0; v < recompute_times_.backward_s.size(); ++v) {
+    if (plan.recomputes(v)) recompute_times_.backward_s[v] += recompute_times_.forward_s[v];
+  }
+  return recompute_times_;
+}
+
 double Evaluator::compute_slowdown(const Plan& plan) const {
   const Cluster& cluster = problem_.cluster;
   if (cluster.runtime.shared_host_slowdown.empty()) return 1.0;
@@ -70,7 +79,8 @@ double Evaluator::placement_compute(const Plan& plan, double slowdown, Predictio
   fill_local_links(problem_.cluster, plan.mesh[0], links_);
   const PlacementTimes times =
       schedule_placement(graph, placement_order(batch, slowdown), *assignment, links_,
-                         node_times(batch, slowdown), batch_scale(graph, batch), placement_);
+                         with_recompute(plan, node_times(batch, slowdown)),
+                         batch_scale(graph, batch), placement_);
   gradient_ready_s_.resize(graph.nodes.size());
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     gradient_ready_s_[v] = times.forward_s + placement_.backward_finish_s[v];
@@ -85,7 +95,7 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   const int64_t num_stages = plan.mp;
   const double microbatch = static_cast<double>(plan.per_replica_batch) /
                             static_cast<double>(plan.num_microbatches);
-  const NodeTimes& micro_times = node_times(microbatch, slowdown);
+  const NodeTimes& micro_times = with_recompute(plan, node_times(microbatch, slowdown));
   const double action_s = problem_.cluster.runtime.action_s_for(schedule_name(plan.schedule));
   pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,
                        batch_scale(graph, microbatch), action_s, stages_);
@@ -282,10 +292,21 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   activation_bytes_.assign(plan.mp, 0.0);
   fill_param_bytes(plan);
   transient_bytes_.assign(plan.mp, 0.0);
+  recompute_bytes_.assign(plan.mp, 0.0);
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
-    activation_bytes_[k] += scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    const double activations = scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    if (!plan.recomputes(v)) {
+      activation_bytes_[k] += activations;
+    } else if (pipeline) {  // the stage is one checkpoint; its inputs are its receive buffers
+      recompute_bytes_[k] += activations;
+    } else {  // the node keeps its inputs; one node's activations are rebuilt at a time
+      int64_t inputs = 0;
+      for (int32_t e : graph.in_edges[v]) inputs += graph.edges[e].bytes;
+      activation_bytes_[k] += scaled_bytes(inputs, scale);
+      recompute_bytes_[k] = std::max(recompute_bytes_[k], activations);
+    }
     int64_t gradients = graph.nodes[v].output_bytes;  // backward workspace (memory_cost.h)
     for (int32_t e : graph.in_edges[v]) gradients += graph.edges[e].bytes;
     if (static_cast<int32_t>(v) == sink) {
@@ -293,15 +314,19 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     }
     transient_bytes_[k] = std::max(transient_bytes_[k], scaled_bytes(gradients, scale));
   }
+  for (int64_t k = 0; k < plan.mp; ++k) transient_bytes_[k] += recompute_bytes_[k];
   if (sink >= 0) {
     const double replica_scale = batch_scale(graph, static_cast<double>(plan.per_replica_batch));
     // the replica's input batch, where the first node runs
     transient_bytes_[plan.assignment[graph.topo_order.front()]] +=
         scaled_bytes(graph.profiled.input_bytes, replica_scale);
-    // the model's output of the replica's whole batch, held by the caller (a pipeline's last
-    // stage: one per micro-batch) until the step's backward is done
-    transient_bytes_[plan.assignment[sink]] +=
-        scaled_bytes(graph.nodes[sink].output_bytes, replica_scale);
+    // the model's output, held until its backward is done: the whole batch's (placement), or
+    // one per micro-batch in flight on the last stage (pipeline)
+    const int32_t last = plan.assignment[sink];
+    transient_bytes_[last] +=
+        scaled_bytes(graph.nodes[sink].output_bytes, scale) *
+        static_cast<double>(in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone,
+                                                   plan.num_microbatches, plan.mp, last));
   }
   if (pipeline) {  // receive buffers, one per micro-batch, each way (pipeline_compute filled stages_)
     const auto m = static_cast<double>(plan.num_microbatches);

@@ -21,6 +21,10 @@
 //                     replica's process: the per-tensor cost of all its devices' tensors, the
 //                     bytes of its fullest device (all of them when one device runs the replica)
 //   overhead_s      = Cluster runtime.step_s
+//   recompute       = a node the plan recomputes (Plan::recompute) runs its forward again
+//                     just before its backward: its backward time is backward_s + forward_s
+//                     at the same batch (placement, pipeline stages alike); memory_cost.h
+//                     gives what it saves
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
 //   samples_per_s   = global_batch / step_s
 //   epochs          = epochs_to_target(global_batch)                     (convergence.h)
@@ -57,6 +61,9 @@ class Evaluator {
 
   // Node times at `batch` samples, multiplied by `slowdown` (cached per pair).
   const NodeTimes& node_times(double batch, double slowdown = 1.0) const;
+  // `times` with the plan's recomputed forwards added to their nodes' backward (the same
+  // object when the plan recomputes nothing; else valid until the next call).
+  const NodeTimes& with_recompute(const Plan& plan, const NodeTimes& times) const;
   // The placement priority order for those times (cached with them).
   const PlacementOrder& placement_order(double batch, double slowdown = 1.0) const;
   // The compute multiplier of the plan's process layout: Cluster runtime.slowdown of the number
@@ -117,6 +124,8 @@ class Evaluator {
   mutable std::vector<int64_t> processes_on_node_;
   mutable std::vector<double> activation_bytes_;
   mutable std::vector<double> transient_bytes_;  // memory_cost.h: workspace + receive buffers
+  mutable std::vector<double> recompute_bytes_;  // memory_cost.h: activations recomputed at once
+  mutable NodeTimes recompute_times_;            // node times with recomputed forwards added
   mutable std::vector<int64_t> param_bytes_;
   mutable std::vector<int64_t> param_tensors_;  // per device / stage, the same way (counted ones)
   mutable std::vector<char> stage_stamp_;

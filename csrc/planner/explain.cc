@@ -62,10 +62,15 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   out << (pipeline ? "stages\n" : "devices of each replica\n");
   for (int64_t k = 0; k < plan.mp; ++k) {
     std::vector<std::string> on_k;
+    int64_t recomputed = 0;
     for (size_t v = 0; v < plan.assignment.size(); ++v) {
-      if (plan.assignment[v] == k) on_k.push_back(names[v]);
+      if (plan.assignment[v] == k) {
+        on_k.push_back(names[v]);
+        recomputed += plan.recomputes(v) ? 1 : 0;
+      }
     }
     out << "  " << (pipeline ? "stage " : "device ") << k << " (" << on_k.size() << " nodes";
+    if (recomputed > 0) out << ", " << recomputed << " recomputed";
     if (k < static_cast<int64_t>(p.memory_bytes.size())) {
       out << ", " << format_bytes(static_cast<double>(p.memory_bytes[k]));
       if (problem != nullptr) {

@@ -4,7 +4,10 @@
 //                + activation_bytes * in_flight            activations kept for backward
 //   k_opt: sgd 0, sgd_momentum 1 (momentum buffer), adam 2 (first and second moments)
 //   activation_bytes: sum of the device's nodes' saved_bytes (what each keeps for backward, as
-//                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs
+//                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs;
+//                     a recomputed node (Plan::recompute) keeps only its inputs instead (the
+//                     bytes of its in-edges; in a pipeline nothing: a recomputed stage's inputs
+//                     are its receive buffers, counted below)
 //   in_flight: placement 1; pipeline GPipe M (all forwards before any backward), 1F1B
 //              min(M, S - s) on stage s (its warm-up depth plus the one in steady state).
 //                + transient_bytes                         alive only part of the step:
@@ -14,9 +17,13 @@
 //                     for the last node, at least the loss's backward peak (Graph
 //                     profiled.loss_backward_bytes: cross-entropy holds two logits-sized
 //                     gradients at once)
-//   held output:      the model's output for the replica's whole batch, which the caller (a
-//                     pipeline's last stage: one per micro-batch) holds until backward is done,
-//                     on the device of the last node
+//   recomputed:       while a recomputed node's backward runs, its activations exist again: the
+//                     largest recomputed node's on the device (placement checkpoints node by
+//                     node), the recomputed stage's sum (pipeline checkpoints the stage)
+//   held output:      the model's output, alive until its backward is done: the replica's
+//                     whole batch (placement: the caller holds it), or one micro-batch's per
+//                     micro-batch in flight on the last stage (pipeline: GPipe M, 1F1B 1), on
+//                     the device of the last node
 //   receive buffers (pipeline): torch.distributed.pipelining's PipelineStage allocates one
 //                     receive buffer per micro-batch for the activations a stage receives (every
 //                     stage but the first) and for the gradients it receives (every stage but the

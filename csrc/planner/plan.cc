@@ -167,7 +167,58 @@ void Plan::validate_structure(const std::string& source) const {
                         "must be in 0..mp-1 = 0.." + str(mp - 1), str(assignment[i]));
     }
   }
+  if (!recompute.empty() && recompute.size() != assignment.size()) {
+    throw_input_error(source, "assignment",
+                      "must give recompute for every entry or none (" +
+                          str(static_cast<int64_t>(assignment.size())) + " entries)",
+                      str(static_cast<int64_t>(recompute.size())) + " recompute flags");
+  }
 }
+
+std::string module_of_call(const std::string& name) {
+  const size_t at = name.rfind('@');
+  if (at == std::string::npos || at + 1 == name.size()) return name;
+  for (size_t i = at + 1; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return name;
+  }
+  return name.substr(0, at);
+}
+
+namespace {
+
+// The recompute rules that need the graph (Plan::recompute's comment).
+void validate_recompute(const Plan& plan, const std::string& source, const Graph& graph) {
+  if (plan.recompute.empty()) return;
+  std::unordered_map<std::string, size_t> first_call;  // module -> first node index
+  std::vector<int> stage_flag(plan.mp, -1);            // pipeline: -1 unseen, else 0/1
+  std::vector<size_t> stage_first(plan.mp, 0);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    const int flag = plan.recomputes(v) ? 1 : 0;
+    const std::string path = json_index_path("assignment", v) + ".recompute";
+    const auto [it, fresh] = first_call.emplace(module_of_call(graph.nodes[v].name), v);
+    if (!fresh && plan.recomputes(it->second) != (flag == 1)) {
+      throw_input_error(source, path,
+                        "must equal that of " + quoted(graph.nodes[it->second].name) +
+                            ": the calls of one module recompute together",
+                        flag ? "true" : "false");
+    }
+    if (plan.mode != MpMode::kPipeline) continue;
+    const int32_t s = plan.assignment[v];
+    if (stage_flag[s] < 0) {
+      stage_flag[s] = flag;
+      stage_first[s] = v;
+    } else if (stage_flag[s] != flag) {
+      throw_input_error(source, path,
+                        "must equal that of " + quoted(graph.nodes[stage_first[s]].name) +
+                            " on the same stage " + str(s) +
+                            ": a pipeline recomputes whole stages (the executor checkpoints "
+                            "a stage's forward)",
+                        flag ? "true" : "false");
+    }
+  }
+}
+
+}  // namespace
 
 void Plan::validate(const std::string& source, const Graph& graph, const Cluster& cluster) const {
   validate_structure(source);
@@ -231,6 +282,7 @@ void Plan::validate_fit(const std::string& source, const Graph& graph, const Clu
       }
     }
   }
+  validate_recompute(*this, source, graph);
   if (mode != MpMode::kPipeline) return;
   for (size_t k = 0; k < graph.edges.size(); ++k) {
     const Edge& e = graph.edges[k];
@@ -296,6 +348,12 @@ Plan plan_from_json(const Json& j, const std::string& source) {
       in.fail(path + ".device", "must be in 0..mp-1 = 0.." + str(p.mp - 1), str(device));
     }
     p.assignment.push_back(static_cast<int32_t>(device));
+    if (const Json* flag = in.optional(entry, "recompute")) {
+      if (in.boolean(*flag, path + ".recompute")) {
+        p.recompute.resize(assignment.size(), 0);
+        p.recompute[i] = 1;
+      }
+    }
   }
   if (const Json* note = in.optional(j, "device_mapping")) {
     p.device_mapping_note = in.string(*note, "device_mapping");
@@ -311,6 +369,7 @@ void align_assignment_to_graph(Plan& plan, const Graph& graph, const std::string
   for (size_t i = 0; i < graph.nodes.size(); ++i) index_of.emplace(graph.nodes[i].id, i);
   const size_t n = graph.nodes.size();
   std::vector<int32_t> assignment(n, -1);
+  std::vector<uint8_t> recompute(plan.recompute.empty() ? 0 : n, 0);
   std::vector<std::string> names(n);
   for (size_t e = 0; e < plan.assignment_node_ids.size(); ++e) {
     const std::string path = json_index_path("assignment", e) + ".node";
@@ -323,6 +382,7 @@ void align_assignment_to_graph(Plan& plan, const Graph& graph, const std::string
       throw_input_error(source, path, "assigns a node a second time", str(plan.assignment_node_ids[e]));
     }
     assignment[it->second] = plan.assignment[e];
+    if (!recompute.empty()) recompute[it->second] = plan.recompute[e];
     names[it->second] = plan.assignment_names.size() > e ? plan.assignment_names[e] : "";
   }
   for (size_t i = 0; i < n; ++i) {
@@ -334,6 +394,7 @@ void align_assignment_to_graph(Plan& plan, const Graph& graph, const std::string
     }
   }
   plan.assignment = std::move(assignment);
+  plan.recompute = std::move(recompute);
   plan.assignment_names = std::move(names);
   plan.assignment_node_ids.clear();
   for (const Node& node : graph.nodes) plan.assignment_node_ids.push_back(node.id);
@@ -367,6 +428,7 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     assignment.push_back({{"node", graph.nodes[i].id}, {"name", graph.nodes[i].name},
                           {"device", p.assignment[i]}});
+    if (p.recomputes(i)) assignment.back()["recompute"] = true;  // absent: false (old plans)
   }
   Json cluster = {{"name", p.cluster_name}};
   if (p.cluster_num_nodes > 0) cluster["num_nodes"] = p.cluster_num_nodes;

@@ -59,6 +59,13 @@ struct Plan {
   std::vector<std::vector<DeviceIndex>> mesh;
   // assignment[node index] = local device (placement) or stage (pipeline), in 0..mp-1.
   std::vector<int32_t> assignment;
+  // recompute[node index] = 1: the node keeps only its inputs in forward and runs its forward
+  // again in backward (activation checkpointing, memory_cost.h and evaluate.h). Empty = none.
+  // JSON: "recompute": true on the node's assignment entry (absent = false). A pipeline
+  // recomputes whole stages (the executor checkpoints a stage's forward), and the calls of one
+  // module ("name", "name@1", ...) recompute together (one module, one wrapper).
+  std::vector<uint8_t> recompute;
+  bool recomputes(size_t node) const { return !recompute.empty() && recompute[node] != 0; }
   std::string device_mapping_note;  // e.g. "NVLink quad {0,1,2,3} of each DGX-1 node"
   Prediction predicted;             // filled by search/evaluate
 
@@ -88,6 +95,10 @@ struct Plan {
   // InputError "<source>: <json.path> <rule> (got <value>)".
   void validate(const std::string& source, const Graph& graph, const Cluster& cluster) const;
 };
+
+// "layer@2" -> "layer": the module whose call a per-call graph node is (the profiler's
+// block_list.module_name); other names are their own module.
+std::string module_of_call(const std::string& name);
 
 Plan plan_from_json(const Json& j, const std::string& source);  // structural checks only
 Json plan_to_json(const Plan& p, const Graph& graph);           // includes node names

@@ -219,6 +219,45 @@ double objective_of_step(const Problem& problem, const Plan& plan, double step_s
   return objective(problem, p);
 }
 
+// A plan that does not fit in memory recomputes where memory binds: every node on a device
+// (placement) or stage (pipeline) over the device's memory, closed under the plan rules (the
+// calls of one module together; whole pipeline stages). Returns the number of nodes recomputed
+// when the plan then fits (its prediction updated), else 0 (the plan unchanged).
+int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
+  const Graph& graph = evaluator.problem().graph;
+  const int64_t have = evaluator.problem().cluster.device.memory_bytes;
+  const size_t n = graph.nodes.size();
+  std::vector<uint8_t> flags(n, 0);
+  for (size_t v = 0; v < n; ++v) {
+    flags[v] = plan.predicted.memory_bytes[plan.assignment[v]] > have ? 1 : 0;
+  }
+  std::map<std::string, std::vector<size_t>> calls;  // module -> its call nodes
+  for (size_t v = 0; v < n; ++v) calls[module_of_call(graph.nodes[v].name)].push_back(v);
+  for (bool changed = true; changed;) {
+    changed = false;
+    const auto flag_all = [&](const std::vector<size_t>& group) {
+      if (std::none_of(group.begin(), group.end(), [&](size_t v) { return flags[v]; })) return;
+      for (size_t v : group) {
+        if (!flags[v]) flags[v] = 1, changed = true;
+      }
+    };
+    for (const auto& [module, group] : calls) flag_all(group);
+    if (plan.mode == MpMode::kPipeline) {
+      std::vector<std::vector<size_t>> stages(plan.mp);
+      for (size_t v = 0; v < n; ++v) stages[plan.assignment[v]].push_back(v);
+      for (const auto& stage : stages) flag_all(stage);
+    }
+  }
+  const auto count = static_cast<int64_t>(std::count(flags.begin(), flags.end(), 1));
+  if (count == 0) return 0;
+  Plan candidate = plan;
+  candidate.recompute = std::move(flags);
+  candidate.predicted = evaluator.evaluate(candidate);
+  if (!candidate.predicted.feasible) return 0;
+  plan = std::move(candidate);
+  return count;
+}
+
 }  // namespace
 
 SearchResult search(const Problem& problem, const SearchOptions& options) {
@@ -249,6 +288,7 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   std::vector<std::tuple<double, size_t, Plan>> ranked;  // (objective, point index, plan)
   std::priority_queue<double> best_k;                     // the top_k smallest objectives
   int64_t pruned = 0;
+  int64_t recomputed = 0;  // points that fit only with recompute
   std::optional<std::pair<int64_t, std::string>> least_memory;  // (peak bytes, point)
   std::map<std::string, std::string> pipeline_notes;
   PipelinePartitionCache partitions;
@@ -278,6 +318,9 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
       plan.assignment = std::move(o.assignment);
       plan.predicted = std::move(o.predicted);
     }
+    if (!plan.predicted.feasible && recompute_to_fit(evaluator, plan) > 0) {
+      ++recomputed;
+    }
     if (!plan.predicted.feasible) {
       const int64_t peak = peak_bytes(plan.predicted);
       if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
@@ -296,6 +339,11 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
                            std::to_string(options.top_k) + " found");
   }
   for (const auto& [head, note] : pipeline_notes) result.notes.push_back(head + ": " + note);
+  if (recomputed > 0) {
+    result.notes.push_back(std::to_string(recomputed) +
+                           " points fit in memory only with recompute: every node of the "
+                           "devices or stages over memory recomputes its forward in backward");
+  }
 
   if (ranked.empty()) {
     std::ostringstream os;

@@ -1,5 +1,6 @@
 // search(problem, options): the top-K plans over dp x mp, both MP modes, micro-batch counts and
-// device mappings, each with its evaluate() breakdown.
+// device mappings, each with its evaluate() breakdown. A point that does not fit in memory is
+// tried again with recompute on the devices or stages over memory (search.cc recompute_to_fit).
 #pragma once
 #include <cstdint>
 #include <string>

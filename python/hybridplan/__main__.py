@@ -163,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--baseline-cluster", metavar="CLUSTER",
                      help="also predict the same measured plans with this cluster (e.g. the "
                           "uncalibrated preset localhost-cpu): its errors side by side")
+    val.add_argument("--recompute", action="store_true",
+                     help="also run the first data-parallel and pipeline plans with every node "
+                          "recomputed (activation checkpointing)")
     val.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_noise_scale_parser(sub)
     return parser
@@ -297,7 +300,8 @@ def _validate(args) -> int:
     result = validate(args.graph, args.cluster, args.model, job=args.job, devices=args.devices,
                       plans=args.plans, steps=args.steps, warmup=args.warmup,
                       timeout_s=args.timeout_s, out_dir=args.out_dir,
-                      baseline_cluster=args.baseline_cluster, rounds=args.rounds)
+                      baseline_cluster=args.baseline_cluster, rounds=args.rounds,
+                      recompute=args.recompute)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -463,6 +463,18 @@ def evaluate(graph, cluster, plan, job=None) -> dict:
                                   p.to_json(), "plan"))
 
 
+def with_recompute(plan, graph, cluster, job=None) -> dict:
+    """`plan` (a dict) with every node recomputed (its forward again in backward, keeping only
+    its inputs: docs/formats.md), re-evaluated: the memory-for-time trade of activation
+    checkpointing, as the executor applies it."""
+    p = _as_plan(plan).to_dict()
+    p["assignment"] = [dict(a, recompute=True) for a in p["assignment"]]
+    predicted = evaluate(graph, cluster, p, job)
+    predicted.pop("objective", None)
+    p["predicted"] = dict(p.get("predicted") or {}, **predicted)
+    return p
+
+
 def explain(plan, graph=None, cluster=None, job=None) -> str:
     """A plan as text for people: the configuration, the device mesh, the nodes on each device or
     stage, the predicted breakdown. With `graph` (and `cluster`) it is first checked against them

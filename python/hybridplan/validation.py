@@ -57,7 +57,8 @@ def _kind(plan: dict) -> str:
         kind = "placement"
     else:
         kind = f"{plan['schedule']} M={plan['num_microbatches']}"
-    return f"{kind} b={plan['per_replica_batch']}"
+    recomputed = any(a.get("recompute") for a in plan.get("assignment", []))
+    return f"{kind} b={plan['per_replica_batch']}" + (" recompute" if recomputed else "")
 
 
 def _family(plan: dict) -> str:
@@ -345,14 +346,17 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
 def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int = 8,
              steps: int = 20, warmup: int = 5, timeout_s: float = 120.0,
              out_dir: str = "out/validate", progress: bool = True,
-             baseline_cluster=None, rounds: int = 3) -> ValidationResult:
+             baseline_cluster=None, rounds: int = 3, recompute: bool = False
+             ) -> ValidationResult:
     """Runs `plans` plans of `model` (MODULE:FACTORY, whose module has example_inputs /
     example_target and, optionally, loss) on `devices` local ranks and compares each with its
     prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths.
     `baseline_cluster`: also predict each measured plan with this cluster (e.g. the
     uncalibrated preset), so the errors before and after calibration stand side by side on the
     same measurements. `rounds`: launches per plan, interleaved; each row is the median launch
-    (see the module docstring)."""
+    (see the module docstring). `recompute`: also run the first data-parallel and the first
+    pipeline plan chosen with every node recomputed (planner.with_recompute), so activation
+    checkpointing's time and memory are measured beside the same plans without it."""
     from tqdm import tqdm
 
     from . import planner
@@ -364,6 +368,11 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     baseline = None if baseline_cluster is None else planner._as_cluster(baseline_cluster)
     ranked = planner.search(g, c, j, devices=devices, top_k=1000).plans
     chosen = select_plans([p.to_dict() for p in ranked], plans)
+    if recompute:
+        for mode in ("placement", "pipeline"):
+            first = next((p for p in chosen if p["mode"] == mode), None)
+            if first is not None:
+                chosen.append(planner.with_recompute(first, g, c, j))
     if rounds < 1:
         raise ValueError(f"validate: rounds must be >= 1 (got {rounds})")
     launches: List[List[dict]] = [[] for _ in chosen]

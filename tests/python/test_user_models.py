@@ -3,7 +3,10 @@ planner's search on the localhost-cpu preset, given 4 ranks where a kind needs 4
 equals one-process training (torch.allclose(rtol=1e-4, atol=1e-6)).
 
 Plan kinds, each on 2 ranks: DP (dp=2 x mp=1), placement (dp=2 x mp=2), pipeline GPipe and
-1F1B (dp=1 x mp=2); and a hybrid dp=2 x mp=2 1F1B pipeline of GPT-2 and of Llama on 4 ranks. The planner
+1F1B (dp=1 x mp=2); and a hybrid dp=2 x mp=2 1F1B pipeline of GPT-2 and of Llama on 4 ranks.
+Kinds "<kind>+rc" are the same plans with activation recompute: every node of a DP or placement
+plan, the last stage of a pipeline (recompute x 1F1B, recompute beside a stage that keeps its
+activations); torch.utils.checkpoint replays the random state, so dropout matches. The planner
 ranks one pipeline schedule above the other for a given model; the other schedule runs the same
 planned stages with the plan's "schedule" field switched (its prediction is then stale, which
 the executor does not read).
@@ -31,7 +34,22 @@ KINDS = {  # kind -> (mode, planner devices, dp, mp, schedule)
     "hybrid": ("pipeline", 4, 2, 2, "1f1b"),
 }
 CASES = [(m, k) for m in FACTORIES for k in ("dp", "placement", "gpipe", "1f1b")] + [
-    ("gpt2", "hybrid"), ("llama", "hybrid")]
+    ("gpt2", "hybrid"), ("llama", "hybrid"),
+    ("transformer_stack", "dp+rc"), ("llama", "dp+rc"), ("albert", "placement+rc"),
+    ("llama", "1f1b+rc"), ("gpt2", "gpipe+rc"), ("mixtral", "1f1b+rc"), ("lstm_lm", "1f1b+rc")]
+RC = "+rc"
+
+
+def base_kind(kind):
+    return kind[:-len(RC)] if kind.endswith(RC) else kind
+
+
+def with_recompute(plan):
+    """`plan` recomputing every node (DP, placement) or its last stage's (pipeline)."""
+    last = plan["mp"] - 1
+    return dict(plan, assignment=[
+        dict(a, recompute=True) if plan["mode"] == "placement" or a["device"] == last else a
+        for a in plan["assignment"]])
 
 
 def sgd(params):
@@ -39,7 +57,7 @@ def sgd(params):
 
 
 def world_of(kind):
-    mode, _, dp, mp, _ = KINDS[kind]
+    mode, _, dp, mp, _ = KINDS[base_kind(kind)]
     return dp * mp if mode == "pipeline" else dp
 
 
@@ -126,6 +144,8 @@ def localhost_cpu(devices, mode="pipeline"):
 def planned(graph, kind):
     """The planner's best plan of this kind (see the module doc for the other schedule)."""
     import hybridplan
+    if kind.endswith(RC):
+        return with_recompute(planned(graph, base_kind(kind)))
     mode, devices, dp, mp, schedule = KINDS[kind]
     found = hybridplan.search(graph, localhost_cpu(devices, mode), None, devices=devices,
                               top_k=50, modes=[mode]).plans
@@ -192,7 +212,9 @@ def test_plan_trains_like_one_process(trained, name, kind):
     outs, plan = outs[f"{name}-{kind}"], plans[f"{name}-{kind}"]
     if isinstance(outs, str):
         pytest.fail(f"the ranks did not finish {name}-{kind}:\n{outs}")
-    assert (plan["mode"], plan["dp"], plan["mp"]) == KINDS[kind][0:1] + KINDS[kind][2:4]
+    spec = KINDS[base_kind(kind)]
+    assert (plan["mode"], plan["dp"], plan["mp"]) == spec[0:1] + spec[2:4]
+    assert any(a.get("recompute") for a in plan["assignment"]) == kind.endswith(RC)
     if name == "albert" and plan["mode"] == "pipeline":  # the shared layer's calls span both
         stages = {a["device"] for a in plan["assignment"] if "albert_layers" in a["name"]}
         assert stages == {0, 1}, plan["assignment"]  # stages: its copies are tied across them
@@ -212,7 +234,7 @@ def test_equality_table(trained):
     printed as a markdown table (`pytest -s -k equality_table`; docs/models.md holds one);
     every case must have run."""
     outs, plans = trained
-    kinds = list(KINDS)
+    kinds = list(KINDS) + sorted({k for _, k in CASES if k.endswith(RC)})
     rows = ["| model | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
     for name in FACTORIES:
         cells = []

@@ -207,13 +207,20 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
          str(calibrated), "--model", "hybridplan.models:branchy_cnn", "--devices", "2",
          "--plans", "3", "--steps", "2", "--rounds", "2", "--out-dir", str(out),
-         "--baseline-cluster", "localhost-cpu"],
+         "--baseline-cluster", "localhost-cpu", "--recompute"],
         env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
         timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "validate.json").read_text())
     rows = result["rows"]
-    assert len(rows) == 3
+    # the 3 chosen, then the first DP and first pipeline plan among them, recomputed
+    plain = [r for r in rows if not r["kind"].endswith(" recompute")]
+    recomputed = [r for r in rows if r["kind"].endswith(" recompute")]
+    assert len(plain) == 3 and len(rows) == 3 + len({r["mode"] for r in plain})
+    for row in recomputed:
+        base = next(r for r in plain if r["mode"] == row["mode"])
+        assert row["kind"] == base["kind"] + " recompute"
+        assert row["predicted"]["compute_s"] > base["predicted"]["compute_s"]
     for row in rows:
         assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
         # two interleaved launches; the row is the lower one's (the lower middle of two)

@@ -286,7 +286,8 @@ class AppliedPlan:
     def _init_placement(self) -> None:
         spec = self.plan
         self.devices = [_device(spec, g) for g in spec.mesh[self.replica]]
-        self._hooks = placement.place(self.original, spec.assignment, self.devices)
+        self._hooks = placement.place(self.original, spec.assignment, self.devices,
+                                      spec.recompute)
         # DDP on a group of its own, not the default group (which the user may own): close()
         # must be able to destroy every group whose Gloo threads ran DDP's all-reduces
         ddp_group = self._new_groups([list(range(spec.dp))])[0]
@@ -313,7 +314,8 @@ class AppliedPlan:
         self._runner = PipelineRunner(
             cut, self.stage, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
             self._replica_group, dp_groups[self.stage], spec.dp,
-            {i: groups[self.replica] for i, groups in enumerate(tie_groups)})
+            {i: groups[self.replica] for i, groups in enumerate(tie_groups)},
+            recompute_stage=any(spec.assignment[n] == self.stage for n in spec.recompute))
         self._cut = cut
         self.module = self._runner.module
         self._params = self._runner.parameters()

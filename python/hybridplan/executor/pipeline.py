@@ -15,6 +15,9 @@
   the schedule, each copy's gradient is summed over the replica's stages that hold it, as
   Megatron-LM does for its embedding group (https://arxiv.org/abs/2104.04473, section 3), so
   every copy takes the same step. torch.distributed.pipelining leaves this to the caller.
+- Recompute: a stage the plan recomputes runs its forward under torch.utils.checkpoint
+  (executor.recompute), keeping only its inputs (the receive buffers) between a micro-batch's
+  forward and backward.
 - BatchNorm in a stage normalises each micro-batch with its own statistics and updates the
   running statistics once per micro-batch, as GPipe does (https://arxiv.org/abs/1811.06965).
 """
@@ -30,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .._bucket_policy import ddp_bucket_kwargs
 from ..profiler.stage_split import StageCut, original_name
+from .recompute import recompute
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -45,11 +49,13 @@ class PipelineRunner:
 
     def __init__(self, cut: StageCut, stage: int, device: torch.device, schedule: str,
                  num_microbatches: int, loss_fn: Callable, pipe_group, dp_group, dp: int,
-                 tie_groups: Dict[int, Any]):
+                 tie_groups: Dict[int, Any], recompute_stage: bool = False):
         from torch.distributed.pipelining import PipelineStage
 
         self.cut, self.stage_index, self.num_microbatches = cut, stage, num_microbatches
         self.module = cut.stages[stage].to(device)
+        if recompute_stage:  # a pipeline recomputes whole stages (executor.recompute)
+            recompute(self.module)
         has_params = any(p.requires_grad for p in self.module.parameters())
         wrapped = (DistributedDataParallel(self.module, process_group=dp_group,
                                            **ddp_bucket_kwargs())

@@ -9,7 +9,7 @@ process group of its own that AppliedPlan.close() destroys."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import AbstractSet, Any, Dict, List
 
 import torch
 from torch import nn
@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .._bucket_policy import ddp_bucket_kwargs
 from ..profiler.block_list import split_call_name
 from ..profiler.dataflow import map_tensors
+from .recompute import recompute
 
 
 def _move(value: Any, device: torch.device) -> Any:
@@ -30,10 +31,11 @@ def _inputs_follow(device: torch.device):
     return hook
 
 
-def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.device]
-          ) -> List[torch.utils.hooks.RemovableHandle]:
+def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.device],
+          recomputed: AbstractSet[str] = frozenset()) -> List[torch.utils.hooks.RemovableHandle]:
     """Moves the module to devices[0], then each assigned node to devices[assignment[name]],
-    with a hook that brings its inputs along. Returns the hook handles."""
+    with a hook that brings its inputs along, and recomputes the nodes in `recomputed`
+    (executor.recompute). Returns the hook handles."""
     module.to(devices[0])
     handles = []
     for name, k in assignment.items():
@@ -42,6 +44,8 @@ def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.dev
             continue  # a later call of a module runs where its parameters are (the module doc)
         node = module.get_submodule(name)
         node.to(devices[k])
+        if name in recomputed:  # the calls of one module recompute together (plan rule)
+            recompute(node)
         if len(set(devices)) > 1:  # on one device (e.g. CPU) there is nothing to move
             handles.append(node.register_forward_pre_hook(_inputs_follow(devices[k]),
                                                           with_kwargs=True))

@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, FrozenSet, List, Tuple
 
 from ..planner import Graph, Plan, canonical_json
 
@@ -75,6 +75,7 @@ class PlanSpec:
     per_replica_batch: int
     mesh: List[List[int]]
     assignment: Dict[str, int]   # node name -> replica-local device (placement) or stage
+    recompute: FrozenSet[str]    # node names whose forward is recomputed in backward
     devices_per_node: int
     graph_sha256: str
     predicted_step_s: float
@@ -128,6 +129,7 @@ def parse_plan(plan: Any) -> PlanSpec:
         schedule=d["schedule"], num_microbatches=d["num_microbatches"],
         per_replica_batch=d["per_replica_batch"], mesh=[list(row) for row in d["mesh"]],
         assignment=_assignment_by_name(d["assignment"], source),
+        recompute=frozenset(e["name"] for e in d["assignment"] if e.get("recompute")),
         devices_per_node=int(cluster.get("devices_per_node") or max(1, d["dp"] * d["mp"])),
         graph_sha256=str(graph["sha256"]),
         predicted_step_s=float(predicted.get("step_s", float("nan"))))

@@ -143,12 +143,12 @@ TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
     //   GPipe: 2 in flight on both stages -> 300, 300; 1F1B: min(2, 2-0)=2, min(2, 2-1)=1
     // plus the backward workspace (a: 50 + 0; b: 50 + the 50-byte edge) and one receive buffer
     // per micro-batch (2 * 50: gradients into stage 0, activations into stage 1), and on the
-    // last stage the model's output of both micro-batches (2 * 50), held until backward is done:
-    //   stage 0 + 50 + 100, stage 1 + 100 + 100 + 100
+    // last stage the model's output of each micro-batch in flight (50 each), held until its
+    // backward is done: stage 0 + 50 + 100, stage 1 + 100 + 100 + 50 * in flight
     if (schedule == Schedule::kGpipe) {
       REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 600});
     } else {
-      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 550});
+      REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 500});
     }
   }
 }
@@ -426,4 +426,57 @@ TEST_CASE("evaluate: tied parameters are copied to every pipeline stage that hol
   const Plan placed = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
                                       {0, 0, 1, 1});
   REQUIRE(evaluate(problem, placed).memory_bytes == std::vector<int64_t>{300 + 20, 20 + 20 + 10});
+}
+
+TEST_CASE("evaluate: a recomputed node runs its forward again in backward and keeps its inputs",
+          "[evaluate][recompute]") {
+  Problem problem = diamond_problem();
+  // a, b, d keep 700 B each for backward (saved_bytes), far more than their 100 B inputs.
+  for (int v : {0, 1, 3}) problem.graph.nodes[v].saved_bytes = 700;
+  problem.graph.finalize("diamond");
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1,
+                              {0, 0, 1, 0});
+  const Prediction kept = evaluate(problem, plan);
+  // device 0: params 200 + activations 3 * 700 + workspace 300 + held output 100 = 2700
+  REQUIRE(kept.memory_bytes[0] == 2700);
+  plan.recompute = {1, 1, 0, 1};
+  const Prediction p = evaluate(problem, plan);
+  // a, b, d keep their inputs: a none (the model's input), b 100 (a -> b), d 200 (b -> d,
+  // c -> d); one node's 700 B exist again while its backward runs:
+  //   200 + 300 + 300 + 100 + 700 = 1600
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{1600, kept.memory_bytes[1]});
+  // The time is the plan's on a graph whose recomputed nodes' backward is backward + forward.
+  Problem slower = problem;
+  for (int v : {0, 1, 3}) slower.graph.nodes[v].backward_s += slower.graph.nodes[v].forward_s;
+  slower.graph.finalize("diamond");
+  Plan same = plan;
+  same.recompute.clear();
+  same.graph_sha256 = graph_sha256(slower.graph);
+  const Prediction expected = evaluate(slower, same);
+  REQUIRE(p.compute_s == expected.compute_s);
+  REQUIRE(p.step_s == expected.step_s);
+  REQUIRE(p.compute_s > kept.compute_s);
+}
+
+TEST_CASE("evaluate: a recomputed pipeline stage keeps nothing but its receive buffers",
+          "[evaluate][recompute]") {
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
+  problem.cluster = test::make_cluster(1, 4, 100, 0);
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4, {0, 1},
+                              2, Schedule::kGpipe);
+  REQUIRE(evaluate(problem, plan).memory_bytes == std::vector<int64_t>{450, 600});
+  plan.recompute = {0, 1};
+  const Prediction p = evaluate(problem, plan);
+  // stage 1: its 2 micro-batches' 50 B of activations go; one micro-batch's come back while
+  // its backward runs: 600 - 100 + 50
+  REQUIRE(p.memory_bytes == std::vector<int64_t>{450, 550});
+  // stage 1's backward takes F + B = 3 s per micro-batch instead of 2
+  Problem slower = problem;
+  slower.graph.nodes[1].backward_s = 3;
+  slower.graph.finalize("ab");
+  Plan same = plan;
+  same.recompute.clear();
+  same.graph_sha256 = graph_sha256(slower.graph);
+  REQUIRE(p.compute_s == evaluate(slower, same).compute_s);
 }

@@ -12,6 +12,7 @@
 
 #include "catch.h"
 #include "common/error.h"
+#include "model_fixtures.h"
 #include "planner/evaluate.h"
 #include "planner/pipeline_partition.h"
 #include "planner/search.h"
@@ -262,4 +263,44 @@ TEST_CASE("search: nothing fits names the need and the device", "[search]") {
   const SearchResult r = search(problem, SearchOptions{});
   CHECK(r.plans.front().mp == 2);
   CHECK(!r.infeasible.empty());  // dp=2 mp=1 needed 6 GiB
+}
+
+TEST_CASE("search: a point that fits only with recompute recomputes where memory binds",
+          "[search][recompute]") {
+  // A chain whose activations (saved 1.25 GiB per node) do not fit one 3.5 GiB device, but do
+  // when each node keeps only its 1 MiB input and one node's are rebuilt at a time.
+  Problem problem;
+  Graph& g = problem.graph;
+  g.name = "activations";
+  g.profiled.batch_size = 1;
+  for (int i = 0; i < 3; ++i) {
+    Node n;
+    n.id = i;
+    n.name = "n" + std::to_string(i);
+    n.op = "linear";
+    n.forward_s = n.backward_s = 1e-3;
+    n.param_bytes = 1 << 20;
+    n.output_bytes = 1 << 20;
+    n.saved_bytes = 5LL << 28;
+    g.nodes.push_back(n);
+    if (i > 0) g.edges.push_back({i - 1, i, 1 << 20});
+  }
+  g.finalize("activations");
+  problem.cluster = test::make_cluster(1, 1, 1e9, 0, 1e8, 0, 3584LL << 20);
+  problem.job = default_job();
+  const SearchResult result = search(problem, SearchOptions{});
+  REQUIRE(!result.plans.empty());
+  const Plan& best = result.plans.front();
+  REQUIRE(best.recompute == std::vector<uint8_t>{1, 1, 1});
+  REQUIRE(best.predicted.feasible);
+  const Evaluator evaluator(problem);
+  Plan without = best;
+  without.recompute.clear();
+  REQUIRE_FALSE(evaluator.evaluate(without).feasible);  // 3.75 GiB of activations
+  bool noted = false;
+  for (const std::string& note : result.notes) noted |= note.find("only with recompute") != std::string::npos;
+  REQUIRE(noted);
+  // Saved as JSON and read back, the plan keeps its recompute flags.
+  const Plan back = plan_from_json(plan_to_json(best, g), "plan.json");
+  REQUIRE(back.recompute == best.recompute);
 }
