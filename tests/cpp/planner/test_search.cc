@@ -223,10 +223,13 @@ TEST_CASE("search: plans are complete and survive save/load", "[search]") {
   std::filesystem::remove(path);
 }
 
-TEST_CASE("search: nothing fits names the need and the device", "[search]") {
-  Problem problem;
-  Graph& g = problem.graph;
-  g.name = "too_big";
+namespace {
+
+// A chain n0 -> n1 -> n2 of 1 ms nodes, each with these bytes; edges carry the output.
+Graph chain_of_three(const std::string& name, int64_t param_bytes, int64_t output_bytes,
+                     int64_t saved_bytes) {
+  Graph g;
+  g.name = name;
   g.profiled.batch_size = 1;
   for (int i = 0; i < 3; ++i) {
     Node n;
@@ -234,12 +237,22 @@ TEST_CASE("search: nothing fits names the need and the device", "[search]") {
     n.name = "n" + std::to_string(i);
     n.op = "linear";
     n.forward_s = n.backward_s = 1e-3;
-    n.param_bytes = 1LL << 30;  // 1 GiB of parameters: with sgd 2 GiB per node on its device
-    n.output_bytes = 0;
+    n.param_bytes = param_bytes;
+    n.output_bytes = output_bytes;
+    n.saved_bytes = saved_bytes;
     g.nodes.push_back(n);
-    if (i > 0) g.edges.push_back({i - 1, i, 0});
+    if (i > 0) g.edges.push_back({i - 1, i, output_bytes});
   }
-  g.finalize("too_big");
+  g.finalize(name);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("search: nothing fits names the need and the device", "[search]") {
+  Problem problem;
+  // 1 GiB of parameters per node: with sgd 2 GiB per node on its device
+  problem.graph = chain_of_three("too_big", 1LL << 30, 0, -1);
   testing::RandomClusterOptions co;
   co.devices_per_node = 2;
   co.memory_bytes = 3LL << 30;  // 3 GiB: two nodes on one device need 4 GiB
@@ -270,22 +283,8 @@ TEST_CASE("search: a point that fits only with recompute recomputes where memory
   // A chain whose activations (saved 1.25 GiB per node) do not fit one 3.5 GiB device, but do
   // when each node keeps only its 1 MiB input and one node's are rebuilt at a time.
   Problem problem;
-  Graph& g = problem.graph;
-  g.name = "activations";
-  g.profiled.batch_size = 1;
-  for (int i = 0; i < 3; ++i) {
-    Node n;
-    n.id = i;
-    n.name = "n" + std::to_string(i);
-    n.op = "linear";
-    n.forward_s = n.backward_s = 1e-3;
-    n.param_bytes = 1 << 20;
-    n.output_bytes = 1 << 20;
-    n.saved_bytes = 5LL << 28;
-    g.nodes.push_back(n);
-    if (i > 0) g.edges.push_back({i - 1, i, 1 << 20});
-  }
-  g.finalize("activations");
+  problem.graph = chain_of_three("activations", 1 << 20, 1 << 20, 5LL << 28);
+  const Graph& g = problem.graph;
   problem.cluster = test::make_cluster(1, 1, 1e9, 0, 1e8, 0, 3584LL << 20);
   problem.job = default_job();
   const SearchResult result = search(problem, SearchOptions{});
