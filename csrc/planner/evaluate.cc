@@ -293,6 +293,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   fill_param_bytes(plan);
   transient_bytes_.assign(plan.mp, 0.0);
   recompute_bytes_.assign(plan.mp, 0.0);
+  recompute_inputs_.assign(plan.recompute.empty() || pipeline ? 0 : graph.nodes.size() * plan.mp, 0);
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
@@ -302,9 +303,10 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     } else if (pipeline) {  // the stage is one checkpoint; its inputs are its receive buffers
       recompute_bytes_[k] += activations;
     } else {  // the node keeps its inputs; one node's activations are rebuilt at a time
-      int64_t inputs = 0;
-      for (int32_t e : graph.in_edges[v]) inputs += graph.edges[e].bytes;
-      activation_bytes_[k] += scaled_bytes(inputs, scale);
+      for (int32_t e : graph.in_edges[v]) {  // a value several checkpoints keep is held once
+        int64_t& kept = recompute_inputs_[static_cast<size_t>(graph.edges[e].src) * plan.mp + k];
+        kept = std::max(kept, graph.edges[e].bytes);
+      }
       recompute_bytes_[k] = std::max(recompute_bytes_[k], activations);
     }
     int64_t gradients = graph.nodes[v].output_bytes;  // backward workspace (memory_cost.h)
@@ -313,6 +315,9 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
       gradients = std::max(gradients, graph.profiled.loss_backward_bytes);
     }
     transient_bytes_[k] = std::max(transient_bytes_[k], scaled_bytes(gradients, scale));
+  }
+  for (size_t i = 0; i < recompute_inputs_.size(); ++i) {
+    activation_bytes_[i % plan.mp] += scaled_bytes(recompute_inputs_[i], scale);
   }
   for (int64_t k = 0; k < plan.mp; ++k) transient_bytes_[k] += recompute_bytes_[k];
   if (sink >= 0) {

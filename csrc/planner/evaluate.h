@@ -125,6 +125,7 @@ class Evaluator {
   mutable std::vector<double> activation_bytes_;
   mutable std::vector<double> transient_bytes_;  // memory_cost.h: workspace + receive buffers
   mutable std::vector<double> recompute_bytes_;  // memory_cost.h: activations recomputed at once
+  mutable std::vector<int64_t> recompute_inputs_;  // [producer * mp + device]: bytes kept
   mutable NodeTimes recompute_times_;            // node times with recomputed forwards added
   mutable std::vector<int64_t> param_bytes_;
   mutable std::vector<int64_t> param_tensors_;  // per device / stage, the same way (counted ones)

@@ -5,9 +5,10 @@
 //   k_opt: sgd 0, sgd_momentum 1 (momentum buffer), adam 2 (first and second moments)
 //   activation_bytes: sum of the device's nodes' saved_bytes (what each keeps for backward, as
 //                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs;
-//                     a recomputed node (Plan::recompute) keeps only its inputs instead (the
-//                     bytes of its in-edges; in a pipeline nothing: a recomputed stage's inputs
-//                     are its receive buffers, counted below)
+//                     a recomputed node (Plan::recompute) keeps only its inputs instead (its
+//                     in-edges' bytes, each producer's value once per device however many
+//                     recomputed nodes read it; in a pipeline nothing: a recomputed stage's
+//                     inputs are its receive buffers, counted below)
 //   in_flight: placement 1; pipeline GPipe M (all forwards before any backward), 1F1B
 //              min(M, S - s) on stage s (its warm-up depth plus the one in steady state).
 //                + transient_bytes                         alive only part of the step:
