@@ -189,14 +189,13 @@ namespace {
 // The recompute rules that need the graph (Plan::recompute's comment).
 void validate_recompute(const Plan& plan, const std::string& source, const Graph& graph) {
   if (plan.recompute.empty()) return;
-  std::unordered_map<std::string, size_t> first_call;  // module -> first node index
-  std::vector<int> stage_flag(plan.mp, -1);            // pipeline: -1 unseen, else 0/1
-  std::vector<size_t> stage_first(plan.mp, 0);
+  std::unordered_map<std::string, size_t> first_call;  // module -> its first node
+  std::vector<size_t> stage_first(plan.mp, graph.nodes.size());  // pipeline: stage's first node
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    const int flag = plan.recomputes(v) ? 1 : 0;
+    const bool flag = plan.recomputes(v);
     const std::string path = json_index_path("assignment", v) + ".recompute";
     const auto [it, fresh] = first_call.emplace(module_of_call(graph.nodes[v].name), v);
-    if (!fresh && plan.recomputes(it->second) != (flag == 1)) {
+    if (!fresh && plan.recomputes(it->second) != flag) {
       throw_input_error(source, path,
                         "must equal that of " + quoted(graph.nodes[it->second].name) +
                             ": the calls of one module recompute together",
@@ -204,10 +203,9 @@ void validate_recompute(const Plan& plan, const std::string& source, const Graph
     }
     if (plan.mode != MpMode::kPipeline) continue;
     const int32_t s = plan.assignment[v];
-    if (stage_flag[s] < 0) {
-      stage_flag[s] = flag;
+    if (stage_first[s] == graph.nodes.size()) {
       stage_first[s] = v;
-    } else if (stage_flag[s] != flag) {
+    } else if (plan.recomputes(stage_first[s]) != flag) {
       throw_input_error(source, path,
                         "must equal that of " + quoted(graph.nodes[stage_first[s]].name) +
                             " on the same stage " + str(s) +

@@ -231,21 +231,23 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   for (size_t v = 0; v < n; ++v) {
     flags[v] = plan.predicted.memory_bytes[plan.assignment[v]] > have ? 1 : 0;
   }
-  std::map<std::string, std::vector<size_t>> calls;  // module -> its call nodes
+  // the groups that recompute together: the calls of one module; a pipeline's stages
+  std::map<std::string, std::vector<size_t>> calls;
   for (size_t v = 0; v < n; ++v) calls[module_of_call(graph.nodes[v].name)].push_back(v);
-  for (bool changed = true; changed;) {
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [module, group] : calls) groups.push_back(std::move(group));
+  if (plan.mode == MpMode::kPipeline) {
+    const size_t first_stage = groups.size();
+    groups.resize(first_stage + plan.mp);
+    for (size_t v = 0; v < n; ++v) groups[first_stage + plan.assignment[v]].push_back(v);
+  }
+  for (bool changed = true; changed;) {  // to a fixed point: a module's calls span stages
     changed = false;
-    const auto flag_all = [&](const std::vector<size_t>& group) {
-      if (std::none_of(group.begin(), group.end(), [&](size_t v) { return flags[v]; })) return;
+    for (const auto& group : groups) {
+      if (std::none_of(group.begin(), group.end(), [&](size_t v) { return flags[v]; })) continue;
       for (size_t v : group) {
         if (!flags[v]) flags[v] = 1, changed = true;
       }
-    };
-    for (const auto& [module, group] : calls) flag_all(group);
-    if (plan.mode == MpMode::kPipeline) {
-      std::vector<std::vector<size_t>> stages(plan.mp);
-      for (size_t v = 0; v < n; ++v) stages[plan.assignment[v]].push_back(v);
-      for (const auto& stage : stages) flag_all(stage);
     }
   }
   const auto count = static_cast<int64_t>(std::count(flags.begin(), flags.end(), 1));

@@ -121,10 +121,10 @@ class _Producers:
         # id(grad_fn) -> (node, output_nr -> bytes)
         self.by_grad_fn: Dict[int, Tuple[str, Dict[int, int]]] = {}
         self.by_storage: Dict[int, Tuple[str, int]] = {}    # storage data_ptr -> (node, bytes)
-        # (id(grad_fn), output_nr) of a functional value -> (its first reader, bytes)
-        self.first_reader: Dict[Tuple[int, int], Tuple[str, int]] = {}
+        # (id(grad_fn), output_nr) of a functional value -> (its first reader, bytes, grad_fn,
+        # output_nr); holding grad_fn keeps the id unique
+        self.first_reader: Dict[Tuple[int, int], Tuple[str, int, Any, int]] = {}
         self.parameters: set = set()  # names of the orphan parameters added as producers
-        self.read_values: Dict[Tuple[int, int], Tuple[Any, int]] = {}  # key -> (grad_fn, nr)
         self._keep_alive: List[Any] = []  # ids are only unique while the objects live
 
     def add_outputs(self, name: str, output: Any) -> None:
@@ -175,12 +175,15 @@ class _Producers:
                       edges: Dict[EdgeKey, int]) -> Dict[Tuple[str, Any], int]:
         """`consumed` with each value read from a first reader that is not upstream of the
         reader's other producers replaced by the value's own producers (see the module doc)."""
+        if not any(_is_read(key) for _, key in consumed):
+            return consumed
         direct = {name for name, key in consumed if not _is_read(key)}
         upstream = ancestors_or_self(direct, edges)
         resolved: Dict[Tuple[str, Any], int] = {}
         for (name, key), nbytes in consumed.items():
             if _is_read(key) and name not in upstream:
-                resolved.update(self._walk_autograd(*self.read_values[key[1]], reader=None))
+                _, _, fn, nr = self.first_reader[key[1]]
+                resolved.update(self._walk_autograd(fn, nr, reader=None))
             else:
                 resolved[(name, key)] = nbytes
         return resolved
@@ -204,7 +207,7 @@ class _Producers:
                 from_node[key] = name not in self.parameters
                 continue
             if reader is not None and key in self.first_reader:
-                name, nbytes = self.first_reader[key]
+                name, nbytes, _, _ = self.first_reader[key]
                 found[(name, ("read", key))] = nbytes
                 from_node[key] = True
                 continue
@@ -220,10 +223,8 @@ class _Producers:
                     from_node[key] = changed = True
         for key, fn, nr, _ in functional:
             # values of inputs and parameters alone have no producer node
-            if reader is not None and from_node[key] and key not in self.first_reader:
-                self._keep_alive.append(fn)
-                self.first_reader[key] = (reader, _value_bytes(fn, nr))
-                self.read_values[key] = (fn, nr)
+            if reader is not None and from_node[key]:
+                self.first_reader[key] = (reader, _value_bytes(fn, nr), fn, nr)
         return found
 
 
@@ -251,7 +252,7 @@ def _value_bytes(fn: Any, nr: int) -> int:
     if nr >= len(metadata) or metadata[nr].is_nested_tensor:
         return 0
     meta = metadata[nr]
-    return int(torch.Size(meta.shape).numel()) * torch.empty((), dtype=meta.dtype).element_size()
+    return int(torch.Size(meta.shape).numel()) * meta.dtype.itemsize
 
 
 class _SavedBytes:
@@ -407,10 +408,11 @@ def fx_edges(module: nn.Module, nodes: Dict[str, nn.Module], flow: Dataflow,
         consumer = calls[fx_node]
         reads = _fx_producers(fx_node.all_input_nodes, nodes, calls, first_reader, from_node,
                               consumer)
+        values = [(p, read) for p, read in reads if isinstance(read, torch.fx.Node)]
         direct = {p for p, read in reads if not isinstance(read, torch.fx.Node)}
-        upstream = ancestors_or_self(direct, [(p, c) for p, c, _ in found])
-        for producer, read in list(reads):
-            if isinstance(read, torch.fx.Node) and producer not in upstream:
+        upstream = ancestors_or_self(direct, [(p, c) for p, c, _ in found]) if values else set()
+        for producer, read in values:
+            if producer not in upstream:
                 reads.discard((producer, read))  # not upstream: read from its producers
                 reads |= _fx_producers([read], nodes, calls, None, from_node, consumer)
         for producer, read in reads:

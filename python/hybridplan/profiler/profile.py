@@ -154,7 +154,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                                            for t in dataflow.tensors_in((inputs, kwargs)))
     if loss_fn is not None:  # the memory model's loss workspace (memory_cost.h)
         graph["profiled"]["loss_backward_bytes"] = block_timing.loss_backward_bytes(
-            module(*inputs, **kwargs), loss_at(None))
+            output, loss_at(None))
     total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
     log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
         f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")
