@@ -88,14 +88,15 @@ void bench_chain() {
               "%lld evaluations\n",
               wall_s, cpu_s, format_bytes(peak_rss_bytes()).c_str(),
               static_cast<long long>(r.candidates_evaluated));
-  std::printf("%-4s %-5s %-3s %-5s %-10s %-5s %-4s %12s %14s\n", "rank", "dp", "mp", "b", "mode",
-              "sched", "M", "step", "samples/s");
+  std::printf("%-4s %-5s %-3s %-5s %-10s %-5s %-4s %-5s %12s %14s\n", "rank", "dp", "mp", "b",
+              "mode", "sched", "M", "shard", "step", "samples/s");
   for (size_t i = 0; i < r.plans.size(); ++i) {
     const Plan& p = r.plans[i];
-    std::printf("%-4zu %-5lld %-3lld %-5lld %-10s %-5s %-4lld %12s %14s\n", i + 1,
+    std::printf("%-4zu %-5lld %-3lld %-5lld %-10s %-5s %-4lld %-5s %12s %14s\n", i + 1,
                 static_cast<long long>(p.dp), static_cast<long long>(p.mp),
                 static_cast<long long>(p.per_replica_batch), mode_name(p.mode),
                 schedule_name(p.schedule), static_cast<long long>(p.num_microbatches),
+                sharding_name(p.sharding),
                 format_seconds(p.predicted.step_s).c_str(),
                 format_count(p.predicted.samples_per_s).c_str());
   }

@@ -21,6 +21,7 @@ struct PlanFlags {
   std::string out_path;
   bool json = false;
   bool over_run = false;
+  std::vector<std::string> shardings = {"none", "zero2", "zero3"};
   RunScheduleOptions run;
 };
 
@@ -64,6 +65,12 @@ void run_plan(const PlanFlags& flags) {
   SearchOptions options;
   options.devices = flags.devices;
   options.top_k = flags.top_k;
+  options.shardings.clear();
+  for (const std::string& name : flags.shardings) {
+    options.shardings.push_back(name == "zero2" ? Sharding::kZero2
+                                : name == "zero3" ? Sharding::kZero3
+                                                  : Sharding::kNone);
+  }
   if (flags.over_run) {
     run_over_run(flags, problem, options);
     return;
@@ -98,6 +105,12 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--out,-o", flags->out_path, "Write the best plan here (atomically)");
   cmd->add_flag("--json", flags->json, "Print the ranked plans as a JSON array");
+  cmd->add_option("--sharding", flags->shardings,
+                  "Data-parallel sharding kinds the search may choose (docs/sharding.md), "
+                  "comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "zero2", "zero3"}))
+      ->capture_default_str();
   cmd->add_flag("--over-run", flags->over_run,
                 "Plan the whole run in phases as the job's critical batch grows (a "
                 "critical_batch trajectory); --out writes the schedule");

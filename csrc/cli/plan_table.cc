@@ -55,22 +55,23 @@ std::string plan_shape(const Plan& plan) {
   if (plan.mode == MpMode::kPipeline) {
     s += std::string(" ") + schedule_name(plan.schedule) + " M=" + std::to_string(plan.num_microbatches);
   }
+  if (plan.sharding != Sharding::kNone) s += std::string(" ") + sharding_name(plan.sharding);
   return s;
 }
 
 void print_plan_table(std::ostream& os, const Problem& problem, const std::vector<Plan>& plans) {
   const bool convergence = has_convergence(problem);
-  Table table({"rank", "dp", "mp", "mode", "schedule", "M", "batch", "global batch", "step", "compute",
-               "all-reduce", "bubble", "max mem/device", "epochs",
+  Table table({"rank", "dp", "mp", "mode", "schedule", "M", "shard", "batch", "global batch", "step",
+               "compute", "all-reduce", "bubble", "max mem/device", "epochs",
                convergence ? "time-to-train" : "samples/s"});
   for (size_t i = 0; i < plans.size(); ++i) {
     const Plan& p = plans[i];
     const Prediction& q = p.predicted;
     table.add({std::to_string(i + 1), std::to_string(p.dp), std::to_string(p.mp),
                mode_name(p.mode), schedule_name(p.schedule), std::to_string(p.num_microbatches),
-               std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
+               sharding_name(p.sharding), std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
                format_seconds(q.step_s),
-               format_seconds(q.compute_s), format_seconds(q.allreduce_s),
+               format_seconds(q.compute_s), format_seconds(q.allreduce_s + q.sharding_s),
                format_seconds(q.bubble_s), format_bytes(static_cast<double>(max_memory_bytes(q))),
                convergence ? fixed(q.epochs, 1) : "-",
                convergence ? format_seconds(q.time_to_train_s) : format_count(q.samples_per_s)});
@@ -92,12 +93,16 @@ void print_breakdown(std::ostream& os, const Problem& problem, const Plan& plan)
      << "\n";
   Table table({"term", "value", "note"});
   table.add({"step", format_seconds(q.step_s),
-             "compute + exposed all-reduce + optimizer + overhead"});
+             "compute + exposed all-reduce (or sharding) + optimizer + overhead"});
   std::string compute_note =
       plan.mode == MpMode::kPipeline ? "pipeline schedule length" : "fwd+bwd makespan";
   if (q.compute_slowdown != 1) compute_note += ", x" + fixed(q.compute_slowdown, 2) + " shared node";
   table.add({"  compute", format_seconds(q.compute_s), compute_note});
   table.add({"  all-reduce", format_seconds(q.allreduce_s), "exposed (not hidden by backward)"});
+  if (plan.sharding != Sharding::kNone) {
+    table.add({"  sharding", format_seconds(q.sharding_s),
+               std::string(sharding_name(plan.sharding)) + ": exposed all-gathers and reduce-scatters"});
+  }
   table.add({"  optimizer", format_seconds(q.optimizer_s), "parameter update of the fullest device"});
   table.add({"  overhead", format_seconds(q.overhead_s), "the runtime's fixed cost per step"});
   table.add({"  transfer", format_seconds(q.transfer_s), "cross-device activations (in compute)"});

@@ -97,6 +97,15 @@ Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::
                         "true");
     }
   }
+  if (plan_.sharding != Sharding::kNone) {
+    // libtorch has no FSDP2 in C++: the C++ executor replicates with c10d::Reducer only, so a
+    // sharded plan would run, and cost, as another plan than the one priced.
+    throw_input_error(src, "sharding",
+                      "is not supported by the C++ executor (libtorch has no fully_shard; it "
+                      "replicates with DDP's reducer); run the plan with the Python executor "
+                      "(hybridplan.apply)",
+                      std::string("\"") + sharding_name(plan_.sharding) + "\"");
+  }
   if (plan_.num_processes() != env_.world_size) {
     throw_input_error(src, "dp/mp",
                       std::string("need ") + std::to_string(plan_.num_processes()) + " processes for a " +

@@ -120,14 +120,19 @@ std::vector<DeviceIndex> ring_order(const Cluster& cluster, const std::vector<De
   return ring;
 }
 
-AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
-                              int64_t concurrent_groups_per_node, std::vector<DeviceIndex>* rings) {
-  const auto p = static_cast<int64_t>(devices.size());
-  if (rings) rings->clear();
-  if (p <= 1) {
-    if (rings) *rings = devices;
-    return {};
-  }
+namespace {
+
+// The rings a collective of `kind` runs over `devices` (rank order): the slowest hop inside the
+// nodes, the link between nodes, and how the members spread over nodes.
+struct GroupRings {
+  Link slowest_intra{std::numeric_limits<double>::infinity(), 0.0};
+  Link inter;
+  int64_t num_nodes = 0;
+  int64_t per_node = 0;
+};
+
+GroupRings group_rings(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
+                       Collective kind, std::vector<DeviceIndex>* rings) {
   // Members per node, in rank order; nodes in order of first appearance.
   std::vector<std::pair<int64_t, std::vector<DeviceIndex>>> by_node;
   std::unordered_map<int64_t, size_t> node_entry;  // node -> index in by_node: O(p), not O(p n)
@@ -139,11 +144,10 @@ AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIn
   }
   // Slowest hop of the ring(s) inside each node. Every node holds the same pattern of members
   // in the usual meshes, so the ring search runs once per distinct local pattern.
-  Link slowest{std::numeric_limits<double>::infinity(), 0.0};
-  int64_t per_node = 0;
+  GroupRings out;
   std::map<std::vector<int64_t>, std::vector<int64_t>> ring_of_pattern;  // local -> local ring
   for (const auto& [node, members] : by_node) {
-    per_node = std::max<int64_t>(per_node, static_cast<int64_t>(members.size()));
+    out.per_node = std::max<int64_t>(out.per_node, static_cast<int64_t>(members.size()));
     std::vector<int64_t> local;
     for (DeviceIndex d : members) local.push_back(d % cluster.devices_per_node);
     auto it = ring_of_pattern.find(local);
@@ -151,16 +155,56 @@ AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIn
     std::vector<DeviceIndex> ring;
     for (int64_t l : it->second) ring.push_back(node * cluster.devices_per_node + l);
     for (size_t i = 0; ring.size() > 1 && i < ring.size(); ++i) {
-      const Link hop = cluster.allreduce_link(ring[i], ring[(i + 1) % ring.size()]);
-      slowest.bandwidth_bytes_per_s = std::min(slowest.bandwidth_bytes_per_s, hop.bandwidth_bytes_per_s);
-      slowest.latency_s = std::max(slowest.latency_s, hop.latency_s);
+      const Link hop = cluster.collective_link(kind, ring[i], ring[(i + 1) % ring.size()]);
+      out.slowest_intra.bandwidth_bytes_per_s =
+          std::min(out.slowest_intra.bandwidth_bytes_per_s, hop.bandwidth_bytes_per_s);
+      out.slowest_intra.latency_s = std::max(out.slowest_intra.latency_s, hop.latency_s);
     }
     if (rings) rings->insert(rings->end(), ring.begin(), ring.end());
   }
-  if (by_node.size() == 1) return ring_allreduce(p, slowest.bandwidth_bytes_per_s, slowest.latency_s);
-  const Link inter = cluster.allreduce_link(by_node[0].second[0], by_node[1].second[0]);
-  return hierarchical_allreduce(static_cast<int64_t>(by_node.size()), per_node, slowest, inter,
+  out.num_nodes = static_cast<int64_t>(by_node.size());
+  if (out.num_nodes > 1) {
+    out.inter = cluster.collective_link(kind, by_node[0].second[0], by_node[1].second[0]);
+  }
+  return out;
+}
+
+}  // namespace
+
+AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
+                              int64_t concurrent_groups_per_node, std::vector<DeviceIndex>* rings) {
+  const auto p = static_cast<int64_t>(devices.size());
+  if (rings) rings->clear();
+  if (p <= 1) {
+    if (rings) *rings = devices;
+    return {};
+  }
+  const GroupRings g = group_rings(cluster, devices, Collective::kAllReduce, rings);
+  if (g.num_nodes == 1) {
+    return ring_allreduce(p, g.slowest_intra.bandwidth_bytes_per_s, g.slowest_intra.latency_s);
+  }
+  return hierarchical_allreduce(g.num_nodes, g.per_node, g.slowest_intra, g.inter,
                                 concurrent_groups_per_node);
+}
+
+AllReduceCost ring_shard_collective(int64_t p, double bandwidth_bytes_per_s, double latency_s) {
+  if (p <= 1) return {};
+  const auto steps = static_cast<double>(p - 1);
+  return {steps * latency_s, steps / static_cast<double>(p) / bandwidth_bytes_per_s};
+}
+
+AllReduceCost group_shard_collective(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
+                                     Collective kind, int64_t concurrent_groups_per_node) {
+  const auto p = static_cast<int64_t>(devices.size());
+  if (p <= 1) return {};
+  const GroupRings g = group_rings(cluster, devices, kind, nullptr);
+  Link hop = g.slowest_intra;
+  if (g.num_nodes > 1) {  // one ring through every node: its inter-node hops share the NIC
+    const auto groups = static_cast<double>(std::max<int64_t>(1, concurrent_groups_per_node));
+    hop.bandwidth_bytes_per_s = std::min(hop.bandwidth_bytes_per_s, g.inter.bandwidth_bytes_per_s / groups);
+    hop.latency_s = std::max(hop.latency_s, g.inter.latency_s);
+  }
+  return ring_shard_collective(p, hop.bandwidth_bytes_per_s, hop.latency_s);
 }
 
 void BucketedAllReduce::launch() {

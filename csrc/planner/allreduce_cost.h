@@ -67,6 +67,17 @@ AllReduceCost group_allreduce(const Cluster& cluster, const std::vector<DeviceIn
                               int64_t concurrent_groups_per_node,
                               std::vector<DeviceIndex>* rings = nullptr);
 
+// Sharded data parallelism's collectives (docs/sharding.md), over a ring of p members:
+//   all-gather / reduce-scatter:  (p-1)/p * bytes / bw + (p-1) * alpha
+// where bytes is the unsharded size (each member sends and receives p-1 shards of bytes/p),
+// bw the ring's slowest hop and alpha its largest latency, both of the kind's link
+// (Cluster::collective_link: the calibrated all-gather or reduce-scatter link, else the
+// all-reduce one). A group on several nodes runs one ring through them (as NCCL does for these
+// collectives), whose inter-node hops get the node's injection bandwidth / G (G as above).
+AllReduceCost ring_shard_collective(int64_t p, double bandwidth_bytes_per_s, double latency_s);
+AllReduceCost group_shard_collective(const Cluster& cluster, const std::vector<DeviceIndex>& devices,
+                                     Collective kind, int64_t concurrent_groups_per_node);
+
 // Bucketed all-reduce overlapped with backward: feed gradients in the order they become
 // ready, then end_s() gives when the last bucket's reduction finishes (0 if no bytes).
 class BucketedAllReduce {

@@ -40,12 +40,13 @@ Link link_from_json(const JsonReader& in, const Json& j, const std::string& path
   return link;
 }
 
-std::optional<Link> allreduce_override(const JsonReader& in, const Json& level,
-                                      const std::string& path) {
-  const Json* j = in.optional(level, "allreduce");
+std::optional<Link> collective_override(const JsonReader& in, const Json& level,
+                                        const std::string& path, const char* key) {
+  const Json* j = in.optional(level, key);
   if (j == nullptr) return std::nullopt;
-  in.object(*j, path + ".allreduce");
-  return link_from_json(in, *j, path + ".allreduce", true);
+  const std::string child = path + "." + key;
+  in.object(*j, child);
+  return link_from_json(in, *j, child, true);
 }
 
 Json link_to_json(const Link& link) {
@@ -59,6 +60,9 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
   if (const Json* v = in.optional(j, "action_s")) r.action_s = in.number(*v, "runtime.action_s");
   if (const Json* v = in.optional(j, "optimizer_tensor_s")) {
     r.optimizer_tensor_s = in.number(*v, "runtime.optimizer_tensor_s");
+  }
+  if (const Json* v = in.optional(j, "sharded_optimizer_tensor_s")) {
+    r.sharded_optimizer_tensor_s = in.number(*v, "runtime.sharded_optimizer_tensor_s");
   }
   if (const Json* by_schedule = in.optional(j, "schedule_action_s")) {
     const std::string path = "runtime.schedule_action_s";
@@ -88,6 +92,7 @@ void validate_runtime(const std::string& source, const Runtime& r) {
   check_non_negative(source, "runtime.step_s", r.step_s);
   check_non_negative(source, "runtime.action_s", r.action_s);
   check_non_negative(source, "runtime.optimizer_tensor_s", r.optimizer_tensor_s);
+  check_non_negative(source, "runtime.sharded_optimizer_tensor_s", r.sharded_optimizer_tensor_s);
   for (const auto& [name, seconds] : r.schedule_action_s) {
     check_non_negative(source, "runtime.schedule_action_s." + name, seconds);
   }
@@ -133,6 +138,16 @@ Link Cluster::allreduce_link(DeviceIndex a, DeviceIndex b) const {
   return calibrated ? *calibrated : link(a, b);
 }
 
+Link Cluster::collective_link(Collective kind, DeviceIndex a, DeviceIndex b) const {
+  const bool same_node = a / devices_per_node == b / devices_per_node;
+  const std::optional<Link>* calibrated = nullptr;
+  if (kind == Collective::kAllGather) calibrated = same_node ? &intra_node_allgather : &inter_node_allgather;
+  if (kind == Collective::kReduceScatter) {
+    calibrated = same_node ? &intra_node_reduce_scatter : &inter_node_reduce_scatter;
+  }
+  return calibrated != nullptr && *calibrated ? **calibrated : allreduce_link(a, b);
+}
+
 Link Cluster::link(DeviceIndex a, DeviceIndex b) const {
   if (a == b) return {std::numeric_limits<double>::infinity(), 0.0};
   const int64_t node_a = a / devices_per_node;
@@ -160,7 +175,11 @@ void Cluster::validate(const std::string& source) const {
   check_non_negative(source, "device.memory_bandwidth_bytes_per_s", device.memory_bandwidth_bytes_per_s);
   check_non_negative(source, "device.call_floor_s", device.call_floor_s);
   for (const auto& [path, link] : {std::pair{"intra_node.allreduce", &intra_node_allreduce},
-                                   {"inter_node.allreduce", &inter_node_allreduce}}) {
+                                   {"inter_node.allreduce", &inter_node_allreduce},
+                                   {"intra_node.allgather", &intra_node_allgather},
+                                   {"inter_node.allgather", &inter_node_allgather},
+                                   {"intra_node.reduce_scatter", &intra_node_reduce_scatter},
+                                   {"inter_node.reduce_scatter", &inter_node_reduce_scatter}}) {
     if (!*link) continue;
     check_positive(source, std::string(path) + ".bandwidth_bytes_per_s", (*link)->bandwidth_bytes_per_s);
     check_non_negative(source, std::string(path) + ".latency_s", (*link)->latency_s);
@@ -230,7 +249,9 @@ Cluster cluster_from_json(const Json& j, const std::string& source) {
   const Json& intra = in.object(in.required(j, "", "intra_node"), "intra_node");
   const Json* matrix = in.optional(intra, "bandwidth_matrix_bytes_per_s");
   c.intra_node = link_from_json(in, intra, "intra_node", matrix == nullptr);
-  c.intra_node_allreduce = allreduce_override(in, intra, "intra_node");
+  c.intra_node_allreduce = collective_override(in, intra, "intra_node", "allreduce");
+  c.intra_node_allgather = collective_override(in, intra, "intra_node", "allgather");
+  c.intra_node_reduce_scatter = collective_override(in, intra, "intra_node", "reduce_scatter");
   if (matrix != nullptr) {
     const std::string path = "intra_node.bandwidth_matrix_bytes_per_s";
     in.array(*matrix, path);
@@ -246,7 +267,9 @@ Cluster cluster_from_json(const Json& j, const std::string& source) {
   if (const Json* inter = in.optional(j, "inter_node")) {
     in.object(*inter, "inter_node");
     c.inter_node = link_from_json(in, *inter, "inter_node", true);
-    c.inter_node_allreduce = allreduce_override(in, *inter, "inter_node");
+    c.inter_node_allreduce = collective_override(in, *inter, "inter_node", "allreduce");
+    c.inter_node_allgather = collective_override(in, *inter, "inter_node", "allgather");
+    c.inter_node_reduce_scatter = collective_override(in, *inter, "inter_node", "reduce_scatter");
   } else if (c.num_nodes > 1) {
     in.fail("inter_node", "is required when num_nodes > 1", std::to_string(c.num_nodes) + " nodes");
   }
@@ -276,6 +299,8 @@ Json cluster_to_json(const Cluster& c) {
   }
   if (!c.bandwidth_matrix.empty()) intra["bandwidth_matrix_bytes_per_s"] = c.bandwidth_matrix;
   if (c.intra_node_allreduce) intra["allreduce"] = link_to_json(*c.intra_node_allreduce);
+  if (c.intra_node_allgather) intra["allgather"] = link_to_json(*c.intra_node_allgather);
+  if (c.intra_node_reduce_scatter) intra["reduce_scatter"] = link_to_json(*c.intra_node_reduce_scatter);
   Json device = {{"name", c.device.name},
                  {"type", c.device.type},
                  {"memory_bytes", c.device.memory_bytes},
@@ -296,13 +321,20 @@ Json cluster_to_json(const Cluster& c) {
   if (c.inter_node.bandwidth_bytes_per_s > 0) {
     j["inter_node"] = link_to_json(c.inter_node);
     if (c.inter_node_allreduce) j["inter_node"]["allreduce"] = link_to_json(*c.inter_node_allreduce);
+    if (c.inter_node_allgather) j["inter_node"]["allgather"] = link_to_json(*c.inter_node_allgather);
+    if (c.inter_node_reduce_scatter) {
+      j["inter_node"]["reduce_scatter"] = link_to_json(*c.inter_node_reduce_scatter);
+    }
   }
   const Runtime& r = c.runtime;
-  if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 ||
+  if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 || r.sharded_optimizer_tensor_s > 0 ||
       !r.shared_host_slowdown.empty() || !r.schedule_action_s.empty()) {
     j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
                     {"shared_host_slowdown", r.shared_host_slowdown}};
     if (r.optimizer_tensor_s > 0) j["runtime"]["optimizer_tensor_s"] = r.optimizer_tensor_s;
+    if (r.sharded_optimizer_tensor_s > 0) {
+      j["runtime"]["sharded_optimizer_tensor_s"] = r.sharded_optimizer_tensor_s;
+    }
     if (!r.schedule_action_s.empty()) {
       Json by_schedule = Json::object();
       for (const auto& [name, seconds] : r.schedule_action_s) by_schedule[name] = seconds;

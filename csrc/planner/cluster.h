@@ -38,6 +38,10 @@ struct Link {
 // order.
 enum class CollectiveLibrary { kNccl, kGloo };
 
+// The collectives the cost model prices: DDP's gradient all-reduce, and sharded data
+// parallelism's parameter all-gather and gradient reduce-scatter (docs/sharding.md).
+enum class Collective { kAllReduce, kAllGather, kReduceScatter };
+
 // What the executor's runtime pays beyond compute and communication, measured by
 // `hybridplan calibrate` on the machine itself (0 where not measured):
 //   step_s        once per training step per process (zero_grad, the step's bookkeeping)
@@ -51,12 +55,15 @@ enum class CollectiveLibrary { kNccl, kGloo };
 //   optimizer_tensor_s  per parameter tensor per optimizer step: the optimizer's loop over its
 //                 tensors (torch.optim's for-loop implementation on CPU), beyond the
 //                 memory-bound update of the bytes (optimizer_cost.h)
+//   sharded_optimizer_tensor_s  the same for a sharded parameter (a DTensor shard: every op of
+//                 the update goes through DTensor's dispatch); unset (0): optimizer_tensor_s
 //   shared_host_slowdown[k]: compute time multiplier when k processes of the job compute on one
 //                 node at once (CPU ranks share cores, caches and memory bandwidth; GPUs: 1)
 struct Runtime {
   double step_s = 0;
   double action_s = 0;
   double optimizer_tensor_s = 0;
+  double sharded_optimizer_tensor_s = 0;
   std::vector<std::pair<std::string, double>> schedule_action_s;  // (schedule name, seconds)
   std::vector<std::pair<int64_t, double>> shared_host_slowdown;  // (processes, factor), k ascending
 
@@ -82,6 +89,14 @@ struct Cluster {
   // runs (calibrated: Gloo on loopback is not its p2p link); unset: the links above.
   std::optional<Link> intra_node_allreduce;
   std::optional<Link> inter_node_allreduce;
+  // The same for sharded data parallelism's all-gather and reduce-scatter (the ring formulas of
+  // allreduce_cost.h): "allgather" and "reduce_scatter" beside "allreduce". Gloo emulates
+  // reduce-scatter with an all-reduce; the calibrated link carries that. Unset: the
+  // all-reduce link of the same level.
+  std::optional<Link> intra_node_allgather;
+  std::optional<Link> intra_node_reduce_scatter;
+  std::optional<Link> inter_node_allgather;
+  std::optional<Link> inter_node_reduce_scatter;
   CollectiveLibrary collectives = CollectiveLibrary::kNccl;
   Runtime runtime;
   Json sources = Json::array();  // citations for the numbers, carried through untouched
@@ -92,6 +107,9 @@ struct Cluster {
   Link link(DeviceIndex a, DeviceIndex b) const;
   // The link the all-reduce of a group behaves as: the calibrated override where given.
   Link allreduce_link(DeviceIndex a, DeviceIndex b) const;
+  // The link `kind` behaves as between two devices: its calibrated override, else
+  // allreduce_link.
+  Link collective_link(Collective kind, DeviceIndex a, DeviceIndex b) const;
   void validate(const std::string& source) const;
 };
 

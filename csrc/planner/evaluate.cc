@@ -138,14 +138,8 @@ std::vector<std::vector<Evaluator::TimedPass>> Evaluator::pipeline_timeline(cons
   return out;
 }
 
-double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const {
-  out.allreduce_rings.clear();
-  if (plan.dp <= 1) return 0.0;
-  const Graph& graph = problem_.graph;
+void Evaluator::count_groups_on_nodes(const Plan& plan) const {
   const Cluster& cluster = problem_.cluster;
-  const int64_t groups = plan.mp;
-  fill_param_bytes(plan);
-  group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
   // G per node: groups with gradient bytes that span nodes and have a member on the node.
   groups_on_node_.assign(cluster.num_nodes, 0);
   node_stamp_.assign(cluster.num_nodes, -1);
@@ -156,7 +150,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
     }
     return false;
   };
-  for (int64_t k = 0; k < groups; ++k) {
+  for (int64_t k = 0; k < plan.mp; ++k) {
     if (group_bytes_[k] <= 0 || !spans_nodes(k)) continue;
     for (const auto& row : plan.mesh) {
       const int64_t node = row[k] / cluster.devices_per_node;
@@ -166,15 +160,31 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
       }
     }
   }
+}
+
+int64_t Evaluator::fill_group_devices(const Plan& plan, int64_t k) const {
+  group_devices_.clear();
+  int64_t concurrent = 1;
+  for (const auto& row : plan.mesh) {
+    group_devices_.push_back(row[k]);
+    concurrent = std::max(concurrent, groups_on_node_[row[k] / problem_.cluster.devices_per_node]);
+  }
+  return concurrent;
+}
+
+double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const {
+  out.allreduce_rings.clear();
+  if (plan.dp <= 1) return 0.0;
+  const Graph& graph = problem_.graph;
+  const Cluster& cluster = problem_.cluster;
+  const int64_t groups = plan.mp;
+  fill_param_bytes(plan);
+  group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
+  count_groups_on_nodes(plan);
   buckets_.resize(groups);
   out.allreduce_rings.resize(groups);
   for (int64_t k = 0; k < groups; ++k) {
-    group_devices_.clear();
-    int64_t concurrent = 1;
-    for (const auto& row : plan.mesh) {
-      group_devices_.push_back(row[k]);
-      concurrent = std::max(concurrent, groups_on_node_[row[k] / cluster.devices_per_node]);
-    }
+    const int64_t concurrent = fill_group_devices(plan, k);
     // A group's cost depends only on its devices and sharing; search re-evaluates the same
     // mesh many times with other assignments, and grouping thousands of devices by node
     // dominated evaluate() at large dp.
@@ -218,10 +228,97 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   return std::max(0.0, end_s - compute_s);
 }
 
+double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double slowdown) const {
+  const Graph& graph = problem_.graph;
+  const Cluster& cluster = problem_.cluster;
+  fill_param_bytes(plan);
+  group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
+  count_groups_on_nodes(plan);
+  gather_cost_.resize(plan.mp);
+  scatter_cost_.resize(plan.mp);
+  for (int64_t k = 0; k < plan.mp; ++k) {
+    const int64_t concurrent = fill_group_devices(plan, k);
+    gather_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kAllGather, concurrent);
+    scatter_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kReduceScatter, concurrent);
+  }
+  if (plan.mode == MpMode::kPipeline) {
+    // Each stage gathers its parameters at its first forward, on the pipeline's fill path, and
+    // reduce-scatters its gradients after its last backward.
+    double fill_s = 0;
+    for (int64_t k = 0; k < plan.mp; ++k) fill_s += gather_cost_[k].time_s(static_cast<double>(param_bytes_[k]));
+    double end_s = 0;
+    for (int64_t k = 0; k < plan.mp; ++k) {
+      double ready_s = 0;
+      for (size_t v = 0; v < graph.nodes.size(); ++v) {
+        if (plan.assignment[v] == k) ready_s = std::max(ready_s, gradient_ready_s_[v]);
+      }
+      end_s = std::max(end_s, ready_s + scatter_cost_[k].time_s(static_cast<double>(param_bytes_[k])));
+    }
+    return fill_s + std::max(0.0, end_s - compute_s);
+  }
+  // Placement, mp = 1: a unit per node with parameters, in the order the replica runs them.
+  const NodeTimes& times =
+      with_recompute(plan, node_times(static_cast<double>(plan.per_replica_batch), slowdown));
+  const bool zero3 = plan.sharding == Sharding::kZero3;
+  const AllReduceCost& gather = gather_cost_[0];
+  const AllReduceCost& scatter = scatter_cost_[0];
+  const auto bytes = [&](NodeIndex v) { return static_cast<double>(graph.nodes[v].param_bytes); };
+  if (serial_replica_devices()) {  // one thread computes and waits for every collective in turn
+    double total_s = 0;
+    for (size_t v = 0; v < graph.nodes.size(); ++v) {
+      total_s += (zero3 ? 2 : 1) * gather.time_s(bytes(v)) + scatter.time_s(bytes(v));
+    }
+    return total_s;
+  }
+  // One communication stream beside compute: a unit's all-gather is issued when the previous
+  // unit's forward starts (prefetch), its forward waits for it; in backward (zero3) the next
+  // unit's all-gather is issued when a unit's backward starts, and a unit's reduce-scatter
+  // when its backward ends.
+  double t = 0, comm = 0, previous_start = 0, plain = 0;
+  for (NodeIndex v : graph.topo_order) {
+    plain += times.forward_s[v] + times.backward_s[v];
+    if (bytes(v) > 0) {
+      comm = std::max(previous_start, comm) + gather.time_s(bytes(v));
+      t = std::max(t, comm);
+      previous_start = t;
+    }
+    t += times.forward_s[v];
+  }
+  units_.clear();
+  for (NodeIndex v : reverse_topo_) {
+    if (bytes(v) > 0) units_.push_back(v);
+  }
+  gathered_s_.assign(graph.nodes.size(), 0.0);
+  if (zero3 && !units_.empty()) {
+    comm = std::max(t, comm) + gather.time_s(bytes(units_[0]));
+    gathered_s_[units_[0]] = comm;
+  }
+  size_t next = 1;
+  for (NodeIndex v : reverse_topo_) {
+    if (bytes(v) > 0) {
+      if (zero3) {
+        t = std::max(t, gathered_s_[v]);
+        if (next < units_.size()) {
+          comm = std::max(t, comm) + gather.time_s(bytes(units_[next]));
+          gathered_s_[units_[next++]] = comm;
+        }
+      }
+      t += times.backward_s[v];
+      comm = std::max(t, comm) + scatter.time_s(bytes(v));
+    } else {
+      t += times.backward_s[v];
+    }
+  }
+  return std::max(t, comm) - plain;
+}
+
 double Evaluator::optimizer_s(const Plan& plan) const {
   fill_param_bytes(plan);
   const Cluster& cluster = problem_.cluster;
   const Optimizer optimizer = problem_.job.optimizer;
+  // A sharded plan updates its shards: 1/dp of the bytes, every tensor (docs/sharding.md).
+  const bool sharded = plan.sharding != Sharding::kNone;
+  const double share = sharded ? 1.0 / static_cast<double>(plan.dp) : 1.0;
   if (plan.mode == MpMode::kPlacement) {
     // One process per replica loops over every tensor of its devices (the per-tensor cost adds
     // up); the devices stream their bytes concurrently, unless one device runs them all.
@@ -231,12 +328,14 @@ double Evaluator::optimizer_s(const Plan& plan) const {
       bytes = serial ? bytes + param_bytes_[d] : std::max(bytes, param_bytes_[d]);
       tensors += param_tensors_[d];
     }
-    return optimizer_step_s(cluster, optimizer, static_cast<double>(bytes), static_cast<double>(tensors));
+    return optimizer_step_s(cluster, optimizer, static_cast<double>(bytes) * share,
+                            static_cast<double>(tensors), sharded);
   }
   double slowest_s = 0;  // pipeline: a process per stage
   for (size_t d = 0; d < param_bytes_.size(); ++d) {
-    slowest_s = std::max(slowest_s, optimizer_step_s(cluster, optimizer, static_cast<double>(param_bytes_[d]),
-                                                     static_cast<double>(param_tensors_[d])));
+    slowest_s = std::max(slowest_s, optimizer_step_s(cluster, optimizer,
+                                                     static_cast<double>(param_bytes_[d]) * share,
+                                                     static_cast<double>(param_tensors_[d]), sharded));
   }
   return slowest_s;
 }
@@ -342,12 +441,27 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   }
   out.memory_bytes.resize(plan.mp);
   const int64_t have_bytes = problem_.cluster.device.memory_bytes;
+  ShardedState sharded;
+  sharded.sharding = plan.sharding;
+  sharded.dp = plan.dp;
+  sharded.pipeline = pipeline;
+  sharded.overlapped = !serial_replica_devices();
   for (int64_t k = 0; k < plan.mp; ++k) {
     const int64_t in_flight =
         in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone, plan.num_microbatches,
                                plan.mp, k);
+    if (plan.sharding != Sharding::kNone) {  // a unit per node with parameters; a stage is one
+      sharded.largest_unit_bytes = 0;
+      for (size_t v = 0; v < graph.nodes.size() && !pipeline; ++v) {
+        if (plan.assignment[v] == k) {
+          sharded.largest_unit_bytes = std::max(sharded.largest_unit_bytes,
+                                                static_cast<double>(graph.nodes[v].param_bytes));
+        }
+      }
+      if (pipeline) sharded.largest_unit_bytes = static_cast<double>(param_bytes_[k]);
+    }
     out.memory_bytes[k] = device_memory_bytes(param_bytes_[k], activation_bytes_[k], in_flight,
-                                              problem_.job.optimizer, transient_bytes_[k]);
+                                              problem_.job.optimizer, transient_bytes_[k], sharded);
     if (out.feasible && out.memory_bytes[k] > have_bytes) {
       out.feasible = false;
       out.infeasible_reason =
@@ -363,10 +477,16 @@ Prediction Evaluator::evaluate(const Plan& plan) const {
   out.compute_slowdown = compute_slowdown(plan);
   out.compute_s = plan.mode == MpMode::kPipeline ? pipeline_compute(plan, out.compute_slowdown, out)
                                                  : placement_compute(plan, out.compute_slowdown, out);
-  out.allreduce_s = exposed_allreduce_s(plan, out.compute_s, out) + tied_allreduce_s(plan);
+  if (plan.sharding == Sharding::kNone) {
+    out.allreduce_s = exposed_allreduce_s(plan, out.compute_s, out) + tied_allreduce_s(plan);
+  } else {
+    out.allreduce_rings.clear();
+    out.sharding_s = exposed_sharding_s(plan, out.compute_s, out.compute_slowdown);
+    out.allreduce_s = tied_allreduce_s(plan);
+  }
   out.optimizer_s = optimizer_s(plan);
   out.overhead_s = problem_.cluster.runtime.step_s;
-  out.step_s = out.compute_s + out.allreduce_s + out.optimizer_s + out.overhead_s;
+  out.step_s = out.compute_s + out.allreduce_s + out.sharding_s + out.optimizer_s + out.overhead_s;
   const auto global_batch = static_cast<double>(plan.dp * plan.per_replica_batch);
   // A graph of zero-time nodes has step_s = 0; report 0 rather than an infinite rate, which
   // JSON cannot carry.

@@ -1,7 +1,7 @@
 // evaluate(problem, plan): the full cost breakdown of any plan (from search, by hand, or from
 // another tool). It never searches; search() ranks candidates by exactly this function.
 //
-//   step_s          = compute_s + allreduce_s + optimizer_s + overhead_s
+//   step_s          = compute_s + allreduce_s + sharding_s + optimizer_s + overhead_s
 //   compute_s       = placement: forward + backward makespan (placement_schedule.h); on "cpu"
 //                                devices the replica's devices are one process, which runs every
 //                                node one after another without transfers
@@ -14,6 +14,25 @@
 //                     backward pass); pipelines with tied parameters (graph.h TiedParams) add
 //                     the sum of the copies' gradients between the stages holding them, after
 //                     the schedule: the ring over those stages' devices, per tied parameter
+//   sharding_s      = a sharded plan (Plan::sharding; docs/sharding.md) replaces the all-reduce
+//                     with all-gathers and reduce-scatters (allreduce_cost.h
+//                     group_shard_collective), exposed as follows:
+//                     placement (mp = 1), a unit per node with parameters:
+//                       "cpu" devices: one thread runs compute and waits for each collective
+//                       where it is issued: sum over units of gathers (zero2 1, zero3 2 per
+//                       unit) and reduce-scatters;
+//                       others: one communication stream beside compute; a unit's all-gather
+//                       is issued when the previous unit's forward starts (FSDP2's implicit
+//                       prefetch) and its forward waits for it; zero3 gathers again in
+//                       backward, the next unit's issued when a unit's backward starts
+//                       (FSDP2's backward prefetch); a unit's reduce-scatter is issued when
+//                       its backward ends; the exposed part is the step's end with these,
+//                       less forward + backward without them
+//                     pipeline (zero2), a unit per stage: every stage gathers at its first
+//                       forward, on the fill path (sum over stages), and reduce-scatters after
+//                       its last backward (torch's schedules): the part past the schedule's end
+//                     allreduce_s is then the tied copies' only; the optimizer updates 1/dp of
+//                     the bytes, every tensor at runtime.sharded_optimizer_tensor_s
 //   tied copies     = in a pipeline, every stage holding a node of a tied parameter other than
 //                     the first holds a copy: its bytes join that stage's parameters (memory,
 //                     its DP group's all-reduce, its optimizer step)
@@ -95,6 +114,13 @@ class Evaluator {
   // Per local device / stage: parameter bytes including tied copies (param_bytes_).
   void fill_param_bytes(const Plan& plan) const;
   double tied_allreduce_s(const Plan& plan) const;
+  // sharding_s above (after placement_compute / pipeline_compute filled gradient_ready_s_).
+  double exposed_sharding_s(const Plan& plan, double compute_s, double slowdown) const;
+  // groups_on_node_: per node, the DP groups with bytes (group_bytes_) that span nodes and
+  // have a member there.
+  void count_groups_on_nodes(const Plan& plan) const;
+  // group_devices_ = DP group k's devices in rank order; returns its G (groups per node).
+  int64_t fill_group_devices(const Plan& plan, int64_t k) const;
   void memory(const Plan& plan, Prediction& out) const;
 
   const Problem& problem_;
@@ -127,6 +153,10 @@ class Evaluator {
   mutable std::vector<double> recompute_bytes_;  // memory_cost.h: activations recomputed at once
   mutable std::vector<int64_t> recompute_inputs_;  // [producer * mp + device]: bytes kept
   mutable NodeTimes recompute_times_;            // node times with recomputed forwards added
+  mutable std::vector<AllReduceCost> gather_cost_;   // per DP group (sharded plans)
+  mutable std::vector<AllReduceCost> scatter_cost_;
+  mutable std::vector<NodeIndex> units_;             // sharded units in backward order
+  mutable std::vector<double> gathered_s_;           // per node: its backward gather's end
   mutable std::vector<int64_t> param_bytes_;
   mutable std::vector<int64_t> param_tensors_;  // per device / stage, the same way (counted ones)
   mutable std::vector<char> stage_stamp_;

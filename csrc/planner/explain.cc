@@ -44,6 +44,11 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
         << " micro-batches of " << static_cast<double>(plan.per_replica_batch) / plan.num_microbatches
         << ")";
   }
+  if (plan.sharding != Sharding::kNone) {
+    out << ", sharded " << sharding_name(plan.sharding)
+        << (plan.sharding == Sharding::kZero2 ? " (gradients and optimizer state over dp)"
+                                               : " (parameters, gradients and optimizer state over dp)");
+  }
   out << "\n  batch: " << plan.per_replica_batch << " per replica, " << plan.global_batch
       << " global\n";
   if (!plan.device_mapping_note.empty()) out << "  device mapping: " << plan.device_mapping_note << "\n";
@@ -86,6 +91,10 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   if (pipeline) out << " (bubble " << format_seconds(p.bubble_s) << ")";
   if (p.compute_slowdown != 1) out << " (x" << p.compute_slowdown << ": processes sharing a node)";
   out << "\n    all-reduce  " << format_seconds(p.allreduce_s) << " exposed after backward\n";
+  if (plan.sharding != Sharding::kNone) {
+    out << "    sharding    " << format_seconds(p.sharding_s)
+        << " exposed all-gathers and reduce-scatters\n";
+  }
   out << "    optimizer   " << format_seconds(p.optimizer_s) << "\n";
   out << "    overhead    " << format_seconds(p.overhead_s) << " per step (runtime)\n";
   out << "  transfers     " << format_seconds(p.transfer_s) << " in total (inside compute)\n";

@@ -26,13 +26,26 @@ int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int6
   return 1;
 }
 
+double parameter_state_bytes(double param_bytes, Optimizer optimizer, const ShardedState& state) {
+  const auto k = static_cast<double>(optimizer_state_copies(optimizer));
+  const double shards = (1 + k) * param_bytes / static_cast<double>(std::max<int64_t>(1, state.dp));
+  switch (state.sharding) {
+    case Sharding::kNone: return param_bytes * (2 + k);
+    case Sharding::kZero2:
+      return state.pipeline ? 2 * param_bytes + shards
+                            : param_bytes + shards + state.largest_unit_bytes;
+    case Sharding::kZero3: return shards + (state.overlapped ? 3 : 2) * state.largest_unit_bytes;
+  }
+  return param_bytes * (2 + k);
+}
+
 int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
-                            Optimizer optimizer, double transient_bytes) {
+                            Optimizer optimizer, double transient_bytes, const ShardedState& state) {
   // In double, saturated at 2^62: activations scaled to a large batch and many micro-batches in
   // flight can exceed int64 (a cast of such a double is undefined); no device has 2^62 bytes,
   // so the plan is infeasible either way, and sums of two such values still fit.
   constexpr double kSaturated = 4611686018427387904.0;  // 2^62
-  const double bytes = static_cast<double>(param_bytes) * static_cast<double>(2 + optimizer_state_copies(optimizer)) +
+  const double bytes = parameter_state_bytes(static_cast<double>(param_bytes), optimizer, state) +
                        std::ceil(activation_bytes * static_cast<double>(in_flight)) +
                        std::ceil(transient_bytes);
   return bytes < kSaturated ? static_cast<int64_t>(bytes) : static_cast<int64_t>(kSaturated);

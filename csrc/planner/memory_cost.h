@@ -1,8 +1,22 @@
 // Memory per device: what one device must hold during a training step.
 //
-//   memory_bytes = param_bytes * (1 + 1 + k_opt)          parameters, gradients, optimizer state
+//   memory_bytes = parameter_state_bytes                   parameters, gradients, optimizer state
 //                + activation_bytes * in_flight            activations kept for backward
-//   k_opt: sgd 0, sgd_momentum 1 (momentum buffer), adam 2 (first and second moments)
+//   parameter_state_bytes, P = the device's parameter bytes, d = dp, k_opt: sgd 0,
+//   sgd_momentum 1 (momentum buffer), adam 2 (first and second moments), U = the largest
+//   sharded unit's bytes (a node's parameters; a pipeline stage is one unit):
+//     none (DDP)        P * (2 + k_opt)
+//     zero2, placement  P + (1 + k_opt) * P/d + U     gathered parameters (all, from forward
+//                       until each unit's backward), parameter and optimizer shards, one unit's
+//                       unsharded gradient before its reduce-scatter
+//     zero3, placement  (1 + k_opt) * P/d + w * U     shards, plus the gathered parameters and
+//                       unsharded gradient of the unit in backward (w = 2), and the next unit's
+//                       prefetched parameters where collectives overlap compute (w = 3)
+//     zero2, pipeline   2P + (1 + k_opt) * P/d        the stage's parameters stay gathered and
+//                       its gradients unsharded across the micro-batches (torch's pipeline
+//                       schedules reduce-scatter once, after the last backward)
+//     The gradient shards (P/d) exist only once the backward has freed most activations and
+//     gathered parameters, so they do not add to the peak.
 //   activation_bytes: sum of the device's nodes' saved_bytes (what each keeps for backward, as
 //                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs;
 //                     a recomputed node (Plan::recompute) keeps only its inputs instead (its
@@ -51,10 +65,21 @@ int64_t optimizer_state_copies(Optimizer optimizer);
 int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int64_t num_stages,
                                int64_t stage);
 
-// param_bytes * (2 + optimizer_state_copies) + activation_bytes * in_flight + transient_bytes
-// (rounded up, saturated at 2^62).
+// parameter_state_bytes above.
+struct ShardedState {
+  Sharding sharding = Sharding::kNone;
+  int64_t dp = 1;
+  bool pipeline = false;
+  bool overlapped = false;     // collectives overlap compute (prefetch): zero3 holds 3 units
+  double largest_unit_bytes = 0;
+};
+double parameter_state_bytes(double param_bytes, Optimizer optimizer, const ShardedState& state);
+
+// parameter_state_bytes + activation_bytes * in_flight + transient_bytes (rounded up,
+// saturated at 2^62).
 int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
-                            Optimizer optimizer, double transient_bytes = 0.0);
+                            Optimizer optimizer, double transient_bytes = 0.0,
+                            const ShardedState& state = {});
 
 // "device 1 (global device 9) needs 18.2 GiB > 16.0 GiB (over by 2.2 GiB)"; pipelines name
 // the stage.

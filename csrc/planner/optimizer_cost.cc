@@ -14,9 +14,13 @@ int64_t optimizer_bytes_touched_per_param_byte(Optimizer optimizer) {
 }
 
 double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double param_bytes,
-                        double param_tensors) {
+                        double param_tensors, bool sharded) {
   const double bandwidth = cluster.device.memory_bandwidth_bytes_per_s;
-  const double per_tensor_s = std::max(0.0, param_tensors) * cluster.runtime.optimizer_tensor_s;
+  const Runtime& runtime = cluster.runtime;
+  const double tensor_s = sharded && runtime.sharded_optimizer_tensor_s > 0
+                              ? runtime.sharded_optimizer_tensor_s
+                              : runtime.optimizer_tensor_s;
+  const double per_tensor_s = std::max(0.0, param_tensors) * tensor_s;
   if (bandwidth <= 0 || param_bytes <= 0) return per_tensor_s;
   return param_bytes * static_cast<double>(optimizer_bytes_touched_per_param_byte(optimizer)) / bandwidth +
          per_tensor_s;

@@ -25,7 +25,9 @@ namespace hybridplan {
 int64_t optimizer_bytes_touched_per_param_byte(Optimizer optimizer);
 
 // Seconds to update `param_bytes` of parameters in `param_tensors` tensors on one device.
+// `sharded`: the tensors are shards (DTensors): runtime.sharded_optimizer_tensor_s per tensor
+// where measured, else optimizer_tensor_s.
 double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double param_bytes,
-                        double param_tensors);
+                        double param_tensors, bool sharded = false);
 
 }  // namespace hybridplan

@@ -63,7 +63,12 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   const double microbatch = static_cast<double>(base.per_replica_batch) / m;
   const double micro_scale = batch_scale(g, microbatch);
   const NodeTimes& micro = evaluator.node_times(microbatch, evaluator.compute_slowdown(base));
-  const double state_copies = 2.0 + static_cast<double>(optimizer_state_copies(problem.job.optimizer));
+  // The stage's parameter state per parameter byte under the plan's sharding (memory_cost.h).
+  ShardedState sharded;
+  sharded.sharding = base.sharding;
+  sharded.dp = base.dp;
+  sharded.pipeline = true;
+  const double state_copies = parameter_state_bytes(1.0, problem.job.optimizer, sharded);
 
   std::vector<int64_t> position(n);
   for (int64_t p = 0; p < n; ++p) position[g.topo_order[p]] = p;

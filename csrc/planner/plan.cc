@@ -34,6 +34,14 @@ Schedule schedule_from_json(const JsonReader& in, const Json& v) {
   in.fail("schedule", "must be \"none\", \"gpipe\" or \"1f1b\"", v);
 }
 
+Sharding sharding_from_json(const JsonReader& in, const Json& v) {
+  const std::string name = in.string(v, "sharding");
+  if (name == "none") return Sharding::kNone;
+  if (name == "zero2") return Sharding::kZero2;
+  if (name == "zero3") return Sharding::kZero3;
+  in.fail("sharding", "must be \"none\", \"zero2\" or \"zero3\"", v);
+}
+
 Prediction prediction_from_json(const JsonReader& in, const Json& j) {
   const std::string path = "predicted";
   in.object(j, path);
@@ -44,6 +52,7 @@ Prediction prediction_from_json(const JsonReader& in, const Json& j) {
   number("step_s", p.step_s);
   number("compute_s", p.compute_s);
   number("allreduce_s", p.allreduce_s);
+  number("sharding_s", p.sharding_s);
   number("optimizer_s", p.optimizer_s);
   number("overhead_s", p.overhead_s);
   number("compute_slowdown", p.compute_slowdown);
@@ -95,6 +104,15 @@ const char* schedule_name(Schedule s) {
   return "none";
 }
 
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::kNone: return "none";
+    case Sharding::kZero2: return "zero2";
+    case Sharding::kZero3: return "zero3";
+  }
+  return "none";
+}
+
 void Plan::validate_structure(const std::string& source) const {
   // Bounded first, so that dp * mp and dp * per_replica_batch below cannot overflow.
   check_device_count(source, "dp", dp);
@@ -126,6 +144,25 @@ void Plan::validate_structure(const std::string& source) const {
       throw_input_error(source, "num_microbatches",
                         "must be in 1..per_replica_batch = " + str(per_replica_batch),
                         str(num_microbatches));
+    }
+  }
+  if (sharding != Sharding::kNone) {
+    const std::string got = quoted(sharding_name(sharding));
+    if (dp < 2) {
+      throw_input_error(source, "sharding",
+                        "must be \"none\" with dp = 1 (there is no data-parallel group to "
+                        "shard over)", got);
+    }
+    if (mode == MpMode::kPlacement && mp != 1) {
+      throw_input_error(source, "sharding",
+                        "must be \"none\" for a placement plan with mp = " + str(mp) +
+                            " > 1 (FSDP shards a module held on one device per rank)", got);
+    }
+    if (mode == MpMode::kPipeline && sharding != Sharding::kZero2) {
+      throw_input_error(source, "sharding",
+                        "must be \"none\" or \"zero2\" for a pipeline plan (torch's pipeline "
+                        "schedules keep a stage's parameters gathered across its micro-batches)",
+                        got);
     }
   }
   if (static_cast<int64_t>(mesh.size()) != dp) {
@@ -324,6 +361,7 @@ Plan plan_from_json(const Json& j, const std::string& source) {
   p.global_batch = in.field_int(j, "", "global_batch");
   p.num_microbatches = in.field_int(j, "", "num_microbatches");
   p.schedule = schedule_from_json(in, in.required(j, "", "schedule"));
+  if (const Json* sharding = in.optional(j, "sharding")) p.sharding = sharding_from_json(in, *sharding);
 
   const Json& mesh = in.array(in.required(j, "", "mesh"), "mesh");
   for (size_t r = 0; r < mesh.size(); ++r) {
@@ -402,6 +440,7 @@ Json prediction_to_json(const Prediction& p) {
   Json j = {{"step_s", p.step_s},
             {"compute_s", p.compute_s},
             {"allreduce_s", p.allreduce_s},
+            {"sharding_s", p.sharding_s},
             {"optimizer_s", p.optimizer_s},
             {"overhead_s", p.overhead_s},
             {"transfer_s", p.transfer_s},
@@ -446,6 +485,7 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
             {"mesh", p.mesh},
             {"assignment", std::move(assignment)},
             {"predicted", prediction_to_json(p.predicted)}};
+  if (p.sharding != Sharding::kNone) j["sharding"] = sharding_name(p.sharding);  // absent: none
   if (!p.device_mapping_note.empty()) j["device_mapping"] = p.device_mapping_note;
   return j;
 }

@@ -16,13 +16,20 @@ using Json = nlohmann::json;
 
 enum class MpMode { kPlacement, kPipeline };
 enum class Schedule { kNone, kGpipe, k1F1B };  // kNone for placement plans
+// Sharded data parallelism over each data-parallel group (docs/sharding.md): kNone replicates
+// (DDP); kZero2 shards gradients and optimizer state and gathers the parameters once per step
+// (FSDP2 fully_shard with reshard_after_forward=False); kZero3 also frees the gathered
+// parameters after each unit's forward and gathers them again for its backward
+// (reshard_after_forward=True).
+enum class Sharding { kNone, kZero2, kZero3 };
 
 struct Prediction {
-  // compute_s + exposed allreduce_s + optimizer_s + overhead_s (transfer and bubble are inside
+  // compute_s + exposed allreduce_s + sharding_s + optimizer_s + overhead_s (transfer and bubble are inside
   // compute)
   double step_s = 0;
   double compute_s = 0;    // the replica's schedule: makespan (placement) or pipeline length
   double allreduce_s = 0;  // exposed (not overlapped with backward) gradient all-reduce
+  double sharding_s = 0;   // exposed all-gathers and reduce-scatters of a sharded plan
   double optimizer_s = 0;  // the optimizer step of the fullest device (optimizer_cost.h)
   double overhead_s = 0;   // the runtime's fixed cost per step (Cluster runtime.step_s)
   double transfer_s = 0;   // time spent on cross-device activation/gradient transfers (informative)
@@ -65,6 +72,10 @@ struct Plan {
   // recomputes whole stages (the executor checkpoints a stage's forward), and the calls of one
   // module ("name", "name@1", ...) recompute together (one module, one wrapper).
   std::vector<uint8_t> recompute;
+  // JSON "sharding" (absent = "none"). Needs dp >= 2; a placement plan shards only with mp = 1
+  // (FSDP shards a module held on one device per rank); a pipeline only "zero2" (pipelining
+  // keeps a stage's parameters gathered across its micro-batches, as torch's schedules do).
+  Sharding sharding = Sharding::kNone;
   bool recomputes(size_t node) const { return !recompute.empty() && recompute[node] != 0; }
   std::string device_mapping_note;  // e.g. "NVLink quad {0,1,2,3} of each DGX-1 node"
   Prediction predicted;             // filled by search/evaluate
@@ -118,5 +129,6 @@ Json prediction_to_json(const Prediction& p);
 
 const char* mode_name(MpMode m);       // "placement" | "pipeline"
 const char* schedule_name(Schedule s); // "none" | "gpipe" | "1f1b"
+const char* sharding_name(Sharding s); // "none" | "zero2" | "zero3"
 
 }  // namespace hybridplan

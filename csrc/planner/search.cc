@@ -260,6 +260,42 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   return count;
 }
 
+// True when `a` should be kept over `b`: a plan that fits beats one that does not; among plans
+// that fit the smaller objective, among plans that do not the smaller peak memory.
+bool better_plan(const Problem& problem, const Prediction& a, const Prediction& b) {
+  if (a.feasible != b.feasible) return a.feasible;
+  if (a.feasible) return objective(problem, a) < objective(problem, b);
+  return peak_bytes(a) < peak_bytes(b);
+}
+
+bool sharding_allowed(const Plan& plan, const std::vector<Sharding>& allowed, Sharding kind) {
+  if (std::find(allowed.begin(), allowed.end(), kind) == allowed.end()) return false;
+  if (kind == Sharding::kNone) return true;
+  if (plan.dp < 2) return false;
+  if (plan.mode == MpMode::kPlacement) return plan.mp == 1;
+  return kind == Sharding::kZero2;
+}
+
+// Evaluates `plan` with every sharding kind of `allowed` its shape permits (Plan::
+// validate_structure's rules) and keeps the best. Returns the evaluations.
+int64_t choose_sharding(const Evaluator& evaluator, const std::vector<Sharding>& allowed,
+                        Plan& plan) {
+  int64_t evaluations = 0;
+  bool have = sharding_allowed(plan, allowed, plan.sharding);  // else any allowed kind wins
+  for (Sharding kind : {Sharding::kNone, Sharding::kZero2, Sharding::kZero3}) {
+    if (kind == plan.sharding || !sharding_allowed(plan, allowed, kind)) continue;
+    Plan candidate = plan;
+    candidate.sharding = kind;
+    candidate.predicted = evaluator.evaluate(candidate);
+    ++evaluations;
+    if (!have || better_plan(evaluator.problem(), candidate.predicted, plan.predicted)) {
+      plan = std::move(candidate);
+      have = true;
+    }
+  }
+  return evaluations;
+}
+
 }  // namespace
 
 SearchResult search(const Problem& problem, const SearchOptions& options) {
@@ -291,6 +327,7 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   std::priority_queue<double> best_k;                     // the top_k smallest objectives
   int64_t pruned = 0;
   int64_t recomputed = 0;  // points that fit only with recompute
+  int64_t sharded = 0;     // points whose best plan shards data parallelism
   std::optional<std::pair<int64_t, std::string>> least_memory;  // (peak bytes, point)
   std::map<std::string, std::string> pipeline_notes;
   PipelinePartitionCache partitions;
@@ -313,13 +350,31 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
       plan.assignment = std::move(o.assignment);
       plan.predicted = std::move(o.predicted);
     } else {
-      PipelineOutcome o =
-          search_pipeline(evaluator, plan, options.exact_placement_max_nodes, &partitions);
-      result.candidates_evaluated += o.evaluations;
-      pipeline_notes.emplace(head, o.note);  // the same method for every M and schedule
-      plan.assignment = std::move(o.assignment);
-      plan.predicted = std::move(o.predicted);
+      // The stages are split for each sharding kind the point allows (a sharded stage holds
+      // less, so another split may fit or win); the best split of the best kind stands.
+      std::vector<Sharding> kinds;
+      for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
+        if (sharding_allowed(plan, options.shardings, kind)) kinds.push_back(kind);
+      }
+      if (kinds.empty()) kinds.push_back(Sharding::kNone);  // none excluded, none other allowed
+      std::optional<Plan> best;
+      for (Sharding kind : kinds) {
+        Plan trial = plan;
+        trial.sharding = kind;
+        PipelineOutcome o =
+            search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
+        result.candidates_evaluated += o.evaluations;
+        pipeline_notes.emplace(head, o.note);  // the same method for every M and schedule
+        trial.assignment = std::move(o.assignment);
+        trial.predicted = std::move(o.predicted);
+        if (!best || better_plan(problem, trial.predicted, best->predicted)) best = std::move(trial);
+      }
+      plan = std::move(*best);
     }
+    if (point.mode == MpMode::kPlacement) {
+      result.candidates_evaluated += choose_sharding(evaluator, options.shardings, plan);
+    }
+    if (plan.sharding != Sharding::kNone) ++sharded;
     if (!plan.predicted.feasible && recompute_to_fit(evaluator, plan) > 0) {
       ++recomputed;
     }
@@ -341,6 +396,11 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
                            std::to_string(options.top_k) + " found");
   }
   for (const auto& [head, note] : pipeline_notes) result.notes.push_back(head + ": " + note);
+  if (sharded > 0) {
+    result.notes.push_back(std::to_string(sharded) +
+                           " points are best sharded (zero2/zero3: gradients, optimizer state and "
+                           "for zero3 parameters over the data-parallel group)");
+  }
   if (recomputed > 0) {
     result.notes.push_back(std::to_string(recomputed) +
                            " points fit in memory only with recompute: every node of the "

@@ -1,6 +1,7 @@
 // search(problem, options): the top-K plans over dp x mp, both MP modes, micro-batch counts and
 // device mappings, each with its evaluate() breakdown. A point that does not fit in memory is
-// tried again with recompute on the devices or stages over memory (search.cc recompute_to_fit).
+// tried again with recompute on the devices or stages over memory (search.cc recompute_to_fit),
+// after the data-parallel sharding kinds (SearchOptions::shardings) were tried on it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,6 +19,11 @@ struct SearchOptions {
   bool pipeline = true;
   int exact_placement_max_nodes = 10;  // above this, heuristic placement with a reported gap
   bool dp_only = false;                // only mp = 1 (the pure-DP baseline)
+  // The data-parallel sharding kinds the search may give a plan with dp >= 2 (plan.h Sharding;
+  // a point takes those its mode allows: placement mp = 1 all, pipeline none and zero2). Each
+  // point's assignment is searched unsharded, then every allowed kind is evaluated on it and
+  // the best kept (a plan that fits beats one that does not).
+  std::vector<Sharding> shardings = {Sharding::kNone, Sharding::kZero2, Sharding::kZero3};
 };
 
 struct SearchResult {

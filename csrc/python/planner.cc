@@ -78,7 +78,7 @@ std::string pipeline_timeline_text(const std::string& graph_text, const std::str
 std::string search_plans(const std::string& graph_text, const std::string& cluster_text,
                          const std::optional<std::string>& job_text, int64_t devices, int top_k,
                          bool placement, bool pipeline, bool dp_only,
-                         int exact_placement_max_nodes) {
+                         int exact_placement_max_nodes, const std::vector<std::string>& shardings) {
   const Problem problem = make_problem(graph_text, cluster_text, job_text);
   SearchOptions options;
   options.devices = devices;
@@ -87,6 +87,13 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
   options.pipeline = pipeline;
   options.dp_only = dp_only;
   options.exact_placement_max_nodes = exact_placement_max_nodes;
+  options.shardings.clear();
+  for (const std::string& name : shardings) {
+    if (name == "none") options.shardings.push_back(Sharding::kNone);
+    else if (name == "zero2") options.shardings.push_back(Sharding::kZero2);
+    else if (name == "zero3") options.shardings.push_back(Sharding::kZero3);
+    else throw InputError("shardings must name \"none\", \"zero2\" or \"zero3\" (got \"" + name + "\")");
+  }
   SearchResult result;
   {
     // Searches on big clusters take seconds; let other Python threads (tqdm, servers) run.
@@ -160,6 +167,7 @@ void bind_planner(py::module_& m) {
         py::arg("job_text"), py::arg("devices") = 0, py::arg("top_k") = 5,
         py::arg("placement") = true, py::arg("pipeline") = true, py::arg("dp_only") = false,
         py::arg("exact_placement_max_nodes") = SearchOptions{}.exact_placement_max_nodes,
+        py::arg("shardings") = std::vector<std::string>{"none", "zero2", "zero3"},
         "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. Raises "
         "InfeasibleError when no candidate fits.");
   m.def("plan_over_run", &plan_over_run_text, py::arg("graph_text"), py::arg("cluster_text"),

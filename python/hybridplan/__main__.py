@@ -166,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--recompute", action="store_true",
                      help="also run the first data-parallel and pipeline plans with every node "
                           "recomputed (activation checkpointing)")
+    val.add_argument("--sharding", action="store_true",
+                     help="also run the first data-parallel plan as zero2 and zero3 and the "
+                          "first pipeline plan with dp >= 2 as zero2 (sharded data parallelism)")
     val.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_noise_scale_parser(sub)
     return parser
@@ -301,7 +304,7 @@ def _validate(args) -> int:
                       plans=args.plans, steps=args.steps, warmup=args.warmup,
                       timeout_s=args.timeout_s, out_dir=args.out_dir,
                       baseline_cluster=args.baseline_cluster, rounds=args.rounds,
-                      recompute=args.recompute)
+                      recompute=args.recompute, sharding=args.sharding)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -39,6 +39,17 @@ What is measured (every fit by least squares, its points and residuals under "me
                                wall clock of a whole step under the job's conditions, against
                                the profile's clock (which may be a thread's CPU time, blind to
                                time the host takes away)
+  intra_node.allgather         sharded data parallelism's collectives as FSDP2 runs them (its
+  intra_node.reduce_scatter    copies in and out, hooks and the collective; Gloo reduce-scatters
+                               with an all-reduce): a model of kShardUnits Linear units of
+                               kShardUnitBytes each, its forward+backward timed unsharded, as
+                               zero2 and as zero3 (fully_shard per unit, as the executor shards):
+                               per unit, gather = (zero3 - zero2) / units, reduce-scatter =
+                               (zero2 - unsharded) / units - gather; fitted over the unit sizes
+                               as the links that make the ring formula (p-1) alpha + (p-1)/p
+                               bytes / bw reproduce them (allreduce_cost.h)
+  runtime.sharded_optimizer_tensor_s  as optimizer_tensor_s, over sharded parameters (DTensor
+                               shards over the ranks, each update op dispatched by DTensor)
   device.memory_bandwidth      an SGD-momentum step over a 32 Mi-element parameter (5 bytes
                                touched per parameter byte, optimizer_cost.h) / its time
   runtime.optimizer_tensor_s   the slope of SGD-momentum step times over 16, 64 and 256 small
@@ -423,18 +434,79 @@ def _memory_bandwidth(device, repeats: int = 7) -> dict:
 kOptimizerTensorCounts = (16, 64, 256)
 
 
-def _optimizer_tensor_times(device, warmup: int, repeats: int) -> List[Tuple[int, float]]:
+def _optimizer_tensor_times(device, warmup: int, repeats: int, world: int = 0
+                            ) -> List[Tuple[int, float]]:
     """(tensors, median seconds of one SGD-momentum step over that many 64-element parameters),
-    the optimizer the executor's jobs use, with torch's default implementation for the device."""
+    the optimizer the executor's jobs use, with torch's default implementation for the device.
+    `world` > 0: each parameter a DTensor sharded over the `world` ranks (64 elements a rank),
+    as fully_shard leaves them."""
+    def parameter():
+        if not world:
+            return nn.Parameter(torch.zeros(64, device=device))
+        return nn.Parameter(distribute_tensor(torch.zeros(64 * world, device=device), mesh,
+                                              [Shard(0)]))
+    if world:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh(device.type, (world,))
     out = []
     for count in kOptimizerTensorCounts:
-        params = [nn.Parameter(torch.zeros(64, device=device)) for _ in range(count)]
+        params = [parameter() for _ in range(count)]
         for p in params:
             p.grad = torch.ones_like(p)
         opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
         samples = _probe._timed_samples(opt.step, device, warmup, repeats)
         out.append((count, _median_slowest(samples, device)))
     return out
+
+
+# The sharded units' parameter bytes (one square Linear without bias each) and their count.
+kShardUnitBytes = (4 << 10, 1 << 20, 4 << 20)
+kShardUnits = 6
+
+
+def _sharded_unit_times(device, world: int, warmup: int, repeats: int
+                        ) -> Dict[str, List[Tuple[int, float]]]:
+    """Per unit size: (bytes, seconds) of FSDP2's gather and reduce-scatter per unit (see the
+    module doc), the slowest rank's medians; every rank runs the same models in turn."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    gathers, scatters = [], []
+    for nbytes in kShardUnitBytes:
+        width = int(round((nbytes / 4) ** 0.5))
+        x = torch.randn(2, width, device=device)
+        medians = {}
+        for kind in ("none", "zero2", "zero3"):
+            torch.manual_seed(0)
+            model = nn.Sequential(*[nn.Linear(width, width, bias=False)
+                                    for _ in range(kShardUnits)]).to(device)
+            if kind != "none":
+                for unit in model:
+                    fully_shard(unit, mesh=mesh, reshard_after_forward=kind == "zero3")
+                fully_shard(model, mesh=mesh, reshard_after_forward=kind == "zero3")
+
+            def step():
+                model(x).sum().backward()
+            samples = _probe._timed_samples(step, device, warmup, repeats, barrier=True)
+            medians[kind] = _median_slowest(samples, device)
+        unit_bytes = 4 * width * width
+        gather = max(0.0, medians["zero3"] - medians["zero2"]) / kShardUnits
+        scatter = max(0.0, (medians["zero2"] - medians["none"]) / kShardUnits - gather)
+        gathers.append((unit_bytes, gather))
+        scatters.append((unit_bytes, scatter))
+    return {"allgather": gathers, "reduce_scatter": scatters}
+
+
+def shard_collective_link(points: List[Tuple[int, float]], p: int, fits: Dict[str, dict],
+                          name: str) -> Dict[str, float]:
+    """Link alpha/bandwidth that make (p-1) alpha + (p-1)/p bytes / bw reproduce the measured
+    per-unit times of p ranks (allreduce_cost.h ring_shard_collective)."""
+    fit = fit_line([b for b, _ in points], [t for _, t in points])
+    fits[name] = fit.to_dict()
+    return {"bandwidth_bytes_per_s": ((p - 1) / p) / fit.beta, "latency_s": fit.alpha / (p - 1)}
 
 
 # ---- the whole calibration --------------------------------------------------------------------
@@ -491,6 +563,15 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
                           relative=False)
     fits["optimizer_tensors"] = tensor_fit.to_dict()
     optimizer_tensor_s = tensor_fit.beta if tensor_fit.resolved else 0.0
+    sharded_optimizer_tensor_s = 0.0
+    if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
+        for kind, points in _sharded_unit_times(device, env.world_size, warmup, repeats).items():
+            intra[kind] = shard_collective_link(points, env.world_size, fits, kind)
+        sharded_times = _optimizer_tensor_times(device, warmup, repeats, world=env.world_size)
+        sharded_fit = fit_line([n for n, _ in sharded_times], [t for _, t in sharded_times],
+                               relative=False)
+        fits["sharded_optimizer_tensors"] = sharded_fit.to_dict()
+        sharded_optimizer_tensor_s = sharded_fit.beta if sharded_fit.resolved else 0.0
     # The executor's fixed costs, from tiny-model runs under hybridplan.apply, less what the
     # model prices separately: the tiny model's compute, all-reduce and per-tensor updates.
     tiny_compute_s = _probe._max_over_ranks(_tiny_compute_s(warmup, repeats), device)
@@ -545,6 +626,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         "collectives": {"library": backend if backend in ("gloo", "nccl") else "nccl"},
         "runtime": {"step_s": step_s, "action_s": 0.0,
                     "optimizer_tensor_s": optimizer_tensor_s,
+                    "sharded_optimizer_tensor_s": sharded_optimizer_tensor_s,
                     "shared_host_slowdown": slowdown_table},
     }
     measured = {"fits": fits, "tiny_compute_s": tiny_compute_s, "dp_step_s": dp_step_s,

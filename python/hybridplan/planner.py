@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Union
 
 from . import _C
 
@@ -28,6 +28,7 @@ InfeasibleError = _C.InfeasibleError
 
 PathLike = Union[str, "os.PathLike[str]"]
 MODES = ("placement", "pipeline")
+SHARDINGS = ("none", "zero2", "zero3")  # data-parallel sharding kinds (docs/sharding.md)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -302,6 +303,11 @@ class Plan(_Document):
         return self._dict["schedule"]
 
     @property
+    def sharding(self) -> str:
+        """"none", "zero2" or "zero3" (docs/sharding.md)."""
+        return self._dict.get("sharding", "none")
+
+    @property
     def num_microbatches(self) -> int:
         return self._dict["num_microbatches"]
 
@@ -418,6 +424,14 @@ def _mode_flags(modes: Iterable[str]) -> tuple:
     return "placement" in modes, "pipeline" in modes
 
 
+def _shardings(kinds: Sequence[str]) -> List[str]:
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    for kind in kinds:
+        if kind not in SHARDINGS:
+            raise ValueError(f"shardings must be among {list(SHARDINGS)} (got {kind!r})")
+    return kinds
+
+
 def _positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what} must be an integer >= 1 (got {value!r})")
@@ -426,9 +440,12 @@ def _positive_int(value: Any, what: str) -> int:
 
 def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 5,
            modes: Sequence[str] = MODES, dp_only: bool = False,
-           exact_placement_max_nodes: Optional[int] = None) -> SearchResult:
-    """Searches dp x mp x mode x micro-batches x device mapping on `devices` devices of `cluster`
-    (all of them when None). `dp_only` restricts to mp = 1, the pure data-parallel baseline;
+           exact_placement_max_nodes: Optional[int] = None,
+           shardings: Sequence[str] = SHARDINGS) -> SearchResult:
+    """Searches dp x mp x mode x micro-batches x sharding x device mapping on `devices` devices
+    of `cluster` (all of them when None). `dp_only` restricts to mp = 1, the pure data-parallel
+    baseline; `shardings` are the data-parallel sharding kinds a plan may take
+    (docs/sharding.md: "none", "zero2", "zero3");
     placements of graphs with more nodes than `exact_placement_max_nodes` (default: the C++
     SearchOptions default) are heuristic, with the gap in `notes`. Raises InfeasibleError when
     nothing fits."""
@@ -441,7 +458,8 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
                                                    "exact_placement_max_nodes")}
     out = json.loads(_C.search(g.to_json(), c.to_json(), None if j is None else j.to_json(),
                                devices=devices, top_k=top_k, placement=placement,
-                               pipeline=pipeline, dp_only=bool(dp_only), **exact))
+                               pipeline=pipeline, dp_only=bool(dp_only),
+                               shardings=_shardings(shardings), **exact))
     plans = [Plan(json.dumps(p, sort_keys=True, separators=(",", ":")), _validated=True)
              for p in out["plans"]]
     return SearchResult(plans, out["candidates_evaluated"], out["notes"], out["infeasible"])
@@ -469,6 +487,21 @@ def with_recompute(plan, graph, cluster, job=None) -> dict:
     checkpointing, as the executor applies it."""
     p = _as_plan(plan).to_dict()
     p["assignment"] = [dict(a, recompute=True) for a in p["assignment"]]
+    return _reevaluated(p, graph, cluster, job)
+
+
+def with_sharding(plan, sharding: str, graph, cluster, job=None) -> dict:
+    """`plan` (a dict) with data-parallel sharding `sharding` ("none", "zero2", "zero3":
+    docs/sharding.md), re-evaluated."""
+    p = _as_plan(plan).to_dict()
+    p["sharding"] = _shardings([sharding])[0]
+    if sharding == "none":
+        p.pop("sharding")
+    return _reevaluated(p, graph, cluster, job)
+
+
+def _reevaluated(p: dict, graph, cluster, job) -> dict:
+    """The plan dict `p` with its predicted breakdown evaluated again (validated on the way)."""
     predicted = evaluate(graph, cluster, p, job)
     predicted.pop("objective", None)
     p["predicted"] = dict(p.get("predicted") or {}, **predicted)

@@ -58,7 +58,9 @@ def _kind(plan: dict) -> str:
     else:
         kind = f"{plan['schedule']} M={plan['num_microbatches']}"
     recomputed = any(a.get("recompute") for a in plan.get("assignment", []))
-    return f"{kind} b={plan['per_replica_batch']}" + (" recompute" if recomputed else "")
+    sharding = plan.get("sharding", "none")
+    return (f"{kind} b={plan['per_replica_batch']}" + (f" {sharding}" if sharding != "none" else "")
+            + (" recompute" if recomputed else ""))
 
 
 def _family(plan: dict) -> str:
@@ -195,8 +197,12 @@ def _error(predicted: float, measured: float) -> Optional[float]:
 
 
 def compare(plan: dict, measured: dict) -> dict:
-    """One row: the plan's predicted terms, the measured ones and the relative errors."""
-    predicted = plan["predicted"]
+    """One row: the plan's predicted terms, the measured ones and the relative errors. A sharded
+    plan's all-gathers and reduce-scatters run between its compute on the step's own thread
+    (CPU ranks), and FSDP sets the sharded gradients without the hook that marks the last one:
+    its predicted sharding_s is compared inside compute_s."""
+    predicted = dict(plan["predicted"])
+    predicted["compute_s"] = predicted.get("compute_s", 0.0) + predicted.get("sharding_s", 0.0)
     row = {"kind": _kind(plan), "dp": plan["dp"], "mp": plan["mp"], "mode": plan["mode"],
            "schedule": plan["schedule"], "num_microbatches": plan["num_microbatches"],
            "per_replica_batch": plan["per_replica_batch"],
@@ -346,8 +352,8 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
 def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int = 8,
              steps: int = 20, warmup: int = 5, timeout_s: float = 120.0,
              out_dir: str = "out/validate", progress: bool = True,
-             baseline_cluster=None, rounds: int = 3, recompute: bool = False
-             ) -> ValidationResult:
+             baseline_cluster=None, rounds: int = 3, recompute: bool = False,
+             sharding: bool = False) -> ValidationResult:
     """Runs `plans` plans of `model` (MODULE:FACTORY, whose module has example_inputs /
     example_target and, optionally, loss) on `devices` local ranks and compares each with its
     prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths.
@@ -356,7 +362,10 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     same measurements. `rounds`: launches per plan, interleaved; each row is the median launch
     (see the module docstring). `recompute`: also run the first data-parallel and the first
     pipeline plan chosen with every node recomputed (planner.with_recompute), so activation
-    checkpointing's time and memory are measured beside the same plans without it."""
+    checkpointing's time and memory are measured beside the same plans without it.
+    `sharding`: also run the first data-parallel plan (mp = 1) chosen as zero2 and as zero3,
+    and the first pipeline plan with dp >= 2 as zero2 (planner.with_sharding), each beside the
+    same plan unsharded (docs/sharding.md)."""
     from tqdm import tqdm
 
     from . import planner
@@ -373,6 +382,15 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
             first = next((p for p in chosen if p["mode"] == mode), None)
             if first is not None:
                 chosen.append(planner.with_recompute(first, g, c, j))
+    if sharding:
+        base = [p for p in chosen if p.get("sharding", "none") == "none"]
+        dp = next((p for p in base if p["mp"] == 1 and p["dp"] >= 2), None)
+        pipe = next((p for p in base if p["mode"] == "pipeline" and p["dp"] >= 2), None)
+        for plan, kinds in ((dp, ("zero2", "zero3")), (pipe, ("zero2",))):
+            for kind in kinds if plan is not None else ():
+                if not any(p.get("sharding") == kind and p["mp"] == plan["mp"]
+                           and p["mode"] == plan["mode"] for p in chosen):
+                    chosen.append(planner.with_sharding(plan, kind, g, c, j))
     if rounds < 1:
         raise ValueError(f"validate: rounds must be >= 1 (got {rounds})")
     launches: List[List[dict]] = [[] for _ in chosen]

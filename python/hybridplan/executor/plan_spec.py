@@ -76,6 +76,7 @@ class PlanSpec:
     mesh: List[List[int]]
     assignment: Dict[str, int]   # node name -> replica-local device (placement) or stage
     recompute: FrozenSet[str]    # node names whose forward is recomputed in backward
+    sharding: str                # "none" | "zero2" | "zero3" (docs/sharding.md)
     devices_per_node: int
     graph_sha256: str
     predicted_step_s: float
@@ -130,6 +131,7 @@ def parse_plan(plan: Any) -> PlanSpec:
         per_replica_batch=d["per_replica_batch"], mesh=[list(row) for row in d["mesh"]],
         assignment=_assignment_by_name(d["assignment"], source),
         recompute=frozenset(e["name"] for e in d["assignment"] if e.get("recompute")),
+        sharding=d.get("sharding", "none"),
         devices_per_node=int(cluster.get("devices_per_node") or max(1, d["dp"] * d["mp"])),
         graph_sha256=str(graph["sha256"]),
         predicted_step_s=float(predicted.get("step_s", float("nan"))))

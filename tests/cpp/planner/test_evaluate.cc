@@ -28,6 +28,21 @@ Problem diamond_problem() {
   return p;
 }
 
+// Nodes a and b, 100 B of parameters and 50 B of output each, profiled at batch 2; 4 devices
+// of 100 B/s without latency.
+Problem two_stage_problem() {
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
+  problem.cluster = test::make_cluster(1, 4, 100, 0);
+  return problem;
+}
+
+// dp=2 x mp=2, a on stage 0 and b on stage 1, GPipe with 2 micro-batches of 2.
+Plan two_stage_plan(const Problem& problem) {
+  return test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4, {0, 1}, 2,
+                         Schedule::kGpipe);
+}
+
 }  // namespace
 
 TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]") {
@@ -460,11 +475,8 @@ TEST_CASE("evaluate: a recomputed node runs its forward again in backward and ke
 
 TEST_CASE("evaluate: a recomputed pipeline stage keeps nothing but its receive buffers",
           "[evaluate][recompute]") {
-  Problem problem;
-  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
-  problem.cluster = test::make_cluster(1, 4, 100, 0);
-  Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4, {0, 1},
-                              2, Schedule::kGpipe);
+  Problem problem = two_stage_problem();
+  Plan plan = two_stage_plan(problem);
   REQUIRE(evaluate(problem, plan).memory_bytes == std::vector<int64_t>{450, 600});
   plan.recompute = {0, 1};
   const Prediction p = evaluate(problem, plan);
@@ -479,4 +491,73 @@ TEST_CASE("evaluate: a recomputed pipeline stage keeps nothing but its receive b
   same.recompute.clear();
   same.graph_sha256 = graph_sha256(slower.graph);
   REQUIRE(p.compute_s == evaluate(slower, same).compute_s);
+}
+
+TEST_CASE("evaluate: sharded data parallelism gathers and reduce-scatters each unit and holds shards",
+          "[evaluate][sharding]") {
+  Problem problem = diamond_problem();  // a holds 100 B of parameters, c 200 B: P = 300 B
+  problem.job.optimizer = Optimizer::kAdam;
+  problem.graph.nodes[0].param_tensors = 1;
+  problem.graph.nodes[2].param_tensors = 2;
+  problem.graph.finalize("diamond");
+  problem.cluster.device.memory_bandwidth_bytes_per_s = 100;
+  problem.cluster.runtime.optimizer_tensor_s = 1;
+  problem.cluster.runtime.sharded_optimizer_tensor_s = 3;
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 1, MpMode::kPlacement, 1, {0, 0, 0, 0});
+  const Prediction none = evaluate(problem, plan);
+  REQUIRE(none.compute_s == 21);  // forward 7 + backward 14 on one device
+  REQUIRE(none.sharding_s == 0);
+  // optimizer: adam touches 7 bytes per parameter byte at 100 B/s, and 1 s per tensor
+  REQUIRE(none.optimizer_s == Approx(300.0 * 7 / 100 + 3 * 1));
+  // A ring of 2 on one node, 100 B/s, 0.5 s latency: gather and reduce-scatter of b bytes take
+  // (p-1) 0.5 + (p-1)/p b / 100: a 1.0 s, c 1.5 s.
+  plan.sharding = Sharding::kZero2;
+  const Prediction zero2 = evaluate(problem, plan);
+  // Collectives beside compute (a "cuda" cluster): forward a's gather [0, 1], a runs 1-2, b 2-4,
+  // c's gather (issued when a started) [1, 2.5] is hidden, c runs 4-7, d 7-8; backward d 8-10,
+  // c 10-16 then its reduce-scatter [16, 17.5], b 16-20, a 20-22 then [22, 23]: 2 s more than
+  // the 21 s of compute.
+  REQUIRE(zero2.sharding_s == Approx(2.0));
+  REQUIRE(zero2.allreduce_s == 0);
+  REQUIRE(zero2.step_s == Approx(zero2.compute_s + 2.0 + zero2.optimizer_s));
+  // the optimizer updates 150 B of shards, each of its 3 tensors at the sharded cost
+  REQUIRE(zero2.optimizer_s == Approx(150.0 * 7 / 100 + 3 * 3));
+  // memory: P (2 + 2) = 1200 B unsharded; zero2 P + 3 P/2 + c's 200 B unsharded gradient = 950
+  REQUIRE(zero2.memory_bytes[0] - none.memory_bytes[0] == 950 - 1200);
+  plan.sharding = Sharding::kZero3;
+  const Prediction zero3 = evaluate(problem, plan);
+  // backward gathers again: c's [8, 9.5] (needed at 10), a's issued at c's start [10, 11]: hidden
+  REQUIRE(zero3.sharding_s == Approx(2.0));
+  // memory: 3 P/2 + 3 units of c (gathered, its gradient, the prefetched next) = 1050
+  REQUIRE(zero3.memory_bytes[0] - none.memory_bytes[0] == 1050 - 1200);
+  // CPU ranks: one thread computes and waits for each collective in turn, no prefetch.
+  problem.cluster.device.type = "cpu";
+  plan.sharding = Sharding::kZero2;
+  REQUIRE(evaluate(problem, plan).sharding_s == Approx(1.0 + 1.5 + 1.0 + 1.5));
+  plan.sharding = Sharding::kZero3;
+  const Prediction cpu3 = evaluate(problem, plan);
+  REQUIRE(cpu3.sharding_s == Approx(2 * (1.0 + 1.5) + 1.0 + 1.5));
+  REQUIRE(cpu3.memory_bytes[0] - evaluate(problem, [&] { Plan p = plan; p.sharding = Sharding::kNone;
+                                            return p; }()).memory_bytes[0] == 850 - 1200);
+  // A calibrated all-gather link replaces the all-reduce one for gathers only.
+  problem.cluster.intra_node_allgather = Link{50, 0.5};
+  plan.sharding = Sharding::kZero2;
+  REQUIRE(evaluate(problem, plan).sharding_s == Approx(1.5 + 2.5 + 1.0 + 1.5));
+}
+
+TEST_CASE("evaluate: a sharded pipeline gathers each stage on the fill path and reduce-scatters after",
+          "[evaluate][sharding]") {
+  Problem problem = two_stage_problem();
+  Plan plan = two_stage_plan(problem);
+  const Prediction none = evaluate(problem, plan);
+  plan.sharding = Sharding::kZero2;
+  const Prediction p = evaluate(problem, plan);
+  REQUIRE(p.compute_s == none.compute_s);
+  // each stage gathers 100 B (0.5 s) before its first forward: 1 s on the fill path; stage 0's
+  // reduce-scatter (0.5 s) starts when its last backward ends, the schedule's end
+  REQUIRE(p.sharding_s == Approx(1.0 + 0.5));
+  REQUIRE(p.allreduce_s == 0);
+  // sgd: 2 P unsharded; the stage keeps its parameters gathered and its gradients unsharded
+  // through the micro-batches, plus its 50 B shard: 2 P + P / 2
+  for (int s = 0; s < 2; ++s) REQUIRE(p.memory_bytes[s] - none.memory_bytes[s] == 50);
 }

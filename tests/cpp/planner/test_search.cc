@@ -1,7 +1,7 @@
 // search() against brute force: on random small graphs and clusters the best plan's objective
 // equals the minimum of objective(evaluate(plan)) over EVERY plan of the search space (all
 // dp x mp, all m^n placements, all contiguous pipeline splits, all micro-batch counts, both
-// schedules).
+// schedules, every data-parallel sharding kind).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,7 +33,16 @@ double brute_force_point(const Problem& problem, const SearchSpacePoint& point) 
   Plan plan = plan_skeleton(problem, point, "");
   const auto n = static_cast<int64_t>(problem.graph.nodes.size());
   double best = kInf;
-  const auto consider = [&]() { best = std::min(best, objective(problem, ev.evaluate(plan))); };
+  // Every data-parallel sharding kind the point allows (plan.h's rules).
+  std::vector<Sharding> kinds = {Sharding::kNone};
+  if (point.dp >= 2 && (point.mode == MpMode::kPipeline || point.mp == 1)) kinds.push_back(Sharding::kZero2);
+  if (point.dp >= 2 && point.mode == MpMode::kPlacement && point.mp == 1) kinds.push_back(Sharding::kZero3);
+  const auto consider = [&]() {
+    for (Sharding kind : kinds) {
+      plan.sharding = kind;
+      best = std::min(best, objective(problem, ev.evaluate(plan)));
+    }
+  };
   if (point.mode == MpMode::kPlacement) {
     // Every assignment in mp^n, as an n-digit base-mp counter.
     std::fill(plan.assignment.begin(), plan.assignment.end(), 0);
@@ -302,4 +311,32 @@ TEST_CASE("search: a point that fits only with recompute recomputes where memory
   // Saved as JSON and read back, the plan keeps its recompute flags.
   const Plan back = plan_from_json(plan_to_json(best, g), "plan.json");
   REQUIRE(back.recompute == best.recompute);
+}
+
+TEST_CASE("search: a point that fits only with its parameter state sharded is sharded",
+          "[search][sharding]") {
+  // Three 1 GiB nodes under Adam: 12 GiB replicated, 8 GiB on the fuller stage of a two-stage
+  // pipeline, 8.5 GiB as zero2 (3 gathered + 4.5 of shards + 1 unsharded gradient), 7.5 GiB as
+  // zero3 (4.5 of shards + 3 units in flight); the devices hold 7.75 GiB.
+  Problem problem;
+  problem.graph = chain_of_three("parameters", 1LL << 30, 1 << 10, 1 << 10);
+  problem.cluster = test::make_cluster(1, 2, 1e9, 0, 1e8, 0, 7936LL << 20);
+  problem.job = default_job();
+  problem.job.optimizer = Optimizer::kAdam;
+  const SearchResult result = search(problem, SearchOptions{});
+  REQUIRE(!result.plans.empty());
+  const Plan& best = result.plans.front();
+  REQUIRE(best.sharding == Sharding::kZero3);
+  REQUIRE(best.dp == 2);
+  REQUIRE(best.predicted.feasible);
+  REQUIRE(best.recompute.empty());
+  bool noted = false;
+  for (const std::string& note : result.notes) noted |= note.find("best sharded") != std::string::npos;
+  REQUIRE(noted);
+  // Saved as JSON and read back, the plan keeps its sharding.
+  REQUIRE(plan_from_json(plan_to_json(best, problem.graph), "plan.json").sharding == Sharding::kZero3);
+  // Without sharding nothing fits.
+  SearchOptions unsharded;
+  unsharded.shardings = {Sharding::kNone};
+  REQUIRE_THROWS_AS(search(problem, unsharded), InfeasibleError);
 }

@@ -16,6 +16,7 @@
 #include "executor/checkpoint.h"
 #include "executor/dist_env.h"
 #include "executor/ddp_reducer.h"
+#include "executor/executor.h"
 #include "executor/lost_peer.h"
 #include "executor/rank_agreement.h"
 #include "planner/model_fixtures.h"
@@ -288,4 +289,25 @@ TEST_CASE("optimizer state by name round-trips through a checkpoint file", "[exe
   CHECK_THROWS_WITH(write_file_atomic(dir + "/no/such/dir/ckpt.pt", "x"),
                     dir + "/no/such/dir/ckpt.pt: cannot write file (No such file or directory)");
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the C++ executor refuses plans it would not run as priced, before any process group",
+          "[executor][refuse]") {
+  const Graph graph = test::make_graph({{"fc1", 1, 2, 100, 10}, {"fc2", 1, 2, 100, 10}}, {{0, 1, 10}});
+  const Cluster cluster = test::make_cluster(1, 2);
+  Plan plan = test::make_plan(graph, cluster, 2, 1, MpMode::kPlacement, 4, {0, 0});
+  DistEnv env;
+  env.world_size = 2;
+  const auto module = std::make_shared<torch::nn::Module>();
+  ExecutorOptions options;
+  options.plan_source = "plan.json";
+  plan.sharding = Sharding::kZero2;  // libtorch has no fully_shard
+  CHECK_THROWS_WITH(Executor(plan, graph, module, env, options),
+                    Catch::Contains("plan.json: sharding is not supported by the C++ executor") &&
+                        Catch::Contains("(got \"zero2\")"));
+  plan.sharding = Sharding::kNone;
+  plan.recompute = {0, 1};  // it keeps every activation
+  CHECK_THROWS_WITH(Executor(plan, graph, module, env, options),
+                    Catch::Contains("plan.json: assignment[1].recompute is not supported by the C++ "
+                                    "executor"));
 }
