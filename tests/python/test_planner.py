@@ -345,3 +345,40 @@ def test_biglstm_graph_is_valid_with_published_size():
     lstm = next(n for n in g.nodes if n["name"] == "lstm_1")
     # 151 MFLOP per token x 128 x 20 tokens at 0.5 x 15.7 TFLOP/s
     assert lstm["forward_s"] == pytest.approx(151e6 * 2560 / 7.85e12, rel=0.01)
+
+
+def _at_scale():
+    """bench/bench_at_scale.py's decoders and clusters (a graph built from each shape)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_at_scale",
+                                                  ROOT / "bench" / "bench_at_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    preset = Cluster.load("dgx-h100").to_dict()
+    for name, (layers, d, ffn, heads, vocab, seq, devices, nodes) in module.DECODERS.items():
+        graph = module.decoder_graph(name, layers, d, ffn, heads, vocab, seq,
+                                     preset["device"]["peak_flops"])
+        cluster = dict(preset, num_nodes=nodes, name=f"dgx-h100-x{nodes}")
+        job = {"schema_version": 1, "kind": "hybridplan.job", "samples_per_epoch": 1 << 20,
+               "global_batch": 2 * devices, "optimizer": "adam"}
+        yield name, graph, cluster, job
+
+
+def test_decoders_that_do_not_fit_data_parallelism_get_a_sharded_plan():
+    """A 7B decoder on 8 x 80 GB and a 70B one on 64: replicated data parallelism does not fit
+    (Adam holds 4 x the parameters), the planner shards (and recomputes) and beats the best
+    unsharded plan, or finds the only plan that fits."""
+    for name, graph, cluster, job in _at_scale():
+        best = planner.search(graph, cluster, job, top_k=3).plans[0]
+        assert best.sharding == "zero3", name
+        assert best.predicted["feasible"]
+        assert best.predicted["sharding_s"] > 0
+        assert max(best.predicted["memory_bytes"]) <= cluster["device"]["memory_bytes"]
+        assert "sharded zero3" in planner.explain(best, graph, cluster, job)
+        if name == "llama2-7b":  # unsharded only a pipeline over all 8 GPUs fits, and loses
+            replicated = planner.search(graph, cluster, job, top_k=50, shardings=["none"])
+            assert all(p.mp == 8 and p.mode == "pipeline" for p in replicated.plans)
+            assert best.predicted["samples_per_s"] > replicated.plans[0].predicted["samples_per_s"]
+        else:
+            with pytest.raises(InfeasibleError, match="no plan fits on 64 devices"):
+                planner.search(graph, cluster, job, shardings=["none"])
