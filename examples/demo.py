@@ -7,7 +7,8 @@
 3. plan it on 2 devices of the calibrated cluster (the `hybridplan` CLI prints the ranked table
    and writes the best plan);
 4. train the best plan and a spread across the ranking (DP, GPipe and 1F1B with their fewest
-   and most micro-batches) for a few steps each with torchrun (Gloo on loopback) and print every
+   and most micro-batches), and the data-parallel plan sharded as zero2 and zero3 (FSDP2), for
+   a few steps each with torchrun (Gloo on loopback) and print every
    term of the cost model predicted beside measured (`hybridplan validate`), with the step time
    the uncalibrated preset `localhost-cpu` predicts for the same runs beside it.
 
@@ -75,12 +76,14 @@ def main(argv=None) -> int:
     run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--devices", DEVICES, "--top", 5, "--out", out / "plan.json"])
 
-    print(f"\n== 4. train {PLANS} plans across the ranking, {STEPS} steps each, in 3 "
-          "interleaved launches (each plan's median launch): predicted vs measured",
+    print(f"\n== 4. train {PLANS} plans across the ranking and the sharded data-parallel ones, "
+          f"{STEPS} steps each, in 3 interleaved launches (each plan's median launch): "
+          "predicted vs measured",
           flush=True)
     run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--model", f"hybridplan.models:{model_name}", "--devices", DEVICES, "--plans", PLANS,
-         "--steps", STEPS, "--out-dir", out, "--baseline-cluster", "localhost-cpu"], env=env)
+         "--steps", STEPS, "--out-dir", out, "--baseline-cluster", "localhost-cpu", "--sharding"],
+        env=env)
     return 0
 
 

@@ -16,7 +16,9 @@ rank from the executor's own clock:
     allreduce_s  the last gradient -> the optimizer starts      (the exposed all-reduce)
     optimizer_s  the optimizer's step
     overhead_s   the rest of the step
-    memory       peak tensor bytes of one step per rank (torch.profiler's memory timeline)
+    memory       peak tensor bytes of one step per rank (torch.profiler's memory timeline; where
+                 its analysis rejects the step, FSDP2's zero3, the tensors alive at the step's
+                 start plus the peak of its allocation events, which every row also carries)
 
 Each plan runs in `rounds` launches, interleaved (every plan once, then every plan again, ...),
 and its row is the launch with the median step time (the lower one of an even count), whole: on
@@ -210,6 +212,8 @@ def compare(plan: dict, measured: dict) -> dict:
            "measured": {t: measured[t] for t in TERMS},
            "predicted_memory_bytes": predicted.get("memory_bytes", []),
            "measured_memory_bytes": measured.get("memory_bytes", []),
+           # the same peak from allocation events (the worker's _peak_tensor_bytes)
+           "measured_memory_allocations_bytes": measured.get("memory_allocations_bytes", []),
            "measured_per_rank": measured.get("per_rank", []),
            "launch_step_s": measured.get("launch_step_s", [measured["step_s"]]),
            "failed_launches": measured.get("failed_launches", [])}

@@ -2,6 +2,7 @@
 that a job ends with exit 0 every time (issue 13, test_reliability.py).
 
     python tests/python/exit_launches.py --launches 20 [--model gpt2|tiny] [--plain-ddp]
+                                         [--sharding none|zero2|zero3]
 
 Each launch forks two rank processes from this one, which has imported torch, transformers and
 hybridplan once (a fresh interpreter per rank costs seconds on a loaded 2-core machine); each
@@ -9,7 +10,8 @@ rank sets the env:// variables torchrun would set, trains one step and then leav
 script does: it returns to the top level and the interpreter finalizes normally (atexit
 handlers, garbage collection, C++ static destructors), which is where the abort happened. Even
 launches close the AppliedPlan with `with`, odd ones rely on apply()'s atexit handler.
---plain-ddp runs torch DDP instead of apply (the baseline of the issue). Prints one line per
+--plain-ddp runs torch DDP instead of apply (the baseline of the issue); --sharding sets the
+plan's "sharding" (FSDP2 in place of DDP). Prints one line per
 launch and a summary; exits 1 unless every rank exited 0.
 """
 
@@ -30,7 +32,7 @@ import hybridplan  # noqa: E402,F401
 from dist_harness import free_port  # noqa: E402
 
 
-def job(model_name, plain_ddp, use_with):
+def job(model_name, plain_ddp, use_with, sharding="none"):
     torch.set_num_threads(1)
     if model_name == "gpt2":
         from user_models import gpt2
@@ -51,6 +53,8 @@ def job(model_name, plain_ddp, use_with):
         return
     from plan_builders import placement_plan
     plan = placement_plan(model, dp=2, mp=1, per_replica_batch=2)
+    if sharding != "none":
+        plan["sharding"] = sharding
     hp = hybridplan.apply(plan, model, loss_fn=loss_fn, timeout_s=30)
     if use_with:
         with hp:
@@ -69,7 +73,7 @@ def launch(args, index):
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
             code = 0
             try:
-                job(args.model, args.plain_ddp, use_with=index % 2 == 0)
+                job(args.model, args.plain_ddp, use_with=index % 2 == 0, sharding=args.sharding)
             except BaseException as e:  # noqa: BLE001 - reported through the exit code
                 print(f"rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 code = 1
@@ -98,6 +102,7 @@ def main():
     parser.add_argument("--launches", type=int, default=20)
     parser.add_argument("--model", choices=("gpt2", "tiny"), default="gpt2")
     parser.add_argument("--plain-ddp", action="store_true")
+    parser.add_argument("--sharding", choices=("none", "zero2", "zero3"), default="none")
     parser.add_argument("--timeout-s", type=float, default=60)
     args = parser.parse_args()
     if args.model == "gpt2":  # import the model's code once, here, not in every rank

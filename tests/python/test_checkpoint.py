@@ -7,7 +7,9 @@ the second resumes each checkpoint under the other plan and trains K2 more steps
 state_dict must equal one process trained K1 + K2 steps on the same global batches (SGD with
 momentum and Adam; rtol 1e-5 / 1e-4, atol 1e-6 absorb float reassociation). GPT-2 (tied wte /
 lm_head, the copies on different pipeline stages) checks that a tied weight's optimizer state is
-saved once and given to every copy.
+saved once and given to every copy. Sharded DP plans ("sharding" zero2 / zero3: FSDP2 holds
+each parameter and its Adam moments as DTensor shards) save the same consolidated file, every
+rank gathering its shards, and resume with each rank taking its shard of the saved state.
 """
 
 import os
@@ -22,7 +24,7 @@ from plan_builders import pipeline_plan, placement_plan
 K1, K2 = 3, 2
 GLOBAL_BATCH = 8
 # (model, optimizer, first plan, second plan); plans: "pipe" = pipeline 1x2 GPipe with 2
-# micro-batches, "dp" = placement 2x1 (DDP)
+# micro-batches, "dp" = placement 2x1 (DDP), "zero2" / "zero3" = placement 2x1 sharded (FSDP2)
 SCENARIOS = [
     ("branchy_cnn", "sgd", "pipe", "dp"),
     ("branchy_cnn", "sgd", "dp", "pipe"),
@@ -30,6 +32,8 @@ SCENARIOS = [
     ("branchy_cnn", "adam", "dp", "pipe"),
     ("gpt2", "adam", "pipe", "dp"),
     ("gpt2", "sgd", "dp", "pipe"),
+    ("gpt2", "adam", "zero3", "pipe"),
+    ("gpt2", "adam", "pipe", "zero2"),
 ]
 IDS = ["-".join(s) for s in SCENARIOS]
 
@@ -58,7 +62,8 @@ def plan_of(model, kind):
     if kind == "pipe":
         return pipeline_plan(model, dp=1, mp=2, schedule="gpipe", num_microbatches=2,
                              per_replica_batch=GLOBAL_BATCH)
-    return placement_plan(model, dp=2, mp=1, per_replica_batch=GLOBAL_BATCH // 2)
+    plan = placement_plan(model, dp=2, mp=1, per_replica_batch=GLOBAL_BATCH // 2)
+    return plan if kind == "dp" else dict(plan, sharding=kind)
 
 
 def as_call(inputs):
@@ -212,6 +217,23 @@ def test_checkpoint_file_is_plain_and_complete(runs):
     assert ckpt["optimizer"]["class"] == "Adam"
     assert int(ckpt["optimizer"]["state"]["transformer.wte.weight"]["step"]) == K1
     assert checkpoint.load(out_dir / "gpt2-adam-pipe-dp.pt")["graph_sha256"]
+
+
+def test_sharded_checkpoint_holds_whole_tensors(runs):
+    """A sharded plan's file is the consolidated one: every model tensor and Adam moment at the
+    parameter's full shape (gathered from the ranks' shards), a tied weight's state once."""
+    out_dir = _require(runs, "save_phase")
+    ckpt = torch.load(out_dir / "gpt2-adam-zero3-pipe.pt", weights_only=True)
+    model = make("gpt2")[0]
+    assert {k: v.shape for k, v in ckpt["model"].items()} == \
+        {k: v.shape for k, v in model.state_dict().items()}
+    assert torch.equal(ckpt["model"]["lm_head.weight"], ckpt["model"]["transformer.wte.weight"])
+    params = dict(model.named_parameters())
+    assert sorted(ckpt["optimizer"]["state"]) == sorted(params)
+    for name, state in ckpt["optimizer"]["state"].items():
+        assert state["exp_avg"].shape == state["exp_avg_sq"].shape == params[name].shape, name
+        assert int(state["step"]) == K1
+    assert "zero3" in ckpt["plan"]
 
 
 def test_interrupted_write_leaves_previous_checkpoint(runs):

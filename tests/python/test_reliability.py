@@ -95,6 +95,16 @@ def test_twenty_launches_all_exit_zero():
     assert "20/20 launches exited 0" in proc.stdout, proc.stdout
 
 
+def test_sharded_launches_all_exit_zero():
+    """The same under a sharded plan (FSDP2 zero3 in place of DDP; its module keeps the
+    plan's mesh after close()): 6 launches, every rank exits 0."""
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "exit_launches.py"),
+                           "--launches", "6", "--model", "tiny", "--sharding", "zero3",
+                           "--timeout-s", "30"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "6/6 launches exited 0" in proc.stdout, proc.stdout
+
+
 # ---- the same messages as the C++ executor ------------------------------------------------------
 
 RANK_MESSAGES = json.loads(open(os.path.join(REPO, "tests", "data", "rank_messages.json")).read())

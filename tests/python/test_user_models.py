@@ -6,7 +6,11 @@ Plan kinds, each on 2 ranks: DP (dp=2 x mp=1), placement (dp=2 x mp=2), pipeline
 1F1B (dp=1 x mp=2); and a hybrid dp=2 x mp=2 1F1B pipeline of GPT-2 and of Llama on 4 ranks.
 Kinds "<kind>+rc" are the same plans with activation recompute: every node of a DP or placement
 plan, the last stage of a pipeline (recompute x 1F1B, recompute beside a stage that keeps its
-activations); torch.utils.checkpoint replays the random state, so dropout matches. The planner
+activations); torch.utils.checkpoint replays the random state, so dropout matches. Kinds with
+"+z2" / "+z3" set the plan's "sharding" to "zero2" / "zero3" (FSDP2 fully_shard over the
+replicas in place of DDP; a pipeline shards only zero2): the same mean-loss training, so the
+same references; GPT-2's hybrid pipeline sums its tied wte / lm_head copies' gradient shards
+across stages. Suffixes compose ("dp+z3+rc"). The planner
 ranks one pipeline schedule above the other for a given model; the other schedule runs the same
 planned stages with the plan's "schedule" field switched (its prediction is then stale, which
 the executor does not read).
@@ -36,12 +40,20 @@ KINDS = {  # kind -> (mode, planner devices, dp, mp, schedule)
 CASES = [(m, k) for m in FACTORIES for k in ("dp", "placement", "gpipe", "1f1b")] + [
     ("gpt2", "hybrid"), ("llama", "hybrid"),
     ("transformer_stack", "dp+rc"), ("llama", "dp+rc"), ("albert", "placement+rc"),
-    ("llama", "1f1b+rc"), ("gpt2", "gpipe+rc"), ("mixtral", "1f1b+rc"), ("lstm_lm", "1f1b+rc")]
+    ("llama", "1f1b+rc"), ("gpt2", "gpipe+rc"), ("mixtral", "1f1b+rc"), ("lstm_lm", "1f1b+rc"),
+    ("transformer_stack", "dp+z2"), ("transformer_stack", "dp+z3"), ("gpt2", "dp+z2"),
+    ("gpt2", "dp+z3"), ("llama", "dp+z3+rc"), ("gpt2", "hybrid+z2"), ("llama", "hybrid+z2+rc")]
 RC = "+rc"
+SHARDING = {"+z2": "zero2", "+z3": "zero3"}
 
 
 def base_kind(kind):
-    return kind[:-len(RC)] if kind.endswith(RC) else kind
+    return kind.split("+")[0]
+
+
+def sharding_of(kind):
+    """The plan's "sharding" for a kind: "zero2" / "zero3" for "+z2" / "+z3", else "none"."""
+    return next((v for k, v in SHARDING.items() if k in kind), "none")
 
 
 def with_recompute(plan):
@@ -76,6 +88,7 @@ def train_cases(cases_file, out_dir):
     """Trains every case of `cases_file` (torch.save'd list; graphs are too long for a command
     line) in turn on this rank and saves <out_dir>/<id>.rank<r>.pt."""
     import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
     import hybridplan
     from hybridplan.executor import destroy_groups
     torch.set_num_threads(1)
@@ -88,7 +101,8 @@ def train_cases(cases_file, out_dir):
                               graph=case["graph"], example_inputs=example)
         for step in range(STEPS):
             hp.step(*hp.shard(*batch(global_batch, 100 + step)))
-        result = {"state": hp.state_dict()}
+        result = {"state": hp.state_dict(),  # sharded plans: every parameter a DTensor shard
+                  "sharded": [isinstance(p, DTensor) for p in hp.parameters()]}
         if case.get("with_ddp"):
             result["ddp_state"] = train_torch_ddp(case["model"], global_batch)
         torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
@@ -142,20 +156,26 @@ def localhost_cpu(devices, mode="pipeline"):
 
 
 def planned(graph, kind):
-    """The planner's best plan of this kind (see the module doc for the other schedule)."""
+    """The planner's best plan of this kind (see the module doc for the other schedule) with
+    the kind's "sharding" ("none" unless "+z2" / "+z3"): the planner's own plan of that
+    sharding where it proposes one, else its best with the field set (a stale prediction, as
+    above)."""
     import hybridplan
     if kind.endswith(RC):
-        return with_recompute(planned(graph, base_kind(kind)))
-    mode, devices, dp, mp, schedule = KINDS[kind]
+        return with_recompute(planned(graph, kind[:-len(RC)]))
+    mode, devices, dp, mp, schedule = KINDS[base_kind(kind)]
+    sharding = sharding_of(kind)
     found = hybridplan.search(graph, localhost_cpu(devices, mode), None, devices=devices,
                               top_k=50, modes=[mode]).plans
-    fits = [p for p in found if p.dp == dp and p.mp == mp]
+    fits = [p.to_dict() for p in found if p.dp == dp and p.mp == mp]
     assert fits, f"the planner proposed no {mode} plan with dp={dp}, mp={mp}: {found}"
-    plan = fits[0].to_dict()
+    fits.sort(key=lambda p: p.get("sharding", "none") != sharding)  # stable: best first
+    plan = fits[0]
     if schedule is not None:
-        same = [p.to_dict() for p in fits if p.schedule == schedule]
+        same = [p for p in fits if p["schedule"] == schedule]
         plan = same[0] if same else dict(plan, schedule=schedule)
-    return plan
+    plan = {k: v for k, v in plan.items() if k != "sharding"}  # absent: "none"
+    return plan if sharding == "none" else dict(plan, sharding=sharding)
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +235,10 @@ def test_plan_trains_like_one_process(trained, name, kind):
     spec = KINDS[base_kind(kind)]
     assert (plan["mode"], plan["dp"], plan["mp"]) == spec[0:1] + spec[2:4]
     assert any(a.get("recompute") for a in plan["assignment"]) == kind.endswith(RC)
+    sharded = plan.get("sharding", "none") != "none"
+    assert plan.get("sharding", "none") == sharding_of(kind)
+    flags = [f for out in outs for f in out["sharded"]]  # FSDP holds every parameter, DDP none
+    assert flags and set(flags) == {sharded}, flags
     if name == "albert" and plan["mode"] == "pipeline":  # the shared layer's calls span both
         stages = {a["device"] for a in plan["assignment"] if "albert_layers" in a["name"]}
         assert stages == {0, 1}, plan["assignment"]  # stages: its copies are tied across them
@@ -234,7 +258,7 @@ def test_equality_table(trained):
     printed as a markdown table (`pytest -s -k equality_table`; docs/models.md holds one);
     every case must have run."""
     outs, plans = trained
-    kinds = list(KINDS) + sorted({k for _, k in CASES if k.endswith(RC)})
+    kinds = list(KINDS) + sorted({k for _, k in CASES if "+" in k})
     rows = ["| model | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
     for name in FACTORIES:
         cells = []

@@ -11,7 +11,11 @@ through its planner in Python; the contract here is one consolidated file that L
 torch::pickle_load reads from C++ (the C++ executor), so the file is torch.save of plain
 containers (dict of str -> tensor / int / float / str / list / tuple / bool / None). The models
 this executor trains fit one host's memory (each rank builds the whole module in apply()), so
-gathering the state onto rank 0 costs no more than a DCP write would hold per host.
+gathering the state onto rank 0 costs no more than a DCP write would hold per host. A sharded
+plan's parameters and optimizer state are DTensors (sharding): every rank gathers them whole,
+in the same order, and the file is the same as an unsharded plan's; resuming into a sharded
+plan loads the whole model before fully_shard splits it, and gives each rank its shard of the
+optimizer state.
 
 Atomicity: rank 0 gathers every part (gather_object: each rank has contributed once it
 returns), writes `<path>.tmp-<pid>`, flushes and fsyncs it, renames it over `path` and fsyncs
@@ -27,6 +31,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
+
+from . import sharding
 
 kFormat = "hybridplan.checkpoint"
 kVersion = 1
@@ -44,8 +50,10 @@ def parameter_aliases(module: nn.Module) -> Dict[str, str]:
 
 
 def _cpu(value: Any) -> Any:
+    """CPU copies of the tensors in `value`; a DTensor (a sharded plan's optimizer state) is
+    gathered whole first, which is collective over its mesh."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
+        return sharding.full(value.detach()).cpu().clone()
     if isinstance(value, dict):
         return {k: _cpu(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -57,13 +65,14 @@ def optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: Dict[int, s
                             ) -> OptimizerByName:
     """optimizer.state_dict() with parameter indices replaced by canonical names (`names`:
     id(parameter) -> name). Parameters without a name (a parameter-free stage's placeholder)
-    are left out. Tensors are CPU copies."""
+    are left out. Tensors are CPU copies, a sharded parameter's state gathered whole: every
+    rank of its mesh must call this (the parameters' order is the same on each)."""
     sd = optimizer.state_dict()
     name_of: Dict[int, Optional[str]] = {}
     for group_sd, group in zip(sd["param_groups"], optimizer.param_groups):
         for index, p in zip(group_sd["params"], group["params"]):
             name_of[index] = names.get(id(p))
-    state = {name_of[i]: _cpu(s) for i, s in sd["state"].items() if name_of.get(i)}
+    state = {name_of[i]: _cpu(s) for i, s in sorted(sd["state"].items()) if name_of.get(i)}
     groups = [dict({k: _cpu(v) for k, v in g.items() if k != "params"},
                    params=[name_of[i] for i in g["params"] if name_of.get(i)])
               for g in sd["param_groups"]]
@@ -178,7 +187,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: Dict[int, str]
                          saved: OptimizerByName, path: str) -> None:
     """Loads the state of this rank's parameters (by canonical name) into `optimizer`; each
     local group takes the hyperparameters (lr, momentum, betas, ...) of the saved group that
-    holds its first named parameter."""
+    holds its first named parameter. A sharded parameter (a DTensor) takes its shard of each
+    saved full tensor of its shape (sharding.like_param; no communication)."""
     if saved.get("class") != type(optimizer).__name__:
         raise ValueError(f"{path}: optimizer.class must be the optimizer resumed "
                          f"({type(optimizer).__name__}) (got {saved.get('class')!r})")
@@ -193,7 +203,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: Dict[int, str]
             if name is None:
                 continue
             if name in saved["state"]:
-                state[index] = _cpu(saved["state"][name])  # a copy per parameter
+                state[index] = {k: sharding.like_param(v, p)  # a copy per parameter
+                                for k, v in _cpu(saved["state"][name]).items()}
             source = source or group_of.get(name)
         hyper = {k: v for k, v in (source or group_sd).items() if k != "params"}
         groups.append(dict(hyper, params=group_sd["params"]))

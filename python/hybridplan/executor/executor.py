@@ -19,6 +19,15 @@ groups the plan needs, then:
              rank's stage runs in torch.distributed.pipelining's PipelineStage under its GPipe
              or 1F1B schedule, wrapped in DDP over its DP group {r * mp + stage} (see pipeline).
 
+Sharded data parallelism (the plan's "sharding": "zero2" or "zero3"; see sharding): in place
+of DDP, torch's FSDP2 fully_shard over the same data-parallel group shards parameters,
+gradients and optimizer state over the replicas. Placement plans (mp == 1) shard each graph
+node as a unit and the root as one more (zero2 keeps a unit's gathered parameters from its
+forward through its backward, zero3 frees them after the forward and gathers them again);
+pipeline plans shard each stage module as one unit (zero2 only). The training is the same;
+state_dict() and save_checkpoint() gather the shards, so checkpoints move between sharded and
+unsharded plans.
+
 Inputs as users have them: `inputs` is a tensor, a tuple of positional arguments or a dict of
 keyword arguments (input_ids=..., attention_mask=...); the module may return a tensor, a
 tuple, a dict or a ModelOutput, which loss_fn(output, target) receives as the module returns it.
@@ -30,14 +39,14 @@ BatchNorm: placement (DDP) trains as torch DDP does; a pipeline stage normalises
 micro-batch alone, as GPipe does (see pipeline).
 
 apply(..., measure_noise_scale=N) measures the gradient noise scale every N steps from the
-replicas' local and all-reduced gradients (a DDP comm hook, see noise); hp.noise_scale() reads
-it and hp.switch_advice(graph, cluster, job) says whether another plan would now win.
+replicas' local and all-reduced gradients (a DDP comm hook, see noise; not under sharding);
+hp.noise_scale() reads it and hp.switch_advice(graph, cluster, job) says whether another plan
+would now win.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
 import datetime
 import functools
 import gc
@@ -52,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..profiler import block_list, block_timing, stage_split
-from . import checkpoint, lost_peer, noise, placement
+from . import checkpoint, lost_peer, noise, placement, sharding
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
@@ -211,11 +220,18 @@ def _first_microbatch(spec: PlanSpec, example_inputs: Any, batch_dim: int
 
 def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int,
                   example_inputs: Any = None, batch_dim: int = 0,
-                  measure_noise_scale: int = 0, noise_scale_decay: float = 0.99) -> None:
-    """World size, graph hash, module names, the noise-scale options and (pipeline) the
-    example inputs: the cheap checks, which every rank agrees on before any rank spends seconds
-    in torch.export."""
-    noise.check_options(measure_noise_scale, noise_scale_decay, spec.dp, spec.source)
+                  measure_noise_scale: int = 0, noise_scale_decay: float = 0.99,
+                  optimizer: Any = None) -> None:
+    """World size, graph hash, module names, the noise-scale options, the optimizer under
+    sharding and (pipeline) the example inputs: the cheap checks, which every rank agrees on
+    before any rank spends seconds in torch.export."""
+    noise.check_options(measure_noise_scale, noise_scale_decay, spec.dp, spec.source,
+                        spec.sharding)
+    if spec.sharding != "none" and isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"{spec.source}: with the plan's \"sharding\" ({spec.sharding!r}) "
+                         f"pass an optimizer factory, not an Optimizer: fully_shard replaces "
+                         f"the module's parameters with DTensor shards, which an optimizer "
+                         f"built before apply() does not hold")
     if spec.num_processes != world_size:
         layout = ("one process per replica, world = dp" if spec.mode == "placement"
                   else "one process per device, world = dp * mp")
@@ -242,7 +258,8 @@ class AppliedPlan:
     """A module trained under a plan on this rank. Attributes: `module` (this rank's part: the
     whole replica in placement mode, the stage module in pipeline mode), `plan` (PlanSpec),
     `rank`, `replica`, `stage`, `optimizer`, `predicted_step_s`, `step_count` (optimizer steps
-    taken, a resumed checkpoint's included)."""
+    taken, a resumed checkpoint's included), `shard_units` (a sharded placement plan: the graph
+    nodes FSDP shards as units of their own; the root is one more, see sharding)."""
 
     def __init__(self, spec: PlanSpec, original: nn.Module, cut: Optional[stage_split.StageCut],
                  loss_fn: Callable, optimizer: Union[Callable, torch.optim.Optimizer, None],
@@ -260,6 +277,7 @@ class AppliedPlan:
         self.recorded_actions: List[tuple] = []  # record_actions()
         self.step_count = 0
         self._groups: List[Any] = []  # the process groups this plan created (close())
+        self.shard_units: List[str] = []  # sharded placement: the nodes sharded on their own
         self._closed = False
         self._plan_json = plan_json  # the plan's canonical JSON, stored in checkpoints
         # parameter name -> canonical name (tied names -> the first), taken before the cut
@@ -288,12 +306,18 @@ class AppliedPlan:
         self.devices = [_device(spec, g) for g in spec.mesh[self.replica]]
         self._hooks = placement.place(self.original, spec.assignment, self.devices,
                                       spec.recompute)
-        # DDP on a group of its own, not the default group (which the user may own): close()
-        # must be able to destroy every group whose Gloo threads ran DDP's all-reduces
+        # DDP (or FSDP) on a group of its own, not the default group (which the user may own):
+        # close() must be able to destroy every group whose Gloo threads ran its collectives
         ddp_group = self._new_groups([list(range(spec.dp))])[0]
-        self.ddp = placement.wrap_ddp(self.original, self.devices, ddp_group)
+        if spec.sharding == "none":
+            self.ddp = placement.wrap_ddp(self.original, self.devices, ddp_group)
+        else:  # mp == 1 (plan rule): one device; recompute was applied above, before sharding
+            self.ddp = None
+            self.shard_units = sharding.shard_placement(
+                self.original, spec.assignment,
+                sharding.data_parallel_mesh(ddp_group, self.devices[0]), spec.sharding)
         self.module = self.original
-        self._params = list(self.original.parameters())
+        self._params = list(self.original.parameters())  # FSDP's DTensors when sharded
 
     def _new_groups(self, rank_lists: List[List[int]]) -> List[Any]:
         """One process group per rank list; every rank creates every group, in the same order
@@ -315,7 +339,8 @@ class AppliedPlan:
             cut, self.stage, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
             self._replica_group, dp_groups[self.stage], spec.dp,
             {i: groups[self.replica] for i, groups in enumerate(tie_groups)},
-            recompute_stage=any(spec.assignment[n] == self.stage for n in spec.recompute))
+            recompute_stage=any(spec.assignment[n] == self.stage for n in spec.recompute),
+            sharding=spec.sharding)
         self._cut = cut
         self.module = self._runner.module
         self._params = self._runner.parameters()
@@ -375,7 +400,7 @@ class AppliedPlan:
             self._noise.begin_step()
         if self.plan.mode == "placement":
             args, kwargs = as_call(inputs)
-            output = self.ddp(*args, **kwargs)
+            output = (self.ddp or self.original)(*args, **kwargs)
             loss = self.loss_fn(output, _to(target, _device_of(output)))
             loss.backward()
             if self._noise is not None:
@@ -458,11 +483,11 @@ class AppliedPlan:
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
         """The whole model's state, keyed as the original module's state_dict, on every rank
-        (pipeline: the stages' tensors gathered over the replica's ranks; CPU copies)."""
+        (pipeline: the stages' tensors gathered over the replica's ranks; sharded plans: each
+        parameter gathered over the DP group; CPU copies). Collective: every rank calls it."""
         self._check_open("state_dict")
         if self.plan.mode == "placement":
-            return collections.OrderedDict(
-                (k, v.detach().cpu().clone()) for k, v in self.original.state_dict().items())
+            return sharding.full_cpu_state(self.original.state_dict(keep_vars=True))
         self._settle()
         parts: List[Optional[Dict[str, torch.Tensor]]] = [None] * self.plan.mp
         dist.all_gather_object(parts, self._runner.local_state(), group=self._replica_group)
@@ -475,7 +500,9 @@ class AppliedPlan:
         timeout: no rank tears down a connection a peer still uses), drops the DDP wrappers and
         the pipeline schedule, destroys the process groups this plan created, newest first, and
         the default group if apply() created it and no other AppliedPlan is open. Idempotent;
-        apply() registers it at exit for plans never closed. After close(), step() raises."""
+        apply() registers it at exit for plans never closed. After close(), step() raises.
+        A sharded module stays sharded (FSDP has no undo): its DTensor parameters refer to the
+        destroyed group, so take its state (state_dict, save_checkpoint) before close()."""
         if self._closed:
             return
         self._closed = True
@@ -518,19 +545,23 @@ class AppliedPlan:
         """Writes one consolidated checkpoint to `path` (docs/formats.md "Checkpoint"): the
         whole model under the original module's state_dict keys, the optimizer state keyed by
         parameter name, step_count, the plan and its graph hash. Every rank must call it (it is
-        collective); replica 0's ranks contribute their parts, rank 0 writes. Atomic: the file
-        at `path` is the previous one until the new one is complete (see checkpoint). Raises
-        RuntimeError on every rank if the write failed."""
+        collective); replica 0's ranks contribute their parts, rank 0 writes. A sharded plan's
+        ranks all gather their full parameters and optimizer state first (DTensor.full_tensor
+        is collective over the DP group), then replica 0's contribute as without sharding.
+        Atomic: the file at `path` is the previous one until the new one is complete (see
+        checkpoint). Raises RuntimeError on every rank if the write failed."""
         self._check_open("save_checkpoint")
         self._settle()
         path = os.fspath(path)
         part = None
-        if self.replica == 0:
-            model = (self.original.state_dict() if self.plan.mode == "placement"
-                     else self._runner.local_state())
-            part = {"model": {k: v.detach().cpu().clone() for k, v in model.items()},
+        if self.replica == 0 or self.plan.sharding != "none":
+            model = (sharding.full_cpu_state(self.original.state_dict(keep_vars=True))
+                     if self.plan.mode == "placement" else self._runner.local_state())
+            part = {"model": model,
                     "optimizer": checkpoint.optimizer_state_by_name(self.optimizer,
                                                                      self._param_names())}
+            if self.replica != 0:
+                part = None  # gathered for replica 0's ranks, which contribute it
         parts: Optional[List[Any]] = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(part, parts, dst=0)  # every rank has contributed once it returns
         status: List[Optional[str]] = [None]
@@ -604,7 +635,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     loss_fn    loss(output, target), mean-reduced over the batch; default: module.loss if the
                module has one, else torch.nn.functional.cross_entropy.
     optimizer  a factory params -> Optimizer (e.g. functools.partial(torch.optim.Adam, lr=1e-3))
-               or an Optimizer over module.parameters(); default SGD(lr=0.01).
+               or an Optimizer over module.parameters() (not with sharding: a factory then);
+               default SGD(lr=0.01).
     timeout_s  timeout of the process groups and of every p2p wait.
     graph      optional Graph (object, dict or path); its sha256 must equal the plan's.
     batch_dim  dimension of inputs and target that indexes samples (pipeline plans: 0).
@@ -646,7 +678,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         plan_json, plan_sha = canonical_json(plan_dict), sha256_hex(plan_dict)
         spec = parse_plan(plan)
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
-                      measure_noise_scale, noise_scale_decay)
+                      measure_noise_scale, noise_scale_decay, optimizer)
         if resume_from is not None:
             resumed = checkpoint.load(resume_from)
             checkpoint.check_model(resumed, module, os.fspath(resume_from))

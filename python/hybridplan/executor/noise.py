@@ -23,6 +23,9 @@ weights tied across pipeline stages, each copy's partial gradient counts as its 
 with BatchNorm the local gradients are DDP's (statistics over each replica's b samples), so the
 figure is that of b-sample batches, where the offline estimator normalises its big batch as a
 whole; with dp = 1 there is no second batch size (apply refuses measure_noise_scale then).
+A sharded plan ("sharding": "zero2" / "zero3") trains under FSDP, which reduce-scatters each
+unit's gradient inside its post-backward and offers no hook on the local gradient before it:
+apply refuses measure_noise_scale there too.
 """
 
 import collections
@@ -44,8 +47,9 @@ _MAX_PENDING = 4
 _MAX_WINDOW = 100_000
 
 
-def check_options(every: Any, decay: Any, dp: int, source: str) -> None:
-    """ValueError naming the option unless measure_noise_scale / noise_scale_decay are usable."""
+def check_options(every: Any, decay: Any, dp: int, source: str, sharding: str = "none") -> None:
+    """ValueError naming the option unless measure_noise_scale / noise_scale_decay are usable
+    (with the plan's "sharding": the meter needs DDP, see the module doc)."""
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ValueError(f"hybridplan.apply: measure_noise_scale must be an integer >= 0 (every "
                          f"N steps; 0: off) (got {every!r})")
@@ -57,6 +61,13 @@ def check_options(every: Any, decay: Any, dp: int, source: str) -> None:
                          f"compares a replica's local gradient with the all-reduced one, and "
                          f"with one replica they are the same batch (got dp={dp}); measure "
                          f"offline with hybridplan.noise_scale instead")
+    if every and sharding != "none":
+        raise ValueError(f"{source}: measure_noise_scale needs the plan's \"sharding\" to be "
+                         f"\"none\": the meter reads each replica's local gradient in a DDP "
+                         f"communication hook, and a sharded plan's gradients are "
+                         f"reduce-scattered inside FSDP, where no local gradient is left to "
+                         f"read (got sharding={sharding!r}); measure under the same plan with "
+                         f"\"sharding\": \"none\", or offline with hybridplan.noise_scale")
 
 
 class _HookState:

@@ -8,6 +8,11 @@
   group {r * mp + stage}; pipelining's schedules run every micro-batch but the last under
   DDP's no_sync and arm the reducer for the last backward (`backward_maybe_with_nosync`), so
   the all-reduce overlaps the last micro-batch's backward, as the cost model assumes.
+- Sharded data parallelism (the plan's "sharding": "zero2", see sharding): with dp > 1 the
+  stage module is instead one FSDP unit (`fully_shard(..., reshard_after_forward=False)`) over
+  its DP group; PipelineStage runs every micro-batch's backward without gradient reduction and
+  reduce-scatters the accumulated gradient once after the last (`perform_reduce_grad`), the
+  parameters gathered once per step and kept until then.
 - Micro-batches are equal parts of the replica's batch (the stages are traced at that shape)
   and each micro-batch's loss is divided by their number, so the accumulated gradient is the
   replica batch's mean-loss gradient (scale_grads=False: nothing to rescale afterwards).
@@ -15,6 +20,9 @@
   the schedule, each copy's gradient is summed over the replica's stages that hold it, as
   Megatron-LM does for its embedding group (https://arxiv.org/abs/2104.04473, section 3), so
   every copy takes the same step. torch.distributed.pipelining leaves this to the caller.
+  Sharded, each copy's gradient is a DTensor holding this replica's shard: its local tensor is
+  summed, the same shard on each of the replica's stages (each is DP rank `replica` of its
+  stage's group, and the copies have one shape).
 - Recompute: a stage the plan recomputes runs its forward under torch.utils.checkpoint
   (executor.recompute), keeping only its inputs (the receive buffers) between a micro-batch's
   forward and backward.
@@ -33,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .._bucket_policy import ddp_bucket_kwargs
 from ..profiler.stage_split import StageCut, original_name
+from . import sharding as _sharding
 from .recompute import recompute
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -49,18 +58,22 @@ class PipelineRunner:
 
     def __init__(self, cut: StageCut, stage: int, device: torch.device, schedule: str,
                  num_microbatches: int, loss_fn: Callable, pipe_group, dp_group, dp: int,
-                 tie_groups: Dict[int, Any], recompute_stage: bool = False):
+                 tie_groups: Dict[int, Any], recompute_stage: bool = False,
+                 sharding: str = "none"):
         from torch.distributed.pipelining import PipelineStage
 
         self.cut, self.stage_index, self.num_microbatches = cut, stage, num_microbatches
         self.module = cut.stages[stage].to(device)
         if recompute_stage:  # a pipeline recomputes whole stages (executor.recompute)
-            recompute(self.module)
+            recompute(self.module)  # before fully_shard, as for placement (see sharding)
         has_params = any(p.requires_grad for p in self.module.parameters())
-        wrapped = (DistributedDataParallel(self.module, process_group=dp_group,
-                                           **ddp_bucket_kwargs())
-                   if dp > 1 and has_params else self.module)
-        self.ddp = wrapped if wrapped is not self.module else None  # for a DDP comm hook
+        wrapped, self.ddp = self.module, None  # self.ddp: for a DDP comm hook
+        if dp > 1 and has_params and sharding != "none":  # one FSDP unit: the stage module
+            _sharding.shard(self.module, _sharding.data_parallel_mesh(dp_group, device),
+                            sharding)
+        elif dp > 1 and has_params:
+            wrapped = self.ddp = DistributedDataParallel(self.module, process_group=dp_group,
+                                                         **ddp_bucket_kwargs())
         inputs_meta, outputs_meta = cut.meta_of(stage)
         self.stage = PipelineStage(wrapped, stage, cut.num_stages, device,
                                    input_args=tuple(inputs_meta), output_args=tuple(outputs_meta),
@@ -106,7 +119,10 @@ class PipelineRunner:
         for param, group in self.tied:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-            dist.all_reduce(param.grad, group=group)
+            # sharded (FSDP): the grad is a DTensor whose local tensor is this replica's shard,
+            # the same shard index on every stage of the replica (one DP rank per replica)
+            grad = param.grad.to_local() if _sharding.is_sharded(param.grad) else param.grad
+            dist.all_reduce(grad, group=group)
         if self.is_last:
             return torch.stack([loss.detach() for loss in kwargs["losses"]]).sum()
         return torch.zeros((), device=self.stage.device)
@@ -115,9 +131,10 @@ class PipelineRunner:
         return list(self.module.parameters())
 
     def local_state(self) -> Dict[str, torch.Tensor]:
-        """This stage's parameters and buffers under the original module's names (CPU)."""
-        return {original_name(k): v.detach().cpu().clone()
-                for k, v in self.module.state_dict().items()}
+        """This stage's parameters and buffers under the original module's names (CPU; a
+        sharded stage's parameters gathered over its DP group: collective there)."""
+        state = _sharding.full_cpu_state(self.module.state_dict(keep_vars=True))
+        return {original_name(k): v for k, v in state.items()}
 
 
 def merge_states(original: nn.Module, parts: Sequence[Dict[str, torch.Tensor]]

@@ -136,7 +136,6 @@ def loss_backward_bytes(output: Any, loss: Loss) -> int:
     log-softmax and the logits' gradient at once: twice the logits, which a language model's
     large vocabulary makes a large part of a step's peak. Measured from torch.profiler's
     allocation events (the instrument `validate` reads peak memory with)."""
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     roots = [t for t in tensors_in(output) if t.requires_grad]
@@ -144,6 +143,15 @@ def loss_backward_bytes(output: Any, loss: Loss) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         grads = torch.autograd.grad(value, roots, allow_unused=True)
         del grads
+    return allocation_peak_bytes(prof)
+
+
+def allocation_peak_bytes(prof) -> int:
+    """The peak, over a finished torch.profiler run (profile_memory=True), of the bytes allocated
+    since it started less those freed: its allocation events in time order. Tensors alive before
+    the run are not in it."""
+    from torch._C._profiler import _EventType
+
     allocations = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
