@@ -67,9 +67,7 @@ void run_plan(const PlanFlags& flags) {
   options.top_k = flags.top_k;
   options.shardings.clear();
   for (const std::string& name : flags.shardings) {
-    options.shardings.push_back(name == "zero2" ? Sharding::kZero2
-                                : name == "zero3" ? Sharding::kZero3
-                                                  : Sharding::kNone);
+    options.shardings.push_back(*sharding_from_name(name));  // CLI11 checked the names
   }
   if (flags.over_run) {
     run_over_run(flags, problem, options);

@@ -45,10 +45,6 @@ std::string fixed(double v, int digits) {
 
 }  // namespace
 
-int64_t max_memory_bytes(const Prediction& p) {
-  return p.memory_bytes.empty() ? 0 : *std::max_element(p.memory_bytes.begin(), p.memory_bytes.end());
-}
-
 std::string plan_shape(const Plan& plan) {
   std::string s = "dp=" + std::to_string(plan.dp) + " x mp=" + std::to_string(plan.mp);
   if (plan.mp > 1) s += std::string(" ") + mode_name(plan.mode);
@@ -72,7 +68,7 @@ void print_plan_table(std::ostream& os, const Problem& problem, const std::vecto
                sharding_name(p.sharding), std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
                format_seconds(q.step_s),
                format_seconds(q.compute_s), format_seconds(q.allreduce_s + q.sharding_s),
-               format_seconds(q.bubble_s), format_bytes(static_cast<double>(max_memory_bytes(q))),
+               format_seconds(q.bubble_s), format_bytes(static_cast<double>(peak_memory_bytes(q))),
                convergence ? fixed(q.epochs, 1) : "-",
                convergence ? format_seconds(q.time_to_train_s) : format_count(q.samples_per_s)});
   }

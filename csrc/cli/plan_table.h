@@ -17,9 +17,6 @@ void print_plan_table(std::ostream& os, const Problem& problem, const std::vecto
 // Every term of one plan's prediction, with the memory limit it is checked against.
 void print_breakdown(std::ostream& os, const Problem& problem, const Plan& plan);
 
-// Largest per-device memory of a prediction (0 when it lists none).
-int64_t max_memory_bytes(const Prediction& p);
-
 // "dp=8 x mp=4 pipeline 1f1b M=8"
 std::string plan_shape(const Plan& plan);
 

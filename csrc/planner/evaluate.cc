@@ -162,6 +162,14 @@ void Evaluator::count_groups_on_nodes(const Plan& plan) const {
   }
 }
 
+void Evaluator::fill_group_ready_s(const Plan& plan) const {
+  group_ready_s_.assign(plan.mp, 0.0);
+  for (size_t v = 0; v < plan.assignment.size(); ++v) {
+    double& ready = group_ready_s_[plan.assignment[v]];
+    ready = std::max(ready, gradient_ready_s_[v]);
+  }
+}
+
 int64_t Evaluator::fill_group_devices(const Plan& plan, int64_t k) const {
   group_devices_.clear();
   int64_t concurrent = 1;
@@ -202,18 +210,14 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   }
   // Feed gradients in the order they become ready on each device; a tied copy's gradient is
   // ready with its stage's first node's.
+  fill_group_ready_s(plan);
   for (int64_t k = 0; k < groups; ++k) {
     double node_bytes = 0;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
       if (plan.assignment[v] == k) node_bytes += static_cast<double>(graph.nodes[v].param_bytes);
     }
     const double copies = group_bytes_[k] - node_bytes;
-    if (copies > 0) {
-      double ready = 0;
-      for (size_t v = 0; v < graph.nodes.size(); ++v)
-        if (plan.assignment[v] == k) ready = std::max(ready, gradient_ready_s_[v]);
-      buckets_[k].add_gradient(ready, copies);
-    }
+    if (copies > 0) buckets_[k].add_gradient(group_ready_s_[k], copies);
   }
   const std::vector<NodeIndex>& ready_order =
       plan.mode == MpMode::kPipeline
@@ -246,13 +250,11 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
     // reduce-scatters its gradients after its last backward.
     double fill_s = 0;
     for (int64_t k = 0; k < plan.mp; ++k) fill_s += gather_cost_[k].time_s(static_cast<double>(param_bytes_[k]));
+    fill_group_ready_s(plan);
     double end_s = 0;
     for (int64_t k = 0; k < plan.mp; ++k) {
-      double ready_s = 0;
-      for (size_t v = 0; v < graph.nodes.size(); ++v) {
-        if (plan.assignment[v] == k) ready_s = std::max(ready_s, gradient_ready_s_[v]);
-      }
-      end_s = std::max(end_s, ready_s + scatter_cost_[k].time_s(static_cast<double>(param_bytes_[k])));
+      end_s = std::max(end_s, group_ready_s_[k] +
+                                  scatter_cost_[k].time_s(static_cast<double>(param_bytes_[k])));
     }
     return fill_s + std::max(0.0, end_s - compute_s);
   }
@@ -392,10 +394,12 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   fill_param_bytes(plan);
   transient_bytes_.assign(plan.mp, 0.0);
   recompute_bytes_.assign(plan.mp, 0.0);
+  largest_unit_bytes_.assign(plan.mp, 0.0);
   recompute_inputs_.assign(plan.recompute.empty() || pipeline ? 0 : graph.nodes.size() * plan.mp, 0);
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
+    largest_unit_bytes_[k] = std::max(largest_unit_bytes_[k], static_cast<double>(graph.nodes[v].param_bytes));
     const double activations = scaled_bytes(graph.nodes[v].activation_bytes(), scale);
     if (!plan.recomputes(v)) {
       activation_bytes_[k] += activations;
@@ -450,16 +454,9 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     const int64_t in_flight =
         in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone, plan.num_microbatches,
                                plan.mp, k);
-    if (plan.sharding != Sharding::kNone) {  // a unit per node with parameters; a stage is one
-      sharded.largest_unit_bytes = 0;
-      for (size_t v = 0; v < graph.nodes.size() && !pipeline; ++v) {
-        if (plan.assignment[v] == k) {
-          sharded.largest_unit_bytes = std::max(sharded.largest_unit_bytes,
-                                                static_cast<double>(graph.nodes[v].param_bytes));
-        }
-      }
-      if (pipeline) sharded.largest_unit_bytes = static_cast<double>(param_bytes_[k]);
-    }
+    // a sharded unit: a node with parameters (placement); the whole stage (pipeline)
+    sharded.largest_unit_bytes =
+        pipeline ? static_cast<double>(param_bytes_[k]) : largest_unit_bytes_[k];
     out.memory_bytes[k] = device_memory_bytes(param_bytes_[k], activation_bytes_[k], in_flight,
                                               problem_.job.optimizer, transient_bytes_[k], sharded);
     if (out.feasible && out.memory_bytes[k] > have_bytes) {
@@ -503,6 +500,12 @@ Prediction Evaluator::evaluate(const Plan& plan) const {
 
 Prediction evaluate(const Problem& problem, const Plan& plan) {
   return Evaluator(problem).evaluate(plan);
+}
+
+bool better_prediction(const Prediction& a, const Prediction& b) {
+  if (a.feasible != b.feasible) return a.feasible;
+  if (a.feasible) return a.step_s < b.step_s;
+  return peak_memory_bytes(a) < peak_memory_bytes(b);
 }
 
 double objective(const Problem& problem, const Prediction& p) {

@@ -119,6 +119,9 @@ class Evaluator {
   // groups_on_node_: per node, the DP groups with bytes (group_bytes_) that span nodes and
   // have a member there.
   void count_groups_on_nodes(const Plan& plan) const;
+  // group_ready_s_[k] = when the last gradient of local device / stage k is ready (the latest
+  // gradient_ready_s_ of its nodes).
+  void fill_group_ready_s(const Plan& plan) const;
   // group_devices_ = DP group k's devices in rank order; returns its G (groups per node).
   int64_t fill_group_devices(const Plan& plan, int64_t k) const;
   void memory(const Plan& plan, Prediction& out) const;
@@ -138,6 +141,7 @@ class Evaluator {
   mutable std::vector<double> gradient_ready_s_;   // per node, absolute within the step
   mutable std::vector<double> stage_backward_s_;   // per stage: cumulated backward in last mb
   mutable std::vector<double> group_bytes_;        // per local device / stage
+  mutable std::vector<double> group_ready_s_;      // per local device / stage
   mutable std::vector<BucketedAllReduce> buckets_;
   // group_allreduce() memo: (group devices, concurrent groups per node) -> (cost, ring order).
   static constexpr size_t kAllReduceCacheEntries = 4096;
@@ -151,6 +155,7 @@ class Evaluator {
   mutable std::vector<double> activation_bytes_;
   mutable std::vector<double> transient_bytes_;  // memory_cost.h: workspace + receive buffers
   mutable std::vector<double> recompute_bytes_;  // memory_cost.h: activations recomputed at once
+  mutable std::vector<double> largest_unit_bytes_;  // per device: its largest node's parameters
   mutable std::vector<int64_t> recompute_inputs_;  // [producer * mp + device]: bytes kept
   mutable NodeTimes recompute_times_;            // node times with recomputed forwards added
   mutable std::vector<AllReduceCost> gather_cost_;   // per DP group (sharded plans)
@@ -169,5 +174,10 @@ Prediction evaluate(const Problem& problem, const Plan& plan);
 // The objective search minimises: time_to_train_s with a convergence model, else 1/samples_per_s
 // expressed as seconds per sample. +infinity when infeasible.
 double objective(const Problem& problem, const Prediction& p);
+
+// The order of candidate plans of one search point (one batch, so the objective follows the
+// step time): a plan that fits beats one that does not; among plans that fit the shorter step,
+// among plans that do not the smaller peak memory (peak_memory_bytes).
+bool better_prediction(const Prediction& a, const Prediction& b);
 
 }  // namespace hybridplan

@@ -13,14 +13,6 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-// Feasible first by step_s, then infeasible by the fullest stage.
-bool better(const Prediction& a, const Prediction& b) {
-  if (a.feasible != b.feasible) return a.feasible;
-  if (a.feasible) return a.step_s < b.step_s;
-  return *std::max_element(a.memory_bytes.begin(), a.memory_bytes.end()) <
-         *std::max_element(b.memory_bytes.begin(), b.memory_bytes.end());
-}
-
 // The split needing the least memory on its fullest stage, by bisection on the capacity
 // (fits() is monotone in it), to 0.1 % (the message prints three digits): used only to report
 // how far from fitting a point is.
@@ -159,7 +151,7 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
     plan.assignment = stages_from_split(g, starts);
     Prediction pred = evaluator.evaluate(plan);
     ++out.evaluations;
-    if (out.assignment.empty() || better(pred, out.predicted)) {
+    if (out.assignment.empty() || better_prediction(pred, out.predicted)) {
       out.predicted = std::move(pred);
       out.assignment = plan.assignment;
     }

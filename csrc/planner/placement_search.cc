@@ -44,16 +44,6 @@ struct NodeCosts {
   }
 };
 
-// Feasible plans by step_s first, then infeasible ones by their fullest device.
-bool better(const Prediction& a, const Prediction& b) {
-  if (a.feasible != b.feasible) return a.feasible;
-  if (a.feasible) return a.step_s < b.step_s;
-  const auto peak = [](const Prediction& p) {
-    return p.memory_bytes.empty() ? 0 : *std::max_element(p.memory_bytes.begin(), p.memory_bytes.end());
-  };
-  return peak(a) < peak(b);
-}
-
 // Longest paths with transfers on edges whose both ends are placed on different devices
 // (assignment -1: not placed yet, no transfer assumed). Returns CP_f + CP_b separately.
 std::pair<double, double> critical_paths_s(const Graph& g, const NodeCosts& c,
@@ -258,7 +248,7 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
     Plan p = with_assignment(base, std::move(a));
     Prediction pred = evaluator.evaluate(p);
     ++out.evaluations;
-    if (out.assignment.empty() || better(pred, out.predicted)) {
+    if (out.assignment.empty() || better_prediction(pred, out.predicted)) {
       out.assignment = std::move(p.assignment);
       out.predicted = std::move(pred);
     }
@@ -299,7 +289,7 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
         trial.assignment[v] = d;
         Prediction pred = evaluator.evaluate(trial);
         ++out.evaluations;
-        if (better(pred, out.predicted)) {
+        if (better_prediction(pred, out.predicted)) {
           const double node_s = c.forward_s[v] + c.backward_s[v];
           load_s[out.assignment[v]] -= node_s;
           load_s[d] += node_s;
@@ -373,7 +363,7 @@ class BranchAndBound {
     if (position == g_.topo_order.size()) {
       Prediction pred = ev_.evaluate(plan_);
       ++best_.evaluations;
-      if (better(pred, best_.predicted)) {
+      if (better_prediction(pred, best_.predicted)) {
         best_.predicted = std::move(pred);
         best_.assignment = plan_.assignment;
       }

@@ -35,10 +35,7 @@ Schedule schedule_from_json(const JsonReader& in, const Json& v) {
 }
 
 Sharding sharding_from_json(const JsonReader& in, const Json& v) {
-  const std::string name = in.string(v, "sharding");
-  if (name == "none") return Sharding::kNone;
-  if (name == "zero2") return Sharding::kZero2;
-  if (name == "zero3") return Sharding::kZero3;
+  if (const std::optional<Sharding> s = sharding_from_name(in.string(v, "sharding"))) return *s;
   in.fail("sharding", "must be \"none\", \"zero2\" or \"zero3\"", v);
 }
 
@@ -111,6 +108,17 @@ const char* sharding_name(Sharding s) {
     case Sharding::kZero3: return "zero3";
   }
   return "none";
+}
+
+std::optional<Sharding> sharding_from_name(const std::string& name) {
+  for (Sharding s : {Sharding::kNone, Sharding::kZero2, Sharding::kZero3}) {
+    if (name == sharding_name(s)) return s;
+  }
+  return std::nullopt;
+}
+
+int64_t peak_memory_bytes(const Prediction& p) {
+  return p.memory_bytes.empty() ? 0 : *std::max_element(p.memory_bytes.begin(), p.memory_bytes.end());
 }
 
 void Plan::validate_structure(const std::string& source) const {

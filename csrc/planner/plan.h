@@ -2,6 +2,7 @@
 // executor. See README "Plan" for the JSON.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct Prediction {
   bool feasible = true;
   std::string infeasible_reason;      // e.g. "device 1 needs 18.2 GB > 16.0 GB"
 };
+
+// The largest of a prediction's per-device (or per-stage) memory_bytes; 0 when none.
+int64_t peak_memory_bytes(const Prediction& p);
 
 struct Plan {
   std::string graph_name;
@@ -130,5 +134,7 @@ Json prediction_to_json(const Prediction& p);
 const char* mode_name(MpMode m);       // "placement" | "pipeline"
 const char* schedule_name(Schedule s); // "none" | "gpipe" | "1f1b"
 const char* sharding_name(Sharding s); // "none" | "zero2" | "zero3"
+// The inverse of sharding_name; nullopt for any other name.
+std::optional<Sharding> sharding_from_name(const std::string& name);
 
 }  // namespace hybridplan

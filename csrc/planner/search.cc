@@ -53,10 +53,6 @@ std::vector<int64_t> microbatch_counts(const Job& job, int64_t batch) {
   return out;
 }
 
-int64_t peak_bytes(const Prediction& p) {
-  return p.memory_bytes.empty() ? 0 : *std::max_element(p.memory_bytes.begin(), p.memory_bytes.end());
-}
-
 }  // namespace
 
 namespace {
@@ -260,14 +256,6 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   return count;
 }
 
-// True when `a` should be kept over `b`: a plan that fits beats one that does not; among plans
-// that fit the smaller objective, among plans that do not the smaller peak memory.
-bool better_plan(const Problem& problem, const Prediction& a, const Prediction& b) {
-  if (a.feasible != b.feasible) return a.feasible;
-  if (a.feasible) return objective(problem, a) < objective(problem, b);
-  return peak_bytes(a) < peak_bytes(b);
-}
-
 bool sharding_allowed(const Plan& plan, const std::vector<Sharding>& allowed, Sharding kind) {
   if (std::find(allowed.begin(), allowed.end(), kind) == allowed.end()) return false;
   if (kind == Sharding::kNone) return true;
@@ -288,7 +276,7 @@ int64_t choose_sharding(const Evaluator& evaluator, const std::vector<Sharding>&
     candidate.sharding = kind;
     candidate.predicted = evaluator.evaluate(candidate);
     ++evaluations;
-    if (!have || better_plan(evaluator.problem(), candidate.predicted, plan.predicted)) {
+    if (!have || better_prediction(candidate.predicted, plan.predicted)) {
       plan = std::move(candidate);
       have = true;
     }
@@ -367,7 +355,7 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
         pipeline_notes.emplace(head, o.note);  // the same method for every M and schedule
         trial.assignment = std::move(o.assignment);
         trial.predicted = std::move(o.predicted);
-        if (!best || better_plan(problem, trial.predicted, best->predicted)) best = std::move(trial);
+        if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
       }
       plan = std::move(*best);
     }
@@ -379,7 +367,7 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
       ++recomputed;
     }
     if (!plan.predicted.feasible) {
-      const int64_t peak = peak_bytes(plan.predicted);
+      const int64_t peak = peak_memory_bytes(plan.predicted);
       if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
       result.infeasible.push_back(describe(point) + ": " + plan.predicted.infeasible_reason);
       continue;

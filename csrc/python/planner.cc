@@ -89,10 +89,11 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
   options.exact_placement_max_nodes = exact_placement_max_nodes;
   options.shardings.clear();
   for (const std::string& name : shardings) {
-    if (name == "none") options.shardings.push_back(Sharding::kNone);
-    else if (name == "zero2") options.shardings.push_back(Sharding::kZero2);
-    else if (name == "zero3") options.shardings.push_back(Sharding::kZero3);
-    else throw InputError("shardings must name \"none\", \"zero2\" or \"zero3\" (got \"" + name + "\")");
+    const std::optional<Sharding> kind = sharding_from_name(name);
+    if (!kind) {
+      throw InputError("shardings must name \"none\", \"zero2\" or \"zero3\" (got \"" + name + "\")");
+    }
+    options.shardings.push_back(*kind);
   }
   SearchResult result;
   {
