@@ -1,5 +1,5 @@
 """Launches a one-step 2-rank Gloo job N times and reports each rank's exit status: the check
-that a job ends with exit 0 every time (issue 13, test_reliability.py).
+that a job ends with exit 0 every time (test_reliability.py).
 
     python tests/python/exit_launches.py --launches 20 [--model gpt2|tiny] [--plain-ddp]
                                          [--sharding none|zero2|zero3]

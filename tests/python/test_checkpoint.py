@@ -1,5 +1,6 @@
-"""Checkpoints that move between plans (issue 13): save under one plan, resume under another,
-and the result equals uninterrupted one-process training.
+"""Checkpoints that move between plans (a job re-planned mid-run must not lose its training):
+save under one plan, resume under another, and the result equals uninterrupted one-process
+training.
 
 Two launches of 2 Gloo ranks (dist_harness): the first trains every scenario K1 steps under its
 first plan and saves a checkpoint (then tries a second save whose torch.save dies mid-write),

@@ -134,7 +134,7 @@ def test_bad_json_text_and_missing_file(tmp_path):
 @pytest.mark.parametrize("kind", ["graph", "cluster", "job", "plan"])
 @pytest.mark.parametrize("text", ["", " \n\t"])
 def test_empty_or_non_object_file_names_its_kind(tmp_path, kind, text):
-    """Issue 13: an empty file says which document it was meant to be, as the CLI does."""
+    """An empty file says which document it was meant to be, as the CLI does."""
     load = {"graph": Graph.load, "cluster": Cluster.load, "job": Job.load, "plan": Plan.load}[kind]
     path = tmp_path / f"{kind}.json"
     path.write_text(text)
