@@ -1,6 +1,7 @@
 """Jobs end cleanly (a job that hangs or fails on exit costs its whole allocation): a job under
-hybridplan.apply exits 0 every time, a rank killed mid-training ends every other rank non-zero, within the timeout, naming the lost rank, and a rank
-running another torch version is refused before the first step. The messages are the C++
+hybridplan.apply exits 0 every time, a rank killed mid-training ends every other rank non-zero,
+within the timeout, naming the lost rank, and a rank running another torch version is refused
+before the first step. The messages are the C++
 executor's too (tests/data/rank_messages.json, checked from both languages)."""
 
 import json
