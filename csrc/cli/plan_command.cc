@@ -22,6 +22,7 @@ struct PlanFlags {
   bool json = false;
   bool over_run = false;
   std::vector<std::string> shardings = {"none", "zero2", "zero3"};
+  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"};
   RunScheduleOptions run;
 };
 
@@ -69,6 +70,8 @@ void run_plan(const PlanFlags& flags) {
   for (const std::string& name : flags.shardings) {
     options.shardings.push_back(*sharding_from_name(name));  // CLI11 checked the names
   }
+  options.schedules.clear();
+  for (const std::string& name : flags.schedules) options.schedules.push_back(*schedule_from_name(name));
   if (flags.over_run) {
     run_over_run(flags, problem, options);
     return;
@@ -108,6 +111,11 @@ void add_plan_command(CLI::App& app) {
                   "comma-separated")
       ->delimiter(',')
       ->check(CLI::IsMember({"none", "zero2", "zero3"}))
+      ->capture_default_str();
+  cmd->add_option("--schedules", flags->schedules,
+                  "Pipeline schedules the search may choose (docs/schedules.md), comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"}))
       ->capture_default_str();
   cmd->add_flag("--over-run", flags->over_run,
                 "Plan the whole run in phases as the job's critical batch grows (a "

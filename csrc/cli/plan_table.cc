@@ -50,6 +50,7 @@ std::string plan_shape(const Plan& plan) {
   if (plan.mp > 1) s += std::string(" ") + mode_name(plan.mode);
   if (plan.mode == MpMode::kPipeline) {
     s += std::string(" ") + schedule_name(plan.schedule) + " M=" + std::to_string(plan.num_microbatches);
+    if (plan.virtual_stages > 1) s += " v=" + std::to_string(plan.virtual_stages);
   }
   if (plan.sharding != Sharding::kNone) s += std::string(" ") + sharding_name(plan.sharding);
   return s;

@@ -106,6 +106,14 @@ Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::
                       "(hybridplan.apply)",
                       std::string("\"") + sharding_name(plan_.sharding) + "\"");
   }
+  if (plan_.mode == MpMode::kPipeline && schedule_is_multi_stage(plan_.schedule)) {
+    // Its stage channel runs one stage per rank in GPipe or 1F1B order (stage_passes); several
+    // stages per rank and a split backward are torch.distributed.pipelining's.
+    throw_input_error(src, "schedule",
+                      "is not supported by the C++ executor (it runs one stage per rank, GPipe "
+                      "or 1F1B); run the plan with the Python executor (hybridplan.apply)",
+                      std::string("\"") + schedule_name(plan_.schedule) + "\"");
+  }
   if (plan_.num_processes() != env_.world_size) {
     throw_input_error(src, "dp/mp",
                       std::string("need ") + std::to_string(plan_.num_processes()) + " processes for a " +

@@ -49,6 +49,14 @@ struct CurvePoint {
 double curve_time_s(const std::vector<CurvePoint>& points, double batch, double floor_s);
 
 // Every node's forward and backward seconds at one batch size.
+// The weight-gradient part (W) of a node's backward, for the zero-bubble schedules that run it
+// apart from the input gradient (pipeline_schedule.h): half the backward of a node with
+// parameters (X^T dY and dY W^T are the same matrix product), 0 without. An estimate: the
+// profiler measures the whole backward only.
+inline double weight_backward_s(const Node& node, double backward_s) {
+  return node.param_bytes > 0 ? 0.5 * backward_s : 0.0;
+}
+
 struct NodeTimes {
   double batch = 0;
   std::vector<double> forward_s;

@@ -92,28 +92,44 @@ double Evaluator::placement_compute(const Plan& plan, double slowdown, Predictio
 
 double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const {
   const Graph& graph = problem_.graph;
-  const int64_t num_stages = plan.mp;
+  const int64_t num_stages = plan.num_stages();
   const double microbatch = static_cast<double>(plan.per_replica_batch) /
                             static_cast<double>(plan.num_microbatches);
-  const NodeTimes& micro_times = with_recompute(plan, node_times(microbatch, slowdown));
+  const NodeTimes& plain_times = node_times(microbatch, slowdown);
+  const NodeTimes& micro_times = with_recompute(plan, plain_times);
   const double action_s = problem_.cluster.runtime.action_s_for(schedule_name(plan.schedule));
   pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,
                        batch_scale(graph, microbatch), action_s, stages_);
+  // A split backward runs two actions, I and W (pipeline_schedule.h): W is the nodes' weight
+  // gradients at their plain backward (a recomputed forward belongs to I).
+  const bool split = schedule_splits_backward(plan.schedule);
+  weight_s_.assign(split ? num_stages : 0, action_s);
+  if (split) {
+    for (size_t v = 0; v < graph.nodes.size(); ++v) {
+      weight_s_[plan.assignment[v]] += weight_backward_s(graph.nodes[v], plain_times.backward_s[v]);
+    }
+    for (double& b : stages_.backward_s) b += action_s;
+  }
   p2p_s_.assign(stages_.boundary_bytes.size(), 0.0);
   for (size_t s = 0; s < p2p_s_.size(); ++s) {
-    if (stages_.boundary_bytes[s] <= 0) continue;
-    const Link link = problem_.cluster.link(plan.mesh[0][s], plan.mesh[0][s + 1]);
+    const int64_t from = plan.device_of(static_cast<int32_t>(s));
+    const int64_t to = plan.device_of(static_cast<int32_t>(s + 1));
+    if (stages_.boundary_bytes[s] <= 0 || from == to) continue;  // zbv's turn: one rank
+    const Link link = problem_.cluster.link(plan.mesh[0][from], plan.mesh[0][to]);
     p2p_s_[s] = boundary_p2p_s(link, stages_.boundary_tensors[s], stages_.boundary_bytes[s]);
   }
-  const PipelineTimes times = simulate_pipeline(plan.schedule, plan.num_microbatches,
-                                                stages_.forward_s, stages_.backward_s, p2p_s_,
-                                                pipeline_);
-  // Gradients become final during each stage's last backward, in reverse topological order.
+  const PipelineTimes times = simulate_pipeline(
+      plan.schedule,
+      {.num_stages = num_stages, .num_microbatches = plan.num_microbatches, .num_ranks = plan.mp},
+      {stages_.forward_s, stages_.backward_s, weight_s_, p2p_s_}, pipeline_);
+  // Gradients become final during each stage's last B (or W), in reverse topological order.
   stage_backward_s_.assign(num_stages, action_s);
   gradient_ready_s_.resize(graph.nodes.size());
   for (NodeIndex v : reverse_topo_) {
     const int32_t s = plan.assignment[v];
-    stage_backward_s_[s] += micro_times.backward_s[v];
+    stage_backward_s_[s] += pipeline_.last_backward_is_weight[s]
+                                ? weight_backward_s(graph.nodes[v], plain_times.backward_s[v])
+                                : micro_times.backward_s[v];
     gradient_ready_s_[v] = pipeline_.last_backward_start_s[s] + stage_backward_s_[s];
   }
   out.transfer_s = times.transfer_s;
@@ -128,11 +144,29 @@ std::vector<std::vector<Evaluator::TimedPass>> Evaluator::pipeline_timeline(cons
   pipeline_compute(plan, compute_slowdown(plan), scratch);
   const int64_t m = plan.num_microbatches;
   std::vector<std::vector<TimedPass>> out(plan.mp);
-  for (int64_t s = 0; s < plan.mp; ++s) {
-    for (const PipelinePass& pass : pipeline_.passes[s]) {
-      const bool forward = pass.kind == PassKind::kForward;
-      const double end_s = (forward ? pipeline_.forward_finish_s : pipeline_.backward_finish_s)[s * m + pass.microbatch];
-      out[s].push_back({pass, end_s - (forward ? stages_.forward_s[s] : stages_.backward_s[s]), end_s});
+  for (int64_t r = 0; r < plan.mp; ++r) {
+    for (const PipelinePass& pass : pipeline_.passes[r]) {
+      const int64_t at = pass.stage * m + pass.microbatch;
+      double end_s = 0, duration_s = 0;
+      switch (pass.kind) {
+        case PassKind::kForward:
+          end_s = pipeline_.forward_finish_s[at];
+          duration_s = stages_.forward_s[pass.stage];
+          break;
+        case PassKind::kBackward:
+          end_s = pipeline_.backward_finish_s[at];
+          duration_s = stages_.backward_s[pass.stage];
+          break;
+        case PassKind::kBackwardInput:
+          end_s = pipeline_.backward_finish_s[at];
+          duration_s = stages_.backward_s[pass.stage] - weight_s_[pass.stage];
+          break;
+        case PassKind::kBackwardWeight:
+          end_s = pipeline_.weight_finish_s[at];
+          duration_s = weight_s_[pass.stage];
+          break;
+      }
+      out[r].push_back({pass, end_s - duration_s, end_s});
     }
   }
   return out;
@@ -165,7 +199,7 @@ void Evaluator::count_groups_on_nodes(const Plan& plan) const {
 void Evaluator::fill_group_ready_s(const Plan& plan) const {
   group_ready_s_.assign(plan.mp, 0.0);
   for (size_t v = 0; v < plan.assignment.size(); ++v) {
-    double& ready = group_ready_s_[plan.assignment[v]];
+    double& ready = group_ready_s_[plan.device_of(plan.assignment[v])];
     ready = std::max(ready, gradient_ready_s_[v]);
   }
 }
@@ -214,7 +248,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   for (int64_t k = 0; k < groups; ++k) {
     double node_bytes = 0;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
-      if (plan.assignment[v] == k) node_bytes += static_cast<double>(graph.nodes[v].param_bytes);
+      if (plan.device_of(plan.assignment[v]) == k) node_bytes += static_cast<double>(graph.nodes[v].param_bytes);
     }
     const double copies = group_bytes_[k] - node_bytes;
     if (copies > 0) buckets_[k].add_gradient(group_ready_s_[k], copies);
@@ -224,7 +258,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
           ? reverse_topo_
           : placement_order(static_cast<double>(plan.per_replica_batch), out.compute_slowdown).backward;
   for (NodeIndex v : ready_order) {
-    buckets_[plan.assignment[v]].add_gradient(gradient_ready_s_[v],
+    buckets_[plan.device_of(plan.assignment[v])].add_gradient(gradient_ready_s_[v],
                                               static_cast<double>(graph.nodes[v].param_bytes));
   }
   double end_s = 0;
@@ -247,9 +281,12 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   }
   if (plan.mode == MpMode::kPipeline) {
     // Each stage gathers its parameters at its first forward, on the pipeline's fill path, and
-    // reduce-scatters its gradients after its last backward.
+    // a rank reduce-scatters its stages' gradients after its last backward.
     double fill_s = 0;
-    for (int64_t k = 0; k < plan.mp; ++k) fill_s += gather_cost_[k].time_s(static_cast<double>(param_bytes_[k]));
+    for (size_t s = 0; s < stage_param_bytes_.size(); ++s) {
+      fill_s += gather_cost_[plan.device_of(static_cast<int32_t>(s))].time_s(
+          static_cast<double>(stage_param_bytes_[s]));
+    }
     fill_group_ready_s(plan);
     double end_s = 0;
     for (int64_t k = 0; k < plan.mp; ++k) {
@@ -344,24 +381,32 @@ double Evaluator::optimizer_s(const Plan& plan) const {
 
 void Evaluator::fill_param_bytes(const Plan& plan) const {
   const Graph& graph = problem_.graph;
-  param_bytes_.assign(plan.mp, 0);
+  const int64_t values = plan.num_stages();  // local devices (placement) or stages (pipeline)
+  stage_param_bytes_.assign(values, 0);
   param_tensors_.assign(plan.mp, 0);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
-    param_tensors_[plan.assignment[v]] += std::max<int64_t>(0, graph.nodes[v].param_tensors);
+    stage_param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
+    param_tensors_[plan.device_of(plan.assignment[v])] +=
+        std::max<int64_t>(0, graph.nodes[v].param_tensors);
   }
-  if (plan.mode != MpMode::kPipeline) return;
-  for (const TiedParams& tied : graph.tied_params) {
-    // Every stage holding one of the nodes, but the first node's (whose param_bytes count it).
-    stage_stamp_.assign(plan.mp, 0);
-    stage_stamp_[plan.assignment[tied.nodes.front()]] = 1;
-    for (NodeIndex v : tied.nodes) {
-      const int32_t s = plan.assignment[v];
-      if (stage_stamp_[s]) continue;
-      stage_stamp_[s] = 1;
-      param_bytes_[s] += tied.bytes;
-      if (graph.nodes[tied.nodes.front()].param_tensors >= 0) param_tensors_[s] += 1;  // the copy
+  if (plan.mode == MpMode::kPipeline) {
+    for (const TiedParams& tied : graph.tied_params) {
+      // Every stage holding one of the nodes, but the first node's (whose param_bytes count
+      // it): each stage module holds its own copy, two stages of one rank two.
+      stage_stamp_.assign(values, 0);
+      stage_stamp_[plan.assignment[tied.nodes.front()]] = 1;
+      for (NodeIndex v : tied.nodes) {
+        const int32_t s = plan.assignment[v];
+        if (stage_stamp_[s]) continue;
+        stage_stamp_[s] = 1;
+        stage_param_bytes_[s] += tied.bytes;
+        if (graph.nodes[tied.nodes.front()].param_tensors >= 0) param_tensors_[plan.device_of(s)] += 1;
+      }
     }
+  }
+  param_bytes_.assign(plan.mp, 0);
+  for (int64_t s = 0; s < values; ++s) {
+    param_bytes_[plan.device_of(static_cast<int32_t>(s))] += stage_param_bytes_[s];
   }
 }
 
@@ -371,7 +416,7 @@ double Evaluator::tied_allreduce_s(const Plan& plan) const {
   for (const TiedParams& tied : problem_.graph.tied_params) {
     group_devices_.clear();
     for (NodeIndex v : tied.nodes) {
-      const DeviceIndex d = plan.mesh[0][plan.assignment[v]];
+      const DeviceIndex d = plan.mesh[0][plan.device_of(plan.assignment[v])];
       if (std::find(group_devices_.begin(), group_devices_.end(), d) == group_devices_.end()) {
         group_devices_.push_back(d);
       }
@@ -390,13 +435,17 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
                                       static_cast<double>(plan.num_microbatches)
                                 : static_cast<double>(plan.per_replica_batch);
   const double scale = batch_scale(graph, batch);  // bytes are exactly linear in the batch
-  activation_bytes_.assign(plan.mp, 0.0);
+  // Per assignment value: local device (placement) or stage (pipeline), folded into the ranks
+  // that hold several stages at the end.
+  const int64_t values = plan.num_stages();
+  activation_bytes_.assign(values, 0.0);
   fill_param_bytes(plan);
-  transient_bytes_.assign(plan.mp, 0.0);
-  recompute_bytes_.assign(plan.mp, 0.0);
-  largest_unit_bytes_.assign(plan.mp, 0.0);
+  transient_bytes_.assign(values, 0.0);
+  recompute_bytes_.assign(values, 0.0);
+  largest_unit_bytes_.assign(values, 0.0);
   recompute_inputs_.assign(plan.recompute.empty() || pipeline ? 0 : graph.nodes.size() * plan.mp, 0);
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
+  const bool multi_stage = pipeline && schedule_is_multi_stage(plan.schedule);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
     largest_unit_bytes_[k] = std::max(largest_unit_bytes_[k], static_cast<double>(graph.nodes[v].param_bytes));
@@ -422,7 +471,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   for (size_t i = 0; i < recompute_inputs_.size(); ++i) {
     activation_bytes_[i % plan.mp] += scaled_bytes(recompute_inputs_[i], scale);
   }
-  for (int64_t k = 0; k < plan.mp; ++k) transient_bytes_[k] += recompute_bytes_[k];
+  for (int64_t k = 0; k < values; ++k) transient_bytes_[k] += recompute_bytes_[k];
   if (sink >= 0) {
     const double replica_scale = batch_scale(graph, static_cast<double>(plan.per_replica_batch));
     // the replica's input batch, where the first node runs
@@ -431,10 +480,14 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     // the model's output, held until its backward is done: the whole batch's (placement), or
     // one per micro-batch in flight on the last stage (pipeline)
     const int32_t last = plan.assignment[sink];
-    transient_bytes_[last] +=
-        scaled_bytes(graph.nodes[sink].output_bytes, scale) *
-        static_cast<double>(in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone,
-                                                   plan.num_microbatches, plan.mp, last));
+    double outputs_held = static_cast<double>(in_flight_microbatches(
+        pipeline ? plan.schedule : Schedule::kNone, plan.num_microbatches, plan.mp, last));
+    if (multi_stage) {  // the last stage's micro-batches in flight on its rank's pass order
+      stage_activation_bytes_.assign(values, 0.0);
+      stage_activation_bytes_[last] = 1.0;
+      outputs_held = peak_activation_bytes(pipeline_.passes[plan.device_of(last)], stage_activation_bytes_);
+    }
+    transient_bytes_[last] += scaled_bytes(graph.nodes[sink].output_bytes, scale) * outputs_held;
   }
   if (pipeline) {  // receive buffers, one per micro-batch, each way (pipeline_compute filled stages_)
     const auto m = static_cast<double>(plan.num_microbatches);
@@ -450,10 +503,23 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   sharded.dp = plan.dp;
   sharded.pipeline = pipeline;
   sharded.overlapped = !serial_replica_devices();
+  if (multi_stage) {  // a rank's stages: activations by its pass order, transients summed
+    stage_activation_bytes_ = activation_bytes_;
+    stage_transient_bytes_ = transient_bytes_;
+    activation_bytes_.assign(plan.mp, 0.0);
+    transient_bytes_.assign(plan.mp, 0.0);
+    for (int64_t k = 0; k < plan.mp; ++k) {
+      activation_bytes_[k] = peak_activation_bytes(pipeline_.passes[k], stage_activation_bytes_);
+    }
+    for (int64_t s = 0; s < values; ++s) {
+      transient_bytes_[plan.device_of(static_cast<int32_t>(s))] += stage_transient_bytes_[s];
+    }
+  }
   for (int64_t k = 0; k < plan.mp; ++k) {
     const int64_t in_flight =
-        in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone, plan.num_microbatches,
-                               plan.mp, k);
+        multi_stage ? 1
+                    : in_flight_microbatches(pipeline ? plan.schedule : Schedule::kNone,
+                                             plan.num_microbatches, plan.mp, k);
     // a sharded unit: a node with parameters (placement); the whole stage (pipeline)
     sharded.largest_unit_bytes =
         pipeline ? static_cast<double>(param_bytes_[k]) : largest_unit_bytes_[k];

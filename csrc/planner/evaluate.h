@@ -88,8 +88,8 @@ class Evaluator {
   // The compute multiplier of the plan's process layout: Cluster runtime.slowdown of the number
   // of the plan's processes on its busiest node.
   double compute_slowdown(const Plan& plan) const;
-  // The simulated schedule of a pipeline plan: per stage, its passes with start and end times
-  // from the step's start (what pipeline_compute() simulated).
+  // The simulated schedule of a pipeline plan: per rank (= stage for one stage per rank), its
+  // passes with start and end times from the step's start (what pipeline_compute() simulated).
   struct TimedPass {
     PipelinePass pass;
     double start_s = 0;
@@ -137,9 +137,13 @@ class Evaluator {
   mutable std::vector<int32_t> serial_assignment_;
   mutable PipelineStages stages_;
   mutable std::vector<double> p2p_s_;
+  mutable std::vector<double> weight_s_;          // per stage: W of a split backward
+  mutable std::vector<int64_t> stage_param_bytes_;  // per pipeline stage (tied copies included)
   mutable PipelineScratch pipeline_;
   mutable std::vector<double> gradient_ready_s_;   // per node, absolute within the step
   mutable std::vector<double> stage_backward_s_;   // per stage: cumulated backward in last mb
+  mutable std::vector<double> stage_activation_bytes_;  // per pipeline stage, one micro-batch
+  mutable std::vector<double> stage_transient_bytes_;   // per pipeline stage
   mutable std::vector<double> group_bytes_;        // per local device / stage
   mutable std::vector<double> group_ready_s_;      // per local device / stage
   mutable std::vector<BucketedAllReduce> buckets_;

@@ -41,8 +41,9 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
       << mode_name(plan.mode);
   if (pipeline) {
     out << " (" << schedule_name(plan.schedule) << ", " << plan.num_microbatches
-        << " micro-batches of " << static_cast<double>(plan.per_replica_batch) / plan.num_microbatches
-        << ")";
+        << " micro-batches of " << static_cast<double>(plan.per_replica_batch) / plan.num_microbatches;
+    if (plan.virtual_stages > 1) out << ", " << plan.virtual_stages << " stages per rank";
+    out << ")";
   }
   if (plan.sharding != Sharding::kNone) {
     out << ", sharded " << sharding_name(plan.sharding)
@@ -65,7 +66,8 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   }
 
   out << (pipeline ? "stages\n" : "devices of each replica\n");
-  for (int64_t k = 0; k < plan.mp; ++k) {
+  const bool several = pipeline && plan.virtual_stages > 1;  // memory is per rank, below
+  for (int64_t k = 0; k < plan.num_stages(); ++k) {
     std::vector<std::string> on_k;
     int64_t recomputed = 0;
     for (size_t v = 0; v < plan.assignment.size(); ++v) {
@@ -74,15 +76,24 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
         recomputed += plan.recomputes(v) ? 1 : 0;
       }
     }
-    out << "  " << (pipeline ? "stage " : "device ") << k << " (" << on_k.size() << " nodes";
+    out << "  " << (pipeline ? "stage " : "device ") << k << " (";
+    if (several) out << "rank " << plan.device_of(static_cast<int32_t>(k)) << ", ";
+    out << on_k.size() << " nodes";
     if (recomputed > 0) out << ", " << recomputed << " recomputed";
-    if (k < static_cast<int64_t>(p.memory_bytes.size())) {
+    if (!several && k < static_cast<int64_t>(p.memory_bytes.size())) {
       out << ", " << format_bytes(static_cast<double>(p.memory_bytes[k]));
       if (problem != nullptr) {
         out << " of " << format_bytes(static_cast<double>(problem->cluster.device.memory_bytes));
       }
     }
     out << "): " << compress_names(on_k) << "\n";
+  }
+  for (size_t r = 0; several && r < p.memory_bytes.size(); ++r) {
+    out << "  rank " << r << " memory " << format_bytes(static_cast<double>(p.memory_bytes[r]));
+    if (problem != nullptr) {
+      out << " of " << format_bytes(static_cast<double>(problem->cluster.device.memory_bytes));
+    }
+    out << "\n";
   }
 
   out << "predicted\n";

@@ -56,8 +56,8 @@ std::vector<PipelinePass> stage_passes(Schedule schedule, PipelineShape shape, i
   if (m < 1) throw InputError("num_microbatches must be >= 1 (got " + std::to_string(m) + ")");
   std::vector<PipelinePass> passes;
   passes.reserve(2 * m);
-  const auto forward = [&](int64_t i) { passes.push_back({PassKind::kForward, i}); };
-  const auto backward = [&](int64_t i) { passes.push_back({PassKind::kBackward, i}); };
+  const auto forward = [&](int64_t i) { passes.push_back({PassKind::kForward, i, stage}); };
+  const auto backward = [&](int64_t i) { passes.push_back({PassKind::kBackward, i, stage}); };
   switch (schedule) {
     case Schedule::kGpipe:  // F0..F(M-1), B0..B(M-1)
       for (int64_t i = 0; i < m; ++i) forward(i);
@@ -73,106 +73,287 @@ std::vector<PipelinePass> stage_passes(Schedule schedule, PipelineShape shape, i
       for (int64_t i = m - warmup; i < m; ++i) backward(i);
       return passes;
     }
-    case Schedule::kNone:
+    default:
       break;
   }
   throw InputError(std::string("a pipeline schedule must be gpipe or 1f1b (got ") +
                    schedule_name(schedule) + ")");
 }
 
+namespace {
+
+// torch's _get_1f1b_rank_ops for ScheduleInterleaved1F1B (zero_bubble false) and
+// ScheduleInterleavedZeroBubble (true), without the None padding that only aligns torch's
+// lockstep simulation (the simulator here waits on data instead).
+std::vector<PipelinePass> interleaved_passes(bool zero_bubble, int64_t mp, int64_t v, int64_t m,
+                                             int64_t rank) {
+  const int64_t rounds = std::max<int64_t>(1, m / mp);
+  const int64_t per_round = m / rounds;
+  // _get_warmup_ops: (v-1) rounds on the last rank, plus 2 (1F1B) or 1 (ZB) per hop from it
+  const int64_t warmup =
+      std::min((v - 1) * per_round + (zero_bubble ? 1 : 2) * (mp - 1 - rank), m * v);
+  const int64_t microbatch_ops = v * m;
+  const int64_t fwd_bwd = microbatch_ops - warmup;
+  const int64_t total = warmup + fwd_bwd + warmup;  // cool-down = warm-up
+  const int64_t num_stages = mp * v;
+  const auto forward_stage = [&](int64_t step) { return ((step / per_round) % v) * mp + rank; };
+  const auto backward_stage = [&](int64_t step) {
+    return (v - 1 - ((step - warmup) / per_round) % v) * mp + rank;
+  };
+  const int64_t plain_1f1b = zero_bubble ? rank : 0;  // num_1f1b_microbatches
+  std::vector<int64_t> fwd_mb(num_stages, 0), bwd_mb(num_stages, 0), weight_mb(num_stages, 0);
+  std::vector<int64_t> backward_ops;
+  size_t weight_count = 0;
+  std::vector<PipelinePass> out;
+  out.reserve((zero_bubble ? 3 : 2) * microbatch_ops);
+  const PassKind backward_kind = zero_bubble ? PassKind::kBackwardInput : PassKind::kBackward;
+  const auto add = [&](PassKind kind, int64_t stage, std::vector<int64_t>& counter) {
+    out.push_back({kind, counter[stage]++, stage});
+  };
+  const auto weight = [&]() {
+    add(PassKind::kBackwardWeight, backward_stage(backward_ops[weight_count++]), weight_mb);
+  };
+  for (int64_t op = 0; op < total; ++op) {
+    if (op < warmup) {
+      add(PassKind::kForward, forward_stage(op), fwd_mb);
+      continue;
+    }
+    if (op < warmup + fwd_bwd) add(PassKind::kForward, forward_stage(op), fwd_mb);
+    add(backward_kind, backward_stage(op), bwd_mb);
+    backward_ops.push_back(op);
+    if (zero_bubble && op - warmup >= plain_1f1b) weight();
+  }
+  while (zero_bubble && weight_count < backward_ops.size()) weight();
+  return out;
+}
+
+// torch's ScheduleZBVZeroBubble._calculate_single_rank_operations: two stages per rank in a V,
+// chunk 0 = stage rank, chunk 1 = stage 2mp-1-rank.
+std::vector<PipelinePass> zbv_passes(int64_t mp, int64_t m, int64_t rank) {
+  const int64_t n = std::max(2 * mp - 1, m);
+  const int64_t chunk0 = rank, chunk1 = 2 * mp - 1 - rank;
+  int64_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+  std::vector<PipelinePass> out;
+  const auto add = [&](PassKind kind, int64_t stage, int64_t microbatch) {
+    if (microbatch < m) out.push_back({kind, microbatch, stage});  // torch drops mb >= M
+  };
+  const PassKind F = PassKind::kForward, I = PassKind::kBackwardInput, W = PassKind::kBackwardWeight;
+  for (int64_t k = 0; k < 2 * (mp - rank) - 1; ++k) add(F, chunk0, f0++);
+  for (int64_t k = 0; k < rank; ++k) {
+    add(F, chunk1, f1++);
+    add(F, chunk0, f0++);
+  }
+  for (int64_t k = 0; k < mp - rank; ++k) {
+    add(F, chunk1, f1++);
+    add(I, chunk1, b1);
+    add(W, chunk1, b1++);
+  }
+  while (f1 < f0 || f0 < n) {
+    if (f0 < n) add(F, chunk0, f0++);
+    add(I, chunk0, b0);
+    add(W, chunk0, b0++);
+    add(F, chunk1, f1++);
+    add(I, chunk1, b1);
+    add(W, chunk1, b1++);
+  }
+  int64_t w0 = b0, w1 = b1;
+  for (int64_t k = 0; k < rank; ++k) {
+    add(I, chunk0, b0++);
+    add(I, chunk1, b1++);
+  }
+  for (int64_t k = 0; k < mp - rank; ++k) {
+    add(I, chunk0, b0++);
+    add(W, chunk0, w0++);
+  }
+  while (w1 < b1) add(W, chunk1, w1++);
+  while (w0 < b0) add(W, chunk0, w0++);
+  return out;
+}
+
+}  // namespace
+
+std::vector<PipelinePass> rank_passes(Schedule schedule, PipelineShape shape, int64_t rank) {
+  const int64_t ranks = shape.ranks();
+  const int64_t m = shape.num_microbatches;
+  if (ranks < 1 || rank < 0 || rank >= ranks) {
+    throw InputError("pipeline rank must be in 0..num_ranks-1 (got rank " + std::to_string(rank) +
+                     " of " + std::to_string(ranks) + ")");
+  }
+  if (m < 1) throw InputError("num_microbatches must be >= 1 (got " + std::to_string(m) + ")");
+  if (!schedule_is_multi_stage(schedule)) {
+    if (shape.num_stages != ranks) {
+      throw InputError(std::string("schedule ") + schedule_name(schedule) +
+                       " runs one stage per rank (got " + std::to_string(shape.num_stages) +
+                       " stages on " + std::to_string(ranks) + " ranks)");
+    }
+    return stage_passes(schedule, shape, rank);
+  }
+  if (shape.num_stages % ranks != 0 || shape.num_stages / ranks < 2 ||
+      (schedule == Schedule::kZBV && shape.num_stages != 2 * ranks)) {
+    throw InputError(std::string("schedule ") + schedule_name(schedule) + " needs " +
+                     (schedule == Schedule::kZBV ? "exactly 2" : "a whole number >= 2 of") +
+                     " stages per rank (got " + std::to_string(shape.num_stages) + " stages on " +
+                     std::to_string(ranks) + " ranks)");
+  }
+  if (schedule == Schedule::kZBV) return zbv_passes(ranks, m, rank);
+  return interleaved_passes(schedule == Schedule::kInterleavedZB, ranks, shape.num_stages / ranks,
+                            m, rank);
+}
+
 std::string passes_to_string(const std::vector<PipelinePass>& passes) {
+  bool multi = false;
+  for (const PipelinePass& p : passes) multi = multi || p.stage != passes.front().stage;
   std::string out;
   for (const PipelinePass& p : passes) {
     if (!out.empty()) out += ' ';
-    out += (p.kind == PassKind::kForward ? 'F' : 'B') + std::to_string(p.microbatch);
+    switch (p.kind) {
+      case PassKind::kForward: out += 'F'; break;
+      case PassKind::kBackward: out += 'B'; break;
+      case PassKind::kBackwardInput: out += 'I'; break;
+      case PassKind::kBackwardWeight: out += 'W'; break;
+    }
+    out += std::to_string(p.microbatch);
+    if (multi) out += "s" + std::to_string(p.stage);
   }
   return out;
+}
+
+double peak_activation_bytes(const std::vector<PipelinePass>& passes,
+                             const std::vector<double>& activation_bytes) {
+  bool split = false;
+  for (const PipelinePass& p : passes) split = split || p.kind == PassKind::kBackwardWeight;
+  double held = 0, peak = 0;
+  for (const PipelinePass& p : passes) {
+    const double bytes = activation_bytes[p.stage];
+    if (p.kind == PassKind::kForward) {
+      held += bytes;
+      peak = std::max(peak, held);
+    } else if (p.kind == (split ? PassKind::kBackwardWeight : PassKind::kBackward)) {
+      held -= bytes;
+    }
+  }
+  return peak;
 }
 
 namespace {
 
 constexpr double kNotYet = -1.0;
 
-// When operation (s, i) can start as far as its input is concerned; false if that input is not
-// computed yet. F(s,i) needs F(s-1,i) + p2p; B(s,i) needs B(s+1,i) + p2p (last stage: F(s,i)).
-bool input_ready_s(bool is_forward, int64_t s, int64_t i, int64_t num_stages, int64_t m,
+// When pass p of stage s can start as far as its input is concerned; false if that input is not
+// computed yet (the dependencies in pipeline_schedule.h).
+bool input_ready_s(const PipelinePass& p, int64_t num_stages, int64_t m,
                    const std::vector<double>& p2p_s, const PipelineScratch& scratch,
                    double& ready_s) {
   const std::vector<double>& ff = scratch.forward_finish_s;
   const std::vector<double>& bf = scratch.backward_finish_s;
-  if (is_forward && s == 0) {
-    ready_s = 0;
-    return true;
+  const int64_t s = p.stage, i = p.microbatch;
+  double source = 0;
+  switch (p.kind) {
+    case PassKind::kForward:
+      if (s == 0) {
+        ready_s = 0;
+        return true;
+      }
+      source = ff[(s - 1) * m + i];
+      ready_s = source + p2p_s[s - 1];
+      break;
+    case PassKind::kBackward:
+    case PassKind::kBackwardInput:
+      if (s == num_stages - 1) {
+        source = ready_s = ff[s * m + i];
+      } else {
+        source = bf[(s + 1) * m + i];
+        ready_s = source + p2p_s[s];
+      }
+      break;
+    case PassKind::kBackwardWeight:
+      source = ready_s = bf[s * m + i];
+      break;
   }
-  if (is_forward) {
-    ready_s = ff[(s - 1) * m + i] + p2p_s[s - 1];
-    return ff[(s - 1) * m + i] != kNotYet;
-  }
-  if (s == num_stages - 1) {
-    ready_s = ff[s * m + i];
-    return ready_s != kNotYet;
-  }
-  ready_s = bf[(s + 1) * m + i] + p2p_s[s];
-  return bf[(s + 1) * m + i] != kNotYet;
+  return source != kNotYet;
 }
 
 }  // namespace
 
-PipelineTimes simulate_pipeline(Schedule schedule, int64_t num_microbatches,
-                                const std::vector<double>& forward_s,
-                                const std::vector<double>& backward_s,
-                                const std::vector<double>& p2p_s, PipelineScratch& scratch) {
-  const auto num_stages = static_cast<int64_t>(forward_s.size());
-  const int64_t m = num_microbatches;
-  HP_INTERNAL_ASSERT(num_stages >= 1 && m >= 1, "stages " << num_stages << ", micro-batches " << m);
+PipelineTimes simulate_pipeline(Schedule schedule, PipelineShape shape, const StagePassTimes& times,
+                                PipelineScratch& scratch) {
+  const auto num_stages = static_cast<int64_t>(times.forward_s.size());
+  const int64_t m = shape.num_microbatches;
+  const int64_t ranks = shape.ranks();
+  HP_INTERNAL_ASSERT(num_stages >= 1 && m >= 1 && num_stages == shape.num_stages,
+                     "stages " << num_stages << ", micro-batches " << m);
+  const bool split = schedule_splits_backward(schedule);
+  HP_INTERNAL_ASSERT(!split || static_cast<int64_t>(times.weight_s.size()) == num_stages,
+                     "a split backward needs W per stage");
   scratch.forward_finish_s.assign(num_stages * m, kNotYet);
   scratch.backward_finish_s.assign(num_stages * m, kNotYet);
-  scratch.next_op.assign(num_stages, 0);
+  scratch.weight_finish_s.assign(split ? num_stages * m : 0, kNotYet);
+  scratch.next_op.assign(ranks, 0);
   scratch.last_backward_start_s.assign(num_stages, 0.0);
+  scratch.last_backward_is_weight.assign(num_stages, split ? 1 : 0);
+  std::vector<int64_t> weight_passes_left(num_stages, m);
 
-  // Advance every stage as far as its inputs allow, until all are done. Each sweep completes
-  // at least one operation for a valid schedule (the dependency graph is acyclic).
-  scratch.passes.resize(num_stages);
-  for (int64_t s = 0; s < num_stages; ++s) {
-    scratch.passes[s] = stage_passes(schedule, {.num_stages = num_stages, .num_microbatches = m}, s);
+  scratch.passes.resize(ranks);
+  int64_t remaining = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    scratch.passes[r] = rank_passes(schedule, shape, r);
+    remaining += static_cast<int64_t>(scratch.passes[r].size());
   }
-  int64_t remaining = num_stages * 2 * m;
+  const auto duration = [&](const PipelinePass& p) {
+    switch (p.kind) {
+      case PassKind::kForward: return times.forward_s[p.stage];
+      case PassKind::kBackward: return times.backward_s[p.stage];
+      case PassKind::kBackwardInput: return times.backward_s[p.stage] - times.weight_s[p.stage];
+      case PassKind::kBackwardWeight: return times.weight_s[p.stage];
+    }
+    return 0.0;
+  };
+  const auto finish_slot = [&](const PipelinePass& p) -> double& {
+    const int64_t at = p.stage * m + p.microbatch;
+    if (p.kind == PassKind::kForward) return scratch.forward_finish_s[at];
+    if (p.kind == PassKind::kBackwardWeight) return scratch.weight_finish_s[at];
+    return scratch.backward_finish_s[at];
+  };
+  // Advance every rank as far as its inputs allow, until all are done. Each sweep completes
+  // at least one pass for a valid schedule (the dependency graph is acyclic).
   double length_s = 0;
   while (remaining > 0) {
     int64_t progressed = 0;
-    for (int64_t s = 0; s < num_stages; ++s) {
-      const std::vector<PipelinePass>& passes = scratch.passes[s];
-      int64_t& op = scratch.next_op[s];
-      double free_s = 0;  // the stage is free when its previous operation finished
-      if (op > 0) {
-        const PipelinePass& prev = passes[op - 1];
-        free_s = (prev.kind == PassKind::kForward ? scratch.forward_finish_s
-                                                  : scratch.backward_finish_s)[s * m + prev.microbatch];
-      }
-      for (; op < 2 * m; ++op, ++progressed, --remaining) {
-        const bool is_forward = passes[op].kind == PassKind::kForward;
-        const int64_t i = passes[op].microbatch;
+    for (int64_t r = 0; r < ranks; ++r) {
+      const std::vector<PipelinePass>& passes = scratch.passes[r];
+      int64_t& op = scratch.next_op[r];
+      double free_s = op > 0 ? finish_slot(passes[op - 1]) : 0.0;  // the rank's previous pass
+      for (; op < static_cast<int64_t>(passes.size()); ++op, ++progressed, --remaining) {
+        const PipelinePass& p = passes[op];
         double ready_s = 0;
-        if (!input_ready_s(is_forward, s, i, num_stages, m, p2p_s, scratch, ready_s)) break;
+        if (!input_ready_s(p, num_stages, m, times.p2p_s, scratch, ready_s)) break;
         const double start_s = std::max(ready_s, free_s);
-        free_s = start_s + (is_forward ? forward_s[s] : backward_s[s]);
-        (is_forward ? scratch.forward_finish_s : scratch.backward_finish_s)[s * m + i] = free_s;
-        if (!is_forward) length_s = std::max(length_s, free_s);
-        if (op == 2 * m - 1) scratch.last_backward_start_s[s] = start_s;
+        free_s = start_s + duration(p);
+        finish_slot(p) = free_s;
+        length_s = std::max(length_s, free_s);
+        const bool final_gradient = split ? p.kind == PassKind::kBackwardWeight
+                                          : p.kind == PassKind::kBackward;
+        if (final_gradient && --weight_passes_left[p.stage] == 0) {
+          scratch.last_backward_start_s[p.stage] = start_s;
+        }
       }
     }
     HP_INTERNAL_ASSERT(progressed > 0, "pipeline schedule deadlocked");
   }
 
-  PipelineTimes times;
-  times.compute_s = length_s;
-  double busiest_s = 0;
-  for (int64_t s = 0; s < num_stages; ++s) busiest_s = std::max(busiest_s, forward_s[s] + backward_s[s]);
-  times.bubble_s = std::max(0.0, length_s - static_cast<double>(m) * busiest_s);
+  PipelineTimes out;
+  out.compute_s = length_s;
+  // The bubble: idle time of the busiest rank (the sum of its stages' F + B per micro-batch).
+  std::vector<double> rank_work(ranks, 0.0);
+  for (int64_t s = 0; s < num_stages; ++s) {
+    rank_work[stage_rank(schedule, ranks, s)] += times.forward_s[s] + times.backward_s[s];
+  }
+  const double busiest_s = *std::max_element(rank_work.begin(), rank_work.end());
+  out.bubble_s = std::max(0.0, length_s - static_cast<double>(m) * busiest_s);
   double p2p_total_s = 0;
-  for (double t : p2p_s) p2p_total_s += t;
-  times.transfer_s = static_cast<double>(m) * 2.0 * p2p_total_s;
-  return times;
+  for (double t : times.p2p_s) p2p_total_s += t;
+  out.transfer_s = static_cast<double>(m) * 2.0 * p2p_total_s;
+  return out;
 }
 
 }  // namespace hybridplan

@@ -18,7 +18,7 @@
 // output as its own P2POp (batch_isend_irecv). Measured on 2 CPU ranks (Gloo): 4 tensors across
 // the boundary instead of 1 cost 0.42 ms more per micro-batch of 1F1B (M = 32, 8-wide Linears).
 //
-// Both schedules are simulated as event schedules: each stage runs its list of operations in
+// Every schedule is simulated as an event schedule: each stage (rank) runs its list of operations in
 // order; an operation starts when the stage is free and its input is there:
 //   F(s,i) needs F(s-1,i) finished + p2p_s[s-1];  B(s,i) needs B(s+1,i) finished + p2p_s[s]
 //   (the last stage's B(S-1,i) needs its own F(S-1,i)).
@@ -37,6 +37,20 @@
 //   stage 1 |  F0F1    B0B0F2B1B1F3B2B2  B3B3    |
 //   stage 2 |    F0B0B0F1B1B1F2B2B2F3B3B3        |
 //   (tests/cpp/planner/test_pipeline_schedule.cc checks these finish times.)
+//
+// Multi-stage schedules (Plan::virtual_stages v stages per rank, S = mp * v): the replica's
+// model is cut into S stages and rank r runs several of them, so the fill and drain take
+// (mp-1) stage-times of a stage v times smaller: the bubble fraction falls from (mp-1)/M to
+// (mp-1)/(v M) (Megatron-LM's interleaved 1F1B, https://arxiv.org/abs/2104.04473), for v times
+// as many boundary transfers. interleaved-1f1b, interleaved-zb and zbv follow torch's orders
+// exactly (rank_passes). The zero-bubble schedules (https://arxiv.org/abs/2401.10241) split
+// each backward into I (the input gradient the previous stage waits for) and W (the weight
+// gradient, which nothing waits for, run late to fill the bubble). The profiler measures only a
+// node's whole backward; W is estimated as half the backward of a node with parameters (a
+// Linear's or convolution's weight gradient X^T dY and input gradient dY W^T are the same
+// matrix product) and 0 for a node without (compute_cost.h weight_backward_s); the runtime's
+// extra cost of the split (autograd run twice, the graph retained) is in the schedule's
+// calibrated action_s.
 //
 // compute_s = the schedule's length (last operation's finish); bubble_s = compute_s -
 // M * (F_s + B_s) of the busiest stage; transfer_s = M * 2 * sum_s p2p_s[s] (every micro-batch
@@ -81,46 +95,79 @@ struct PipelineTimes {
   double transfer_s = 0;
 };
 
-// One schedule action of a stage: the forward or the backward pass of one micro-batch.
-enum class PassKind { kForward, kBackward };
+// One schedule action: the forward (F) or backward (B) pass of one micro-batch on one stage; a
+// zero-bubble schedule splits B into the input-gradient pass (I, what the previous stage waits
+// for) and the weight-gradient pass (W, deferred to fill bubbles).
+enum class PassKind { kForward, kBackward, kBackwardInput, kBackwardWeight };
 
 struct PipelinePass {
   PassKind kind = PassKind::kForward;
   int64_t microbatch = 0;
+  int64_t stage = 0;  // the stage the pass belongs to (several per rank in multi-stage schedules)
   bool operator==(const PipelinePass&) const = default;
 };
 
 // The shape of one replica's pipeline. A struct rather than two int64_t arguments, so that a
-// caller cannot swap the stage count and the micro-batch count silently.
+// caller cannot swap the stage count and the micro-batch count silently. num_ranks = 0 means
+// one stage per rank (num_ranks = num_stages).
 struct PipelineShape {
   int64_t num_stages = 1;
   int64_t num_microbatches = 1;
+  int64_t num_ranks = 0;
+  int64_t ranks() const { return num_ranks > 0 ? num_ranks : num_stages; }
 };
 
-// The schedule as data: the passes stage `stage` runs, in order, for one training step. The one
-// definition of GPipe and 1F1B: the simulator below and the C++ executor both read it, and
-// torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B run the same orders (a parity
-// test holds them together). Throws InputError for Schedule::kNone, a stage outside
-// 0..num_stages-1 or a count < 1.
+// The schedule as data: the passes stage `stage` runs, in order, for one training step, for the
+// single-stage schedules (GPipe, 1F1B): the C++ executor reads it. Throws InputError for any
+// other schedule, a stage outside 0..num_stages-1 or a count < 1.
 std::vector<PipelinePass> stage_passes(Schedule schedule, PipelineShape shape, int64_t stage);
 
-// "F0 F1 B0 B1": compact form for messages and tests.
+// The passes local rank `rank` runs, in order, for any pipeline schedule: the one definition of
+// every schedule's order, which the simulator below reads. GPipe and 1F1B: rank r runs stage r's
+// stage_passes. interleaved-1f1b, interleaved-zb and zbv: torch.distributed.pipelining's
+// ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble orders
+// (pipeline_order, ported: tests/python/test_schedule_parity.py holds them equal for every
+// shape it tries), with stage s on rank stage_rank(schedule, ranks, s).
+std::vector<PipelinePass> rank_passes(Schedule schedule, PipelineShape shape, int64_t rank);
+
+// "F0 F1 B0 B1": compact form for messages and tests; a multi-stage pass also names its stage,
+// "F0s2" (stage 2's forward of micro-batch 0), and I and W are the split backward.
 std::string passes_to_string(const std::vector<PipelinePass>& passes);
 
+// Peak bytes of activations a rank holds under its pass order: a stage's forward of a
+// micro-batch adds activation_bytes[stage]; its backward (B), or its weight pass (W, when the
+// backward is split: autograd keeps the graph for the weight gradients until then) frees it.
+double peak_activation_bytes(const std::vector<PipelinePass>& passes,
+                             const std::vector<double>& activation_bytes);
+
 struct PipelineScratch {
-  std::vector<std::vector<PipelinePass>> passes;  // per stage, from stage_passes
+  std::vector<std::vector<PipelinePass>> passes;  // per rank, from rank_passes
   std::vector<double> forward_finish_s;   // [s * M + i]
-  std::vector<double> backward_finish_s;  // [s * M + i]
-  std::vector<int64_t> next_op;           // per stage
-  // After simulate_pipeline: when stage s starts the backward of its last micro-batch, i.e.
-  // when its accumulated gradients start to become final (all-reduce can begin).
+  std::vector<double> backward_finish_s;  // [s * M + i]: B, or I when the backward is split
+  std::vector<double> weight_finish_s;    // [s * M + i]: W (split backward only)
+  std::vector<int64_t> next_op;           // per rank
+  // After simulate_pipeline: per stage, when its last pass that produces weight gradients (its
+  // last B, or its last W) starts, i.e. when its accumulated gradients start to become final
+  // (all-reduce can begin); and whether that pass is a W.
   std::vector<double> last_backward_start_s;
+  std::vector<uint8_t> last_backward_is_weight;
 };
 
-// Simulates GPipe or 1F1B. forward_s/backward_s: F_s, B_s per micro-batch; p2p_s: size S-1.
-PipelineTimes simulate_pipeline(Schedule schedule, int64_t num_microbatches,
-                                const std::vector<double>& forward_s,
-                                const std::vector<double>& backward_s,
-                                const std::vector<double>& p2p_s, PipelineScratch& scratch);
+// Per-micro-batch pass times of every stage: F_s, B_s, and for a split backward W_s (the
+// weight-gradient part of B_s; I_s = B_s - W_s). weight_s may be empty for schedules that do
+// not split. p2p_s: size S-1, 0 where two adjacent stages share a rank.
+struct StagePassTimes {
+  const std::vector<double>& forward_s;
+  const std::vector<double>& backward_s;
+  const std::vector<double>& weight_s;
+  const std::vector<double>& p2p_s;
+};
+
+// Simulates any schedule as an event schedule: each rank runs its passes in order; a pass
+// starts when the rank is free and its input is there: F(s,i) needs F(s-1,i) + p2p_s[s-1];
+// B or I (s,i) needs B or I (s+1,i) + p2p_s[s] (the last stage: its own F(s,i)); W(s,i) needs
+// I(s,i).
+PipelineTimes simulate_pipeline(Schedule schedule, PipelineShape shape, const StagePassTimes& times,
+                                PipelineScratch& scratch);
 
 }  // namespace hybridplan

@@ -50,7 +50,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   const Problem& problem = evaluator.problem();
   const Graph& g = problem.graph;
   const auto n = static_cast<int64_t>(g.nodes.size());
-  const int k = static_cast<int>(base.mp);
+  const int k = static_cast<int>(base.num_stages());
   const double m = static_cast<double>(base.num_microbatches);
   const double microbatch = static_cast<double>(base.per_replica_batch) / m;
   const double micro_scale = batch_scale(g, microbatch);
@@ -102,18 +102,34 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   }
   c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
   for (int l = 0; l + 1 < k; ++l) {
-    const Link link = problem.cluster.link(base.mesh[0][l], base.mesh[0][l + 1]);
+    const int64_t from = base.device_of(l), to = base.device_of(l + 1);
+    if (from == to) continue;  // zbv's turn: two stages of one rank
+    const Link link = problem.cluster.link(base.mesh[0][from], base.mesh[0][to]);
     for (int64_t p = 0; p <= n; ++p) {
       if (cut_bytes[p] <= 0) continue;
       c.boundary_s[l][p] = 2 * m * boundary_p2p_s(link, cut_tensors[p], cut_bytes[p] * micro_scale);
     }
   }
   c.activation_multiplier.resize(k);
+  const bool multi_stage = schedule_is_multi_stage(base.schedule);
+  const PipelineShape shape{.num_stages = k, .num_microbatches = base.num_microbatches, .num_ranks = base.mp};
+  std::vector<double> one_stage(k, 0.0);
   for (int s = 0; s < k; ++s) {
-    c.activation_multiplier[s] = static_cast<double>(
-        in_flight_microbatches(base.schedule, base.num_microbatches, base.mp, s));
+    if (!multi_stage) {
+      c.activation_multiplier[s] = static_cast<double>(
+          in_flight_microbatches(base.schedule, base.num_microbatches, base.mp, s));
+      continue;
+    }
+    // the stage's micro-batches in flight on its rank's pass order
+    one_stage.assign(k, 0.0);
+    one_stage[s] = 1.0;
+    c.activation_multiplier[s] =
+        peak_activation_bytes(rank_passes(base.schedule, shape, base.device_of(s)), one_stage);
   }
-  c.memory_capacity_bytes = static_cast<double>(problem.cluster.device.memory_bytes);
+  // The DP bounds each stage alone; a rank holds virtual_stages of them (a heuristic share:
+  // evaluate() checks the rank's whole memory).
+  c.memory_capacity_bytes = static_cast<double>(problem.cluster.device.memory_bytes) /
+                            static_cast<double>(base.virtual_stages);
   return c;
 }
 
@@ -123,7 +139,7 @@ std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& c
   // memory limits the best split depends on the micro-batch size, not on M or the schedule.
   // It is optimal with limits too whenever it fits them (a constrained optimum is never
   // better than the unconstrained one); only then is the constrained DP needed.
-  const auto key = std::make_tuple(base.mp,
+  const auto key = std::make_tuple(base.num_stages(), base.schedule == Schedule::kZBV,
                                    static_cast<double>(base.per_replica_batch) /
                                        static_cast<double>(base.num_microbatches),
                                    base.mesh[0]);
@@ -145,7 +161,7 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
   const Graph& g = problem.graph;
   const auto n = static_cast<int64_t>(g.nodes.size());
   PipelineOutcome out;
-  if (n < base.mp) return out;
+  if (n < base.num_stages()) return out;
   Plan plan = base;
   const auto consider = [&](const std::vector<int64_t>& starts) {
     plan.assignment = stages_from_split(g, starts);
@@ -158,7 +174,7 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
   };
   std::ostringstream note;
   if (n <= exact_max_nodes) {
-    for_each_contiguous_partition(n, static_cast<int>(base.mp), [&](const std::vector<int64_t>& starts) {
+    for_each_contiguous_partition(n, static_cast<int>(base.num_stages()), [&](const std::vector<int64_t>& starts) {
       for (size_t s = 1; s + 1 < starts.size(); ++s)
         if (!g.nodes[g.topo_order[starts[s]]].cut_before) return;
       consider(starts);

@@ -44,7 +44,8 @@ class PipelinePartitionCache {
   std::optional<Partition> optimal(const PartitionCosts& costs, const Plan& base);
 
  private:
-  std::map<std::tuple<int64_t, double, std::vector<DeviceIndex>>, std::optional<Partition>> unconstrained_;
+  // (stages, V mapping, micro-batch, the replica's devices) -> the split without memory limits
+  std::map<std::tuple<int64_t, bool, double, std::vector<DeviceIndex>>, std::optional<Partition>> unconstrained_;
 };
 
 // `base`: a pipeline plan skeleton (mode, schedule, mp, num_microbatches, mesh, batch). `cache`

@@ -27,11 +27,11 @@ MpMode mode_from_json(const JsonReader& in, const Json& v) {
 }
 
 Schedule schedule_from_json(const JsonReader& in, const Json& v) {
-  const std::string name = in.string(v, "schedule");
-  if (name == "none") return Schedule::kNone;
-  if (name == "gpipe") return Schedule::kGpipe;
-  if (name == "1f1b") return Schedule::k1F1B;
-  in.fail("schedule", "must be \"none\", \"gpipe\" or \"1f1b\"", v);
+  if (const std::optional<Schedule> s = schedule_from_name(in.string(v, "schedule"))) return *s;
+  in.fail("schedule",
+          "must be \"none\", \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"interleaved-zb\" or "
+          "\"zbv\"",
+          v);
 }
 
 Sharding sharding_from_json(const JsonReader& in, const Json& v) {
@@ -97,8 +97,37 @@ const char* schedule_name(Schedule s) {
     case Schedule::kNone: return "none";
     case Schedule::kGpipe: return "gpipe";
     case Schedule::k1F1B: return "1f1b";
+    case Schedule::kInterleaved1F1B: return "interleaved-1f1b";
+    case Schedule::kInterleavedZB: return "interleaved-zb";
+    case Schedule::kZBV: return "zbv";
   }
   return "none";
+}
+
+std::optional<Schedule> schedule_from_name(const std::string& name) {
+  for (Schedule s : {Schedule::kNone, Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved1F1B,
+                     Schedule::kInterleavedZB, Schedule::kZBV}) {
+    if (name == schedule_name(s)) return s;
+  }
+  return std::nullopt;
+}
+
+bool schedule_is_multi_stage(Schedule s) {
+  return s == Schedule::kInterleaved1F1B || s == Schedule::kInterleavedZB || s == Schedule::kZBV;
+}
+
+bool schedule_splits_backward(Schedule s) {
+  return s == Schedule::kInterleavedZB || s == Schedule::kZBV;
+}
+
+int64_t stage_rank(Schedule schedule, int64_t mp, int64_t stage) {
+  // torch.distributed.pipelining._utils.generate_stage_to_rank_mapping: "v" for ZBV, else "loop"
+  if (schedule == Schedule::kZBV && stage >= mp) return 2 * mp - 1 - stage;
+  return stage % mp;
+}
+
+int64_t Plan::device_of(int32_t a) const {
+  return mode == MpMode::kPipeline ? stage_rank(schedule, mp, a) : a;
 }
 
 const char* sharding_name(Sharding s) {
@@ -119,6 +148,49 @@ std::optional<Sharding> sharding_from_name(const std::string& name) {
 
 int64_t peak_memory_bytes(const Prediction& p) {
   return p.memory_bytes.empty() ? 0 : *std::max_element(p.memory_bytes.begin(), p.memory_bytes.end());
+}
+
+// The rule an assignment entry's value breaks: one message for the loader and the validation.
+static std::string assignment_range_rule(const Plan& plan) {
+  const std::string last = std::to_string(plan.num_stages() - 1);
+  return plan.mode == MpMode::kPipeline && plan.virtual_stages > 1
+             ? "must be a stage in 0..mp*virtual_stages-1 = 0.." + last
+             : "must be in 0..mp-1 = 0.." + last;
+}
+
+// A pipeline's stages per rank against its schedule (plan.h Schedule), and torch's own
+// conditions on the micro-batch count, so that a plan torch would refuse fails here, first.
+static void check_virtual_stages(const Plan& plan, const std::string& source) {
+  constexpr int64_t kMaxVirtualStages = 64;
+  const int64_t v = plan.virtual_stages;
+  const std::string name = std::string("\"") + schedule_name(plan.schedule) + "\"";
+  if (v < 1 || v > kMaxVirtualStages) {
+    throw_input_error(source, "virtual_stages", "must be in 1.." + str(kMaxVirtualStages), str(v));
+  }
+  if (!schedule_is_multi_stage(plan.schedule) && v != 1) {
+    throw_input_error(source, "virtual_stages",
+                      "must be 1 for schedule " + name + " (one stage per rank)", str(v));
+  }
+  if (plan.schedule == Schedule::kZBV && v != 2) {
+    throw_input_error(source, "virtual_stages",
+                      "must be 2 for schedule \"zbv\" (two stages per rank in a V)", str(v));
+  }
+  if (schedule_is_multi_stage(plan.schedule) && plan.schedule != Schedule::kZBV && v < 2) {
+    throw_input_error(source, "virtual_stages",
+                      "must be >= 2 for schedule " + name + " (it interleaves several stages per rank)",
+                      str(v));
+  }
+  if (plan.schedule == Schedule::kInterleaved1F1B || plan.schedule == Schedule::kInterleavedZB) {
+    // torch's interleaved schedules run rounds of max(1, M / mp) micro-batches.
+    const int64_t rounds = std::max<int64_t>(1, plan.num_microbatches / plan.mp);
+    if (plan.num_microbatches % rounds != 0) {
+      throw_input_error(source, "num_microbatches",
+                        "must be a multiple of the rounds max(1, num_microbatches / mp) = " +
+                            str(rounds) + " for schedule " + name +
+                            " (torch.distributed.pipelining's interleaved schedules)",
+                        str(plan.num_microbatches));
+    }
+  }
 }
 
 void Plan::validate_structure(const std::string& source) const {
@@ -143,11 +215,18 @@ void Plan::validate_structure(const std::string& source) const {
       throw_input_error(source, "num_microbatches", "must be 1 for a placement plan",
                         str(num_microbatches));
     }
+    if (virtual_stages != 1) {
+      throw_input_error(source, "virtual_stages", "must be 1 for a placement plan",
+                        str(virtual_stages));
+    }
   } else {
     if (schedule == Schedule::kNone) {
-      throw_input_error(source, "schedule", "must be \"gpipe\" or \"1f1b\" for a pipeline plan",
+      throw_input_error(source, "schedule",
+                        "must be \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"interleaved-zb\" "
+                        "or \"zbv\" for a pipeline plan",
                         quoted(schedule_name(schedule)));
     }
+    check_virtual_stages(*this, source);
     if (num_microbatches < 1 || num_microbatches > per_replica_batch) {
       throw_input_error(source, "num_microbatches",
                         "must be in 1..per_replica_batch = " + str(per_replica_batch),
@@ -206,10 +285,11 @@ void Plan::validate_structure(const std::string& source) const {
                         str(devices[i].first));
     }
   }
+  const int64_t values = num_stages();
   for (size_t i = 0; i < assignment.size(); ++i) {
-    if (assignment[i] < 0 || assignment[i] >= mp) {
+    if (assignment[i] < 0 || assignment[i] >= values) {
       throw_input_error(source, json_index_path("assignment", i) + ".device",
-                        "must be in 0..mp-1 = 0.." + str(mp - 1), str(assignment[i]));
+                        assignment_range_rule(*this), str(assignment[i]));
     }
   }
   if (!recompute.empty() && recompute.size() != assignment.size()) {
@@ -235,7 +315,7 @@ namespace {
 void validate_recompute(const Plan& plan, const std::string& source, const Graph& graph) {
   if (plan.recompute.empty()) return;
   std::unordered_map<std::string, size_t> first_call;  // module -> its first node
-  std::vector<size_t> stage_first(plan.mp, graph.nodes.size());  // pipeline: stage's first node
+  std::vector<size_t> stage_first(plan.num_stages(), graph.nodes.size());  // pipeline: stage's first node
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const bool flag = plan.recomputes(v);
     const std::string path = json_index_path("assignment", v) + ".recompute";
@@ -338,11 +418,13 @@ void Plan::validate_fit(const std::string& source, const Graph& graph, const Clu
           str(assignment[e.dst]));
     }
   }
-  std::vector<bool> stage_used(mp, false);
+  const int64_t stages = num_stages();
+  std::vector<bool> stage_used(stages, false);
   for (int32_t s : assignment) stage_used[s] = true;
-  for (int64_t s = 0; s < mp; ++s) {
+  for (int64_t s = 0; s < stages; ++s) {
     if (!stage_used[s]) {
-      throw_input_error(source, "assignment", "must give every pipeline stage 0..mp-1 a node",
+      throw_input_error(source, "assignment",
+                        "must give every pipeline stage 0.." + std::string(virtual_stages > 1 ? "mp*virtual_stages-1" : "mp-1") + " a node",
                         "stage " + str(s) + " empty");
     }
   }
@@ -369,6 +451,7 @@ Plan plan_from_json(const Json& j, const std::string& source) {
   p.global_batch = in.field_int(j, "", "global_batch");
   p.num_microbatches = in.field_int(j, "", "num_microbatches");
   p.schedule = schedule_from_json(in, in.required(j, "", "schedule"));
+  if (in.optional(j, "virtual_stages")) p.virtual_stages = in.field_int(j, "", "virtual_stages");
   if (const Json* sharding = in.optional(j, "sharding")) p.sharding = sharding_from_json(in, *sharding);
 
   const Json& mesh = in.array(in.required(j, "", "mesh"), "mesh");
@@ -388,8 +471,9 @@ Plan plan_from_json(const Json& j, const std::string& source) {
     const Json* name = in.optional(entry, "name");
     p.assignment_names.push_back(name ? in.string(*name, path + ".name") : "");
     const int64_t device = in.field_int(entry, path, "device");
-    if (device < 0 || device >= p.mp) {
-      in.fail(path + ".device", "must be in 0..mp-1 = 0.." + str(p.mp - 1), str(device));
+    // (an out-of-range virtual_stages fails validate_structure first)
+    if (device < 0 || (p.virtual_stages >= 1 && device >= p.num_stages())) {
+      in.fail(path + ".device", assignment_range_rule(p), str(device));
     }
     p.assignment.push_back(static_cast<int32_t>(device));
     if (const Json* flag = in.optional(entry, "recompute")) {
@@ -494,6 +578,7 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
             {"assignment", std::move(assignment)},
             {"predicted", prediction_to_json(p.predicted)}};
   if (p.sharding != Sharding::kNone) j["sharding"] = sharding_name(p.sharding);  // absent: none
+  if (p.virtual_stages != 1) j["virtual_stages"] = p.virtual_stages;              // absent: 1
   if (!p.device_mapping_note.empty()) j["device_mapping"] = p.device_mapping_note;
   return j;
 }

@@ -16,7 +16,14 @@ namespace hybridplan {
 using Json = nlohmann::json;
 
 enum class MpMode { kPlacement, kPipeline };
-enum class Schedule { kNone, kGpipe, k1F1B };  // kNone for placement plans
+// Pipeline schedules (pipeline_schedule.h). kNone for placement plans. gpipe and 1f1b run one
+// stage per rank; the others several ("virtual stages", torch.distributed.pipelining's
+// PipelineScheduleMulti): interleaved-1f1b (Megatron-LM's interleaved schedule,
+// https://arxiv.org/abs/2104.04473) and interleaved-zb (ZB-1P, https://arxiv.org/abs/2401.10241)
+// place stage s on rank s % mp ("loop"); zbv (the ZB-V schedule, same paper) places two stages
+// per rank in a V (stage s on rank s for s < mp, else 2mp-1-s). The zero-bubble ones split a
+// stage's backward into the input gradient (I) and the weight gradient (W).
+enum class Schedule { kNone, kGpipe, k1F1B, kInterleaved1F1B, kInterleavedZB, kZBV };
 // Sharded data parallelism over each data-parallel group (docs/sharding.md): kNone replicates
 // (DDP); kZero2 shards gradients and optimizer state and gathers the parameters once per step
 // (FSDP2 fully_shard with reshard_after_forward=False); kZero3 also frees the gathered
@@ -65,10 +72,15 @@ struct Plan {
   int64_t global_batch = 1;
   int64_t num_microbatches = 1;
   Schedule schedule = Schedule::kNone;
+  // Pipeline stages per rank (JSON "virtual_stages", absent = 1): 1 for gpipe and 1f1b, >= 2
+  // for interleaved-1f1b and interleaved-zb, 2 for zbv. A pipeline has num_stages() =
+  // mp * virtual_stages stages; stage s runs on local rank stage_rank(s).
+  int64_t virtual_stages = 1;
   // mesh[replica][local] = global device index. Process ranks: placement -> rank = replica
   // (one process owns the replica's mp devices); pipeline -> rank = replica * mp + stage.
   std::vector<std::vector<DeviceIndex>> mesh;
-  // assignment[node index] = local device (placement) or stage (pipeline), in 0..mp-1.
+  // assignment[node index] = local device (placement, 0..mp-1) or stage (pipeline,
+  // 0..num_stages()-1).
   std::vector<int32_t> assignment;
   // recompute[node index] = 1: the node keeps only its inputs in forward and runs its forward
   // again in backward (activation checkpointing, memory_cost.h and evaluate.h). Empty = none.
@@ -95,6 +107,11 @@ struct Plan {
 
   // Processes the executor runs: placement -> dp (one per replica), pipeline -> dp * mp.
   int64_t num_processes() const { return mode == MpMode::kPipeline ? dp * mp : dp; }
+  // Values an assignment entry takes: mp local devices (placement), mp * virtual_stages stages.
+  int64_t num_stages() const { return mode == MpMode::kPipeline ? mp * virtual_stages : mp; }
+  // The local device (0..mp-1) that runs assignment value a: a itself for placement; for a
+  // pipeline the rank of stage a (stage_rank in pipeline_schedule.h).
+  int64_t device_of(int32_t a) const;
   // Checks that need neither graph nor cluster (dp * mp = world_size, mesh shape, enums,
   // batch arithmetic, assignment range); plan_from_json and validate both run it.
   void validate_structure(const std::string& source) const;
@@ -132,7 +149,16 @@ void align_assignment_to_graph(Plan& plan, const Graph& graph, const std::string
 Json prediction_to_json(const Prediction& p);
 
 const char* mode_name(MpMode m);       // "placement" | "pipeline"
-const char* schedule_name(Schedule s); // "none" | "gpipe" | "1f1b"
+// "none" | "gpipe" | "1f1b" | "interleaved-1f1b" | "interleaved-zb" | "zbv"
+const char* schedule_name(Schedule s);
+// The inverse of schedule_name; nullopt for any other name.
+std::optional<Schedule> schedule_from_name(const std::string& name);
+// The stage's local rank under the schedule: s % mp ("loop"), or the V of zbv.
+int64_t stage_rank(Schedule schedule, int64_t mp, int64_t stage);
+// Whether the schedule runs several stages per rank (interleaved-1f1b, interleaved-zb, zbv).
+bool schedule_is_multi_stage(Schedule s);
+// Whether the schedule splits a stage's backward into input (I) and weight (W) passes.
+bool schedule_splits_backward(Schedule s);
 const char* sharding_name(Sharding s); // "none" | "zero2" | "zero3"
 // The inverse of sharding_name; nullopt for any other name.
 std::optional<Sharding> sharding_from_name(const std::string& name);

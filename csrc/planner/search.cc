@@ -133,12 +133,20 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
         skip(head + " pipeline: no micro-batch count divides the per-replica batch " + str(batch));
       }
       p.mode = MpMode::kPipeline;
+      // two stages per rank need twice the nodes and places to cut
+      const bool multi_ok = n >= 2 * mp && stage_starts >= 2 * mp - 1;
       for (int64_t m : counts) {
         p.num_microbatches = m;
-        for (Schedule s : {Schedule::kGpipe, Schedule::k1F1B}) {
+        for (Schedule s : options.schedules) {
+          if (s == Schedule::kNone) continue;
           // torch.distributed.pipelining's Schedule1F1B (the Python executor's) refuses M < S.
           if (s == Schedule::k1F1B && m < mp) continue;
+          const bool multi = schedule_is_multi_stage(s);
+          if (multi && !multi_ok) continue;
+          const int64_t rounds = std::max<int64_t>(1, m / mp);
+          if (multi && s != Schedule::kZBV && m % rounds != 0) continue;  // torch's rounds
           p.schedule = s;
+          p.virtual_stages = multi ? 2 : 1;
           points.push_back(p);
         }
       }
@@ -162,6 +170,7 @@ Plan skeleton_with_mapping(const Problem& problem, const SearchSpacePoint& point
   plan.mp = point.mp;
   plan.mode = point.mode;
   plan.schedule = point.schedule;
+  plan.virtual_stages = point.virtual_stages;
   plan.num_microbatches = point.num_microbatches;
   plan.per_replica_batch = point.per_replica_batch;
   plan.global_batch = point.dp * point.per_replica_batch;
@@ -225,7 +234,7 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   const size_t n = graph.nodes.size();
   std::vector<uint8_t> flags(n, 0);
   for (size_t v = 0; v < n; ++v) {
-    flags[v] = plan.predicted.memory_bytes[plan.assignment[v]] > have ? 1 : 0;
+    flags[v] = plan.predicted.memory_bytes[plan.device_of(plan.assignment[v])] > have ? 1 : 0;
   }
   // the groups that recompute together: the calls of one module; a pipeline's stages
   std::map<std::string, std::vector<size_t>> calls;
@@ -234,7 +243,7 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   for (auto& [module, group] : calls) groups.push_back(std::move(group));
   if (plan.mode == MpMode::kPipeline) {
     const size_t first_stage = groups.size();
-    groups.resize(first_stage + plan.mp);
+    groups.resize(first_stage + plan.num_stages());
     for (size_t v = 0; v < n; ++v) groups[first_stage + plan.assignment[v]].push_back(v);
   }
   for (bool changed = true; changed;) {  // to a fixed point: a module's calls span stages

@@ -24,6 +24,12 @@ struct SearchOptions {
   // point's assignment is searched unsharded, then every allowed kind is evaluated on it and
   // the best kept (a plan that fits beats one that does not).
   std::vector<Sharding> shardings = {Sharding::kNone, Sharding::kZero2, Sharding::kZero3};
+  // The pipeline schedules the search may give a pipeline point (plan.h Schedule). The
+  // multi-stage ones are tried with 2 stages per rank (torch's ZB-V needs exactly 2; more
+  // interleaved stages cut the bubble further for more transfers and are left to a
+  // hand-written plan).
+  std::vector<Schedule> schedules = {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved1F1B,
+                                     Schedule::kInterleavedZB, Schedule::kZBV};
 };
 
 struct SearchResult {
@@ -40,6 +46,7 @@ struct SearchSpacePoint {
   int64_t mp = 1;
   MpMode mode = MpMode::kPlacement;
   Schedule schedule = Schedule::kNone;
+  int64_t virtual_stages = 1;
   int64_t num_microbatches = 1;
   int64_t per_replica_batch = 1;
 };
@@ -50,9 +57,11 @@ struct SearchSpacePoint {
 // batch): mp = 1 as one placement point (pure DP); for mp >= 2 placement (options.placement;
 // not on "cpu" devices, where a replica's devices run one after another in one process) and
 // pipeline (options.pipeline; when the graph can be split, has at least mp nodes and mp - 1
-// places where a stage may begin) with GPipe and 1F1B for every micro-batch count M
+// places where a stage may begin) with each of options.schedules for every micro-batch count M
 // (job.num_microbatches, else 1, 2, 4, ...) with M dividing the batch, 1F1B only for M >= mp
-// (torch.distributed.pipelining's Schedule1F1B requires it).
+// (torch.distributed.pipelining's Schedule1F1B requires it), the multi-stage schedules with 2
+// stages per rank where the graph has 2 mp nodes and 2 mp - 1 places where a stage may begin,
+// and M a multiple of torch's rounds max(1, M / mp) for the interleaved ones.
 // Why a dp/mp/M was left out goes to `skipped` (may be null). Throws InputError on bad options.
 std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
                                            std::vector<std::string>* skipped);

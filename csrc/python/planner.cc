@@ -1,6 +1,7 @@
 // evaluate, search and explain over JSON texts. A Problem is rebuilt from canonical texts on each
 // call: parsing a few hundred nodes costs microseconds next to a search.
 #include <optional>
+#include <tuple>
 #include <string>
 
 #include <pybind11/stl.h>
@@ -49,8 +50,27 @@ std::string evaluate_plan(const std::string& graph_text, const std::string& clus
   });
 }
 
-// The simulated schedule of a pipeline plan: [[{"kind": "F", "microbatch": i, "start_s",
-// "end_s"}, ...] per stage].
+std::string pass_kind_letter(PassKind kind) {
+  switch (kind) {
+    case PassKind::kForward: return "F";
+    case PassKind::kBackward: return "B";
+    case PassKind::kBackwardInput: return "I";
+    case PassKind::kBackwardWeight: return "W";
+  }
+  return "?";
+}
+
+Schedule schedule_argument(const std::string& name) {
+  const std::optional<Schedule> s = schedule_from_name(name);
+  if (!s || *s == Schedule::kNone) {
+    throw InputError("schedule must be \"gpipe\", \"1f1b\", \"interleaved-1f1b\", "
+                     "\"interleaved-zb\" or \"zbv\" (got \"" + name + "\")");
+  }
+  return *s;
+}
+
+// The simulated schedule of a pipeline plan: [[{"kind": "F" | "B" | "I" | "W", "microbatch": i,
+// "stage": s, "start_s", "end_s"}, ...] per rank].
 std::string pipeline_timeline_text(const std::string& graph_text, const std::string& cluster_text,
                                    const std::optional<std::string>& job_text,
                                    const std::string& plan_text) {
@@ -66,8 +86,8 @@ std::string pipeline_timeline_text(const std::string& graph_text, const std::str
     for (const auto& stage : Evaluator(problem).pipeline_timeline(plan)) {
       Json passes = Json::array();
       for (const auto& t : stage) {
-        passes.push_back({{"kind", t.pass.kind == PassKind::kForward ? "F" : "B"},
-                          {"microbatch", t.pass.microbatch}, {"start_s", t.start_s}, {"end_s", t.end_s}});
+        passes.push_back({{"kind", pass_kind_letter(t.pass.kind)}, {"microbatch", t.pass.microbatch},
+                          {"stage", t.pass.stage}, {"start_s", t.start_s}, {"end_s", t.end_s}});
       }
       out.push_back(std::move(passes));
     }
@@ -78,7 +98,8 @@ std::string pipeline_timeline_text(const std::string& graph_text, const std::str
 std::string search_plans(const std::string& graph_text, const std::string& cluster_text,
                          const std::optional<std::string>& job_text, int64_t devices, int top_k,
                          bool placement, bool pipeline, bool dp_only,
-                         int exact_placement_max_nodes, const std::vector<std::string>& shardings) {
+                         int exact_placement_max_nodes, const std::vector<std::string>& shardings,
+                         const std::vector<std::string>& schedules) {
   const Problem problem = make_problem(graph_text, cluster_text, job_text);
   SearchOptions options;
   options.devices = devices;
@@ -94,6 +115,15 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
       throw InputError("shardings must name \"none\", \"zero2\" or \"zero3\" (got \"" + name + "\")");
     }
     options.shardings.push_back(*kind);
+  }
+  options.schedules.clear();
+  for (const std::string& name : schedules) {
+    const std::optional<Schedule> kind = schedule_from_name(name);
+    if (!kind || *kind == Schedule::kNone) {
+      throw InputError("schedules must name pipeline schedules: \"gpipe\", \"1f1b\", "
+                       "\"interleaved-1f1b\", \"interleaved-zb\" or \"zbv\" (got \"" + name + "\")");
+    }
+    options.schedules.push_back(*kind);
   }
   SearchResult result;
   {
@@ -169,8 +199,37 @@ void bind_planner(py::module_& m) {
         py::arg("placement") = true, py::arg("pipeline") = true, py::arg("dp_only") = false,
         py::arg("exact_placement_max_nodes") = SearchOptions{}.exact_placement_max_nodes,
         py::arg("shardings") = std::vector<std::string>{"none", "zero2", "zero3"},
+        py::arg("schedules") =
+            std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"},
         "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. Raises "
         "InfeasibleError when no candidate fits.");
+  m.def(
+      "rank_passes",
+      [](const std::string& schedule, int64_t num_stages, int64_t num_microbatches,
+         int64_t num_ranks, int64_t rank) {
+        std::vector<std::tuple<std::string, int64_t, int64_t>> out;
+        for (const PipelinePass& p :
+             rank_passes(schedule_argument(schedule),
+                         {.num_stages = num_stages, .num_microbatches = num_microbatches, .num_ranks = num_ranks},
+                         rank)) {
+          out.emplace_back(pass_kind_letter(p.kind), p.microbatch, p.stage);
+        }
+        return out;
+      },
+      py::arg("schedule"), py::arg("num_stages"), py::arg("num_microbatches"), py::arg("num_ranks"),
+      py::arg("rank"),
+      "The passes a pipeline rank runs, in order: [(kind 'F'|'B'|'I'|'W', micro-batch, stage)] "
+      "(pipeline_schedule.h rank_passes, the order the cost model simulates).");
+  m.def(
+      "stage_ranks",
+      [](const std::string& schedule, int64_t mp, int64_t virtual_stages) {
+        std::vector<int64_t> out;
+        const Schedule s = schedule_argument(schedule);
+        for (int64_t k = 0; k < mp * virtual_stages; ++k) out.push_back(stage_rank(s, mp, k));
+        return out;
+      },
+      py::arg("schedule"), py::arg("mp"), py::arg("virtual_stages"),
+      "The local rank of each of the mp * virtual_stages pipeline stages (plan.h stage_rank).");
   m.def("plan_over_run", &plan_over_run_text, py::arg("graph_text"), py::arg("cluster_text"),
         py::arg("job_text"), py::arg("devices") = 0,
         py::arg("segments") = RunScheduleOptions{}.segments,

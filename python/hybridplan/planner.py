@@ -29,6 +29,7 @@ InfeasibleError = _C.InfeasibleError
 PathLike = Union[str, "os.PathLike[str]"]
 MODES = ("placement", "pipeline")
 SHARDINGS = ("none", "zero2", "zero3")  # data-parallel sharding kinds (docs/sharding.md)
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")  # docs/schedules.md
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -303,6 +304,11 @@ class Plan(_Document):
         return self._dict["schedule"]
 
     @property
+    def virtual_stages(self) -> int:
+        """Pipeline stages per rank (1 but for the multi-stage schedules, docs/schedules.md)."""
+        return self._dict.get("virtual_stages", 1)
+
+    @property
     def sharding(self) -> str:
         """"none", "zero2" or "zero3" (docs/sharding.md)."""
         return self._dict.get("sharding", "none")
@@ -424,12 +430,27 @@ def _mode_flags(modes: Iterable[str]) -> tuple:
     return "placement" in modes, "pipeline" in modes
 
 
-def _shardings(kinds: Sequence[str]) -> List[str]:
+def _names(kinds: Sequence[str], allowed: Sequence[str], what: str) -> List[str]:
+    """A name or list of names, each among `allowed`, as a list."""
     kinds = [kinds] if isinstance(kinds, str) else list(kinds)
     for kind in kinds:
-        if kind not in SHARDINGS:
-            raise ValueError(f"shardings must be among {list(SHARDINGS)} (got {kind!r})")
+        if kind not in allowed:
+            raise ValueError(f"{what} must be among {list(allowed)} (got {kind!r})")
     return kinds
+
+
+def _shardings(kinds: Sequence[str]) -> List[str]:
+    return _names(kinds, SHARDINGS, "shardings")
+
+
+def _schedules(kinds: Sequence[str]) -> List[str]:
+    return _names(kinds, SCHEDULES, "schedules")
+
+
+def stage_ranks(schedule: str, mp: int, virtual_stages: int = 1) -> List[int]:
+    """The local rank (0..mp-1) of each of a pipeline's mp * virtual_stages stages under
+    `schedule`: stage s on s % mp, or the V of "zbv" (the core's one definition, plan.h)."""
+    return list(_C.stage_ranks(schedule, mp, virtual_stages))
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -441,11 +462,13 @@ def _positive_int(value: Any, what: str) -> int:
 def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 5,
            modes: Sequence[str] = MODES, dp_only: bool = False,
            exact_placement_max_nodes: Optional[int] = None,
-           shardings: Sequence[str] = SHARDINGS) -> SearchResult:
+           shardings: Sequence[str] = SHARDINGS,
+           schedules: Sequence[str] = SCHEDULES) -> SearchResult:
     """Searches dp x mp x mode x micro-batches x sharding x device mapping on `devices` devices
     of `cluster` (all of them when None). `dp_only` restricts to mp = 1, the pure data-parallel
     baseline; `shardings` are the data-parallel sharding kinds a plan may take
-    (docs/sharding.md: "none", "zero2", "zero3");
+    (docs/sharding.md: "none", "zero2", "zero3"); `schedules` the pipeline schedules a
+    pipeline plan may take (docs/schedules.md);
     placements of graphs with more nodes than `exact_placement_max_nodes` (default: the C++
     SearchOptions default) are heuristic, with the gap in `notes`. Raises InfeasibleError when
     nothing fits."""
@@ -459,7 +482,8 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
     out = json.loads(_C.search(g.to_json(), c.to_json(), None if j is None else j.to_json(),
                                devices=devices, top_k=top_k, placement=placement,
                                pipeline=pipeline, dp_only=bool(dp_only),
-                               shardings=_shardings(shardings), **exact))
+                               shardings=_shardings(shardings),
+                               schedules=_schedules(schedules), **exact))
     plans = [Plan(json.dumps(p, sort_keys=True, separators=(",", ":")), _validated=True)
              for p in out["plans"]]
     return SearchResult(plans, out["candidates_evaluated"], out["notes"], out["infeasible"])

@@ -375,9 +375,9 @@ def test_decoders_that_do_not_fit_data_parallelism_get_a_sharded_plan():
         assert best.predicted["sharding_s"] > 0
         assert max(best.predicted["memory_bytes"]) <= cluster["device"]["memory_bytes"]
         assert "sharded zero3" in planner.explain(best, graph, cluster, job)
-        if name == "llama2-7b":  # unsharded only a pipeline over all 8 GPUs fits, and loses
+        if name == "llama2-7b":  # unsharded only pipelines fit (4 or 8 stages), and lose
             replicated = planner.search(graph, cluster, job, top_k=50, shardings=["none"])
-            assert all(p.mp == 8 and p.mode == "pipeline" for p in replicated.plans)
+            assert all(p.mp >= 4 and p.mode == "pipeline" for p in replicated.plans)
             assert best.predicted["samples_per_s"] > replicated.plans[0].predicted["samples_per_s"]
         else:
             with pytest.raises(InfeasibleError, match="no plan fits on 64 devices"):

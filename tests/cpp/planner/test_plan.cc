@@ -155,7 +155,7 @@ TEST_CASE("Plan::validate rejects plans that do not fit their graph or cluster",
   SECTION("pipeline without a schedule") {
     p.schedule = Schedule::kNone;
     REQUIRE(validate_error(p, g, c) ==
-            "plan.json: schedule must be \"gpipe\" or \"1f1b\" for a pipeline plan (got \"none\")");
+            "plan.json: schedule must be \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"interleaved-zb\" or \"zbv\" for a pipeline plan (got \"none\")");
   }
   SECTION("more micro-batches than samples") {
     p.num_microbatches = 9;
@@ -184,7 +184,7 @@ TEST_CASE("plan_from_json checks structure and types", "[plan]") {
   SECTION("schedule") {
     j["schedule"] = "interleaved";
     REQUIRE(load_error(j) ==
-            "plan.json: schedule must be \"none\", \"gpipe\" or \"1f1b\" (got \"interleaved\")");
+            "plan.json: schedule must be \"none\", \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"interleaved-zb\" or \"zbv\" (got \"interleaved\")");
   }
   SECTION("mesh entry type") {
     j["mesh"][0][1] = "gpu1";

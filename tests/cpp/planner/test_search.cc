@@ -53,7 +53,7 @@ double brute_force_point(const Problem& problem, const SearchSpacePoint& point) 
       if (i == n) break;
     }
   } else {
-    for_each_contiguous_partition(n, static_cast<int>(point.mp), [&](const std::vector<int64_t>& s) {
+    for_each_contiguous_partition(n, static_cast<int>(plan.num_stages()), [&](const std::vector<int64_t>& s) {
       for (size_t k = 1; k + 1 < s.size(); ++k)  // a stage may begin only where the graph allows
         if (!problem.graph.nodes[problem.graph.topo_order[s[k]]].cut_before) return;
       for (int64_t k = 0; k + 1 < static_cast<int64_t>(s.size()); ++k)

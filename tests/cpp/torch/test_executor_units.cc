@@ -306,6 +306,15 @@ TEST_CASE("the C++ executor refuses plans it would not run as priced, before any
                     Catch::Contains("plan.json: sharding is not supported by the C++ executor") &&
                         Catch::Contains("(got \"zero2\")"));
   plan.sharding = Sharding::kNone;
+  const Graph chain = test::make_graph(
+      {{"fc1", 1, 2, 100, 10}, {"fc2", 1, 2, 100, 10}, {"fc3", 1, 2, 100, 10}, {"fc4", 1, 2, 100, 10}},
+      {{0, 1, 10}, {1, 2, 10}, {2, 3, 10}});
+  Plan multi = test::make_plan(chain, cluster, 1, 2, MpMode::kPipeline, 4, {0, 1, 2, 3}, 2,
+                               Schedule::kInterleaved1F1B);  // one stage per rank only
+  multi.virtual_stages = 2;
+  CHECK_THROWS_WITH(Executor(multi, chain, module, env, options),
+                    Catch::Contains("plan.json: schedule is not supported by the C++ executor") &&
+                        Catch::Contains("(got \"interleaved-1f1b\")"));
   plan.recompute = {0, 1};  // it keeps every activation
   CHECK_THROWS_WITH(Executor(plan, graph, module, env, options),
                     Catch::Contains("plan.json: assignment[1].recompute is not supported by the C++ "
