@@ -15,6 +15,7 @@
 #include "common/json_fields.h"
 #include "common/json_io.h"
 #include "common/limits.h"
+#include "planner/plan.h"
 #include "planner/presets.h"
 
 namespace hybridplan {
@@ -68,8 +69,11 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
     const std::string path = "runtime.schedule_action_s";
     in.object(*by_schedule, path);
     for (const auto& [name, value] : by_schedule->items()) {
-      if (name != "gpipe" && name != "1f1b") {
-        in.fail(path + "." + name, "is not a pipeline schedule (the keys are \"gpipe\" and \"1f1b\")",
+      const std::optional<Schedule> schedule = schedule_from_name(name);
+      if (!schedule || *schedule == Schedule::kNone) {
+        in.fail(path + "." + name,
+                "is not a pipeline schedule (the keys are \"gpipe\", \"1f1b\", "
+                "\"interleaved-1f1b\", \"interleaved-zb\" and \"zbv\")",
                 value);
       }
       r.schedule_action_s.emplace_back(name, in.number(value, path + "." + name));

@@ -29,6 +29,10 @@ What is measured (every fit by least squares, its points and residuals under "me
                                mostly waiting for a message while the other rank computes, which
                                an idle tiny model does not show. Otherwise (and always reported as
                                tiny_pipeline_actions): the tiny model, 1..32 micro-batches.
+                               The multi-stage schedules (interleaved-1f1b, interleaved-zb, zbv:
+                               two stages per rank, so four stages of the model) are fitted on
+                               the model's own runs only, at the largest micro-batch count (the
+                               tiny model has two nodes); without --model they take 1F1B's.
   runtime.shared_host_slowdown a workload's forward+backward (the --model, else the built-in
                                branchy_cnn) on each rank alone vs on every rank at once, in
                                interleaved rounds: how much slower ranks compute when they share
@@ -91,6 +95,8 @@ kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
 # runs.
 kModelMicrobatchCounts = (8, 16)
 kSchedules = ("gpipe", "1f1b")
+# Fitted on the model's own runs only, at 2 stages per rank (docs/schedules.md).
+kMultiStageSchedules = ("interleaved-1f1b", "interleaved-zb", "zbv")
 
 
 def _sizes_up_to(largest: int) -> List[int]:
@@ -218,17 +224,20 @@ def _tiny_graph() -> dict:
 
 
 def _graph_pipeline_plan(graph: dict, module: nn.Module, schedule: str, microbatches: int,
-                         batch: int, cut: int) -> dict:
-    """A 1x2 pipeline plan (hand_plan's) over the profiled `graph` of `module`: nodes before
-    position `cut` of the graph's node order on stage 0, the rest on stage 1."""
+                         batch: int, cuts: Sequence[int]) -> dict:
+    """A pipeline plan on 2 ranks (hand_plan's) over the profiled `graph` of `module`: stage k
+    holds the nodes from position cuts[k-1] of the graph's node order (len(cuts) + 1 stages: 2
+    for GPipe and 1F1B, 4 for the schedules with two stages per rank)."""
     from .hand_plans import hand_plan
     from .planner import Graph
 
+    stages = len(cuts) + 1
     plan = hand_plan(module, mode="pipeline", dp=1, mp=2, schedule=schedule,
                      num_microbatches=microbatches, per_replica_batch=batch,
-                     name=graph.get("name", ""))
+                     name=graph.get("name", ""), virtual_stages=stages // 2)
     plan["graph"]["sha256"] = Graph.from_dict(graph, "calibration graph").sha256
-    plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": int(p >= cut)}
+    plan["assignment"] = [{"node": n["id"], "name": n["name"],
+                           "device": sum(p >= c for c in cuts)}
                           for p, n in enumerate(graph["nodes"])]
     return plan
 
@@ -236,19 +245,27 @@ def _graph_pipeline_plan(graph: dict, module: nn.Module, schedule: str, microbat
 def _tiny_pipeline_plan(graph: dict, run: dict) -> dict:
     """The tiny model's 1x2 pipeline plan of `run`, over its profiled graph (one node a stage)."""
     return _graph_pipeline_plan(graph, _Tiny(), run["schedule"], run["num_microbatches"],
-                                run["per_replica_batch"], cut=(len(graph["nodes"]) + 1) // 2)
+                                run["per_replica_batch"], cuts=[(len(graph["nodes"]) + 1) // 2])
 
 
-def _middle_cut(graph: dict) -> int:
-    """The node position nearest the middle of the graph's node order where a pipeline stage may
-    begin (nodes[].cut_before). ValueError when the graph cannot be cut."""
+def _even_cuts(graph: dict, stages: int) -> Optional[List[int]]:
+    """The stages - 1 node positions nearest k/stages of the graph's node order where a pipeline
+    stage may begin (nodes[].cut_before), increasing; None when there are too few. ValueError
+    when the graph cannot be cut at all."""
     nodes = graph["nodes"]
     split = graph.get("pipeline_split", {})
     allowed = [p for p in range(1, len(nodes)) if nodes[p].get("cut_before", True)]
     if split.get("supported") is False or not allowed:
         raise ValueError(f"calibrate: graph {graph.get('name')!r} cannot be cut into pipeline "
                          f"stages ({split.get('reason', 'no node may begin a stage')})")
-    return min(allowed, key=lambda p: abs(2 * p - len(nodes)))
+    cuts: List[int] = []
+    for k in range(1, stages):
+        left = [p for p in allowed if p > (cuts[-1] if cuts else 0)]
+        if len(left) < stages - k:
+            return None
+        cuts.append(min(left[:len(left) - (stages - 1 - k)],
+                        key=lambda p: abs(stages * p - k * len(nodes))))
+    return cuts
 
 
 def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
@@ -279,28 +296,35 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
 
 
 def _fit_action_s_by_schedule(graph: dict, cluster: dict, runs: List[dict]) -> Dict[str, dict]:
-    """_fit_action_s over each schedule's own runs: {"gpipe": fit, "1f1b": fit} (the schedules
-    that ran)."""
+    """_fit_action_s over each schedule's own runs: {"gpipe": fit, "1f1b": fit, ...} (the
+    schedules that ran)."""
     return {schedule: _fit_action_s(graph, cluster, [r for r in runs if r["schedule"] == schedule])
-            for schedule in kSchedules if any(r["schedule"] == schedule for r in runs)}
+            for schedule in kSchedules + kMultiStageSchedules
+            if any(r["schedule"] == schedule for r in runs)}
 
 
 def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmup: int,
                          repeats: int, timeout_s: float, rounds: int = 2) -> List[dict]:
     """The model's own 1x2 GPipe and 1F1B pipelines under hybridplan.apply at
-    kModelMicrobatchCounts micro-batches of `batch` (those dividing it), `rounds` times in turn
-    (GPipe 8, 16, 1F1B 8, 16, again: on a shared CPU one run can be slower throughout, from how
-    the ranks' threads happen to be scheduled): the median step (slowest rank) of each run."""
+    kModelMicrobatchCounts micro-batches of `batch` (those dividing it), and the multi-stage
+    schedules (2 ranks x 2 stages) at the largest of them when the graph has 3 places to cut,
+    `rounds` times in turn (GPipe 8, 16, 1F1B 8, 16, ..., again: on a shared CPU one run can be
+    slower throughout, from how the ranks' threads happen to be scheduled): the median step
+    (slowest rank) of each run."""
     from . import apply
     from .__main__ import _load_factory
 
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
-    cut = _middle_cut(graph)
+    cuts = {2: _even_cuts(graph, 2), 4: _even_cuts(graph, 4)}
+    shapes = [(s, m) for s in kSchedules for m in counts]
+    if cuts[4] is not None and counts:
+        shapes += [(s, counts[-1]) for s in kMultiStageSchedules]
     runs = []
-    for _, schedule, m in itertools.product(range(rounds), kSchedules, counts):
+    for _, (schedule, m) in itertools.product(range(rounds), shapes):
         torch.manual_seed(0)
         module = _load_factory(model_spec)()
-        plan = _graph_pipeline_plan(graph, module, schedule, m, batch, cut)
+        plan = _graph_pipeline_plan(graph, module, schedule, m, batch,
+                                    cuts[4 if schedule in kMultiStageSchedules else 2])
         inputs = module.example_inputs(batch)
         target = module.example_target(batch)
         hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,

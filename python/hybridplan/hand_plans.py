@@ -51,16 +51,18 @@ def hand_plan(module: nn.Module, *, mode: str, dp: int, mp: int, schedule: Optio
               num_microbatches: int = 1, per_replica_batch: int = 8,
               devices_per_node: Optional[int] = None, name: str = "",
               assignment: Optional[Dict[str, int]] = None,
-              example_inputs: Any = None) -> Dict[str, Any]:
+              example_inputs: Any = None, virtual_stages: int = 1) -> Dict[str, Any]:
     """A Plan dict for `module`: assignment defaults to an even split of its graph nodes in call
-    order (nodes_in_call_order); mesh is replica r -> devices r*mp .. r*mp+mp-1; predicted
-    figures are zero (not evaluated)."""
+    order (nodes_in_call_order) over mp devices (placement) or mp * virtual_stages stages
+    (pipeline; virtual_stages > 1 for the multi-stage schedules, docs/schedules.md); mesh is
+    replica r -> devices r*mp .. r*mp+mp-1; predicted figures are zero (not evaluated)."""
     names = nodes_in_call_order(module, example_inputs)
-    assignment = assignment if assignment is not None else even_split(names, mp)
+    parts = mp * virtual_stages if mode == "pipeline" else mp
+    assignment = assignment if assignment is not None else even_split(names, parts)
     world = dp * mp
     per_node = devices_per_node or world
     schedule = schedule or ("none" if mode == "placement" else "1f1b")
-    return {
+    plan = {
         "schema_version": 1, "kind": "hybridplan.plan",
         "graph": {"name": name or type(module).__name__, "sha256": "0" * 64},
         "cluster": {"name": "localhost-cpu", "num_nodes": (world + per_node - 1) // per_node,
@@ -77,3 +79,6 @@ def hand_plan(module: nn.Module, *, mode: str, dp: int, mp: int, schedule: Optio
                       "bubble_s": 0.0, "memory_bytes": [0] * mp, "epochs": 0,
                       "time_to_train_s": 0, "samples_per_s": 0.0, "feasible": True},
     }
+    if virtual_stages != 1:
+        plan["virtual_stages"] = virtual_stages
+    return plan

@@ -320,7 +320,8 @@ def scatter(result: ValidationResult, path: Path) -> None:
 
 
 def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path) -> None:
-    """Per stage: the cost model's schedule (top) and the executor's actions (bottom)."""
+    """Per pipeline rank (= stage, unless the schedule runs several stages per rank): the cost
+    model's schedule (top) and the executor's actions (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -328,7 +329,8 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
 
     stages = len(predicted)
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * stages))
-    colors = {"F": "tab:blue", "B": "tab:orange"}
+    # forward, backward; a zero-bubble schedule's backward split into input and weight passes
+    colors = {"F": "tab:blue", "B": "tab:orange", "I": "tab:orange", "W": "tab:green"}
     ranks = measured["per_rank"]
     # Each rank timed its step from its own barrier exit; the ranks share the host's monotonic
     # clock, so shifting by each rank's start puts all of them on the earliest one's time axis.
@@ -344,9 +346,11 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
             ax.broken_barh([(a["start_s"] * 1e3 + shift_ms, (a["end_s"] - a["start_s"]) * 1e3)],
                            (2 * s + 0.15, 0.8), color=colors[a["kind"]], alpha=0.5)
     ax.set_yticks([2 * s + 0.55 for s in range(stages)] + [2 * s + 1.45 for s in range(stages)])
-    ax.set_yticklabels([f"stage {s} measured" for s in range(stages)] +
-                       [f"stage {s} predicted" for s in range(stages)])
-    ax.set_xlabel("ms from the step's start (forward blue, backward orange)")
+    what = "rank" if plan.get("virtual_stages", 1) > 1 else "stage"
+    ax.set_yticklabels([f"{what} {s} measured" for s in range(stages)] +
+                       [f"{what} {s} predicted" for s in range(stages)])
+    ax.set_xlabel("ms from the step's start (forward blue, backward orange, weight gradients "
+                  "green)")
     ax.set_title(f"{_kind(plan)}: predicted vs measured schedule")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

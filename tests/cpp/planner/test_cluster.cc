@@ -69,7 +69,7 @@ TEST_CASE("cluster: device extras, collectives, calibrated all-reduce link and r
   j["runtime"]["schedule_action_s"] = {{"interleaved", 0.001}};
   REQUIRE(load_error(j) ==
           "cluster.json: runtime.schedule_action_s.interleaved is not a pipeline schedule (the keys "
-          "are \"gpipe\" and \"1f1b\") (got 0.001)");
+          "are \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"interleaved-zb\" and \"zbv\") (got 0.001)");
   j["runtime"]["schedule_action_s"] = {{"1f1b", -0.001}};
   REQUIRE(load_error(j) ==
           "cluster.json: runtime.schedule_action_s.1f1b must be finite and >= 0 (got -0.001)");
