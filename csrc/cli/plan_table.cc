@@ -45,6 +45,13 @@ std::string fixed(double v, int digits) {
 
 }  // namespace
 
+// "none", "zero2", or "zero3/4" for hybrid sharding over groups of 4 replicas.
+static std::string sharding_column(const Plan& p) {
+  std::string s = sharding_name(p.sharding);
+  if (p.sharding != Sharding::kNone && p.dp_replicate() > 1) s += "/" + std::to_string(p.shard_degree());
+  return s;
+}
+
 std::string plan_shape(const Plan& plan) {
   std::string s = "dp=" + std::to_string(plan.dp) + " x mp=" + std::to_string(plan.mp);
   if (plan.mp > 1) s += std::string(" ") + mode_name(plan.mode);
@@ -53,6 +60,9 @@ std::string plan_shape(const Plan& plan) {
     if (plan.virtual_stages > 1) s += " v=" + std::to_string(plan.virtual_stages);
   }
   if (plan.sharding != Sharding::kNone) s += std::string(" ") + sharding_name(plan.sharding);
+  if (plan.dp_replicate() > 1 && plan.sharding != Sharding::kNone) {
+    s += " hsdp " + std::to_string(plan.dp_replicate()) + "x" + std::to_string(plan.shard_degree());
+  }
   return s;
 }
 
@@ -66,7 +76,7 @@ void print_plan_table(std::ostream& os, const Problem& problem, const std::vecto
     const Prediction& q = p.predicted;
     table.add({std::to_string(i + 1), std::to_string(p.dp), std::to_string(p.mp),
                mode_name(p.mode), schedule_name(p.schedule), std::to_string(p.num_microbatches),
-               sharding_name(p.sharding), std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
+               sharding_column(p), std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
                format_seconds(q.step_s),
                format_seconds(q.compute_s), format_seconds(q.allreduce_s + q.sharding_s),
                format_seconds(q.bubble_s), format_bytes(static_cast<double>(peak_memory_bytes(q))),

@@ -266,19 +266,74 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   return std::max(0.0, end_s - compute_s);
 }
 
+int64_t Evaluator::fill_replica_devices(const Plan& plan, int64_t k, int64_t first, int64_t stride,
+                                        int64_t count, bool shard_groups) const {
+  const Cluster& cluster = problem_.cluster;
+  group_devices_.clear();
+  for (int64_t i = 0; i < count; ++i) group_devices_.push_back(plan.mesh[first + i * stride][k]);
+  // Concurrency: the groups of this kind (shard groups: dp_replicate x mp of them; replicate
+  // groups: dp_shard x mp) that span nodes and have a member on a node, at the busiest node
+  // this group touches (they share its inter-node link).
+  const int64_t groups = shard_groups ? plan.dp_replicate() : plan.shard_degree();
+  const int64_t members = shard_groups ? plan.shard_degree() : plan.dp_replicate();
+  const int64_t member_stride = shard_groups ? 1 : plan.shard_degree();
+  const auto group_first = [&](int64_t g) { return shard_groups ? g * plan.shard_degree() : g; };
+  groups_on_node_.assign(cluster.num_nodes, 0);
+  node_stamp_.assign(cluster.num_nodes, -1);
+  for (int64_t kk = 0; kk < plan.mp; ++kk) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t node0 = plan.mesh[group_first(g)][kk] / cluster.devices_per_node;
+      bool spans = false;
+      for (int64_t i = 1; i < members && !spans; ++i) {
+        spans = plan.mesh[group_first(g) + i * member_stride][kk] / cluster.devices_per_node != node0;
+      }
+      if (!spans) continue;
+      const int64_t stamp = kk * groups + g;
+      for (int64_t i = 0; i < members; ++i) {
+        const int64_t node = plan.mesh[group_first(g) + i * member_stride][kk] / cluster.devices_per_node;
+        if (node_stamp_[node] != stamp) {
+          node_stamp_[node] = stamp;
+          ++groups_on_node_[node];
+        }
+      }
+    }
+  }
+  int64_t concurrent = 1;
+  for (DeviceIndex d : group_devices_) {
+    concurrent = std::max(concurrent, groups_on_node_[d / cluster.devices_per_node]);
+  }
+  return concurrent;
+}
+
 double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double slowdown) const {
   const Graph& graph = problem_.graph;
   const Cluster& cluster = problem_.cluster;
   fill_param_bytes(plan);
-  group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
-  count_groups_on_nodes(plan);
   gather_cost_.resize(plan.mp);
   scatter_cost_.resize(plan.mp);
+  replicate_cost_.assign(plan.mp, AllReduceCost{});
+  const bool hybrid = plan.dp_replicate() > 1;  // HSDP: shard groups all-reduce their shards
+  if (!hybrid) {
+    group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
+    count_groups_on_nodes(plan);
+  }
   for (int64_t k = 0; k < plan.mp; ++k) {
-    const int64_t concurrent = fill_group_devices(plan, k);
+    const int64_t concurrent = hybrid ? fill_replica_devices(plan, k, 0, 1, plan.shard_degree(), true)
+                                      : fill_group_devices(plan, k);
     gather_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kAllGather, concurrent);
     scatter_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kReduceScatter, concurrent);
+    if (hybrid) {
+      const int64_t across =
+          fill_replica_devices(plan, k, 0, plan.shard_degree(), plan.dp_replicate(), false);
+      replicate_cost_[k] = group_allreduce(cluster, group_devices_, across);
+    }
   }
+  // A unit's gradient leaves as a reduce-scatter over its shard group, then (HSDP) an all-reduce
+  // of its shard (bytes / dp_shard) over its replicate group, as FSDP2 runs them in turn.
+  const double shard_share = 1.0 / static_cast<double>(plan.shard_degree());
+  const auto reduce_s = [&](int64_t k, double bytes) {
+    return scatter_cost_[k].time_s(bytes) + (hybrid ? replicate_cost_[k].time_s(bytes * shard_share) : 0.0);
+  };
   if (plan.mode == MpMode::kPipeline) {
     // Each stage gathers its parameters at its first forward, on the pipeline's fill path, and
     // a rank reduce-scatters its stages' gradients after its last backward.
@@ -290,8 +345,7 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
     fill_group_ready_s(plan);
     double end_s = 0;
     for (int64_t k = 0; k < plan.mp; ++k) {
-      end_s = std::max(end_s, group_ready_s_[k] +
-                                  scatter_cost_[k].time_s(static_cast<double>(param_bytes_[k])));
+      end_s = std::max(end_s, group_ready_s_[k] + reduce_s(k, static_cast<double>(param_bytes_[k])));
     }
     return fill_s + std::max(0.0, end_s - compute_s);
   }
@@ -300,12 +354,11 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
       with_recompute(plan, node_times(static_cast<double>(plan.per_replica_batch), slowdown));
   const bool zero3 = plan.sharding == Sharding::kZero3;
   const AllReduceCost& gather = gather_cost_[0];
-  const AllReduceCost& scatter = scatter_cost_[0];
   const auto bytes = [&](NodeIndex v) { return static_cast<double>(graph.nodes[v].param_bytes); };
   if (serial_replica_devices()) {  // one thread computes and waits for every collective in turn
     double total_s = 0;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
-      total_s += (zero3 ? 2 : 1) * gather.time_s(bytes(v)) + scatter.time_s(bytes(v));
+      total_s += (zero3 ? 2 : 1) * gather.time_s(bytes(v)) + reduce_s(0, bytes(v));
     }
     return total_s;
   }
@@ -343,7 +396,7 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
         }
       }
       t += times.backward_s[v];
-      comm = std::max(t, comm) + scatter.time_s(bytes(v));
+      comm = std::max(t, comm) + reduce_s(0, bytes(v));
     } else {
       t += times.backward_s[v];
     }
@@ -355,9 +408,9 @@ double Evaluator::optimizer_s(const Plan& plan) const {
   fill_param_bytes(plan);
   const Cluster& cluster = problem_.cluster;
   const Optimizer optimizer = problem_.job.optimizer;
-  // A sharded plan updates its shards: 1/dp of the bytes, every tensor (docs/sharding.md).
+  // A sharded plan updates its shards: 1/dp_shard of the bytes, every tensor (docs/sharding.md).
   const bool sharded = plan.sharding != Sharding::kNone;
-  const double share = sharded ? 1.0 / static_cast<double>(plan.dp) : 1.0;
+  const double share = sharded ? 1.0 / static_cast<double>(plan.shard_degree()) : 1.0;
   if (plan.mode == MpMode::kPlacement) {
     // One process per replica loops over every tensor of its devices (the per-tensor cost adds
     // up); the devices stream their bytes concurrently, unless one device runs them all.
@@ -500,7 +553,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   const int64_t have_bytes = problem_.cluster.device.memory_bytes;
   ShardedState sharded;
   sharded.sharding = plan.sharding;
-  sharded.dp = plan.dp;
+  sharded.dp = plan.shard_degree();
   sharded.pipeline = pipeline;
   sharded.overlapped = !serial_replica_devices();
   if (multi_stage) {  // a rank's stages: activations by its pass order, transients summed

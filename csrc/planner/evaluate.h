@@ -122,6 +122,11 @@ class Evaluator {
   // group_ready_s_[k] = when the last gradient of local device / stage k is ready (the latest
   // gradient_ready_s_ of its nodes).
   void fill_group_ready_s(const Plan& plan) const;
+  // group_devices_ = device k of replicas first, first + stride, ... (count of them): one HSDP
+  // shard group (stride 1) or replicate group (stride dp_shard); returns its concurrency (the
+  // node-spanning groups of that kind sharing its busiest node).
+  int64_t fill_replica_devices(const Plan& plan, int64_t k, int64_t first, int64_t stride,
+                               int64_t count, bool shard_groups) const;
   // group_devices_ = DP group k's devices in rank order; returns its G (groups per node).
   int64_t fill_group_devices(const Plan& plan, int64_t k) const;
   void memory(const Plan& plan, Prediction& out) const;
@@ -164,6 +169,7 @@ class Evaluator {
   mutable NodeTimes recompute_times_;            // node times with recomputed forwards added
   mutable std::vector<AllReduceCost> gather_cost_;   // per DP group (sharded plans)
   mutable std::vector<AllReduceCost> scatter_cost_;
+  mutable std::vector<AllReduceCost> replicate_cost_;  // HSDP: the shards' all-reduce per group
   mutable std::vector<NodeIndex> units_;             // sharded units in backward order
   mutable std::vector<double> gathered_s_;           // per node: its backward gather's end
   mutable std::vector<int64_t> param_bytes_;

@@ -46,9 +46,15 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
     out << ")";
   }
   if (plan.sharding != Sharding::kNone) {
+    const std::string over = plan.dp_replicate() > 1
+                                 ? "over shard groups of " + std::to_string(plan.shard_degree()) +
+                                       " replicas, the shards all-reduced across " +
+                                       std::to_string(plan.dp_replicate()) + " groups (HSDP)"
+                                 : "over dp";
     out << ", sharded " << sharding_name(plan.sharding)
-        << (plan.sharding == Sharding::kZero2 ? " (gradients and optimizer state over dp)"
-                                               : " (parameters, gradients and optimizer state over dp)");
+        << (plan.sharding == Sharding::kZero2 ? " (gradients and optimizer state "
+                                               : " (parameters, gradients and optimizer state ")
+        << over << ")";
   }
   out << "\n  batch: " << plan.per_replica_batch << " per replica, " << plan.global_batch
       << " global\n";

@@ -22,6 +22,11 @@ int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int6
     case Schedule::kNone: return 1;
     case Schedule::kGpipe: return num_microbatches;
     case Schedule::k1F1B: return std::min(num_microbatches, num_stages - stage);
+    // Several stages per rank: the count depends on the rank's pass order; evaluate() and the
+    // partition take it from peak_activation_bytes (pipeline_schedule.h). M bounds it.
+    case Schedule::kInterleaved1F1B:
+    case Schedule::kInterleavedZB:
+    case Schedule::kZBV: return num_microbatches;
   }
   return 1;
 }

@@ -213,7 +213,10 @@ std::string passes_to_string(const std::vector<PipelinePass>& passes) {
       case PassKind::kBackwardWeight: out += 'W'; break;
     }
     out += std::to_string(p.microbatch);
-    if (multi) out += "s" + std::to_string(p.stage);
+    if (multi) {
+      out += 's';
+      out += std::to_string(p.stage);
+    }
   }
   return out;
 }

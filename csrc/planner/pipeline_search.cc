@@ -58,7 +58,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   // The stage's parameter state per parameter byte under the plan's sharding (memory_cost.h).
   ShardedState sharded;
   sharded.sharding = base.sharding;
-  sharded.dp = base.dp;
+  sharded.dp = base.shard_degree();
   sharded.pipeline = true;
   const double state_copies = parameter_state_bytes(1.0, problem.job.optimizer, sharded);
 

@@ -252,6 +252,19 @@ void Plan::validate_structure(const std::string& source) const {
                         got);
     }
   }
+  if (dp_shard != 0) {
+    if (sharding == Sharding::kNone) {
+      throw_input_error(source, "dp_shard",
+                        "must be absent when sharding is \"none\" (there are no shards)",
+                        str(dp_shard));
+    }
+    if (dp_shard < 2 || dp_shard > dp || dp % dp_shard != 0) {
+      throw_input_error(source, "dp_shard",
+                        "must divide dp = " + str(dp) + " and be >= 2 (shard groups of dp_shard "
+                        "replicas, dp / dp_shard of them replicating)",
+                        str(dp_shard));
+    }
+  }
   if (static_cast<int64_t>(mesh.size()) != dp) {
     throw_input_error(source, "mesh", "must have dp = " + str(dp) + " rows",
                       str(static_cast<int64_t>(mesh.size())) + " rows");
@@ -453,6 +466,8 @@ Plan plan_from_json(const Json& j, const std::string& source) {
   p.schedule = schedule_from_json(in, in.required(j, "", "schedule"));
   if (in.optional(j, "virtual_stages")) p.virtual_stages = in.field_int(j, "", "virtual_stages");
   if (const Json* sharding = in.optional(j, "sharding")) p.sharding = sharding_from_json(in, *sharding);
+  if (in.optional(j, "dp_shard")) p.dp_shard = in.field_int(j, "", "dp_shard");
+  if (p.dp_shard == p.dp && p.sharding != Sharding::kNone) p.dp_shard = 0;  // the default, spelled out
 
   const Json& mesh = in.array(in.required(j, "", "mesh"), "mesh");
   for (size_t r = 0; r < mesh.size(); ++r) {
@@ -579,6 +594,7 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
             {"predicted", prediction_to_json(p.predicted)}};
   if (p.sharding != Sharding::kNone) j["sharding"] = sharding_name(p.sharding);  // absent: none
   if (p.virtual_stages != 1) j["virtual_stages"] = p.virtual_stages;              // absent: 1
+  if (p.dp_shard != 0 && p.dp_shard != p.dp) j["dp_shard"] = p.dp_shard;          // absent: dp
   if (!p.device_mapping_note.empty()) j["device_mapping"] = p.device_mapping_note;
   return j;
 }

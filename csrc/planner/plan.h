@@ -92,6 +92,14 @@ struct Plan {
   // (FSDP shards a module held on one device per rank); a pipeline only "zero2" (pipelining
   // keeps a stage's parameters gathered across its micro-batches, as torch's schedules do).
   Sharding sharding = Sharding::kNone;
+  // JSON "dp_shard" (absent = dp): a sharded plan's shard group size. dp_shard = dp shards over
+  // the whole data-parallel group (FSDP); 2 <= dp_shard < dp, dividing dp, is FSDP2's hybrid
+  // sharding (HSDP, torchtitan's dp_shard x dp_replicate): replicas r with the same r / dp_shard
+  // shard among themselves, and the dp / dp_shard shard groups all-reduce their gradient shards
+  // (replicas with the same r % dp_shard). 0 = dp. Only with sharding != none.
+  int64_t dp_shard = 0;
+  int64_t shard_degree() const { return dp_shard > 0 ? dp_shard : dp; }
+  int64_t dp_replicate() const { return dp / shard_degree(); }
   bool recomputes(size_t node) const { return !recompute.empty() && recompute[node] != 0; }
   std::string device_mapping_note;  // e.g. "NVLink quad {0,1,2,3} of each DGX-1 node"
   Prediction predicted;             // filled by search/evaluate

@@ -265,6 +265,17 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   return count;
 }
 
+}  // namespace
+
+std::vector<int64_t> shard_degrees(const Plan& plan, const Cluster& cluster) {
+  std::vector<int64_t> out = {0};  // the whole data-parallel group
+  const int64_t per_node = cluster.devices_per_node / std::max<int64_t>(1, plan.mp);
+  if (per_node >= 2 && per_node < plan.dp && plan.dp % per_node == 0) out.push_back(per_node);
+  return out;
+}
+
+namespace {
+
 bool sharding_allowed(const Plan& plan, const std::vector<Sharding>& allowed, Sharding kind) {
   if (std::find(allowed.begin(), allowed.end(), kind) == allowed.end()) return false;
   if (kind == Sharding::kNone) return true;
@@ -274,20 +285,26 @@ bool sharding_allowed(const Plan& plan, const std::vector<Sharding>& allowed, Sh
 }
 
 // Evaluates `plan` with every sharding kind of `allowed` its shape permits (Plan::
-// validate_structure's rules) and keeps the best. Returns the evaluations.
+// validate_structure's rules), each at every shard degree (shard_degrees), and keeps the best.
+// Returns the evaluations.
 int64_t choose_sharding(const Evaluator& evaluator, const std::vector<Sharding>& allowed,
                         Plan& plan) {
   int64_t evaluations = 0;
   bool have = sharding_allowed(plan, allowed, plan.sharding);  // else any allowed kind wins
+  const std::vector<int64_t> degrees = shard_degrees(plan, evaluator.problem().cluster);
   for (Sharding kind : {Sharding::kNone, Sharding::kZero2, Sharding::kZero3}) {
-    if (kind == plan.sharding || !sharding_allowed(plan, allowed, kind)) continue;
-    Plan candidate = plan;
-    candidate.sharding = kind;
-    candidate.predicted = evaluator.evaluate(candidate);
-    ++evaluations;
-    if (!have || better_prediction(candidate.predicted, plan.predicted)) {
-      plan = std::move(candidate);
-      have = true;
+    if (!sharding_allowed(plan, allowed, kind)) continue;
+    for (int64_t degree : kind == Sharding::kNone ? std::vector<int64_t>{0} : degrees) {
+      if (kind == plan.sharding && degree == plan.dp_shard) continue;
+      Plan candidate = plan;
+      candidate.sharding = kind;
+      candidate.dp_shard = degree;
+      candidate.predicted = evaluator.evaluate(candidate);
+      ++evaluations;
+      if (!have || better_prediction(candidate.predicted, plan.predicted)) {
+        plan = std::move(candidate);
+        have = true;
+      }
     }
   }
   return evaluations;
@@ -349,15 +366,18 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
     } else {
       // The stages are split for each sharding kind the point allows (a sharded stage holds
       // less, so another split may fit or win); the best split of the best kind stands.
-      std::vector<Sharding> kinds;
+      std::vector<std::pair<Sharding, int64_t>> kinds;  // (kind, shard degree)
       for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
-        if (sharding_allowed(plan, options.shardings, kind)) kinds.push_back(kind);
+        if (!sharding_allowed(plan, options.shardings, kind)) continue;
+        if (kind == Sharding::kNone) kinds.emplace_back(kind, 0);
+        else for (int64_t degree : shard_degrees(plan, problem.cluster)) kinds.emplace_back(kind, degree);
       }
-      if (kinds.empty()) kinds.push_back(Sharding::kNone);  // none excluded, none other allowed
+      if (kinds.empty()) kinds.emplace_back(Sharding::kNone, 0);  // none excluded, none other allowed
       std::optional<Plan> best;
-      for (Sharding kind : kinds) {
+      for (const auto& [kind, degree] : kinds) {
         Plan trial = plan;
         trial.sharding = kind;
+        trial.dp_shard = degree;
         PipelineOutcome o =
             search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
         result.candidates_evaluated += o.evaluations;

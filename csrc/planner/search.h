@@ -71,6 +71,11 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
 Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
                    const std::string& graph_sha256);
 
+// The shard group sizes (Plan::dp_shard) the search gives a sharded plan: 0 (the whole
+// data-parallel group) and, across nodes, one node's replicas (HSDP: shard within a node over
+// its fast links, all-reduce the shards across nodes) when that is >= 2 and divides dp.
+std::vector<int64_t> shard_degrees(const Plan& plan, const Cluster& cluster);
+
 // Throws InfeasibleError (naming what does not fit and by how much) when no candidate fits.
 SearchResult search(const Problem& problem, const SearchOptions& options);
 

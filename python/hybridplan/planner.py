@@ -304,6 +304,11 @@ class Plan(_Document):
         return self._dict["schedule"]
 
     @property
+    def dp_shard(self) -> int:
+        """A sharded plan's shard group size (dp unless hybrid sharding, docs/sharding.md)."""
+        return self._dict.get("dp_shard", self._dict["dp"])
+
+    @property
     def virtual_stages(self) -> int:
         """Pipeline stages per rank (1 but for the multi-stage schedules, docs/schedules.md)."""
         return self._dict.get("virtual_stages", 1)
@@ -514,13 +519,18 @@ def with_recompute(plan, graph, cluster, job=None) -> dict:
     return _reevaluated(p, graph, cluster, job)
 
 
-def with_sharding(plan, sharding: str, graph, cluster, job=None) -> dict:
+def with_sharding(plan, sharding: str, graph, cluster, job=None,
+                  dp_shard: Optional[int] = None) -> dict:
     """`plan` (a dict) with data-parallel sharding `sharding` ("none", "zero2", "zero3":
-    docs/sharding.md), re-evaluated."""
+    docs/sharding.md) over shard groups of `dp_shard` replicas (None: the whole data-parallel
+    group; fewer: hybrid sharding, HSDP), re-evaluated."""
     p = _as_plan(plan).to_dict()
     p["sharding"] = _shardings([sharding])[0]
+    p.pop("dp_shard", None)
     if sharding == "none":
         p.pop("sharding")
+    if dp_shard is not None and dp_shard != p["dp"]:
+        p["dp_shard"] = dp_shard  # the core's validation says what is allowed
     return _reevaluated(p, graph, cluster, job)
 
 

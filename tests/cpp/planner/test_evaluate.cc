@@ -7,6 +7,7 @@
 #include "model_fixtures.h"
 #include "planner/compute_cost.h"
 #include "planner/evaluate.h"
+#include "planner/search.h"
 
 using namespace hybridplan;
 
@@ -543,6 +544,43 @@ TEST_CASE("evaluate: sharded data parallelism gathers and reduce-scatters each u
   problem.cluster.intra_node_allgather = Link{50, 0.5};
   plan.sharding = Sharding::kZero2;
   REQUIRE(evaluate(problem, plan).sharding_s == Approx(1.5 + 2.5 + 1.0 + 1.5));
+}
+
+TEST_CASE("evaluate: hybrid sharding (HSDP) shards within a group and all-reduces the shards across",
+          "[evaluate][sharding]") {
+  Problem problem = diamond_problem();  // a holds 100 B of parameters, c 200 B: P = 300 B
+  problem.job.optimizer = Optimizer::kAdam;
+  // 2 nodes x 2 CPU devices: 100 B/s inside a node, 10 B/s between nodes, no latency
+  problem.cluster = test::make_cluster(2, 2, 100, 0, 10, 0);
+  problem.cluster.device.type = "cpu";
+  problem.cluster.device.memory_bandwidth_bytes_per_s = 100;
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 4, 1, MpMode::kPlacement, 1, {0, 0, 0, 0});
+  plan.sharding = Sharding::kZero2;
+  const Prediction full = evaluate(problem, plan);
+  // One ring of 4 through both nodes: each hop at 10 B/s, 3/4 of b per collective; a (100 B)
+  // 7.5 s per gather or reduce-scatter, c (200 B) 15 s; serial on CPU ranks.
+  REQUIRE(full.sharding_s == Approx(2 * 7.5 + 2 * 15));
+  plan.dp_shard = 2;  // replicas {0, 1} and {2, 3} shard; {0, 2} and {1, 3} all-reduce shards
+  REQUIRE(plan.dp_replicate() == 2);
+  const Prediction hybrid = evaluate(problem, plan);
+  // In a node: a ring of 2 at 100 B/s, 1/2 of b: a 0.5 s, c 1 s per collective. Across: each
+  // unit's shard (b / 2) all-reduced between the nodes, the two replicate groups sharing them.
+  const AllReduceCost across = group_allreduce(problem.cluster, {0, 2}, 2);
+  REQUIRE(hybrid.sharding_s == Approx(2 * 0.5 + 2 * 1.0 + across.time_s(50) + across.time_s(100)));
+  REQUIRE(hybrid.sharding_s < full.sharding_s);
+  // memory: shards over 2, not 4: P + 3P/2 + c's 200 B = 950 against P + 3P/4 + 200 = 725
+  REQUIRE(hybrid.memory_bytes[0] - full.memory_bytes[0] == 950 - 725);
+  // the optimizer updates 1/2 of the bytes, not 1/4
+  REQUIRE(hybrid.optimizer_s - full.optimizer_s == Approx((150.0 - 75.0) * 7 / 100));
+  // The plan says it, and only where it means something.
+  REQUIRE(plan_to_json(plan, problem.graph).at("dp_shard") == 2);
+  plan.dp_shard = 3;
+  CHECK_THROWS_WITH(plan.validate_structure("plan"),
+                    "plan: dp_shard must divide dp = 4 and be >= 2 (shard groups of dp_shard "
+                    "replicas, dp / dp_shard of them replicating) (got 3)");
+  // The search tries one node's replicas as the shard group across nodes.
+  plan.dp_shard = 0;
+  REQUIRE(shard_degrees(plan, problem.cluster) == std::vector<int64_t>{0, 2});
 }
 
 TEST_CASE("evaluate: a sharded pipeline gathers each stage on the fill path and reduce-scatters after",

@@ -40,7 +40,12 @@ double brute_force_point(const Problem& problem, const SearchSpacePoint& point) 
   const auto consider = [&]() {
     for (Sharding kind : kinds) {
       plan.sharding = kind;
-      best = std::min(best, objective(problem, ev.evaluate(plan)));
+      // every shard group size the search tries (HSDP across nodes)
+      for (int64_t degree : kind == Sharding::kNone ? std::vector<int64_t>{0} : shard_degrees(plan, problem.cluster)) {
+        plan.dp_shard = degree;
+        best = std::min(best, objective(problem, ev.evaluate(plan)));
+      }
+      plan.dp_shard = 0;
     }
   };
   if (point.mode == MpMode::kPlacement) {
