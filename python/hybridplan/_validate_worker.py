@@ -168,8 +168,8 @@ def main(argv=None) -> int:
         samples["optimizer_s"].append(opt_end - opt_start)
         samples["overhead_s"].append(max(0.0, (end - start) - (opt_end - start)))
         if step == last:
-            actions = [{"kind": k, "microbatch": i, "start_s": a - start, "end_s": b - start}
-                       for k, i, a, b in hp.recorded_actions]
+            actions = [{"kind": k, "stage": st, "microbatch": i, "start_s": a - start,
+                        "end_s": b - start} for k, st, i, a, b in hp.recorded_actions]
             # The ranks share one host and so one monotonic clock: with this, their actions
             # line up across ranks (a message's send on one, its use on the other).
             last_start = start

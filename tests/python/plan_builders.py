@@ -7,7 +7,7 @@ from torch import nn
 
 from hybridplan.hand_plans import even_split, hand_plan, nodes_in_call_order
 
-__all__ = ["placement_plan", "pipeline_plan", "even_split", "nodes_in_call_order"]
+__all__ = ["placement_plan", "pipeline_plan", "even_split", "nodes_in_call_order", "share"]
 
 
 def placement_plan(module: nn.Module, dp: int, mp: int, **kw) -> Dict[str, Any]:
@@ -20,3 +20,12 @@ def pipeline_plan(module: nn.Module, dp: int, mp: int, schedule: str, num_microb
     """dp replicas of an mp-stage pipeline; contiguous stages of near-equal leaf counts."""
     return hand_plan(module, mode="pipeline", dp=dp, mp=mp, schedule=schedule,
                      num_microbatches=num_microbatches, **kw)
+
+
+def share(value, parts, index):
+    """Replica `index`'s share of a global batch (inputs as a tuple or dict, or a target)."""
+    if isinstance(value, dict):
+        return {k: share(v, parts, index) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(share(v, parts, index) for v in value)
+    return value.tensor_split(parts)[index]

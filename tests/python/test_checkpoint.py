@@ -11,6 +11,8 @@ lm_head, the copies on different pipeline stages) checks that a tied weight's op
 saved once and given to every copy. Sharded DP plans ("sharding" zero2 / zero3: FSDP2 holds
 each parameter and its Adam moments as DTensor shards) save the same consolidated file, every
 rank gathering its shards, and resume with each rank taking its shard of the saved state.
+Multi-stage pipeline plans (interleaved-1f1b and zbv, two stages per rank; zbv holds both of
+GPT-2's tied copies on rank 0, each with its own optimizer state) save and resume the same way.
 """
 
 import os
@@ -25,7 +27,8 @@ from plan_builders import pipeline_plan, placement_plan
 K1, K2 = 3, 2
 GLOBAL_BATCH = 8
 # (model, optimizer, first plan, second plan); plans: "pipe" = pipeline 1x2 GPipe with 2
-# micro-batches, "dp" = placement 2x1 (DDP), "zero2" / "zero3" = placement 2x1 sharded (FSDP2)
+# micro-batches, "dp" = placement 2x1 (DDP), "zero2" / "zero3" = placement 2x1 sharded (FSDP2),
+# "interleaved" / "zbv" = pipeline 1x2 with 4 stages (virtual_stages 2) and 2 micro-batches
 SCENARIOS = [
     ("branchy_cnn", "sgd", "pipe", "dp"),
     ("branchy_cnn", "sgd", "dp", "pipe"),
@@ -35,6 +38,9 @@ SCENARIOS = [
     ("gpt2", "sgd", "dp", "pipe"),
     ("gpt2", "adam", "zero3", "pipe"),
     ("gpt2", "adam", "pipe", "zero2"),
+    ("gpt2", "adam", "interleaved", "pipe"),
+    ("gpt2", "sgd", "dp", "interleaved"),
+    ("gpt2", "adam", "zbv", "dp"),
 ]
 IDS = ["-".join(s) for s in SCENARIOS]
 
@@ -63,6 +69,10 @@ def plan_of(model, kind):
     if kind == "pipe":
         return pipeline_plan(model, dp=1, mp=2, schedule="gpipe", num_microbatches=2,
                              per_replica_batch=GLOBAL_BATCH)
+    if kind in ("interleaved", "zbv"):
+        return pipeline_plan(model, dp=1, mp=2, num_microbatches=2,
+                             schedule="interleaved-1f1b" if kind == "interleaved" else "zbv",
+                             per_replica_batch=GLOBAL_BATCH, virtual_stages=2)
     plan = placement_plan(model, dp=2, mp=1, per_replica_batch=GLOBAL_BATCH // 2)
     return plan if kind == "dp" else dict(plan, sharding=kind)
 
@@ -218,6 +228,22 @@ def test_checkpoint_file_is_plain_and_complete(runs):
     assert ckpt["optimizer"]["class"] == "Adam"
     assert int(ckpt["optimizer"]["state"]["transformer.wte.weight"]["step"]) == K1
     assert checkpoint.load(out_dir / "gpt2-adam-pipe-dp.pt")["graph_sha256"]
+
+
+def test_multi_stage_checkpoint_holds_each_parameter_once(runs):
+    """Saved under zbv, rank 0 holds GPT-2's wte (stage 0) and its tied lm_head copy (stage 3)
+    with an optimizer state each: the file holds the weight and its state once, and every
+    parameter once in the optimizer's groups."""
+    out_dir = _require(runs, "save_phase")
+    ckpt = torch.load(out_dir / "gpt2-adam-zbv-dp.pt", weights_only=True)
+    model = make("gpt2")[0]
+    assert list(ckpt["model"]) == list(model.state_dict())
+    assert torch.equal(ckpt["model"]["lm_head.weight"], ckpt["model"]["transformer.wte.weight"])
+    named = sorted(n for n, _ in model.named_parameters())
+    assert sorted(ckpt["optimizer"]["state"]) == named
+    assert sorted(n for g in ckpt["optimizer"]["param_groups"] for n in g["params"]) == named
+    assert int(ckpt["optimizer"]["state"]["transformer.wte.weight"]["step"]) == K1
+    assert '"virtual_stages":2' in ckpt["plan"] and '"schedule":"zbv"' in ckpt["plan"]
 
 
 def test_sharded_checkpoint_holds_whole_tensors(runs):

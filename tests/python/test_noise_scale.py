@@ -256,7 +256,10 @@ def _plan_with_cli(cli, job_path):
     import subprocess
     result = subprocess.run(
         [cli, "plan", "--graph", str(ROOT / "examples" / "graph-tiny.json"),
-         "--cluster", "dgx1-v100", "--devices", "8", "--job", str(job_path), "--json"],
+         "--cluster", "dgx1-v100", "--devices", "8", "--job", str(job_path), "--json",
+         # the one-stage-per-rank schedules the trade-off below is priced with (interleaved
+         # ones shorten the 4 x 2 pipeline's step, widening its window: docs/schedules.md)
+         "--schedules", "gpipe,1f1b"],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     plans = json.loads(result.stdout)

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from dist_harness import format_results, run_ranks
+from plan_builders import share
 from user_models import FACTORIES, call
 
 STEPS, PROFILE_BATCH, LR, MOMENTUM = 3, 8, 0.05, 0.9
@@ -71,15 +72,6 @@ def sgd(params):
 def world_of(kind):
     mode, _, dp, mp, _ = KINDS[base_kind(kind)]
     return dp * mp if mode == "pipeline" else dp
-
-
-def share(value, parts, index):
-    """Replica `index`'s share of a global batch (inputs as a tuple or dict, or a target)."""
-    if isinstance(value, dict):
-        return {k: share(v, parts, index) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(share(v, parts, index) for v in value)
-    return value.tensor_split(parts)[index]
 
 
 # ---- rank side --------------------------------------------------------------------------------

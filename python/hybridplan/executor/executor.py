@@ -14,10 +14,12 @@ groups the plan needs, then:
   placement  (one process per replica, rank = replica, world = dp): each assigned graph node
              moves to its replica device, inputs follow, and the replica is wrapped in
              DistributedDataParallel over the replicas (see placement).
-  pipeline   (one process per device, rank = replica * mp + stage, world = dp * mp): the module
-             is cut into the plan's stages by torch.export (profiler.stage_split) and this
-             rank's stage runs in torch.distributed.pipelining's PipelineStage under its GPipe
-             or 1F1B schedule, wrapped in DDP over its DP group {r * mp + stage} (see pipeline).
+  pipeline   (one process per device, rank = replica * mp + k, world = dp * mp): the module
+             is cut into the plan's mp * virtual_stages stages by torch.export
+             (profiler.stage_split) and this rank's stage (or, under the interleaved and
+             zero-bubble schedules, stages; plan_spec says which) runs in
+             torch.distributed.pipelining's PipelineStage under the plan's schedule, wrapped in
+             DDP over its DP group {r * mp + k} (see pipeline).
 
 Sharded data parallelism (the plan's "sharding": "zero2" or "zero3"; see sharding): in place
 of DDP, torch's FSDP2 fully_shard over the same data-parallel group shards parameters,
@@ -251,13 +253,16 @@ def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int
          ) -> stage_split.StageCut:
     """The plan's stages (pipeline mode): the export-based cut at one micro-batch."""
     args, kwargs = _first_microbatch(spec, example_inputs, batch_dim)
-    return stage_split.split(module, args, kwargs, spec.assignment, spec.mp, spec.source)
+    return stage_split.split(module, args, kwargs, spec.assignment, spec.num_stages, spec.source)
 
 
 class AppliedPlan:
     """A module trained under a plan on this rank. Attributes: `module` (this rank's part: the
-    whole replica in placement mode, the stage module in pipeline mode), `plan` (PlanSpec),
-    `rank`, `replica`, `stage`, `optimizer`, `predicted_step_s`, `step_count` (optimizer steps
+    whole replica in placement mode, the stage module in pipeline mode, an nn.ModuleList of
+    the stage modules where the rank holds several), `plan` (PlanSpec), `rank`, `replica`,
+    `stage` (the pipeline rank within the replica, 0..mp-1: with one stage per rank, the stage),
+    `stages` (the stages this rank holds; [stage] unless the schedule runs several per rank),
+    `optimizer`, `predicted_step_s`, `step_count` (optimizer steps
     taken, a resumed checkpoint's included), `shard_units` (a sharded placement plan: the graph
     nodes FSDP shards as units of their own; the root is one more, see sharding)."""
 
@@ -272,6 +277,7 @@ class AppliedPlan:
         self._plan_dict = plan_dict  # the plan as applied: switch_advice() evaluates it
         self.rank = dist.get_rank()
         self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
+        self.stages: List[int] = [self.stage]  # pipeline: the stages this rank holds
         self.predicted_step_s = spec.predicted_step_s
         self._timeout = timeout
         self.recorded_actions: List[tuple] = []  # record_actions()
@@ -291,9 +297,10 @@ class AppliedPlan:
         if measure_noise_scale:
             self._noise = noise.NoiseScaleMeter(measure_noise_scale, noise_scale_decay, spec.dp,
                                                 self._first_device())
-            ddp = self.ddp if spec.mode == "placement" else self._runner.ddp
-            if ddp is not None:  # a pipeline stage without parameters adds zeros
-                self._noise.install(ddp)
+            ddps = [self.ddp] if spec.mode == "placement" else self._runner.ddps
+            for ddp in ddps:  # a pipeline stage without parameters adds zeros
+                if ddp is not None:
+                    self._noise.install(ddp)
         _Lifecycle.track(self)
         if resumed is not None:  # the model state was loaded into `original` before the cut
             checkpoint.load_optimizer_state(self.optimizer, self._param_names(),
@@ -314,10 +321,19 @@ class AppliedPlan:
         else:  # mp == 1 (plan rule): one device; recompute was applied above, before sharding
             self.ddp = None
             self.shard_units = sharding.shard_placement(
-                self.original, spec.assignment,
-                sharding.data_parallel_mesh(ddp_group, self.devices[0]), spec.sharding)
+                self.original, spec.assignment, self._data_parallel_mesh(
+                    ddp_group, list(range(spec.dp)), self.devices[0]), spec.sharding)
         self.module = self.original
         self._params = list(self.original.parameters())  # FSDP's DTensors when sharded
+
+    def _data_parallel_mesh(self, group: Any, ranks: List[int], device: torch.device) -> Any:
+        """The DeviceMesh a sharded plan's units use over one data-parallel group (`ranks`, in
+        replica order): 1-D over `group`, or 2-D (replicate, shard) under hybrid sharding
+        (sharding.hybrid_mesh creates its groups: collective, every rank calls this in the
+        same order)."""
+        if self.plan.dp_shard >= self.plan.dp:
+            return sharding.data_parallel_mesh(group, device)
+        return sharding.hybrid_mesh(self._new_groups, ranks, self.plan.dp_shard, self.rank, device)
 
     def _new_groups(self, rank_lists: List[List[int]]) -> List[Any]:
         """One process group per rank list; every rank creates every group, in the same order
@@ -328,19 +344,35 @@ class AppliedPlan:
 
     def _init_pipeline(self, cut: stage_split.StageCut) -> None:
         spec = self.plan
-        dp_groups = self._new_groups([spec.dp_group_ranks(s) for s in range(spec.mp)])
+        dp_groups = self._new_groups([spec.dp_group_ranks(k) for k in range(spec.mp)])
         replica_groups = self._new_groups([spec.replica_ranks(r) for r in range(spec.dp)])
-        # per tied parameter, per replica: the ranks of the stages holding a copy
-        tie_groups = [self._new_groups([[spec.rank_of(r, s) for s in sorted(uses)]
-                                        for r in range(spec.dp)]) for uses in cut.tied]
+        # per tied parameter, per replica: the ranks holding a copy (a group where they are
+        # several; where one rank holds every copy, it sums them alone: see pipeline)
+        stage_ranks = spec.stage_ranks
+        tie_groups: Dict[int, Any] = {}
+        for i, uses in enumerate(cut.tied):
+            holders = sorted({stage_ranks[s] for s in uses})
+            if len(holders) > 1:
+                groups = self._new_groups([[spec.rank_of(r, k) for k in holders]
+                                           for r in range(spec.dp)])
+                tie_groups[i] = groups[self.replica]
         self._replica_group = replica_groups[self.replica]
         self.device = _device(spec, spec.mesh[self.replica][self.stage])
+        dp_mesh = None  # hybrid sharding: every rank builds every DP group's 2-D mesh's groups
+        if spec.sharding != "none" and spec.dp_shard < spec.dp:
+            for k in range(spec.mp):
+                mesh = sharding.hybrid_mesh(self._new_groups, spec.dp_group_ranks(k),
+                                            spec.dp_shard, self.rank, self.device)
+                dp_mesh = mesh if k == self.stage else dp_mesh
+        self.stages = spec.stages_of(self.stage)
+        recomputed = {spec.assignment[n] for n in spec.recompute}
         self._runner = PipelineRunner(
-            cut, self.stage, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
-            self._replica_group, dp_groups[self.stage], spec.dp,
-            {i: groups[self.replica] for i, groups in enumerate(tie_groups)},
-            recompute_stage=any(spec.assignment[n] == self.stage for n in spec.recompute),
-            sharding=spec.sharding)
+            cut, self.stages, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
+            self._replica_group, dp_groups[self.stage], spec.dp, tie_groups,
+            recompute_stages=sorted(recomputed), sharding=spec.sharding, dp_mesh=dp_mesh)
+        # the ranks of this replica holding stage 0 (the batch's inputs) and the last stage
+        self._first_rank = spec.rank_of(self.replica, stage_ranks[0])
+        self._last_rank = spec.rank_of(self.replica, stage_ranks[-1])
         self._cut = cut
         self.module = self._runner.module
         self._params = self._runner.parameters()
@@ -377,8 +409,9 @@ class AppliedPlan:
     def step(self, inputs: Any, target: Any) -> torch.Tensor:
         """Forward, backward and optimizer step on this replica's batch (`inputs`: a tensor, a
         tuple of positional or a dict of keyword arguments of forward(); in pipeline mode only
-        stage 0 reads the inputs and only the last stage the target, others may pass None).
-        Returns the replica's mean loss on every rank (broadcast from its last stage).
+        the rank holding stage 0 reads the inputs and only the one holding the last stage the
+        target, others may pass None). Returns the replica's mean loss on every rank (broadcast
+        from the rank holding its last stage: pipeline rank mp - 1, or 0 under "zbv").
 
         If a peer is lost (killed, or silent past the timeout), raises RuntimeError naming it
         (see lost_peer) instead of the transport's error.
@@ -409,7 +442,7 @@ class AppliedPlan:
             self.step_count += 1
             return loss.detach()
         flat = None
-        if self.stage == 0:
+        if self.rank == self._first_rank:
             args, kwargs = as_call(inputs)
             flat = [_to(t, self.device) for t in self._cut.flatten_inputs(args, kwargs,
                                                                           self.plan.source)]
@@ -418,8 +451,8 @@ class AppliedPlan:
         if self._noise is not None:
             self._noise.end_step(self.plan.per_replica_batch)  # stage 0 checked the batch
         self._loss_sent = None
-        if self.plan.mp > 1:  # the last stage sends the loss to the replica's other stages
-            last = self.plan.rank_of(self.replica, self.plan.mp - 1)
+        if self.plan.mp > 1:  # the last stage's rank sends the loss to the replica's others
+            last = self._last_rank
             work = dist.broadcast(loss, src=last, group=self._replica_group, async_op=True)
             # The sender does not wait for it here: it finishes its schedule before stage 0,
             # and a rank blocked in a collective took CPU from the ranks still computing on a
@@ -469,14 +502,16 @@ class AppliedPlan:
                              min_gain=min_gain)
 
     def parameters(self) -> List[nn.Parameter]:
-        """The parameters this rank trains (its stage's in pipeline mode, tied copies
-        included; the whole replica's in placement mode)."""
+        """The parameters this rank trains (its stages' in pipeline mode, tied copies
+        included, one per stage holding it; the whole replica's in placement mode)."""
         return list(self._params)
 
     def record_actions(self, enabled: bool = True) -> None:
         """Pipeline mode: from the next step on, record every forward and backward of a
-        micro-batch into `recorded_actions` as ("F" | "B", micro-batch, start, end) with
-        time.perf_counter seconds (cleared by each call); a no-op in placement mode."""
+        micro-batch into `recorded_actions` as (kind, stage, micro-batch, start, end) with
+        time.perf_counter seconds (cleared by each call); kind is "F", "B", or under a
+        zero-bubble schedule "I" and "W" (the backward's input and weight passes, see
+        pipeline). A no-op in placement mode."""
         self.recorded_actions: List[tuple] = []
         if self.plan.mode == "pipeline":
             self._runner.actions = self.recorded_actions if enabled else None
@@ -537,8 +572,7 @@ class AppliedPlan:
         if self.plan.mode == "placement":
             named = self.original.named_parameters(remove_duplicate=False)
         else:
-            named = ((stage_split.original_name(k), p)
-                     for k, p in self._runner.module.named_parameters())
+            named = self._runner.named_parameters()
         return {id(p): self._aliases.get(name, name) for name, p in named}
 
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:

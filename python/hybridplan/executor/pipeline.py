@@ -1,14 +1,28 @@
-"""Pipeline mode: runs this rank's stage with torch.distributed.pipelining.
+"""Pipeline mode: runs this rank's stages with torch.distributed.pipelining.
 
 - The stages come from profiler.stage_split (the export-based `pipeline()` cut at the plan's
-  stage boundaries); this rank's stage runs in a `PipelineStage` (manual frontend, static
-  metadata from the export: no warm-up forward, which would move BatchNorm statistics) under
-  `ScheduleGPipe` or `Schedule1F1B` over the replica's ranks.
-- Data parallelism: with dp > 1 the stage is wrapped in DistributedDataParallel over its DP
-  group {r * mp + stage}; pipelining's schedules run every micro-batch but the last under
-  DDP's no_sync and arm the reducer for the last backward (`backward_maybe_with_nosync`), so
-  the all-reduce overlaps the last micro-batch's backward, as the cost model assumes.
-- Sharded data parallelism (the plan's "sharding": "zero2", see sharding): with dp > 1 the
+  stage boundaries); each of this rank's stages runs in a `PipelineStage` (manual frontend,
+  static metadata from the export: no warm-up forward, which would move BatchNorm statistics)
+  over the replica's ranks, under the plan's schedule: `ScheduleGPipe` or `Schedule1F1B` with
+  one stage per rank, or with mp * virtual_stages stages over mp ranks `ScheduleInterleaved1F1B`
+  (Megatron-LM's interleaving, https://arxiv.org/abs/2104.04473), `ScheduleInterleavedZeroBubble`
+  (ZB1P) or `ScheduleZBVZeroBubble` (ZB-V, https://arxiv.org/abs/2401.10241). Stage s lies on
+  pipeline rank plan_spec.stage_ranks (s % mp; along a V for "zbv", whose last stage is on rank
+  0, beside the first). The cut passes every value from stage to adjacent stage (CarryStage),
+  which is all the multi-stage runtime sends.
+- Zero-bubble schedules split each backward into I (input gradients, which the previous stage
+  waits for) and W (weight gradients, run in the schedule's bubbles). torch's own split computes
+  wrong gradients or fails on most stages a cut gives (split_backward explains why), so the
+  stages here run split_backward's, which equals one backward exactly.
+- Data parallelism: with dp > 1 each stage module is wrapped in DistributedDataParallel over
+  its DP group {r * mp + k} (k: the pipeline rank; one group serves every stage on that rank,
+  whose DDPs reduce in the same order on every replica). pipelining's schedules run every
+  micro-batch's backward but the last under DDP's no_sync and arm the reducer for the last one
+  (`backward_maybe_with_nosync`), so the all-reduce overlaps the last micro-batch's backward, as
+  the cost model assumes. Under a zero-bubble schedule the last backward of a stage is its last
+  W (stage 0: its only pass, a full backward), which split_backward runs through autograd's
+  AccumulateGrad, the nodes DDP's reducer hooks, so DDP reduces as after a plain backward.
+- Sharded data parallelism (the plan's "sharding": "zero2", see sharding): with dp > 1 each
   stage module is instead one FSDP unit (`fully_shard(..., reshard_after_forward=False)`) over
   its DP group; PipelineStage runs every micro-batch's backward without gradient reduction and
   reduce-scatters the accumulated gradient once after the last (`perform_reduce_grad`), the
@@ -17,9 +31,13 @@
   and each micro-batch's loss is divided by their number, so the accumulated gradient is the
   replica batch's mean-loss gradient (scale_grads=False: nothing to rescale afterwards).
 - Tied weights (a parameter read on several stages; the Pipe gives each stage a copy): after
-  the schedule, each copy's gradient is summed over the replica's stages that hold it, as
-  Megatron-LM does for its embedding group (https://arxiv.org/abs/2104.04473, section 3), so
-  every copy takes the same step. torch.distributed.pipelining leaves this to the caller.
+  the schedule, each copy's gradient is replaced by the sum of every copy's gradient in the
+  replica, as Megatron-LM does for its embedding group (https://arxiv.org/abs/2104.04473,
+  section 3), so every copy takes the same step. torch.distributed.pipelining leaves this to
+  the caller. With several stages per rank, one rank may hold several copies (zbv puts the
+  first and last stages, GPT-2's wte and lm_head, on rank 0): a rank adds its own copies'
+  gradients once each, then the sum is all-reduced over the replica's ranks that hold a copy
+  (none when one rank holds them all), and every copy takes the total.
   Sharded, each copy's gradient is a DTensor holding this replica's shard: its local tensor is
   summed, the same shard on each of the replica's stages (each is DP rank `replica` of its
   stage's group, and the copies have one shape).
@@ -32,6 +50,8 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -42,99 +62,217 @@ from torch.nn.parallel import DistributedDataParallel
 from .._bucket_policy import ddp_bucket_kwargs
 from ..profiler.stage_split import StageCut, original_name
 from . import sharding as _sharding
+from . import split_backward
 from .recompute import recompute
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
+MULTI_STAGE = ("interleaved-1f1b", "interleaved-zb", "zbv")  # a list of stages per rank
 
 
 def _schedule_class(name: str):
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble,
+                                              ScheduleZBVZeroBubble)
 
-    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+            "interleaved-1f1b": ScheduleInterleaved1F1B,
+            "interleaved-zb": ScheduleInterleavedZeroBubble,
+            "zbv": ScheduleZBVZeroBubble}[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _stage_class():
+    """PipelineStage with split_backward's I and W (see the module doc); a full backward is
+    torch's. The data-parallel handling is PipelineStage.backward_maybe_with_nosync's."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import PipelineStage
+
+    class SplitBackwardStage(PipelineStage):
+        def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True,
+                               last_backward=False):
+            """torch detaches the last stage's outputs in place after its backward; before a
+            split backward's W that breaks W where the stage's graph saved an output (a tanh
+            whose result is both returned and read by the head). Views it leaves alone: the
+            cached outputs become views of themselves (its only use of them on that stage)."""
+            entry = self.fwd_cache.get(bwd_chunk_id)
+            if self.is_last and not full_backward and isinstance(entry, tuple) \
+                    and len(entry) == 2:
+                outputs, inputs = entry
+                self.fwd_cache[bwd_chunk_id] = (tuple(
+                    t.view_as(t) if isinstance(t, torch.Tensor) and not t._is_view() else t
+                    for t in outputs), inputs)
+            return super().backward_one_chunk(bwd_chunk_id, loss=loss,
+                                              full_backward=full_backward,
+                                              last_backward=last_backward)
+
+        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            if backward_type == "full":
+                return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
+                                                          last_backward)
+            if backward_type == "input":
+                def run():
+                    return split_backward.backward_input(
+                        bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                        bwd_kwargs["input_values"], list(self.submod.parameters()))
+            elif backward_type == "weight":
+                def run():
+                    split_backward.backward_weight(bwd_kwargs["param_groups"])
+                    return (), None
+            else:
+                raise RuntimeError(f"Unknown backward type: {backward_type}")
+            module = self.submod
+            if isinstance(module, DistributedDataParallel):
+                if last_backward:  # arm the reducer, as PipelineStage does for a full backward
+                    module.reducer.prepare_for_backward(list(
+                        torch.nn.parallel.distributed._find_tensors(bwd_kwargs["stage_output"])))
+                    return run()
+                with module.no_sync():
+                    return run()
+            if isinstance(module, FSDPModule):  # reduce-scattered at REDUCE_GRAD
+                module.set_is_last_backward(False)
+                module.set_reshard_after_backward(False)
+                module.set_requires_gradient_sync(False)
+            return run()
+    return SplitBackwardStage
 
 
 class PipelineRunner:
-    """One rank's stage of one replica: `step(flat_inputs, target)` runs the schedule."""
+    """One rank's stages of one replica: `step(flat_inputs, target)` runs the schedule.
+    `stages` are this rank's stage indices (increasing) among cut.num_stages."""
 
-    def __init__(self, cut: StageCut, stage: int, device: torch.device, schedule: str,
-                 num_microbatches: int, loss_fn: Callable, pipe_group, dp_group, dp: int,
-                 tie_groups: Dict[int, Any], recompute_stage: bool = False,
-                 sharding: str = "none"):
-        from torch.distributed.pipelining import PipelineStage
-
-        self.cut, self.stage_index, self.num_microbatches = cut, stage, num_microbatches
-        self.module = cut.stages[stage].to(device)
-        if recompute_stage:  # a pipeline recomputes whole stages (executor.recompute)
-            recompute(self.module)  # before fully_shard, as for placement (see sharding)
-        has_params = any(p.requires_grad for p in self.module.parameters())
-        wrapped, self.ddp = self.module, None  # self.ddp: for a DDP comm hook
-        if dp > 1 and has_params and sharding != "none":  # one FSDP unit: the stage module
-            _sharding.shard(self.module, _sharding.data_parallel_mesh(dp_group, device),
-                            sharding)
-        elif dp > 1 and has_params:
-            wrapped = self.ddp = DistributedDataParallel(self.module, process_group=dp_group,
-                                                         **ddp_bucket_kwargs())
-        inputs_meta, outputs_meta = cut.meta_of(stage)
-        self.stage = PipelineStage(wrapped, stage, cut.num_stages, device,
-                                   input_args=tuple(inputs_meta), output_args=tuple(outputs_meta),
-                                   group=pipe_group)
-        self.is_first, self.is_last = stage == 0, stage == cut.num_stages - 1
+    def __init__(self, cut: StageCut, stages: Sequence[int], device: torch.device,
+                 schedule: str, num_microbatches: int, loss_fn: Callable, pipe_group,
+                 dp_group, dp: int, tie_groups: Dict[int, Any],
+                 recompute_stages: Sequence[int] = (), sharding: str = "none",
+                 dp_mesh: Any = None):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES} (got {schedule!r})")
+        if schedule not in MULTI_STAGE and len(stages) != 1:
+            raise ValueError(f"schedule {schedule!r} runs one stage per rank (got stages "
+                             f"{list(stages)})")
+        stage_class = _stage_class()
+        self.cut, self.num_microbatches = cut, num_microbatches
+        self.stage_indices = list(stages)
+        self.modules: List[nn.Module] = []
+        self.ddps: List[DistributedDataParallel] = []  # for DDP comm hooks (noise scale)
+        self.stages = []  # the PipelineStages, in stage order
+        for index in self.stage_indices:
+            module = cut.stages[index].to(device)
+            if index in recompute_stages:  # a pipeline recomputes whole stages (recompute)
+                recompute(module)  # before fully_shard, as for placement (see sharding)
+            has_params = any(p.requires_grad for p in module.parameters())
+            wrapped = module
+            if dp > 1 and has_params and sharding != "none":  # one FSDP unit: the stage
+                _sharding.shard(module, dp_mesh if dp_mesh is not None  # HSDP: 2-D
+                                else _sharding.data_parallel_mesh(dp_group, device), sharding)
+            elif dp > 1 and has_params:
+                wrapped = DistributedDataParallel(module, process_group=dp_group,
+                                                  **ddp_bucket_kwargs())
+                self.ddps.append(wrapped)
+            inputs_meta, outputs_meta = cut.meta_of(index)
+            self.modules.append(module)
+            self.stages.append(stage_class(wrapped, index, cut.num_stages, device,
+                                           input_args=tuple(inputs_meta),
+                                           output_args=tuple(outputs_meta), group=pipe_group))
+        self.ddp = self.ddps[0] if len(self.ddps) == 1 else None  # one stage: its DDP
+        # `module`: the one stage module, or this rank's stage modules in stage order
+        self.module = self.modules[0] if len(self.modules) == 1 else nn.ModuleList(self.modules)
+        self.device = device
+        self.holds_first = 0 in self.stage_indices
+        self.holds_last = cut.num_stages - 1 in self.stage_indices
 
         def micro_loss(outputs, target):
             return loss_fn(cut.unflatten_outputs(outputs), target) / num_microbatches
-        self.schedule = _schedule_class(schedule)(self.stage, num_microbatches,
-                                                  loss_fn=micro_loss, scale_grads=False)
-        # tied parameter copies on this stage -> the group of this replica's stages holding it
-        self.tied = [(self.module.part.get_parameter(uses[stage]), tie_groups[i])
-                     for i, uses in enumerate(cut.tied) if stage in uses]
-        self.actions: Optional[List[tuple]] = None  # record_actions(): (kind, mb, start, end)
-        self._time_actions()
+        schedule_class = _schedule_class(schedule)
+        self.schedule = schedule_class(self.stages if schedule in MULTI_STAGE else self.stages[0],
+                                       num_microbatches, loss_fn=micro_loss, scale_grads=False)
+        # per tied parameter held here: (this rank's copies, one per stage holding it, and the
+        # group of the replica's ranks holding a copy, None when this rank holds them all)
+        self.tied = []
+        for i, uses in enumerate(cut.tied):
+            copies = [m.part.get_parameter(uses[index])
+                      for index, m in zip(self.stage_indices, self.modules) if index in uses]
+            if copies:
+                self.tied.append((copies, tie_groups.get(i)))
+        # record_actions(): (kind, stage, micro-batch, start, end); see _time_actions
+        self.actions: Optional[List[tuple]] = None
+        for stage in self.stages:
+            self._time_actions(stage)
 
-    def _time_actions(self) -> None:
-        """While `self.actions` is a list, every forward and backward of a micro-batch appends
-        ("F" | "B", micro-batch, start, end) in time.perf_counter seconds: the executor's own
-        timeline, which `hybridplan validate` draws beside the cost model's schedule."""
-        import time
-
-        def timed(kind, run):
+    def _time_actions(self, stage) -> None:
+        """While `self.actions` is a list, every pass of a micro-batch through `stage` appends
+        (kind, stage index, micro-batch, start, end) in time.perf_counter seconds: kind "F"
+        (forward), "B" (full backward), or under a zero-bubble schedule "I" (input gradients)
+        and "W" (weight gradients; stage 0's whole backward runs in its W, its I is empty).
+        The executor's own timeline, which `hybridplan validate` draws beside the cost
+        model's schedule."""
+        def timed(kind_of, run):
             def wrapper(chunk, *args, **kwargs):
                 if self.actions is None:
                     return run(chunk, *args, **kwargs)
                 start = time.perf_counter()
                 out = run(chunk, *args, **kwargs)
-                self.actions.append((kind, chunk, start, time.perf_counter()))
+                self.actions.append((kind_of(args, kwargs), stage.stage_index, chunk, start,
+                                     time.perf_counter()))
                 return out
             return wrapper
-        self.stage.forward_one_chunk = timed("F", self.stage.forward_one_chunk)
-        self.stage.backward_one_chunk = timed("B", self.stage.backward_one_chunk)
+
+        def backward_kind(args, kwargs):  # backward_one_chunk(chunk, loss, full_backward, ..)
+            full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+            return "B" if full else "I"
+        stage.forward_one_chunk = timed(lambda a, k: "F", stage.forward_one_chunk)
+        stage.backward_one_chunk = timed(backward_kind, stage.backward_one_chunk)
+        stage.backward_weight_one_chunk = timed(lambda a, k: "W",
+                                                stage.backward_weight_one_chunk)
 
     def step(self, flat_inputs: Optional[Sequence[torch.Tensor]], target: Any) -> torch.Tensor:
-        """One training step's schedule; returns the replica's mean loss on the last stage, 0
-        elsewhere. Gradients (summed over tied copies) are left in the stage's parameters."""
+        """One training step's schedule; returns the replica's mean loss on the rank holding
+        the last stage, 0 elsewhere. Gradients (summed over tied copies) are left in the
+        stages' parameters."""
         kwargs: Dict[str, Any] = {}
-        if self.is_last:
+        if self.holds_last:
             kwargs.update(target=target, losses=[])
-        args = tuple(flat_inputs) if self.is_first else ()
+        args = tuple(flat_inputs) if self.holds_first else ()
         self.schedule.step(*args, return_outputs=False, **kwargs)
-        for param, group in self.tied:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            # sharded (FSDP): the grad is a DTensor whose local tensor is this replica's shard,
-            # the same shard index on every stage of the replica (one DP rank per replica)
-            grad = param.grad.to_local() if _sharding.is_sharded(param.grad) else param.grad
-            dist.all_reduce(grad, group=group)
-        if self.is_last:
+        for copies, group in self.tied:
+            grads = []
+            for param in copies:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                # sharded (FSDP): the grad is a DTensor whose local tensor is this replica's
+                # shard, the same shard index on every stage of the replica (one DP rank per
+                # replica)
+                grads.append(param.grad.to_local() if _sharding.is_sharded(param.grad)
+                             else param.grad)
+            total = grads[0] if len(grads) == 1 else torch.stack(grads).sum(dim=0)
+            if group is not None:
+                dist.all_reduce(total, group=group)
+            for grad in grads:
+                if grad is not total:
+                    grad.copy_(total)
+        if self.holds_last:
             return torch.stack([loss.detach() for loss in kwargs["losses"]]).sum()
-        return torch.zeros((), device=self.stage.device)
+        return torch.zeros((), device=self.device)
 
     def parameters(self) -> List[nn.Parameter]:
-        return list(self.module.parameters())
+        """This rank's stages' parameters, in stage order (a tied weight's copies each)."""
+        return [p for module in self.modules for p in module.parameters()]
+
+    def named_parameters(self) -> List[tuple]:
+        """(original module's name, parameter) of parameters(); copies share a name."""
+        return [(original_name(k), p) for module in self.modules
+                for k, p in module.named_parameters()]
 
     def local_state(self) -> Dict[str, torch.Tensor]:
-        """This stage's parameters and buffers under the original module's names (CPU; a
-        sharded stage's parameters gathered over its DP group: collective there)."""
-        state = _sharding.full_cpu_state(self.module.state_dict(keep_vars=True))
-        return {original_name(k): v for k, v in state.items()}
+        """This rank's stages' parameters and buffers under the original module's names (CPU; a
+        sharded stage's parameters gathered over its DP group: collective there). A tied
+        weight's copies on two of its stages hold the same value: the later stage's is kept."""
+        out: Dict[str, torch.Tensor] = {}
+        for module in self.modules:
+            state = _sharding.full_cpu_state(module.state_dict(keep_vars=True))
+            out.update((original_name(k), v) for k, v in state.items())
+        return out
 
 
 def merge_states(original: nn.Module, parts: Sequence[Dict[str, torch.Tensor]]

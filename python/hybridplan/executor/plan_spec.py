@@ -3,8 +3,13 @@ path, has the core validate it, and answers what the plan means for one process.
 
 Process layout (docs/formats.md):
     placement  one process per replica: rank = r, world = dp; rank r owns mesh[r][0..mp-1]
-    pipeline   one process per device:  rank = r * mp + stage, world = dp * mp;
-               the DP group of stage s is {r * mp + s for r in 0..dp-1}
+    pipeline   one process per device:  rank = r * mp + k, world = dp * mp, where k (0..mp-1) is
+               the pipeline rank within the replica; the DP group of pipeline rank k is
+               {r * mp + k for r in 0..dp-1}. The plan's mp * virtual_stages stages lie on the
+               pipeline ranks as its schedule says (hybridplan.planner.stage_ranks, torch's
+               generate_stage_to_rank_mapping): stage s on k = s with one stage per rank, on
+               s % mp for the interleaved schedules, along a V for "zbv" (stages s and
+               2 * mp - 1 - s on rank s), so the last stage is on rank 0 there.
 
 Validation and graph hashing are the core's (C++ Plan::validate_structure and graph_sha256,
 through hybridplan._C): this module adds no rule of its own beyond what the Python executor
@@ -71,12 +76,14 @@ class PlanSpec:
     dp: int
     mp: int
     schedule: str
+    virtual_stages: int          # pipeline stages per rank (the multi-stage schedules: >= 2)
     num_microbatches: int
     per_replica_batch: int
     mesh: List[List[int]]
     assignment: Dict[str, int]   # node name -> replica-local device (placement) or stage
     recompute: FrozenSet[str]    # node names whose forward is recomputed in backward
     sharding: str                # "none" | "zero2" | "zero3" (docs/sharding.md)
+    dp_shard: int                # shard group size: dp, or fewer for hybrid sharding (HSDP)
     devices_per_node: int
     graph_sha256: str
     predicted_step_s: float
@@ -90,19 +97,46 @@ class PlanSpec:
         return rank if self.mode == "placement" else rank // self.mp
 
     def stage_of(self, rank: int) -> int:
-        """Pipeline stage of `rank` (0 in placement mode, where a process holds all stages)."""
+        """Pipeline rank of `rank` within its replica, 0..mp-1 (0 in placement mode, where a
+        process holds all stages); with one stage per rank it is the stage's index, and it is
+        always the index of the first stage the rank holds (stages_of)."""
         return 0 if self.mode == "placement" else rank % self.mp
 
     def rank_of(self, replica: int, stage: int) -> int:
+        """Process rank of pipeline rank `stage` (0..mp-1, see stage_of) of `replica`."""
         return replica * self.mp + stage
 
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages of a replica: mp * virtual_stages (the assignment's range)."""
+        return self.mp * self.virtual_stages
+
+    @property
+    def stage_ranks(self) -> List[int]:
+        """Pipeline rank (0..mp-1) of each stage 0..num_stages-1 (see the module doc)."""
+        return stage_ranks(self.schedule, self.mp, self.virtual_stages)
+
+    def stages_of(self, pipeline_rank: int) -> List[int]:
+        """The stages pipeline rank `pipeline_rank` (0..mp-1) holds, in increasing order."""
+        return [s for s, k in enumerate(self.stage_ranks) if k == pipeline_rank]
+
     def dp_group_ranks(self, stage: int) -> List[int]:
-        """Ranks holding `stage` of every replica (pipeline): {r * mp + stage}."""
+        """Ranks of pipeline rank `stage` (0..mp-1) in every replica: {r * mp + stage}; they
+        hold the same stages."""
         return [self.rank_of(r, stage) for r in range(self.dp)]
 
     def replica_ranks(self, replica: int) -> List[int]:
         """Ranks holding the stages of one replica (pipeline): r * mp + 0..mp-1."""
         return [self.rank_of(replica, s) for s in range(self.mp)]
+
+
+def stage_ranks(schedule: str, mp: int, virtual_stages: int) -> List[int]:
+    """The pipeline rank (0..mp-1) of each of mp * virtual_stages stages under `schedule`: the
+    core's one definition (hybridplan.planner.stage_ranks, which is torch's
+    generate_stage_to_rank_mapping: "v" style for "zbv", "loop" otherwise)."""
+    from .. import planner
+
+    return list(planner.stage_ranks(schedule, mp, virtual_stages))
 
 
 def _assignment_by_name(entries: List[Dict[str, Any]], source: str) -> Dict[str, int]:
@@ -127,11 +161,13 @@ def parse_plan(plan: Any) -> PlanSpec:
     cluster, graph, predicted = d["cluster"], d["graph"], d.get("predicted") or {}
     return PlanSpec(
         source=source, sha256=sha256_hex(d), mode=d["mode"], dp=d["dp"], mp=d["mp"],
-        schedule=d["schedule"], num_microbatches=d["num_microbatches"],
+        schedule=d["schedule"], virtual_stages=int(d.get("virtual_stages", 1)),
+        num_microbatches=d["num_microbatches"],
         per_replica_batch=d["per_replica_batch"], mesh=[list(row) for row in d["mesh"]],
         assignment=_assignment_by_name(d["assignment"], source),
         recompute=frozenset(e["name"] for e in d["assignment"] if e.get("recompute")),
         sharding=d.get("sharding", "none"),
+        dp_shard=int(d.get("dp_shard", d["dp"])),
         devices_per_node=int(cluster.get("devices_per_node") or max(1, d["dp"] * d["mp"])),
         graph_sha256=str(graph["sha256"]),
         predicted_step_s=float(predicted.get("step_s", float("nan"))))

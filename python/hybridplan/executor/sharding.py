@@ -23,6 +23,10 @@ A pipeline plan (zero2 only; the planner's rule) makes each stage module one uni
 group; torch.distributed.pipelining's PipelineStage turns off gradient reduction for every
 micro-batch's backward and reduce-scatters once after the last (`perform_reduce_grad`).
 
+Hybrid sharding (the plan's "dp_shard" < dp, HSDP): the data-parallel group is a 2-D mesh of
+dp / dp_shard replicate groups by dp_shard shards (hybrid_mesh); FSDP2 shards over the second
+dimension and all-reduces each unit's gradient shard over the first after its reduce-scatter.
+
 The training is the same as DDP's: the reduce-scatter averages what the all-reduce averaged.
 FSDP does not synchronize buffers (DDP broadcasts replica 0's before every forward), so
 BatchNorm's running statistics are each replica's own. The module stays sharded after close():
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from torch import nn
@@ -56,6 +60,31 @@ def data_parallel_mesh(group: Any, device: torch.device):
     from torch.distributed.device_mesh import DeviceMesh
 
     return DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"dp{next(_mesh_serial)}",))
+
+
+def hybrid_mesh(new_groups: Any, ranks: List[int], dp_shard: int, rank: int,
+                device: torch.device) -> Optional[Any]:
+    """The 2-D (replicate, shard) DeviceMesh of hybrid sharding (HSDP, the plan's "dp_shard")
+    over one data-parallel group: `ranks` are the group's ranks in replica order; replicas r
+    with the same r // dp_shard shard among themselves, those with the same r % dp_shard
+    all-reduce their shards. fully_shard on a 2-D mesh replicates over its first dimension and
+    shards over its second, which is FSDP2's HSDP. `new_groups(rank_lists)` creates process
+    groups (collective: every rank creates every group, in order, so every rank calls this for
+    every data-parallel group); None for a `rank` outside `ranks`."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dp = len(ranks)
+    replicate = dp // dp_shard
+    shard_groups = new_groups([ranks[i * dp_shard:(i + 1) * dp_shard] for i in range(replicate)])
+    replicate_groups = new_groups([ranks[j::dp_shard] for j in range(dp_shard)])
+    if rank not in ranks:
+        return None
+    me = ranks.index(rank)
+    serial = next(_mesh_serial)
+    return DeviceMesh.from_group(
+        [replicate_groups[me % dp_shard], shard_groups[me // dp_shard]], device.type,
+        mesh=torch.tensor(ranks).reshape(replicate, dp_shard),
+        mesh_dim_names=(f"dp_replicate{serial}", f"dp_shard{serial}"))
 
 
 def shard(module: nn.Module, mesh: Any, sharding: str) -> nn.Module:
