@@ -525,6 +525,9 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     activation_bytes_[i % plan.mp] += scaled_bytes(recompute_inputs_[i], scale);
   }
   for (int64_t k = 0; k < values; ++k) transient_bytes_[k] += recompute_bytes_[k];
+  // What is live only while one stage computes (its backward workspace, its recomputed
+  // activations): a rank holding several stages needs the largest, not the sum (below).
+  stage_workspace_bytes_ = transient_bytes_;
   if (sink >= 0) {
     const double replica_scale = batch_scale(graph, static_cast<double>(plan.per_replica_batch));
     // the replica's input batch, where the first node runs
@@ -556,17 +559,29 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   sharded.dp = plan.shard_degree();
   sharded.pipeline = pipeline;
   sharded.overlapped = !serial_replica_devices();
-  if (multi_stage) {  // a rank's stages: activations by its pass order, transients summed
+  if (multi_stage) {  // a rank's stages: activations by its pass order, buffers summed
     stage_activation_bytes_ = activation_bytes_;
     stage_transient_bytes_ = transient_bytes_;
     activation_bytes_.assign(plan.mp, 0.0);
     transient_bytes_.assign(plan.mp, 0.0);
+    // a split backward's recorded output gradients of the nodes with parameters, I to W
+    split_held_bytes_.assign(schedule_splits_backward(plan.schedule) ? values : 0, 0.0);
+    for (size_t v = 0; v < graph.nodes.size() && !split_held_bytes_.empty(); ++v) {
+      if (graph.nodes[v].param_bytes > 0) {
+        split_held_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].output_bytes, scale);
+      }
+    }
     for (int64_t k = 0; k < plan.mp; ++k) {
-      activation_bytes_[k] = peak_activation_bytes(pipeline_.passes[k], stage_activation_bytes_);
+      activation_bytes_[k] =
+          peak_activation_bytes(pipeline_.passes[k], stage_activation_bytes_, split_held_bytes_);
     }
-    for (int64_t s = 0; s < values; ++s) {
-      transient_bytes_[plan.device_of(static_cast<int32_t>(s))] += stage_transient_bytes_[s];
+    rank_workspace_bytes_.assign(plan.mp, 0.0);
+    for (int64_t s = 0; s < values; ++s) {  // held buffers add up; workspaces take the largest
+      const int64_t k = plan.device_of(static_cast<int32_t>(s));
+      transient_bytes_[k] += stage_transient_bytes_[s] - stage_workspace_bytes_[s];
+      rank_workspace_bytes_[k] = std::max(rank_workspace_bytes_[k], stage_workspace_bytes_[s]);
     }
+    for (int64_t k = 0; k < plan.mp; ++k) transient_bytes_[k] += rank_workspace_bytes_[k];
   }
   for (int64_t k = 0; k < plan.mp; ++k) {
     const int64_t in_flight =

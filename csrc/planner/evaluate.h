@@ -149,6 +149,9 @@ class Evaluator {
   mutable std::vector<double> stage_backward_s_;   // per stage: cumulated backward in last mb
   mutable std::vector<double> stage_activation_bytes_;  // per pipeline stage, one micro-batch
   mutable std::vector<double> stage_transient_bytes_;   // per pipeline stage
+  mutable std::vector<double> stage_workspace_bytes_;   // per stage: live while it computes
+  mutable std::vector<double> rank_workspace_bytes_;    // per rank: its stages' largest
+  mutable std::vector<double> split_held_bytes_;        // per stage: held from I to W
   mutable std::vector<double> group_bytes_;        // per local device / stage
   mutable std::vector<double> group_ready_s_;      // per local device / stage
   mutable std::vector<BucketedAllReduce> buckets_;

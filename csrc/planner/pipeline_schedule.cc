@@ -222,17 +222,22 @@ std::string passes_to_string(const std::vector<PipelinePass>& passes) {
 }
 
 double peak_activation_bytes(const std::vector<PipelinePass>& passes,
-                             const std::vector<double>& activation_bytes) {
+                             const std::vector<double>& activation_bytes,
+                             const std::vector<double>& split_held_bytes) {
   bool split = false;
   for (const PipelinePass& p : passes) split = split || p.kind == PassKind::kBackwardWeight;
   double held = 0, peak = 0;
   for (const PipelinePass& p : passes) {
     const double bytes = activation_bytes[p.stage];
+    const double between = split_held_bytes.empty() ? 0.0 : split_held_bytes[p.stage];
     if (p.kind == PassKind::kForward) {
       held += bytes;
       peak = std::max(peak, held);
+    } else if (p.kind == PassKind::kBackwardInput) {
+      held += between;
+      peak = std::max(peak, held);
     } else if (p.kind == (split ? PassKind::kBackwardWeight : PassKind::kBackward)) {
-      held -= bytes;
+      held -= bytes + (split ? between : 0.0);
     }
   }
   return peak;

@@ -137,8 +137,12 @@ std::string passes_to_string(const std::vector<PipelinePass>& passes);
 // Peak bytes of activations a rank holds under its pass order: a stage's forward of a
 // micro-batch adds activation_bytes[stage]; its backward (B), or its weight pass (W, when the
 // backward is split: autograd keeps the graph for the weight gradients until then) frees it.
+// A split backward also holds, from a micro-batch's I to its W, the output gradients of the
+// stage's nodes with parameters, where W starts (executor/split_backward.py records them):
+// split_held_bytes[stage] (empty: none).
 double peak_activation_bytes(const std::vector<PipelinePass>& passes,
-                             const std::vector<double>& activation_bytes);
+                             const std::vector<double>& activation_bytes,
+                             const std::vector<double>& split_held_bytes = {});
 
 struct PipelineScratch {
   std::vector<std::vector<PipelinePass>> passes;  // per rank, from rank_passes

@@ -192,6 +192,8 @@ TEST_CASE("activation peak follows the pass order", "[pipeline_schedule]") {
   const std::vector<PipelinePass> split{{PassKind::kForward, 0, 0}, {PassKind::kBackwardInput, 0, 0},
                                         {PassKind::kForward, 1, 0}, {PassKind::kBackwardWeight, 0, 0}};
   CHECK(peak_activation_bytes(split, {3}) == 6);
+  // ... and holds the recorded output gradients (here 1) from I to W: F0 3, I0 4, F1 7, W0 3.
+  CHECK(peak_activation_bytes(split, {3}, {1}) == 7);
   // One stage per rank: the peak is in_flight_microbatches' count.
   const auto one = stage_passes(Schedule::k1F1B, {.num_stages = 4, .num_microbatches = 8}, 1);
   CHECK(peak_activation_bytes(one, {0, 1, 0, 0}) == 3);
