@@ -106,6 +106,48 @@ def test_sharded_launches_all_exit_zero():
     assert "6/6 launches exited 0" in proc.stdout, proc.stdout
 
 
+# ---- several plans in turn, apply() owning the default group -----------------------------------
+
+def apply_in_turn(out_dir, plans):
+    """Applies `plans` one after another in one job, each closed before the next; apply()
+    creates the default group each time and the last close() destroys it. Rank 0 is made slow
+    to destroy the default group (a second), as a rank with more to tear down is."""
+    import time
+    import torch.distributed as dist
+    import hybridplan
+    torch.set_num_threads(1)
+    destroy = dist.destroy_process_group
+
+    def slow_destroy(group=None):
+        if group is None and os.environ["RANK"] == "0":
+            time.sleep(1.0)
+        destroy(group)
+    dist.destroy_process_group = slow_destroy
+    losses = []
+    for mode in plans:
+        model = tiny_model()
+        example = tiny_batch(0)[0] if mode == "pipeline" else None  # one replica's batch
+        with hybridplan.apply(tiny_plan(model, mode), model, timeout_s=20,
+                              example_inputs=example) as hp:
+            losses.append(float(hp.step(*hp.shard(*tiny_batch(0)))))
+    with open(os.path.join(out_dir, f"in_turn.rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump(losses, f)
+
+
+def test_plans_applied_in_turn_each_rendezvous_anew(tmp_path):
+    """Three plans in turn, each apply() creating the default group that its close() destroys:
+    every rendezvous completes (before, a rank re-initialising before rank 0 had destroyed its
+    group joined rank 0's old store, and rank 0 waited for it forever) and every rank exits 0
+    having trained under each."""
+    results = run_ranks("test_reliability:apply_in_turn", 2,
+                        {"out_dir": str(tmp_path), "plans": ["placement", "pipeline", "placement"]},
+                        timeout_s=120)
+    assert all(r.returncode == 0 for r in results), format_results(results)
+    losses = [json.loads((tmp_path / f"in_turn.rank{r}.json").read_text()) for r in range(2)]
+    assert [len(x) for x in losses] == [3, 3]
+    assert losses[0][1] == losses[1][1]  # the pipeline's replica loss, on both its ranks
+
+
 # ---- the same messages as the C++ executor ------------------------------------------------------
 
 RANK_MESSAGES = json.loads(open(os.path.join(REPO, "tests", "data", "rank_messages.json")).read())

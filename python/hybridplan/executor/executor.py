@@ -110,6 +110,8 @@ class _Lifecycle:
     open_plans: List["weakref.ref[AppliedPlan]"] = []
     owns_default_group = False
     atexit_registered = False
+    store: Optional[Any] = None  # the job's rendezvous store, kept for the process's life
+    incarnation = 0              # default groups apply() created so far (the same on every rank)
 
     @classmethod
     def track(cls, hp: "AppliedPlan") -> None:
@@ -154,8 +156,29 @@ def _init_process_group(timeout: datetime.timedelta) -> None:
         backend = "cpu:gloo,cuda:nccl"
     else:
         backend = "gloo"
-    dist.init_process_group(backend, timeout=timeout)
+    # The rendezvous store lives as long as the process, and each default group apply()
+    # creates rendezvouses under a prefix of its own. With init_process_group's env:// store,
+    # rank 0's TCPStore server stops when close() destroys the group; a second apply() in the
+    # same processes then raced it: a rank that re-initialised before rank 0 had destroyed its
+    # group joined the old server and its old keys, and rank 0 waited at the new one forever.
+    _Lifecycle.incarnation += 1
+    store = dist.PrefixStore(f"hybridplan/apply{_Lifecycle.incarnation}", _job_store(timeout))
+    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     _Lifecycle.owns_default_group = True
+
+
+def _job_store(timeout: datetime.timedelta) -> Any:
+    """The job's TCPStore at MASTER_ADDR:MASTER_PORT, created once per process as torch's env://
+    rendezvous creates it: a client of torchrun's agent store when torchrun hosts one
+    (TORCHELASTIC_USE_AGENT_STORE), else hosted by rank 0 (multi-tenant, as env:// does)."""
+    if _Lifecycle.store is None:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+        _Lifecycle.store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+            int(os.environ["WORLD_SIZE"]), is_master=not agent and int(os.environ["RANK"]) == 0,
+            timeout=timeout, multi_tenant=True)
+    return _Lifecycle.store
 
 
 def _device(spec: PlanSpec, global_device: int) -> torch.device:
