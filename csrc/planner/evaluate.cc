@@ -204,12 +204,14 @@ void Evaluator::fill_group_ready_s(const Plan& plan) const {
   }
 }
 
-int64_t Evaluator::fill_group_devices(const Plan& plan, int64_t k) const {
+int64_t Evaluator::fill_group_devices(const Plan& plan, int64_t k, int64_t first, int64_t stride,
+                                      int64_t count) const {
   group_devices_.clear();
   int64_t concurrent = 1;
-  for (const auto& row : plan.mesh) {
-    group_devices_.push_back(row[k]);
-    concurrent = std::max(concurrent, groups_on_node_[row[k] / problem_.cluster.devices_per_node]);
+  for (int64_t i = 0; i < (count < 0 ? plan.dp : count); ++i) {
+    const DeviceIndex d = plan.mesh[first + i * stride][k];
+    group_devices_.push_back(d);
+    concurrent = std::max(concurrent, groups_on_node_[d / problem_.cluster.devices_per_node]);
   }
   return concurrent;
 }
@@ -266,31 +268,27 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   return std::max(0.0, end_s - compute_s);
 }
 
-int64_t Evaluator::fill_replica_devices(const Plan& plan, int64_t k, int64_t first, int64_t stride,
-                                        int64_t count, bool shard_groups) const {
+void Evaluator::count_hybrid_groups_on_nodes(const Plan& plan, bool shard_groups) const {
   const Cluster& cluster = problem_.cluster;
-  group_devices_.clear();
-  for (int64_t i = 0; i < count; ++i) group_devices_.push_back(plan.mesh[first + i * stride][k]);
-  // Concurrency: the groups of this kind (shard groups: dp_replicate x mp of them; replicate
-  // groups: dp_shard x mp) that span nodes and have a member on a node, at the busiest node
-  // this group touches (they share its inter-node link).
+  // Shard groups: dp_replicate x mp of them, dp_shard consecutive replicas each; replicate
+  // groups: dp_shard x mp, replicas dp_shard apart.
   const int64_t groups = shard_groups ? plan.dp_replicate() : plan.shard_degree();
   const int64_t members = shard_groups ? plan.shard_degree() : plan.dp_replicate();
   const int64_t member_stride = shard_groups ? 1 : plan.shard_degree();
   const auto group_first = [&](int64_t g) { return shard_groups ? g * plan.shard_degree() : g; };
+  const auto node_of = [&](int64_t g, int64_t i, int64_t k) {
+    return plan.mesh[group_first(g) + i * member_stride][k] / cluster.devices_per_node;
+  };
   groups_on_node_.assign(cluster.num_nodes, 0);
   node_stamp_.assign(cluster.num_nodes, -1);
-  for (int64_t kk = 0; kk < plan.mp; ++kk) {
+  for (int64_t k = 0; k < plan.mp; ++k) {
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t node0 = plan.mesh[group_first(g)][kk] / cluster.devices_per_node;
       bool spans = false;
-      for (int64_t i = 1; i < members && !spans; ++i) {
-        spans = plan.mesh[group_first(g) + i * member_stride][kk] / cluster.devices_per_node != node0;
-      }
+      for (int64_t i = 1; i < members && !spans; ++i) spans = node_of(g, i, k) != node_of(g, 0, k);
       if (!spans) continue;
-      const int64_t stamp = kk * groups + g;
+      const int64_t stamp = k * groups + g;
       for (int64_t i = 0; i < members; ++i) {
-        const int64_t node = plan.mesh[group_first(g) + i * member_stride][kk] / cluster.devices_per_node;
+        const int64_t node = node_of(g, i, k);
         if (node_stamp_[node] != stamp) {
           node_stamp_[node] = stamp;
           ++groups_on_node_[node];
@@ -298,11 +296,6 @@ int64_t Evaluator::fill_replica_devices(const Plan& plan, int64_t k, int64_t fir
       }
     }
   }
-  int64_t concurrent = 1;
-  for (DeviceIndex d : group_devices_) {
-    concurrent = std::max(concurrent, groups_on_node_[d / cluster.devices_per_node]);
-  }
-  return concurrent;
 }
 
 double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double slowdown) const {
@@ -313,18 +306,21 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   scatter_cost_.resize(plan.mp);
   replicate_cost_.assign(plan.mp, AllReduceCost{});
   const bool hybrid = plan.dp_replicate() > 1;  // HSDP: shard groups all-reduce their shards
-  if (!hybrid) {
+  if (hybrid) {
+    count_hybrid_groups_on_nodes(plan, true);
+  } else {
     group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
     count_groups_on_nodes(plan);
   }
-  for (int64_t k = 0; k < plan.mp; ++k) {
-    const int64_t concurrent = hybrid ? fill_replica_devices(plan, k, 0, 1, plan.shard_degree(), true)
-                                      : fill_group_devices(plan, k);
+  for (int64_t k = 0; k < plan.mp; ++k) {  // the shard group of replica 0 (all alike)
+    const int64_t concurrent = fill_group_devices(plan, k, 0, 1, plan.shard_degree());
     gather_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kAllGather, concurrent);
     scatter_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kReduceScatter, concurrent);
-    if (hybrid) {
-      const int64_t across =
-          fill_replica_devices(plan, k, 0, plan.shard_degree(), plan.dp_replicate(), false);
+  }
+  if (hybrid) {
+    count_hybrid_groups_on_nodes(plan, false);
+    for (int64_t k = 0; k < plan.mp; ++k) {  // the replicate group of replica 0
+      const int64_t across = fill_group_devices(plan, k, 0, plan.shard_degree(), plan.dp_replicate());
       replicate_cost_[k] = group_allreduce(cluster, group_devices_, across);
     }
   }

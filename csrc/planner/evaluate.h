@@ -122,13 +122,15 @@ class Evaluator {
   // group_ready_s_[k] = when the last gradient of local device / stage k is ready (the latest
   // gradient_ready_s_ of its nodes).
   void fill_group_ready_s(const Plan& plan) const;
-  // group_devices_ = device k of replicas first, first + stride, ... (count of them): one HSDP
-  // shard group (stride 1) or replicate group (stride dp_shard); returns its concurrency (the
-  // node-spanning groups of that kind sharing its busiest node).
-  int64_t fill_replica_devices(const Plan& plan, int64_t k, int64_t first, int64_t stride,
-                               int64_t count, bool shard_groups) const;
-  // group_devices_ = DP group k's devices in rank order; returns its G (groups per node).
-  int64_t fill_group_devices(const Plan& plan, int64_t k) const;
+  // groups_on_node_ for hybrid sharding: per node, the HSDP shard groups (shard_groups) or
+  // replicate groups that span nodes and have a member there.
+  void count_hybrid_groups_on_nodes(const Plan& plan, bool shard_groups) const;
+  // group_devices_ = device k of replicas first, first + stride, ... (count of them; -1: all
+  // dp, the DP group k in rank order; an HSDP shard group: stride 1, dp_shard of them; a
+  // replicate group: stride dp_shard); returns its G, the groups counted in groups_on_node_
+  // sharing its busiest node.
+  int64_t fill_group_devices(const Plan& plan, int64_t k, int64_t first = 0, int64_t stride = 1,
+                             int64_t count = -1) const;
   void memory(const Plan& plan, Prediction& out) const;
 
   const Problem& problem_;

@@ -113,6 +113,10 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   c.activation_multiplier.resize(k);
   const bool multi_stage = schedule_is_multi_stage(base.schedule);
   const PipelineShape shape{.num_stages = k, .num_microbatches = base.num_microbatches, .num_ranks = base.mp};
+  std::vector<std::vector<PipelinePass>> passes(multi_stage ? base.mp : 0);  // per rank, once
+  for (int64_t r = 0; r < static_cast<int64_t>(passes.size()); ++r) {
+    passes[r] = rank_passes(base.schedule, shape, r);
+  }
   std::vector<double> one_stage(k, 0.0);
   for (int s = 0; s < k; ++s) {
     if (!multi_stage) {
@@ -123,8 +127,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     // the stage's micro-batches in flight on its rank's pass order
     one_stage.assign(k, 0.0);
     one_stage[s] = 1.0;
-    c.activation_multiplier[s] =
-        peak_activation_bytes(rank_passes(base.schedule, shape, base.device_of(s)), one_stage);
+    c.activation_multiplier[s] = peak_activation_bytes(passes[base.device_of(s)], one_stage);
   }
   // The DP bounds each stage alone; a rank holds virtual_stages of them (a heuristic share:
   // evaluate() checks the rank's whole memory).

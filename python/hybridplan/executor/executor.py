@@ -343,20 +343,22 @@ class AppliedPlan:
             self.ddp = placement.wrap_ddp(self.original, self.devices, ddp_group)
         else:  # mp == 1 (plan rule): one device; recompute was applied above, before sharding
             self.ddp = None
-            self.shard_units = sharding.shard_placement(
-                self.original, spec.assignment, self._data_parallel_mesh(
-                    ddp_group, list(range(spec.dp)), self.devices[0]), spec.sharding)
+            mesh = (self._hybrid_mesh([list(range(spec.dp))], 0, self.devices[0])
+                    if spec.dp_shard < spec.dp
+                    else sharding.data_parallel_mesh(ddp_group, self.devices[0]))
+            self.shard_units = sharding.shard_placement(self.original, spec.assignment, mesh,
+                                                        spec.sharding)
         self.module = self.original
         self._params = list(self.original.parameters())  # FSDP's DTensors when sharded
 
-    def _data_parallel_mesh(self, group: Any, ranks: List[int], device: torch.device) -> Any:
-        """The DeviceMesh a sharded plan's units use over one data-parallel group (`ranks`, in
-        replica order): 1-D over `group`, or 2-D (replicate, shard) under hybrid sharding
-        (sharding.hybrid_mesh creates its groups: collective, every rank calls this in the
-        same order)."""
-        if self.plan.dp_shard >= self.plan.dp:
-            return sharding.data_parallel_mesh(group, device)
-        return sharding.hybrid_mesh(self._new_groups, ranks, self.plan.dp_shard, self.rank, device)
+    def _hybrid_mesh(self, dp_rank_lists: List[List[int]], mine: int, device: torch.device
+                     ) -> Any:
+        """Hybrid sharding's 2-D (replicate, shard) DeviceMesh over this rank's data-parallel
+        group dp_rank_lists[mine] (ranks in replica order). Every rank builds every DP group's
+        shard and replicate process groups (collective: the same calls, in the same order)."""
+        meshes = [sharding.hybrid_mesh(self._new_groups, ranks, self.plan.dp_shard, self.rank,
+                                       device) for ranks in dp_rank_lists]
+        return meshes[mine]
 
     def _new_groups(self, rank_lists: List[List[int]]) -> List[Any]:
         """One process group per rank list; every rank creates every group, in the same order
@@ -381,12 +383,10 @@ class AppliedPlan:
                 tie_groups[i] = groups[self.replica]
         self._replica_group = replica_groups[self.replica]
         self.device = _device(spec, spec.mesh[self.replica][self.stage])
-        dp_mesh = None  # hybrid sharding: every rank builds every DP group's 2-D mesh's groups
+        dp_mesh = None  # hybrid sharding: a 2-D mesh per DP group (else the stages' own)
         if spec.sharding != "none" and spec.dp_shard < spec.dp:
-            for k in range(spec.mp):
-                mesh = sharding.hybrid_mesh(self._new_groups, spec.dp_group_ranks(k),
-                                            spec.dp_shard, self.rank, self.device)
-                dp_mesh = mesh if k == self.stage else dp_mesh
+            dp_mesh = self._hybrid_mesh([spec.dp_group_ranks(k) for k in range(spec.mp)],
+                                        self.stage, self.device)
         self.stages = spec.stages_of(self.stage)
         recomputed = {spec.assignment[n] for n in spec.recompute}
         self._runner = PipelineRunner(
