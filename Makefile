@@ -8,7 +8,7 @@ TORCH_CMAKE = $(shell $(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export HYBRIDPLAN_CLI := $(CURDIR)/$(BUILD)/bin/hybridplan
 
-.PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper clean
+.PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper tta clean
 
 all: build
 
@@ -84,6 +84,11 @@ bench: build
 
 paper: build
 	$(PYTHON) plans/paper/reproduce.py
+
+# Time to accuracy on this machine: the batch-size trade-off trained to a target on real data,
+# and plans trained to it with torchrun, predicted against measured (out/time_to_accuracy/).
+tta: build
+	$(PYTHON) examples/time_to_accuracy.py $(TTA_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(CORE) $(ASAN) $(FUZZ) build-wheel

@@ -1,5 +1,5 @@
 """How long a Gloo p2p message takes to arrive when its sender goes on computing (not a timed
-test). README "Calibrate and validate" explains why this matters: torch's ScheduleGPipe posts
+test). docs/calibration.md explains why this matters: torch's ScheduleGPipe posts
 every send and computes on without waiting for it, Schedule1F1B waits on its sends (fused with
 the next receive). With the receive posted first, Gloo's isend writes the message on the
 caller's thread; what this VM then delays (1-2 ms) is the receiver's wake-up while the sender

@@ -1,11 +1,19 @@
 // hybridplan explain: a plan in words. With --graph it names the graph's nodes; with --graph
 // and --cluster it also checks the plan against them, re-evaluates it and shows the cluster's
-// memory and links.
+// memory and links. With --trace it also writes the predicted schedule as a Chrome trace-event
+// JSON (Perfetto, chrome://tracing): that trace is the Python package's (hybridplan.trace, the
+// same one `hybridplan validate` writes beside the measured schedule), so the command then runs
+// `python3 -m hybridplan explain ARGS...`, which prints the same explanation.
 #include <iostream>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/problem_options.h"
+#include "cli/subprocess.h"
+#include "common/error.h"
 #include "planner/evaluate.h"
 #include "planner/explain.h"
 
@@ -15,9 +23,32 @@ namespace {
 struct ExplainFlags {
   std::string plan_path;
   ProblemFlags problem;
+  std::string trace_path;
 };
 
+[[noreturn]] void run_python_explain(const ExplainFlags& flags) {
+  const auto python = find_program(environment_program("python3"));
+  if (!python) {
+    throw InputError("explain --trace: python3 not found on PATH; the trace is written by the "
+                     "Python package (python3 -m hybridplan explain ... --trace)");
+  }
+  std::vector<std::string> argv = {*python, "-m", "hybridplan", "explain", flags.plan_path};
+  const std::pair<const char*, const std::string*> options[] = {
+      {"--graph", &flags.problem.graph_path},
+      {"--cluster", &flags.problem.cluster},
+      {"--job", &flags.problem.job_path},
+      {"--trace", &flags.trace_path}};
+  for (const auto& [name, value] : options) {
+    if (!value->empty()) {
+      argv.push_back(name);
+      argv.push_back(*value);
+    }
+  }
+  exec_program(argv);
+}
+
 void run_explain(const ExplainFlags& flags) {
+  if (!flags.trace_path.empty()) run_python_explain(flags);
   Plan plan = load_plan(flags.plan_path);
   if (flags.problem.graph_path.empty()) {
     std::cout << explain(plan);
@@ -42,6 +73,10 @@ void add_explain_command(CLI::App& app) {
   add_problem_flags(*cmd, flags->problem, /*required=*/false);
   cmd->get_option("--cluster")->needs("--graph");
   cmd->get_option("--job")->needs("--cluster");
+  cmd->add_option("--trace", flags->trace_path,
+                  "Also write the predicted schedule (one thread per rank) as a Chrome "
+                  "trace-event JSON for ui.perfetto.dev or chrome://tracing; a pipeline plan "
+                  "needs --graph and --cluster (runs `python3 -m hybridplan explain ARGS...`)");
   cmd->callback([flags] { run_explain(*flags); });
 }
 

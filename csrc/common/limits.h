@@ -13,7 +13,7 @@ inline constexpr int64_t kMaxDevices = int64_t{1} << 20;    // devices in a clus
 // A size in bytes, and the graph's total parameter (and output) bytes: 1 PiB. Times the
 // optimizer's state copies it stays far below 2^63.
 inline constexpr int64_t kMaxBytes = int64_t{1} << 50;
-// Samples in an epoch: 2^50 (steps_per_epoch adds a batch to it).
+// Samples in an epoch: 2^50.
 inline constexpr int64_t kMaxSamples = int64_t{1} << 50;
 // One node's measured time for one batch: 10^9 s (31 years). Sums and batch scaling of such
 // times stay finite; an infinite cost made the placement search read an empty partition.

@@ -59,13 +59,13 @@ double epochs_to_target(const Convergence& convergence, double global_batch) {
   return 0.0;
 }
 
-int64_t steps_per_epoch(int64_t samples_per_epoch, int64_t global_batch) {
-  return (samples_per_epoch + global_batch - 1) / global_batch;
+double steps_per_epoch(int64_t samples_per_epoch, int64_t global_batch) {
+  return static_cast<double>(samples_per_epoch) / static_cast<double>(global_batch);
 }
 
 double time_to_train_s(double epochs, int64_t samples_per_epoch, int64_t global_batch,
                        double step_s) {
-  return epochs * static_cast<double>(steps_per_epoch(samples_per_epoch, global_batch)) * step_s;
+  return epochs * steps_per_epoch(samples_per_epoch, global_batch) * step_s;
 }
 
 }  // namespace hybridplan

@@ -14,7 +14,11 @@
 //   clamped outside the table: E_0 below B_0, E_last above B_last (we do not extrapolate a
 //   measurement). Piecewise-linear interpolation is monotone wherever the points are.
 // time to train:
-//   time_to_train_s = epochs(B) * ceil(samples_per_epoch / B) * step_s
+//   time_to_train_s = epochs(B) * (samples_per_epoch / B) * step_s
+// A plan trains on full global batches only (each replica and micro-batch has a fixed size), so
+// the executor's data is one stream of epochs and a step takes its next B samples: an epoch is
+// samples_per_epoch / B steps, fractional, with no partial last batch
+// (python/hybridplan/convergence.py measures steps to target on the same stream).
 #pragma once
 #include <cstdint>
 
@@ -32,8 +36,8 @@ double phase_epochs(const Convergence& convergence, double global_batch, double 
 // trajectory).
 double integral_inverse_critical_batch(const Convergence& convergence, double p0, double p1);
 
-// Steps per epoch: ceil(samples_per_epoch / global_batch) (the last partial batch is a step).
-int64_t steps_per_epoch(int64_t samples_per_epoch, int64_t global_batch);
+// Steps per epoch: samples_per_epoch / global_batch (fractional: no partial batch).
+double steps_per_epoch(int64_t samples_per_epoch, int64_t global_batch);
 
 // epochs * steps_per_epoch * step_s.
 double time_to_train_s(double epochs, int64_t samples_per_epoch, int64_t global_batch,

@@ -6,6 +6,7 @@
 
 #include <pybind11/stl.h>
 
+#include "planner/convergence.h"
 #include "planner/evaluate.h"
 #include "planner/explain.h"
 #include "planner/run_schedule.h"
@@ -230,6 +231,15 @@ void bind_planner(py::module_& m) {
       },
       py::arg("schedule"), py::arg("mp"), py::arg("virtual_stages"),
       "The local rank of each of the mp * virtual_stages pipeline stages (plan.h stage_rank).");
+  m.def(
+      "epochs_to_target",
+      [](const std::string& job_text, double global_batch) {
+        const Job job = with_source("job", [&] { return job_from_json(parse_json_text(job_text, "job"), "job"); });
+        return epochs_to_target(job.convergence, global_batch);
+      },
+      py::arg("job_text"), py::arg("global_batch"),
+      "Epochs to target at a global batch under the job's convergence model (convergence.h); 0 "
+      "without one.");
   m.def("plan_over_run", &plan_over_run_text, py::arg("graph_text"), py::arg("cluster_text"),
         py::arg("job_text"), py::arg("devices") = 0,
         py::arg("segments") = RunScheduleOptions{}.segments,

@@ -3,6 +3,7 @@
     graph = hybridplan.profile(module, example_inputs)          # measure a module into a Graph
     best = hybridplan.plan(graph, "dgx1-v100", job)              # search DP x MP configurations
     model = hybridplan.apply(best, module)                       # inside a torchrun job
+    hp = hybridplan.parallelize(module, example_inputs)           # all three, in a torchrun job
     est = hybridplan.noise_scale(module, data, loss_fn, 8, 128, steps=50)   # B_simple
 
 Submodules load lazily so that the planner works without torch and torch code without the
@@ -25,6 +26,8 @@ _EXPORTS = {
     "profile": "profiler",
     # executor
     "apply": "executor", "AppliedPlan": "executor",
+    # the front door: profile (cached), plan and apply in one call inside a torchrun script
+    "parallelize": "front_door", "Parallelized": "front_door",
     # plans written by hand (examples, tests, benchmarks)
     "hand_plan": "hand_plans",
     # measuring the machine and the model against the cost model
@@ -33,9 +36,13 @@ _EXPORTS = {
     "noise_scale": "gradient_noise", "NoiseScale": "gradient_noise",
     "critical_batch_job": "noise_scale_job", "switch_advice": "noise_scale_job",
     "SwitchAdvice": "noise_scale_job",
+    # the batch-size trade-off measured directly (steps to a target at several batches)
+    "measure_tradeoff": "convergence", "fit_critical_batch": "convergence",
+    "convergence_job": "convergence",
 }
 _SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "hand_plans",
-               "calibration", "validation", "fitting"}
+               "calibration", "validation", "fitting", "front_door", "trace",
+               "convergence", "datasets", "time_to_accuracy"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 

@@ -8,16 +8,20 @@
     python -m hybridplan noise-scale hybridplan.models:branchy_cnn --small-batch 8 \
         --big-batch 128 --steps 50 --samples-per-epoch 50000 --per-replica-batch 32 \
         --epochs-at 256:30 --out job.json
+    python -m hybridplan explain plan.json --graph g.json --cluster c.json --trace plan.trace.json
+
+    python -m hybridplan run --nproc-per-node 2 train.py [ARGS]   # torchrun --standalone ...
 
 Bad input exits 2 with a one-line message, as the C++ CLI does.
 """
 
 import argparse
-import importlib
 import json
 import math
 import sys
 from typing import List, Optional, Sequence, Tuple
+
+from .factories import load_factory
 
 EXIT_BAD_INPUT = 2
 
@@ -94,6 +98,53 @@ def _add_noise_scale_parser(sub) -> None:
     ns.add_argument("--out", help="write the Job JSON here (default: stdout)")
 
 
+def _add_run_parser(sub) -> None:
+    run = sub.add_parser("run", help="launch a training script (one that calls "
+                                     "hybridplan.parallelize) with torchrun")
+    run.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive(int), default=1,
+                     help="processes on this machine (one per device; default 1)")
+    run.add_argument("--nnodes", type=_positive(int), default=1, help="machines (default 1)")
+    run.add_argument("--node-rank", "--node_rank", type=int, default=0)
+    run.add_argument("--master-addr", "--master_addr",
+                     help="rank 0's machine (several machines; default: this one, standalone)")
+    run.add_argument("--master-port", "--master_port", type=int, default=29500)
+    run.add_argument("script", help="the training script, e.g. train.py")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+
+
+def torchrun_command(nproc_per_node: int, script: str, script_args: Sequence[str] = (),
+                     nnodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None,
+                     master_port: int = 29500) -> List[str]:
+    """The torchrun command line `run` executes (the environment's torchrun, else python -m
+    torch.distributed.run): --standalone on one machine, a static rendezvous at
+    master_addr:master_port across several."""
+    import shutil
+
+    launcher = ([shutil.which("torchrun")] if shutil.which("torchrun")
+                else [sys.executable, "-m", "torch.distributed.run"])
+    if nnodes == 1 and master_addr is None:
+        where = ["--standalone"]
+    else:
+        if master_addr is None:
+            raise ValueError("run: --nnodes > 1 needs --master-addr (rank 0's machine)")
+        where = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr",
+                 master_addr, "--master-port", str(master_port)]
+    return launcher + where + ["--nproc-per-node", str(nproc_per_node), script,
+                               *script_args]
+
+
+def _run(args) -> int:
+    import os
+    import subprocess
+
+    if not os.path.exists(args.script):
+        raise ValueError(f"run: {args.script}: no such script")
+    cmd = torchrun_command(args.nproc_per_node, args.script, args.script_args, args.nnodes,
+                           args.node_rank, args.master_addr, args.master_port)
+    print("python -m hybridplan run: " + " ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.call(cmd)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hybridplan")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -149,8 +200,9 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--graph", required=True, help="the model's Graph JSON")
     val.add_argument("--cluster", required=True, help="Cluster JSON or preset name (a "
                                                       "calibrated one: hybridplan calibrate)")
-    val.add_argument("--model", required=True, metavar="MODULE:FACTORY",
-                     help="the model (its module has example_inputs/example_target)")
+    val.add_argument("--model", metavar="MODULE:FACTORY",
+                     help="the model (its module has example_inputs/example_target); required "
+                          "unless --time-to-target (the task names the model)")
     val.add_argument("--job", help="Job JSON (default: samples/s at the graph's batch)")
     val.add_argument("--devices", type=int, default=2)
     val.add_argument("--plans", type=int, default=8, help="how many plans to run")
@@ -170,27 +222,41 @@ def _parser() -> argparse.ArgumentParser:
                      help="also run the first data-parallel plan as zero2 and zero3 and the "
                           "first pipeline plan with dp >= 2 as zero2 (sharded data parallelism)")
     val.add_argument("--json", action="store_true", help="print the result as JSON")
+    tta = val.add_argument_group(
+        "time to target", "train plans spanning global batches to the task's target and "
+        "compare predicted with measured time to target (hybridplan/time_to_accuracy.py)")
+    tta.add_argument("--time-to-target", action="store_true",
+                     help="this mode (needs --task and a --job with a convergence model)")
+    tta.add_argument("--task", help="convergence task JSON (as `convergence --task`)")
+    tta.add_argument("--noise-job", help="a second Job whose convergence model is the noise "
+                                         "scale's (`convergence` writes job-noise-scale.json)")
+    tta.add_argument("--seeds", type=_parse_sizes, default=[0, 1, 2],
+                     help="seeds, comma-separated: each plan is trained once per seed")
+    tta.add_argument("--dp-batches", type=_parse_sizes, default=[8, 128],
+                     help="the two per-replica batches of the data-parallel plans")
+    tta.add_argument("--one-process", metavar="CONVERGENCE.json",
+                     help="the `convergence` record: one-process steps to target beside each "
+                          "plan's")
+    exp = sub.add_parser("explain", help="describe a plan in words (as the C++ `hybridplan "
+                                         "explain`) and, with --trace, write its predicted "
+                                         "schedule for Perfetto / chrome://tracing")
+    exp.add_argument("plan", help="Plan JSON")
+    exp.add_argument("--graph", help="the plan's Graph JSON: names its nodes")
+    exp.add_argument("--cluster", help="Cluster JSON or preset name (needs --graph): checks "
+                                       "the plan against both and evaluates it again")
+    exp.add_argument("--job", help="Job JSON (needs --cluster)")
+    exp.add_argument("--trace", metavar="OUT.json",
+                     help="write the predicted step as a Chrome trace-event JSON, one thread "
+                          "per rank (a pipeline plan needs --graph and --cluster: its "
+                          "schedule is simulated)")
+    exp.add_argument("--quiet", action="store_true", help="do not print the explanation")
     _add_noise_scale_parser(sub)
+    _add_convergence_parser(sub)
+    _add_run_parser(sub)
     return parser
 
 
-def _load_factory(spec: str, command: str = "profile", what: str = "factory"):
-    """The callable named by MODULE:NAME (NAME may be dotted); `what` names the argument."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{command}: {what} must be MODULE:{what.lstrip('-').upper()} "
-                         f"(got {spec!r})")
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{command}: cannot import {module_name!r} ({exc})") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{command}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{command}: {spec} is not callable")
-    return obj
+_load_factory = load_factory  # the one loader (factories.py); commands call it by this name
 
 
 def _example_inputs(args, module) -> tuple:
@@ -295,6 +361,10 @@ def _calibrate(args) -> int:
 def _validate(args) -> int:
     from .validation import markdown, validate
 
+    if args.time_to_target:
+        return _validate_time_to_target(args)
+    if not args.model:
+        raise ValueError("validate: --model is required (or --time-to-target with --task)")
     if min(args.devices, args.plans, args.steps, args.rounds) < 1 or args.warmup < 0:
         raise ValueError(f"validate: need --devices, --plans, --steps, --rounds >= 1 and "
                          f"--warmup >= 0 (got {args.devices}, {args.plans}, {args.steps}, "
@@ -309,7 +379,76 @@ def _validate(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(markdown(result, "predicted vs measured"))
-        print(f"wrote {args.out_dir}/validate.json, validate.md, scatter.png", file=sys.stderr)
+        print(f"wrote {args.out_dir}/validate.json, validate.md, scatter.png and a trace per "
+              "plan (trace-*.json: ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
+    return 0
+
+
+def _read_json(path: str, what: str) -> dict:
+    from pathlib import Path
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the {what} ({e})") from None
+
+
+def _validate_time_to_target(args) -> int:
+    from . import convergence
+    from .time_to_accuracy import markdown, validate_time_to_target
+
+    if not args.task or not args.job:
+        raise ValueError("validate --time-to-target: needs --task and --job")
+    if len(args.dp_batches) != 2:
+        raise ValueError(f"validate: --dp-batches must be two batches (got {args.dp_batches})")
+    convergence.task_from_spec(_read_json(args.task, "task"), args.task)  # fail here, not in ranks
+    job = _read_json(args.job, "job")
+    if "convergence" not in job:
+        raise ValueError(f"{args.job}: convergence is required for --time-to-target (a Job "
+                         "written by `python -m hybridplan convergence`)")
+    result = validate_time_to_target(
+        args.graph, args.cluster, args.task, job,
+        noise_job=_read_json(args.noise_job, "job") if args.noise_job else None,
+        devices=args.devices, seeds=args.seeds, dp_batches=tuple(args.dp_batches),
+        timeout_s=args.timeout_s, out_dir=args.out_dir,
+        one_process=_read_json(args.one_process, "convergence record") if args.one_process
+        else None)
+    print(json.dumps(result, indent=1) if args.json else markdown(result))
+    print(f"wrote {args.out_dir}/time_to_target.json and time_to_target.md", file=sys.stderr)
+    return 0
+
+
+def _explain(args) -> int:
+    from . import planner
+
+    if args.cluster and not args.graph:
+        raise ValueError("explain: --cluster needs --graph")
+    if args.job and not args.cluster:
+        raise ValueError("explain: --job needs --cluster")
+    plan = planner.load_plan(args.plan)
+    if args.trace and plan.mode == "pipeline" and not args.cluster:
+        raise ValueError("explain: --trace of a pipeline plan needs --graph and --cluster (the "
+                         "cost model simulates its schedule)")
+    graph = cluster = job = None
+    if args.graph:
+        graph = planner.load_graph(args.graph)
+    if args.cluster:
+        cluster, job = planner.load_cluster(args.cluster), (
+            planner.load_job(args.job) if args.job else None)
+        # as the C++ explain: checked against the graph and cluster, then evaluated again
+        plan.validate(graph, cluster)
+        plan = planner._reevaluated(plan.to_dict(), graph, cluster, job)
+    if not args.quiet:
+        print(planner.explain(plan, graph, cluster, job), end="")
+    if args.trace:
+        from .trace import predicted_trace, write_trace
+
+        write_trace(args.trace, predicted_trace(plan, graph, cluster, job))
+        print(f"wrote {args.trace} (open it in ui.perfetto.dev or chrome://tracing)",
+              file=sys.stderr)
+    return 0
+
+
 def _default_data(module, device: str):
     """data(batch_size, step) from a built-in model's seeded example data: a fresh sample per
     step, the same for both batch sizes' first rows where the model draws them in order."""
@@ -359,11 +498,76 @@ def _noise_scale(args) -> int:
     return 0
 
 
+def _add_convergence_parser(sub) -> None:
+    conv = sub.add_parser(
+        "convergence", help="train to a target at several global batches and seeds: steps to "
+                            "target, the fitted critical batch beside the gradient noise scale, "
+                            "and a Job with the measured convergence model")
+    conv.add_argument("--task", required=True,
+                      help="task JSON: model, data, optimizer, lr_rule, target (docs/formats.md)")
+    conv.add_argument("--batches", type=_parse_sizes, default=[8, 16, 32, 64, 128, 256, 512],
+                      help="global batches, comma-separated")
+    conv.add_argument("--seeds", type=_parse_sizes, default=[0, 1, 2],
+                      help="seeds, comma-separated (model initialisation and data order)")
+    conv.add_argument("--branched", action="store_true",
+                      help="branch short runs from one run's halfway point instead of training "
+                           "every batch from initialisation")
+    conv.add_argument("--noise", type=_parse_sizes, default=[8, 512, 50],
+                      metavar="SMALL,BIG,STEPS", help="the noise scale's batches and steps")
+    conv.add_argument("--per-replica-batch", type=_parse_sizes,
+                      help="the written Job's per-replica batch candidates")
+    conv.add_argument("--out-dir", default="out/convergence")
+    conv.add_argument("--quiet", action="store_true", help="no line per run")
+
+
+def _convergence(args) -> int:
+    import os
+    from pathlib import Path
+
+    from . import convergence
+    from .planner import Job
+
+    try:
+        spec = json.loads(Path(args.task).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{args.task}: cannot read the task ({e})") from None
+    task = convergence.task_from_spec(spec, args.task)
+    if len(args.noise) != 3:
+        raise ValueError(f"convergence: --noise must be SMALL,BIG,STEPS (got {args.noise})")
+
+    def line(run):
+        if not args.quiet:
+            print(f"B={run.global_batch:<5d} seed={run.seed} "
+                  f"{'steps to target' if run.reached else 'NOT reached after'} {run.steps} "
+                  f"({run.epochs:.2f} epochs)", flush=True)
+    result = convergence.measure_tradeoff(
+        task, args.batches, args.seeds, mode="branched" if args.branched else "full",
+        noise=tuple(args.noise), optimizer=spec["optimizer"],
+        per_replica_batch=args.per_replica_batch, progress=line)
+    result["task"] = spec
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    Job.from_dict(result["job"], "measured job")  # the planner's own validation
+    from .files import write_text_atomic
+
+    write_text_atomic(out / "convergence.json", json.dumps(result, indent=1))
+    write_text_atomic(out / "job.json", json.dumps(result["job"], indent=1))
+    if result["noise_job"] is not None:
+        write_text_atomic(out / "job-noise-scale.json", json.dumps(result["noise_job"], indent=1))
+    (out / "convergence.md").write_text(convergence.markdown(result))
+    convergence.plot(result, os.fspath(out / "tradeoff.png"))
+    print(convergence.markdown(result))
+    print(f"-> {out}/convergence.json, job.json, convergence.md, tradeoff.png")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         command = {"profile": _profile, "probe": _probe, "calibrate": _calibrate,
-                   "validate": _validate, "noise-scale": _noise_scale}
+                   "validate": _validate, "explain": _explain, "noise-scale": _noise_scale}
+        command["run"] = _run
+        command["convergence"] = _convergence
         return command[args.command](args)
     except ValueError as exc:
         print(f"python -m hybridplan {args.command}: error: {exc}", file=sys.stderr)

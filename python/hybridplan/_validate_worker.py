@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import hybridplan
-    from hybridplan.__main__ import _load_factory
+    from hybridplan.files import write_text_atomic
+    from hybridplan.factories import load_factory as _load_factory
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -198,10 +199,7 @@ def main(argv=None) -> int:
         out["per_rank"] = ranks
         out["memory_bytes"] = [r["memory_bytes"] for r in ranks]
         out["memory_allocations_bytes"] = [r["memory_allocations_bytes"] for r in ranks]
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(out, f)
-        os.replace(tmp, args.out)
+        write_text_atomic(args.out, json.dumps(out))
     dist.barrier()
     close = getattr(hp, "close", None)
     if close is not None:

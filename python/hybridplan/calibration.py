@@ -312,7 +312,7 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
     slower throughout, from how the ranks' threads happen to be scheduled): the median step
     (slowest rank) of each run."""
     from . import apply
-    from .__main__ import _load_factory
+    from .factories import load_factory as _load_factory
 
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     cuts = {2: _even_cuts(graph, 2), 4: _even_cuts(graph, 4)}
@@ -347,7 +347,7 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
 def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callable[[], None]]:
     """A forward+backward step of the user's model (MODULE:FACTORY) or the built-in
     branchy_cnn, at `batch`."""
-    from .__main__ import _load_factory
+    from .factories import load_factory as _load_factory
     from . import models
 
     module = _load_factory(model_spec)() if model_spec else models.get("branchy_cnn", seed=0)
@@ -525,11 +525,18 @@ def _sharded_unit_times(device, world: int, warmup: int, repeats: int
 
 
 def shard_collective_link(points: List[Tuple[int, float]], p: int, fits: Dict[str, dict],
-                          name: str) -> Dict[str, float]:
+                          name: str) -> Optional[Dict[str, float]]:
     """Link alpha/bandwidth that make (p-1) alpha + (p-1)/p bytes / bw reproduce the measured
-    per-unit times of p ranks (allreduce_cost.h ring_shard_collective)."""
+    per-unit times of p ranks (allreduce_cost.h ring_shard_collective); None when no unit took
+    measurably longer sharded than not (every per-unit time 0: the differences of medians were
+    within noise, as with few repeats on a busy host), which leaves no bandwidth to derive: the
+    Cluster then prices the collective on its all-reduce link."""
     fit = fit_line([b for b, _ in points], [t for _, t in points])
     fits[name] = fit.to_dict()
+    if fit.beta <= 0:
+        fits[name]["note"] = ("no unit took measurably longer sharded than not: not calibrated "
+                              "(the all-reduce link prices it)")
+        return None
     return {"bandwidth_bytes_per_s": ((p - 1) / p) / fit.beta, "latency_s": fit.alpha / (p - 1)}
 
 
@@ -590,7 +597,9 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     sharded_optimizer_tensor_s = 0.0
     if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
         for kind, points in _sharded_unit_times(device, env.world_size, warmup, repeats).items():
-            intra[kind] = shard_collective_link(points, env.world_size, fits, kind)
+            link = shard_collective_link(points, env.world_size, fits, kind)
+            if link is not None:
+                intra[kind] = link
         sharded_times = _optimizer_tensor_times(device, warmup, repeats, world=env.world_size)
         sharded_fit = fit_line([n for n, _ in sharded_times], [t for _, t in sharded_times],
                                relative=False)

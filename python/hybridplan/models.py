@@ -6,6 +6,8 @@ milliseconds on a CPU.
     biglstm      BigLSTM-style language model: embedding, 2 projected LSTMs, a large softmax
     transformer_lm  a causal transformer language model of torch's own TransformerEncoderLayers
                  (the cost model's second family: attention's shapes, many small matmuls)
+    digits_cnn   a small CNN for scikit-learn's 8x8 handwritten digits (hybridplan.datasets):
+                 the model time-to-accuracy is measured on, trained on real data to a target
 
 Every model is deterministic and trains the same under any split (the executor's tests compare
 against single-process training), so: no BatchNorm (GroupNorm instead), no dropout, no in-place
@@ -29,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["BranchyCNN", "GnmtLstm", "BigLstm", "TransformerLM", "branchy_cnn", "gnmt_lstm",
-           "biglstm", "transformer_lm", "MODELS", "get", "loss_and_target"]
+__all__ = ["BranchyCNN", "GnmtLstm", "BigLstm", "TransformerLM", "DigitsCNN", "branchy_cnn",
+           "gnmt_lstm", "biglstm", "transformer_lm", "digits_cnn", "MODELS", "get",
+           "loss_and_target"]
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -127,6 +130,32 @@ class BranchyCNN(_ExampleData, nn.Module):
     def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
         shape = (batch_size, 3, self.image_size, self.image_size)
         return (torch.randn(shape, generator=_generator(seed)),)
+
+    def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
+        return torch.randint(0, self.num_classes, (batch_size,), generator=_generator(seed))
+
+
+# ---- digits_cnn -------------------------------------------------------------------------------
+
+class DigitsCNN(_ExampleData, nn.Module):
+    """Two 3x3 convolutions, a 2x2 max-pool, two linear layers; input (B, 1, 8, 8), 10 classes.
+    Its example data are random images of the digits' shape (for profiling and timing); the
+    training data are the real digits (hybridplan.datasets.digits)."""
+
+    def __init__(self, width: int = 16, hidden: int = 64, num_classes: int = 10):
+        super().__init__()
+        self.num_classes = num_classes
+        self.conv1 = nn.Conv2d(1, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.fc1 = nn.Linear(2 * width * 16, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> Tuple[torch.Tensor, ...]:
+        return (torch.rand((batch_size, 1, 8, 8), generator=_generator(seed)),)
 
     def example_target(self, batch_size: int, seed: int = 1) -> torch.Tensor:
         return torch.randint(0, self.num_classes, (batch_size,), generator=_generator(seed))
@@ -279,9 +308,14 @@ def transformer_lm(seed: int = 0, **kwargs) -> TransformerLM:
     return _seeded(lambda: TransformerLM(**kwargs), seed)
 
 
+def digits_cnn(seed: int = 0, **kwargs) -> DigitsCNN:
+    """Small CNN for the 8x8 digits; kwargs: width, hidden, num_classes."""
+    return _seeded(lambda: DigitsCNN(**kwargs), seed)
+
+
 MODELS: Dict[str, Callable[..., nn.Module]] = {
     "branchy_cnn": branchy_cnn, "gnmt_lstm": gnmt_lstm, "biglstm": biglstm,
-    "transformer_lm": transformer_lm}
+    "transformer_lm": transformer_lm, "digits_cnn": digits_cnn}
 
 
 def loss_and_target(module: nn.Module, batch_size: int) -> Tuple[Optional[Callable], Any]:

@@ -19,10 +19,10 @@ import copy
 import dataclasses
 import json
 import os
-import tempfile
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
 from . import _C
+from .files import write_text_atomic
 
 InfeasibleError = _C.InfeasibleError
 
@@ -67,20 +67,8 @@ def _read_text(path: PathLike) -> str:
 
 
 def _atomic_write(path: PathLike, text: str) -> None:
-    """Writes `text` to a temporary file beside `path`, then renames it over `path`, so a reader
-    never sees half a file."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """The document's text and a newline, written atomically (files.write_text_atomic)."""
+    write_text_atomic(path, text + "\n")
 
 
 def _is_path(value: Any) -> bool:
@@ -410,6 +398,12 @@ def load_job(path: PathLike) -> Job:
 
 def load_plan(path: PathLike) -> Plan:
     return Plan.load(path)
+
+
+def epochs_to_target(job: Union[Job, dict, PathLike], global_batch: float) -> float:
+    """Epochs to the target at `global_batch` under the job's convergence model (the planner's
+    own rule, csrc/planner/convergence.h); 0 when the job has none."""
+    return float(_C.epochs_to_target(_as_job(job).to_json(), float(global_batch)))
 
 
 def presets() -> list:

@@ -23,7 +23,6 @@ import datetime
 import json
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -261,13 +260,6 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
 
 
 def _atomic_write_json(path: str, doc: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probe-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from .files import write_text_atomic
+
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")

@@ -30,7 +30,9 @@ the row (`launch_step_s`).
 The results are written to <out-dir>/validate.json and validate.md (a table per term, the error
 of each plan's step, the median and worst), plus scatter.png (predicted vs measured step time)
 and, for the first pipeline plan, timeline.png (per-stage predicted schedule beside the measured
-forward/backward actions).
+forward/backward actions). Every plan's predicted and measured step is also written as a trace
+for Perfetto or chrome://tracing, trace-<row>-<kind>.json (hybridplan.trace; the row's `trace`
+names it).
 """
 
 from __future__ import annotations
@@ -377,6 +379,7 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     from tqdm import tqdm
 
     from . import planner
+    from .trace import trace_file_name
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -410,10 +413,12 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
                 launches[i].append(run_plan_once_more_on_failure(plan, model, steps, warmup,
                                                                  timeout_s, Path(tmp)))
                 bar.update()
-    rows, drew_timeline = [], False
+    rows, drew_timeline, traces = [], False, []
     for plan, runs in zip(chosen, launches):
         measured = median_launch(runs)
         rows.append(compare(plan, measured))
+        rows[-1]["trace"] = trace_file_name(len(rows) - 1, plan)
+        traces.append((rows[-1]["trace"], plan, measured))
         if baseline is not None:  # the plan as if made for the baseline cluster
             as_baseline = dict(plan, cluster=dict(plan["cluster"], name=baseline.name))
             add_baseline(rows[-1], planner.evaluate(g, baseline, as_baseline, j)["step_s"])
@@ -428,4 +433,22 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     (out / "validate.md").write_text(markdown(result, f"{g.name} on {c.name}: predicted vs "
                                                       "measured"))
     scatter(result, out / "scatter.png")
+    write_traces(out, traces, g, c, j)
     return result
+
+
+def write_traces(out: Path, traces: Sequence[tuple], graph, cluster, job) -> None:
+    """Per plan, (file name, plan, measured): its predicted and measured step as one trace
+    (hybridplan.trace.comparison_trace) in <out>/<file name>, trace-<row>-<kind>.json. The
+    trace files of an earlier run in the same folder are removed first, so every trace there
+    is one of this run's rows. Written after validate.json: a trace that cannot be drawn
+    leaves the measurements saved."""
+    from .trace import comparison_trace, write_trace
+
+    for old in out.glob("trace-*.json"):
+        if re.fullmatch(r"trace-\d+-.+\.json", old.name):
+            old.unlink()
+    for name, plan, measured in traces:
+        write_trace(out / name, comparison_trace(
+            plan, measured, graph, cluster, job,
+            source=f"validate: the {_kind(plan)} plan's measurements"))

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from . import sharding
+from .. import files
 
 kFormat = "hybridplan.checkpoint"
 kVersion = 1
@@ -110,24 +111,10 @@ def _save(obj: Any, f: Any) -> None:
 
 
 def write_atomic(checkpoint: Dict[str, Any], path: str) -> None:
-    """torch.save to `<path>.tmp-<pid>`, fsync, rename over `path`, fsync the directory. On any
-    failure the temporary file is removed and `path` keeps its previous content."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            _save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    """torch.save to `<path>.tmp-<pid>`, fsync, rename over `path`, fsync the directory
+    (files.write_atomic). On any failure the temporary file is removed and `path` keeps its
+    previous content."""
+    files.write_atomic(path, lambda f: _save(checkpoint, f), binary=True)
 
 
 def load(path: Any) -> Dict[str, Any]:

@@ -37,8 +37,8 @@ TEST_CASE("table: piecewise linear in log B, clamped outside", "[convergence]") 
   }
 }
 
-TEST_CASE("time to train: epochs * ceil(samples / B) * step_s", "[convergence]") {
-  REQUIRE(steps_per_epoch(1000, 300) == 4);   // 3 full batches + 1 partial
-  REQUIRE(steps_per_epoch(900, 300) == 3);
-  REQUIRE(time_to_train_s(2, 1000, 300, 0.5) == 4);  // 2 * 4 * 0.5
+TEST_CASE("time to train: epochs * (samples / B) * step_s, no partial batch", "[convergence]") {
+  REQUIRE(steps_per_epoch(1000, 250) == 4);
+  REQUIRE(steps_per_epoch(1000, 400) == 2.5);  // the stream's next epoch completes the third step
+  REQUIRE(time_to_train_s(2, 1000, 400, 0.5) == 2.5);  // 2 * 2.5 * 0.5
 }
