@@ -40,7 +40,7 @@ test-python: build
 
 test: test-core test-torch test-python test-install
 
-# ---- installing (issue 11): what a C++ user and a pip user get ------------------------------
+# ---- installing: what a C++ user and a pip user get ------------------------------------------
 # `cmake --install` of the built tree into build/install-test, then tests/consumer (its own
 # CMakeLists.txt, find_package(hybridplan)) built against it and run; then `pip install .` into a
 # fresh venv without torch (tests/install/test_pip_install.sh; its build folder build-wheel/ is
@@ -55,7 +55,7 @@ test-install: build
 	$(BUILD)/consumer/torch_consumer
 	bash tests/install/test_pip_install.sh $(PYTHON)
 
-# ---- reliability (issue 13) ----------------------------------------------------------------
+# ---- reliability: sanitizers and fuzzing of everything the planner reads ------------------
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the torch-free core, the CLI and the
 # planner tests (build-asan/, no LibTorch, no Python module), then ctest: any report fails it.
 ASAN := build-asan

@@ -7,9 +7,11 @@ from scratch; the table gives, per run, the median and worst |step error| and th
 |memory error| over the plans. Targets: median <= 10 %, worst <= 25 %, memory within 15 %.
 
     python bench/bench_validate_families.py [--runs 3] [--models transformer_lm biglstm]
+                                            [--out-dir out/bench/validate] [--quick]
 
 Needs a quiet machine: the ranks' timings are the measurement. Runs land in
-out/bench/validate/<model>-<run>/ (validate.md there has every plan's terms).
+<out-dir>/<model>-<run>/ (validate.md there has every plan's terms). `--quick` runs
+`examples/demo.py --quick` instead (a smoke run of the same job: its errors are not measurements).
 """
 
 import argparse
@@ -23,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("branchy_cnn", "transformer_lm", "biglstm")
 
 
-def one_run(model: str, out_dir: Path) -> dict:
+def one_run(model: str, out_dir: Path, quick: bool = False) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "demo.log", "w") as log:  # the ranks' warnings stay out of the table
         done = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--model",
-                               model, "--out-dir", str(out_dir)], cwd=ROOT, stdout=log,
-                              stderr=subprocess.STDOUT)
+                               model, "--out-dir", str(out_dir)] + (["--quick"] if quick else []),
+                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode:
         raise SystemExit(f"{model}: examples/demo.py failed ({done.returncode}); see "
                          f"{out_dir / 'demo.log'}")
@@ -45,13 +47,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=list(FAMILIES))
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "out" / "bench" / "validate")
+    parser.add_argument("--quick", action="store_true",
+                        help="examples/demo.py --quick per run (a smoke run, not a measurement)")
     args = parser.parse_args(argv)
     print("| model | run | median \\|error\\| | worst (plan) | memory worst | first plan fastest |")
     print("|---|---|---|---|---|---|")
     missed = False
     for model in args.models:
         for run in range(1, args.runs + 1):
-            r = one_run(model, ROOT / "out" / "bench" / "validate" / f"{model}-{run}")
+            r = one_run(model, args.out_dir / f"{model}-{run}", args.quick)
             memory = "-" if r["memory"] is None else f"{100 * r['memory']:.1f} %"
             print(f"| {model} | {run} | {100 * r['median']:.1f} % | {100 * r['worst']:.1f} % "
                   f"({r['worst_plan']}) | {memory} | {'yes' if r['first_fastest'] else 'no'} |",

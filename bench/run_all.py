@@ -4,6 +4,13 @@ Benchmarks are the compiled build/bin/bench_* programs and the bench/bench_*.py 
 owned by whoever measures that part). Each runs in turn (they would disturb each other's timings
 if run together); its stdout is printed as it arrives and copied into the report. A benchmark
 that fails is reported with its exit status and the run carries on; the script exits 1 if any did.
+
+`--quick` runs each benchmark at its smallest size (QUICK_ARGS: a step or two, one round, the
+smallest model), writing what a benchmark writes beside the report instead of into out/bench/:
+a smoke run proving every benchmark still runs, whose figures are not measurements. `--only`
+runs the named benchmarks alone (file names, e.g. bench_search bench_profiler.py). A benchmark
+that judges its own tolerance (bench_profile_agreement.py) can miss it on so few samples, and
+then says so in its status.
 """
 
 from __future__ import annotations
@@ -20,6 +27,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# --quick: each benchmark's arguments at its smallest size ({out}: the report's folder).
+# A benchmark not listed takes no size arguments and runs as it is.
+QUICK_ARGS = {
+    "bench_at_scale.py": ["--out-dir", "{out}/at_scale"],
+    "bench_cpp_ddp.py": ["--widths", "16,32,8", "--global-batch", "8", "--steps", "3",
+                         "--warmup-steps", "1", "--rounds", "1"],
+    "bench_executor.py": ["--steps", "3", "--warmup-steps", "1", "--global-batch", "8",
+                          "--microbatches", "2"],
+    "bench_noise_online.py": ["--steps", "3", "--warmup-steps", "1", "--global-batch", "8",
+                              "--every", "1", "--rounds", "1"],
+    "bench_profile_agreement.py": ["--models", "mlp", "--batch", "4", "--repeats", "3",
+                                   "--rounds", "1"],
+    "bench_profiler.py": ["--batch", "2", "--rounds", "1", "--steps", "2", "--clock", "thread"],
+    "bench_send_while_computing.py": ["--repeats", "2", "--compute-ms", "1"],
+    "bench_stage_code.py": ["--batches", "1", "--repeats", "2"],
+    "bench_validate_families.py": ["--runs", "1", "--models", "branchy_cnn", "--quick",
+                                   "--out-dir", "{out}/validate"],
+}
 
 
 def find_benchmarks(build_dir: Path) -> list:
@@ -56,12 +82,15 @@ def run_one(argv: list, timeout_s: float) -> tuple:
     return status, "".join(lines), time.monotonic() - start
 
 
-def report(results: list) -> str:
+def report(results: list, quick: bool = False) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"# hybridplan benchmarks\n",
            f"{stamp}, {platform.node()}, {platform.machine()}, {os.cpu_count()} CPUs, "
-           f"Python {platform.python_version()}\n",
-           "| benchmark | status | seconds |", "|---|---|---|"]
+           f"Python {platform.python_version()}\n"]
+    if quick:
+        out.append("**--quick**: each benchmark at its smallest size; a smoke run, the figures "
+                   "below are not measurements.\n")
+    out += ["| benchmark | status | seconds |", "|---|---|---|"]
     out += [f"| {name} | {'ok' if status == 0 else f'exit {status}'} | {seconds:.1f} |"
             for name, status, _, seconds in results]
     for name, status, output, _ in results:
@@ -75,9 +104,25 @@ def main(argv=None) -> int:
                         help="where build/bin/bench_* live (default: build)")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench" / "results.md")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per benchmark")
+    parser.add_argument("--quick", action="store_true",
+                        help="each benchmark at its smallest size (a smoke run, not a "
+                             "measurement; files beside --out)")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="run only these benchmarks (file names: bench_search, "
+                             "bench_profiler.py, ...)")
     args = parser.parse_args(argv)
 
     benchmarks = find_benchmarks(args.build_dir)
+    if args.only:
+        unknown = sorted(set(args.only) - {name for name, _ in benchmarks})
+        if unknown:
+            parser.error(f"--only: no such benchmark {', '.join(unknown)} (found: "
+                         f"{', '.join(name for name, _ in benchmarks)})")
+        benchmarks = [(name, cmd) for name, cmd in benchmarks if name in args.only]
+    if args.quick:
+        folder = str(args.out.resolve().parent)
+        benchmarks = [(name, cmd + [a.replace("{out}", folder) for a in QUICK_ARGS.get(name, [])])
+                      for name, cmd in benchmarks]
     if not benchmarks:
         print(f"run_all: no benchmarks found ({args.build_dir}/bin/bench_*, bench/bench_*.py)")
     results = []
@@ -88,7 +133,7 @@ def main(argv=None) -> int:
               flush=True)
         results.append((name, status, output, seconds))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(results))
+    args.out.write_text(report(results, args.quick))
     print(f"run_all: wrote {args.out}")
     return 0 if all(status == 0 for _, status, _, _ in results) else 1
 

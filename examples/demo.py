@@ -14,7 +14,12 @@
 
 Everything lands in out/demo/. `--model` runs the same job on another built-in model (the cost
 model's other families: transformer_lm, biglstm) and `--out-dir` puts it elsewhere;
-bench/bench_validate_families.py runs it on each family.
+bench/bench_validate_families.py runs it on each family. `--quick` runs every step at its
+smallest size, a smoke run of the same four commands that the tests use (its
+predicted-vs-measured figures mean nothing): batch 8 profiled at that one batch size, a short
+calibration without the model's own pipeline runs (links and the built-in tiny workload only:
+those runs take most of a calibration), the planner's first plan for 3 steps in one launch, the
+sharded plans left out.
 """
 import argparse
 import os
@@ -36,6 +41,8 @@ PROFILE_BATCH = 32
 DEVICES = 2
 PLANS = 8
 STEPS = 20
+# --quick: the fewest of each that still runs every step of the job
+QUICK = {"batch": 8, "plans": 1, "steps": 3}
 
 
 def run(cmd, **kwargs):
@@ -47,8 +54,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=MODEL, choices=sorted(models.MODELS))
     parser.add_argument("--out-dir", default=str(ROOT / "out" / "demo"))
+    parser.add_argument("--quick", action="store_true",
+                        help="every step at its smallest size (a smoke run: the figures it "
+                             "prints are not measurements)")
     args = parser.parse_args(argv)
-    model_name, out = args.model, Path(args.out_dir)
+    model_name, out, quick = args.model, Path(args.out_dir), args.quick
+    batch = QUICK["batch"] if quick else PROFILE_BATCH
+    plans, steps = (QUICK["plans"], QUICK["steps"]) if quick else (PLANS, STEPS)
     out.mkdir(parents=True, exist_ok=True)
     cli = Path(os.environ.get("HYBRIDPLAN_CLI", ROOT / "build" / "bin" / "hybridplan"))
     torch.set_num_threads(1)  # one thread per rank: the two ranks share this machine's cores
@@ -56,34 +68,39 @@ def main(argv=None) -> int:
     launcher = [shutil.which("torchrun")] if shutil.which("torchrun") else [
         sys.executable, "-m", "torch.distributed.run"]
 
-    print(f"== 1. profile {model_name} at batch {PROFILE_BATCH} on cpu", flush=True)
+    print(f"== 1. profile {model_name} at batch {batch} on cpu", flush=True)
     module = models.get(model_name, seed=0)
-    loss_fn, target = models.loss_and_target(module, PROFILE_BATCH)  # a real training step
-    graph = hybridplan.profile(module, module.example_inputs(PROFILE_BATCH), verbose=False,
-                               clock="thread", loss_fn=loss_fn, target=target)
+    loss_fn, target = models.loss_and_target(module, batch)  # a real training step
+    sizes = dict(batch_sizes=(), warmup=1, repeats=2) if quick else {}
+    graph = hybridplan.profile(module, module.example_inputs(batch), verbose=False,
+                               clock="thread", loss_fn=loss_fn, target=target, **sizes)
     graph.save(out / "graph.json")
     print(f"   {len(graph.nodes)} nodes, each measured at batch sizes "
-          f"{[p['batch_size'] for p in graph.nodes[0].get('batch_times', [])] + [PROFILE_BATCH]}"
+          f"{[p['batch_size'] for p in graph.nodes[0].get('batch_times', [])] + [batch]}"
           f" -> {out / 'graph.json'}")
 
     print(f"\n== 2. calibrate this machine ({DEVICES} ranks)", flush=True)
+    workload = (["--warmup", 1, "--repeats", 3] if quick else
+                ["--model", f"hybridplan.models:{model_name}", "--batch", batch])
     run(launcher + ["--standalone", "--nproc-per-node", DEVICES, "-m", "hybridplan", "calibrate",
-                    "--graph", out / "graph.json", "--out", out / "cluster.json",
-                    "--model", f"hybridplan.models:{model_name}", "--batch", PROFILE_BATCH],
+                    "--graph", out / "graph.json", "--out", out / "cluster.json"] + workload,
         env=env)
 
     print(f"\n== 3. plan on {DEVICES} devices of the calibrated cluster", flush=True)
     run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--devices", DEVICES, "--top", 5, "--out", out / "plan.json"])
 
-    print(f"\n== 4. train {PLANS} plans across the ranking and the sharded data-parallel ones, "
-          f"{STEPS} steps each, in 3 interleaved launches (each plan's median launch): "
-          "predicted vs measured",
-          flush=True)
+    if quick:
+        print(f"\n== 4. train the best plan for {steps} steps in one launch: predicted vs "
+              "measured (--quick: not a measurement)", flush=True)
+    else:
+        print(f"\n== 4. train {plans} plans across the ranking and the sharded data-parallel "
+              f"ones, {steps} steps each, in 3 interleaved launches (each plan's median launch): "
+              "predicted vs measured", flush=True)
     run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
-         "--model", f"hybridplan.models:{model_name}", "--devices", DEVICES, "--plans", PLANS,
-         "--steps", STEPS, "--out-dir", out, "--baseline-cluster", "localhost-cpu", "--sharding"],
-        env=env)
+         "--model", f"hybridplan.models:{model_name}", "--devices", DEVICES, "--plans", plans,
+         "--steps", steps, "--out-dir", out, "--baseline-cluster", "localhost-cpu"]
+        + (["--warmup", 1, "--rounds", 1] if quick else ["--sharding"]), env=env)
     return 0
 
 

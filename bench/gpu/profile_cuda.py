@@ -1,4 +1,4 @@
-"""Profiles the built-in models on CUDA (for a GPU session; exits 0 with SKIPPED without CUDA).
+"""Profiles the built-in models on CUDA (on a machine with a GPU; exits 0 with SKIPPED without CUDA).
 
     python3 bench/gpu/profile_cuda.py [--batch 64] [--repeats 20] [--out-dir out/gpu-graphs]
 
@@ -47,7 +47,7 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: bench/gpu/profile_cuda.py needs CUDA (torch.cuda.is_available() is "
-              "False on this machine); run it in a GPU session")
+              "False on this machine); run it on a machine with a GPU")
         return 0
 
     from hybridplan import models

@@ -1,4 +1,4 @@
-// The largest sizes a document may state (issue 13). Far beyond any real batch or cluster, and
+// The largest sizes a document may state. Far beyond any real batch or cluster, and
 // small enough that the planner's integer arithmetic on them (dp * mp, dp * per-replica batch,
 // a batch doubled until it passes another) cannot overflow int64. Loaders and validate() check
 // them here, once; nothing else re-derives them.

@@ -1,5 +1,5 @@
 // Plan: one complete decision (kind "hybridplan.plan"), the only contract between planner and
-// executor. See README "Plan" for the JSON.
+// executor. See docs/formats.md "Plan" for the JSON.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -30,8 +30,8 @@ struct TimingOptions {
 // Runs `warmup + repeats` training steps of the chain (block 0 on `inputs`, block i + 1 on block
 // i's `next`; backward from the last block's `next` with a ones gradient, the gradient of its
 // sum) and splits each step among the blocks the way the Python profiler's StepTimer
-// (python/hybridplan/_timing.py) splits a step among modules, so that the two profilers measure
-// the same thing:
+// (python/hybridplan/profiler/block_timing.py) splits a step among modules, so that the two
+// profilers measure the same thing:
 //   - forward: the clock is read when each block returns; the interval since the previous
 //     block returned is the block's;
 //   - backward: a hook on each block's output (Tensor::register_hook, which the autograd engine

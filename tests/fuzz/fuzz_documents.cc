@@ -1,4 +1,4 @@
-// libFuzzer targets for everything the planner reads from text (issue 13): the Graph, Cluster,
+// libFuzzer targets for everything the planner reads from text (a crash on bad input is a bug): the Graph, Cluster,
 // Job and Plan JSON loaders and the PipeDream graph.txt importer. One source, one binary per
 // target (HP_FUZZ_TARGET selects it; see tests/fuzz/CMakeLists.txt and `make fuzz`).
 //

@@ -36,7 +36,7 @@ def test_cpp_dp_trains_like_torch_ddp(tmp_path):
     assert cpp_ddp.max_relative_difference(paths["init"], str(tmp_path / "ddp.rank0.json")) > 1e-3
 
 
-# ---- checkpoints between the C++ and the Python executor (issue 13) ---------------------------
+# ---- checkpoints between the C++ and the Python executor -----------------------------------
 # The same MLP on both sides (models::mlp and torch.nn.Sequential of the same layers share their
 # state_dict keys), train_mlp's data (the batch of step k from seed * 100003 + 1 + k). K1 steps on
 # one side, a checkpoint, K2 steps on the other: the weights must equal train_mlp --reference's

@@ -1,4 +1,4 @@
-"""hybridplan.plan_over_run (the C++ run_schedule through _C), the README's over-the-run case
+"""hybridplan.plan_over_run (the C++ run_schedule through _C), the over-the-run case of docs/statistical_efficiency.md
 (examples/plan_over_run.py) and the switch advice of a measured critical batch
 (noise_scale_job.switch_advice, AppliedPlan.switch_advice)."""
 
@@ -76,7 +76,7 @@ def test_bad_arguments(kwargs, error, message):
         hybridplan.plan_over_run(**args)
 
 
-# ---- the README case ----------------------------------------------------------------------------
+# ---- the documented case ----------------------------------------------------------------------------
 
 def _example():
     spec = importlib.util.spec_from_file_location("plan_over_run_example",
@@ -90,7 +90,7 @@ def test_readme_case_is_multi_phase_and_beats_the_best_single_plan(tmp_path):
     if "inception_v3" not in pipedream.available():
         pytest.skip(f"no PipeDream profiles in {pipedream.profiles_dir()}: {pipedream.WHERE_FROM}")
     example = _example()
-    assert example.main(["--out", str(tmp_path)]) == 0    # the README's defaults
+    assert example.main(["--out", str(tmp_path)]) == 0    # the documented defaults
     _, _, job, schedule = example.build_case()
     trajectory = job["convergence"]["critical_batch"]
     assert trajectory[-1][1] == 8 * trajectory[0][1]

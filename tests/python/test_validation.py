@@ -1,6 +1,6 @@
 """`hybridplan calibrate` and `hybridplan validate`: the plan spread, the predicted-vs-measured
 arithmetic, and both end to end on 2 loopback ranks (structure and sanity only: the figures
-themselves are the README's, measured on a quiet machine; a loaded 2-core machine cannot hold
+themselves are in docs/calibration.md, measured on a quiet machine; a loaded 2-core machine cannot hold
 them, and these tests do not pretend to)."""
 
 import json

@@ -1,4 +1,4 @@
-// Documents that are not documents (issue 13): an empty, whitespace-only, `null` or non-object
+// Documents that are not documents: an empty, whitespace-only, `null` or non-object
 // file is reported saying WHICH kind of document it is, for every loader; and the inputs the
 // fuzzer (tests/fuzz, `make fuzz`) found, kept here as regressions.
 #include <sstream>

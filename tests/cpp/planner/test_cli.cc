@@ -420,7 +420,7 @@ TEST_CASE("cli: documented flags are accepted") {
   CHECK_THAT(job_alone.output, Contains("--job requires --cluster"));
 }
 
-// ---- mutated documents (issue 13) ------------------------------------------------------------
+// ---- mutated documents: a clear error, never a crash -----------------------------------------
 // N seeded random mutations of a Graph, Cluster, Job or Plan file (text-level: truncation, byte
 // deletion/insertion/duplication; JSON-level: a value replaced by an extreme or wrong-typed one,
 // a member or element removed or doubled). Mutated graph/cluster/job files go through `plan`,
