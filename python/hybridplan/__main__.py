@@ -503,8 +503,11 @@ def _add_convergence_parser(sub) -> None:
         "convergence", help="train to a target at several global batches and seeds: steps to "
                             "target, the fitted critical batch beside the gradient noise scale, "
                             "and a Job with the measured convergence model")
-    conv.add_argument("--task", required=True,
+    conv.add_argument("--task",
                       help="task JSON: model, data, optimizer, lr_rule, target (docs/formats.md)")
+    conv.add_argument("--refit", metavar="CONVERGENCE.json",
+                      help="fit again the runs of an earlier record (no training) and rewrite "
+                           "its outputs in --out-dir")
     conv.add_argument("--batches", type=_parse_sizes, default=[8, 16, 32, 64, 128, 256, 512],
                       help="global batches, comma-separated")
     conv.add_argument("--seeds", type=_parse_sizes, default=[0, 1, 2],
@@ -527,24 +530,26 @@ def _convergence(args) -> int:
     from . import convergence
     from .planner import Job
 
-    try:
-        spec = json.loads(Path(args.task).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{args.task}: cannot read the task ({e})") from None
-    task = convergence.task_from_spec(spec, args.task)
-    if len(args.noise) != 3:
-        raise ValueError(f"convergence: --noise must be SMALL,BIG,STEPS (got {args.noise})")
+    if (args.task is None) == (args.refit is None):
+        raise ValueError("convergence: give --task (measure) or --refit (fit a record again)")
+    if args.refit:
+        result = convergence.refit(_read_json(args.refit, "convergence record"), args.refit)
+    else:
+        spec = _read_json(args.task, "task")
+        task = convergence.task_from_spec(spec, args.task)
+        if len(args.noise) != 3:
+            raise ValueError(f"convergence: --noise must be SMALL,BIG,STEPS (got {args.noise})")
 
-    def line(run):
-        if not args.quiet:
-            print(f"B={run.global_batch:<5d} seed={run.seed} "
-                  f"{'steps to target' if run.reached else 'NOT reached after'} {run.steps} "
-                  f"({run.epochs:.2f} epochs)", flush=True)
-    result = convergence.measure_tradeoff(
-        task, args.batches, args.seeds, mode="branched" if args.branched else "full",
-        noise=tuple(args.noise), optimizer=spec["optimizer"],
-        per_replica_batch=args.per_replica_batch, progress=line)
-    result["task"] = spec
+        def line(run):
+            if not args.quiet:
+                print(f"B={run.global_batch:<5d} seed={run.seed} "
+                      f"{'steps to target' if run.reached else 'NOT reached after'} "
+                      f"{run.steps} ({run.epochs:.2f} epochs)", flush=True)
+        result = convergence.measure_tradeoff(
+            task, args.batches, args.seeds, mode="branched" if args.branched else "full",
+            noise=tuple(args.noise), optimizer=spec["optimizer"],
+            per_replica_batch=args.per_replica_batch, progress=line)
+        result["task"] = spec
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     Job.from_dict(result["job"], "measured job")  # the planner's own validation

@@ -460,7 +460,7 @@ def noise_scale_at(task: Task, state: Optional[Dict[str, Any]], small_batch: int
 class Fit:
     """S(B) = s_min + e_min / B fitted to the runs that reached the target (least squares on
     the relative error of S); the 16th-84th and 5th-95th percentiles of each value over
-    bootstrap resamples of the seeds within each batch."""
+    bootstrap resamples of the seeds (whole seeds, each with its runs at every batch)."""
     s_min: float
     e_min: float                   # samples
     critical_batch: float          # e_min / s_min (inf when s_min fits <= 0: no limit seen)
@@ -523,11 +523,23 @@ def fit_critical_batch(runs: Sequence[Run], resamples: int = 1000, seed: int = 0
                          f"(reached at {sorted(by_batch)}; not reached: {unreached})")
     batches = sorted(by_batch)
     s_min, e_min = _least_squares([(b, s) for b in batches for s in by_batch[b]])
+    # A seed's runs at every batch share its initialisation and data order (a slow seed is slow
+    # at every batch), so the resamples draw whole seeds; runs without a shared seed set are
+    # drawn within their batch.
+    by_seed: Dict[int, List[Tuple[int, int]]] = {}
+    for r in runs:
+        if r.reached:
+            by_seed.setdefault(r.seed, []).append((r.global_batch, r.steps))
+    seeds = sorted(by_seed)
+    joint = len(seeds) > 1 and all({b for b, _ in by_seed[k]} == set(batches) for k in seeds)
     rng = random.Random(seed)
     crit, emins, smins = [], [], []
     for _ in range(resamples):
-        pts = [(b, s) for b in batches
-               for s in rng.choices(by_batch[b], k=len(by_batch[b]))]
+        if joint:
+            pts = [p for k in rng.choices(seeds, k=len(seeds)) for p in by_seed[k]]
+        else:
+            pts = [(b, s) for b in batches
+                   for s in rng.choices(by_batch[b], k=len(by_batch[b]))]
         s, e = _least_squares(pts)
         crit.append(e / s if s > 0 else math.inf)
         emins.append(e)
@@ -638,6 +650,25 @@ def measure_tradeoff(task: Task, batches: Sequence[int], seeds: Sequence[int], *
             "model_fit_residual_max": max(abs(r) for r in fit.residuals)}
 
 
+def refit(record: Dict[str, Any], source: str = "record") -> Dict[str, Any]:
+    """`record` (what measure_tradeoff returned, as the command writes it) with its fit and its
+    measured Job made again from its runs: a change to the fit, without training again."""
+    try:
+        runs = [Run(**r) for r in record["sweep"]["runs"]]
+        job = dict(record["job"])
+        n = record["samples_per_epoch"]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{source}: not a convergence record ({e})") from None
+    fit = fit_critical_batch(runs)
+    source_fields = {k: v for k, v in job.get("measured_convergence", {}).items()
+                     if k in ("mode", "lr_rule", "target", "seeds")}
+    new_job = convergence_job(fit, n, optimizer=job.get("optimizer", "sgd_momentum"),
+                              per_replica_batch=job.get("per_replica_batch"),
+                              global_batch=job.get("global_batch"), source=source_fields)
+    return dict(record, fit=fit.to_dict(), job=new_job,
+                model_fit_residual_max=max(abs(r) for r in fit.residuals))
+
+
 def _fmt(x: Optional[float], spec: str = ".0f") -> str:
     return "—" if x is None or not math.isfinite(x) else format(x, spec)
 
@@ -663,7 +694,7 @@ def markdown(result: Dict[str, Any]) -> str:
               f"{fit['e_min']:.0f} samples ({fit['e_min'] / n:.2f} epochs), **B_crit = "
               f"{_fmt(crit)}** (68 %: {_fmt(lo)}–{_fmt(hi)}; 90 %: "
               f"{_fmt(fit['critical_batch_90'][0])}–{_fmt(fit['critical_batch_90'][1])}; "
-              f"{fit['resamples']} bootstrap resamples of the seeds)", "",
+              f"{fit['resamples']} bootstrap resamples of whole seeds)", "",
               "gradient noise scale B_simple along one run at the smallest batch (McCandlish et "
               "al.: B_crit ~ B_noise, and B_simple = B_noise when the Hessian is a multiple of "
               "the identity):", "", "| progress | B_simple | stderr | B_simple / B_crit |",

@@ -189,6 +189,20 @@ def test_convergence_command_writes_a_job_the_planner_reads(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "hybridplan", "convergence", "--task",
                           str(tmp_path / "missing.json")], capture_output=True, text=True)
     assert bad.returncode == 2 and "missing.json: cannot read the task" in bad.stderr
+    # --refit fits the record's runs again without training: the same fit, files rewritten
+    refit = subprocess.run(
+        [sys.executable, "-m", "hybridplan", "convergence", "--refit",
+         str(tmp_path / "out" / "convergence.json"), "--out-dir", str(tmp_path / "again")],
+        capture_output=True, text=True, timeout=120)
+    assert refit.returncode == 0, refit.stderr[-2000:]
+    again = json.loads((tmp_path / "again" / "convergence.json").read_text())
+    assert again["fit"]["critical_batch"] == pytest.approx(record["fit"]["critical_batch"])
+    assert again["sweep"] == record["sweep"]
+    tta = subprocess.run(
+        [sys.executable, "-m", "hybridplan", "validate", "--time-to-target", "--graph", "g.json",
+         "--cluster", "localhost-cpu", "--task", str(tmp_path / "task.json"), "--job",
+         str(tmp_path / "task.json")], capture_output=True, text=True, timeout=120)
+    assert tta.returncode == 2 and "convergence is required for --time-to-target" in tta.stderr
 
 
 # ---- time to target under plans ---------------------------------------------------------------
