@@ -1,12 +1,14 @@
 """Time to accuracy, end to end on this machine (`make tta`, about 10 minutes on 2 cores):
 
-1. profile digits_cnn (a small CNN for scikit-learn's bundled handwritten digits, real data, no
-   download) and calibrate this machine with its own graph (as `make demo` does);
-2. measure the batch-size trade-off directly: train to the task's target (held-out loss) at 7
-   global batches x 5 seeds from initialisation, fit S(B) = S_min + E_min / B with bootstrap
-   intervals, beside the gradient noise scale B_simple along one run; and the cheaper branched
-   mode (short runs from one run's halfway point), whose local critical batch is reported
-   beside;
+1. measure the batch-size trade-off directly on digits_cnn (a small CNN for scikit-learn's
+   bundled handwritten digits, real data, no download): train to the task's target (held-out
+   loss) at 7 global batches x 5 seeds from initialisation, fit S(B) = S_min + E_min / B with
+   bootstrap intervals, beside the gradient noise scale B_simple along one run; and the cheaper
+   branched mode (short runs from one run's halfway point), whose local critical batch is
+   reported beside;
+2. profile digits_cnn and calibrate this machine with its own graph (as `make demo` does), just
+   before the plans run: on this shared host the same plan's step measured 4.1 ms and, twenty
+   minutes later, 6.2 ms, with both harnesses agreeing each time;
 3. train >= 4 plans spanning global batches (the planner's pick, the throughput-optimal plan,
    data parallel at two per-replica batches, the best pipeline) to the target with torchrun, 3
    seeds each, and compare predicted time to target (measured convergence model and noise-scale
@@ -63,8 +65,15 @@ def main(argv=None) -> int:
         sys.executable, "-m", "torch.distributed.run"]
     began = time.time()
 
+    print("== 1. the batch-size trade-off, measured directly", flush=True)
+    conv = [sys.executable, "-m", "hybridplan", "convergence", "--task", TASK,
+            "--per-replica-batch", PER_REPLICA, "--quiet"]
+    run(conv + ["--seeds", args.seeds, "--out-dir", out / "convergence"], env=env)
+    run(conv + ["--seeds", args.seeds, "--branched", "--out-dir", out / "branched"], env=env)
+
     if not args.skip_calibration:
-        print(f"== 1. profile digits_cnn at batch {PROFILE_BATCH} and calibrate this machine",
+        print(f"\n== 2. profile digits_cnn at batch {PROFILE_BATCH} and calibrate this machine "
+              "(just before the plans run: this host's speed drifts over minutes)",
               flush=True)
         module = models.digits_cnn(seed=0)
         graph = hybridplan.profile(module, module.example_inputs(PROFILE_BATCH), verbose=False,
@@ -74,12 +83,6 @@ def main(argv=None) -> int:
         run(launcher + ["--standalone", "--nproc-per-node", 2, "-m", "hybridplan", "calibrate",
                         "--graph", out / "graph.json", "--out", out / "cluster.json", "--model",
                         "hybridplan.models:digits_cnn", "--batch", PROFILE_BATCH], env=env)
-
-    print("\n== 2. the batch-size trade-off, measured directly", flush=True)
-    conv = [sys.executable, "-m", "hybridplan", "convergence", "--task", TASK,
-            "--per-replica-batch", PER_REPLICA, "--quiet"]
-    run(conv + ["--seeds", args.seeds, "--out-dir", out / "convergence"], env=env)
-    run(conv + ["--seeds", args.seeds, "--branched", "--out-dir", out / "branched"], env=env)
 
     print("\n== 3. plans trained to the target: predicted vs measured time to target",
           flush=True)

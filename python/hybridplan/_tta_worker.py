@@ -1,6 +1,6 @@
 """One rank of a time-to-target run: trains a convergence task (hybridplan.convergence) under a
-plan until the held-out target holds, timing every training step on the executor's own clock.
-Run under torchrun by hybridplan.time_to_accuracy:
+plan to the held-out target, and times an uninterrupted run of that length. Run under torchrun
+by hybridplan.time_to_accuracy:
 
     torchrun --nproc-per-node N -m hybridplan._tta_worker --plan plan.json --task task.json \\
         --seed 0 --out result.json
@@ -8,11 +8,18 @@ Run under torchrun by hybridplan.time_to_accuracy:
 The data stream, learning-rate rule and evaluation schedule are convergence.py's, so a run
 under any plan takes the same samples in the same order as the one-process runs of
 `python -m hybridplan convergence` (training under a plan equals one-process training, so its
-steps to target are theirs up to floating-point order). Timed: each hp.step() from a barrier
-to its return, summed per rank up to the step at which the target first held; the run's
-training time is the slowest rank's sum. Not timed: the evaluations (the whole model kept with
-hp.state_dict() at each step the evaluation schedule picks, evaluated on rank 0 a few at a time
-and the verdict broadcast, so every rank stops at the same step; see FLUSH_EVERY).
+steps to target are theirs up to floating-point order).
+
+Two passes, each from the model's initialisation under the plan (apply() twice):
+  1. find the steps: train with the evaluation schedule (the state at each step it picks kept
+     with hp.state_dict(), evaluated on rank 0 a few at a time, the verdict broadcast so every
+     rank stops together) until the target holds: S steps;
+  2. the timed run: train exactly S steps with no evaluation in between, each hp.step() timed
+     from a barrier to its return, then evaluate once: the final state must meet the target
+     (`verified`; training is deterministic, so it does).
+Time to target is the timed run's steps summed per rank, the slowest rank's sum. Evaluating in
+the run that is timed perturbed it: a rank waiting in the evaluation's broadcast ran the next
+step slower, and these runs are only tens to hundreds of steps.
 """
 
 from __future__ import annotations
@@ -23,40 +30,104 @@ import math
 import statistics
 import sys
 import time
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-
-# Evaluations are deferred: the state at each step the schedule picks is kept (hp.state_dict(),
-# a copy, or a gather across a pipeline's ranks), and every FLUSH_EVERY of them rank 0
-# evaluates the kept states in order while the others wait. Evaluating after every step instead
-# (every step up to 100) left one rank idle in a broadcast before nearly every step, and the
-# step after such a wait ran slower (branchy digits_cnn dp b=8: median step 3.0 ms without
-# evaluations, 3.7-4.2 ms with one before each step, on this 2-core host). The steps run past
-# the target (at most FLUSH_EVERY - 1) are neither counted nor timed.
+# Kept states evaluated at a time in the first pass: at most FLUSH_EVERY - 1 steps are run past
+# the target before it is seen (not counted).
 FLUSH_EVERY = 8
 
 
-def _first_reached(pending, evaluator, task, rank):
-    """(step at which the target first holds or None, curve points, diverged) over the kept
-    states in order; rank 0 evaluates and broadcasts its verdict."""
+class _Run:
+    """The plan applied to a fresh model of the task, and its training loop."""
+
+    def __init__(self, plan: dict, task, seed: int, timeout_s: float, noise_every: int = 0):
+        import hybridplan
+
+        self.task, self.seed, self.plan = task, seed, plan
+        self.global_batch = plan["global_batch"]
+        torch.manual_seed(seed)  # as convergence.train_to_target
+        data = task.data
+        example = ((data.train_inputs[:plan["per_replica_batch"]],)
+                   if plan["mode"] == "pipeline" else None)
+        rule, b = task.lr_rule, self.global_batch
+        self.hp = hybridplan.apply(plan, task.model(seed), loss_fn=task.loss_fn,
+                                   timeout_s=timeout_s, example_inputs=example,
+                                   measure_noise_scale=noise_every,
+                                   optimizer=lambda params: task.optimizer(params, rule.lr(b, 0)))
+        self.samples = 0
+        self.step_times: List[float] = []
+
+    def step(self, timed: bool) -> None:
+        from hybridplan import convergence as cv
+
+        data, b = self.task.data, self.global_batch
+        idx = cv.sample_indices(int(data.train_targets.shape[0]), self.seed, self.samples, b)
+        shard = self.hp.shard((data.train_inputs[idx],), data.train_targets[idx])
+        for group in self.hp.optimizer.param_groups:
+            group["lr"] = self.task.lr_rule.lr(b, self.samples)
+        if timed:
+            dist.barrier()
+            start = time.perf_counter()
+            self.hp.step(*shard)
+            self.step_times.append(time.perf_counter() - start)
+        else:
+            self.hp.step(*shard)
+        self.samples += b
+
+
+def _evaluate_on_rank0(states: List[Tuple[int, Dict[str, Any]]], evaluator, task
+                       ) -> Tuple[Optional[int], List[tuple], bool]:
+    """(the first step whose state meets the target or None, the curve points, diverged): rank 0
+    evaluates the states in order and broadcasts its verdict."""
     from hybridplan import convergence as cv
 
-    verdict = [None]
-    if rank == 0:
-        points, found = [], None
-        for step, state in pending:
+    verdict: List[Any] = [None]
+    if dist.get_rank() == 0:
+        points, found, diverged = [], None, False
+        for step, state in states:
             evaluator.load_state_dict(state)
             loss, accuracy = cv.evaluate(evaluator, task.loss_fn, task.data.eval_inputs,
                                          task.data.eval_targets)
             points.append((step, loss, accuracy))
-            if not math.isfinite(loss) or task.target.reached(loss, accuracy):
-                found = step if math.isfinite(loss) else None
+            if not math.isfinite(loss):
+                diverged = True
                 break
-        verdict = [(found, points, not math.isfinite(points[-1][1]) if points else False)]
+            if task.target.reached(loss, accuracy):
+                found = step
+                break
+        verdict = [(found, points, diverged)]
     dist.broadcast_object_list(verdict, src=0)
     return verdict[0]
+
+
+def find_steps(run: _Run, evaluator) -> Tuple[Optional[int], List[tuple], int, float]:
+    """Pass 1: (steps to target or None, the evaluation curve, steps run, evaluation seconds)."""
+    from hybridplan import convergence as cv
+
+    task = run.task
+    limit = int(task.max_epochs * task.data.train_targets.shape[0])
+    step, last_eval, eval_s = 0, 0, 0.0
+    curve: List[tuple] = []
+    pending: List[Tuple[int, Dict[str, Any]]] = []
+    while run.samples < limit:
+        run.step(timed=False)
+        step += 1
+        begin = time.perf_counter()
+        if cv.eval_due(step, last_eval):
+            last_eval = step
+            pending.append((step, run.hp.state_dict()))
+        if len(pending) >= FLUSH_EVERY or (pending and run.samples >= limit):
+            found, points, diverged = _evaluate_on_rank0(pending, evaluator, task)
+            curve += points
+            pending = []
+            if found is not None or diverged:
+                eval_s += time.perf_counter() - begin
+                return found, curve, step, eval_s
+        eval_s += time.perf_counter() - begin
+    return None, curve, step, eval_s
 
 
 def main(argv=None) -> int:
@@ -66,11 +137,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--measure-noise-scale", type=int, default=0,
-                   help="N > 0: the executor's online noise scale every N steps (dp >= 2)")
+                   help="N > 0: the executor's online noise scale every N steps of the timed "
+                        "run (dp >= 2)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
-    import hybridplan
     from hybridplan import convergence as cv
     from hybridplan.files import write_text_atomic
 
@@ -79,67 +150,44 @@ def main(argv=None) -> int:
         task = cv.task_from_spec(json.load(f), args.task)
     with open(args.plan) as f:
         plan = json.load(f)
-    data, rule, seed = task.data, task.lr_rule, args.seed
-    n = int(data.train_targets.shape[0])
-    global_batch = plan["global_batch"]
-    torch.manual_seed(seed)  # as convergence.train_to_target
-    module = task.model(seed)
-    example = (data.train_inputs[:plan["per_replica_batch"]],) if plan["mode"] == "pipeline" else None
-    hp = hybridplan.apply(plan, module, loss_fn=task.loss_fn, timeout_s=args.timeout_s,
-                          example_inputs=example, measure_noise_scale=args.measure_noise_scale,
-                          optimizer=lambda params: task.optimizer(params, rule.lr(global_batch, 0)))
+    n = int(task.data.train_targets.shape[0])
+
+    first = _Run(plan, task, args.seed, args.timeout_s)
     rank = dist.get_rank()
-    evaluator = task.model(seed) if rank == 0 else None
-    samples, step, last_eval, reached, at = 0, 0, 0, False, None
-    step_times, curve, eval_s, pending = [], [], 0.0, []
-    limit = int(task.max_epochs * n)
-    while samples < limit and not reached:
-        idx = cv.sample_indices(n, seed, samples, global_batch)
-        shard = hp.shard((data.train_inputs[idx],), data.train_targets[idx])
-        for group in hp.optimizer.param_groups:
-            group["lr"] = rule.lr(global_batch, samples)
-        dist.barrier()
-        start = time.perf_counter()
-        hp.step(*shard)
-        step_times.append(time.perf_counter() - start)
-        step += 1
-        samples += global_batch
-        if cv.eval_due(step, last_eval):
-            last_eval = step
-            begin = time.perf_counter()
-            pending.append((step, hp.state_dict()))
-            eval_s += time.perf_counter() - begin
-        if len(pending) < FLUSH_EVERY and samples < limit:
-            continue
-        begin = time.perf_counter()
-        at, evaluated, diverged = _first_reached(pending, evaluator, task, rank)
-        reached = at is not None
-        curve += evaluated
-        pending = []
-        eval_s += time.perf_counter() - begin
-        if diverged:
-            break  # a loss that is not finite never reaches the target
-    steps = at if reached else step
-    step_times = step_times[:steps]
-    mine = {"rank": rank, "train_s": sum(step_times),
-            "median_step_s": statistics.median(step_times) if step_times else 0.0,
-            "first_step_s": step_times[0] if step_times else 0.0, "step_times_s": step_times}
+    evaluator = task.model(args.seed) if rank == 0 else None
+    steps, curve, steps_run, eval_s = find_steps(first, evaluator)
+    first.hp.close()
+
+    timed = _Run(plan, task, args.seed, args.timeout_s, args.measure_noise_scale)
+    for _ in range(steps or 0):
+        timed.step(timed=True)
+    verified = None
+    if steps:
+        found, points, _ = _evaluate_on_rank0([(steps, timed.hp.state_dict())], evaluator, task)
+        verified = {"reached": found == steps, "loss": points[0][1], "accuracy": points[0][2]}
+    times = timed.step_times
+    mine = {"rank": rank, "train_s": sum(times),
+            "median_step_s": statistics.median(times) if times else 0.0,
+            "first_step_s": times[0] if times else 0.0, "step_times_s": times}
     if args.measure_noise_scale:
-        est = hp.noise_scale()
+        est = timed.hp.noise_scale()
         mine["noise_scale"] = None if est is None else {"b_simple": est.b_simple,
                                                          "stderr": est.stderr}
-    ranks = [None] * dist.get_world_size()
+    ranks: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if rank == 0:
         slowest = max(ranks, key=lambda r: r["train_s"])
-        out = {"reached": reached, "steps": steps, "samples": steps * global_batch,
-               "epochs": steps * global_batch / n, "steps_run": step,
-               "train_s": slowest["train_s"], "median_step_s": slowest["median_step_s"],
+        b = plan["global_batch"]
+        steps_counted = steps if steps else steps_run
+        out = {"reached": steps is not None, "verified": verified, "steps": steps_counted,
+               "samples": steps_counted * b, "epochs": steps_counted * b / n,
+               "steps_run": steps_run, "train_s": slowest["train_s"],
+               "median_step_s": slowest["median_step_s"],
                "first_step_s": slowest["first_step_s"], "eval_s": eval_s, "curve": curve,
-               "per_rank": ranks, "seed": seed, "global_batch": global_batch,
+               "per_rank": ranks, "seed": args.seed, "global_batch": b,
                "noise_scale": ranks[0].get("noise_scale")}
         write_text_atomic(args.out, json.dumps(out))
-    hp.close()
+    timed.hp.close()
     return 0
 
 
