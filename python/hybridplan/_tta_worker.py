@@ -137,8 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--measure-noise-scale", type=int, default=0,
-                   help="N > 0: the executor's online noise scale every N steps of the timed "
-                        "run (dp >= 2)")
+                   help="N > 0: the executor's online noise scale every N steps of the first "
+                        "(untimed) pass, read when the target holds (dp >= 2)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -152,13 +152,14 @@ def main(argv=None) -> int:
         plan = json.load(f)
     n = int(task.data.train_targets.shape[0])
 
-    first = _Run(plan, task, args.seed, args.timeout_s)
+    first = _Run(plan, task, args.seed, args.timeout_s, args.measure_noise_scale)
     rank = dist.get_rank()
     evaluator = task.model(args.seed) if rank == 0 else None
     steps, curve, steps_run, eval_s = find_steps(first, evaluator)
+    noise = first.hp.noise_scale() if args.measure_noise_scale else None
     first.hp.close()
 
-    timed = _Run(plan, task, args.seed, args.timeout_s, args.measure_noise_scale)
+    timed = _Run(plan, task, args.seed, args.timeout_s)
     for _ in range(steps or 0):
         timed.step(timed=True)
     verified = None
@@ -169,10 +170,6 @@ def main(argv=None) -> int:
     mine = {"rank": rank, "train_s": sum(times),
             "median_step_s": statistics.median(times) if times else 0.0,
             "first_step_s": times[0] if times else 0.0, "step_times_s": times}
-    if args.measure_noise_scale:
-        est = timed.hp.noise_scale()
-        mine["noise_scale"] = None if est is None else {"b_simple": est.b_simple,
-                                                         "stderr": est.stderr}
     ranks: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if rank == 0:
@@ -185,7 +182,9 @@ def main(argv=None) -> int:
                "median_step_s": slowest["median_step_s"],
                "first_step_s": slowest["first_step_s"], "eval_s": eval_s, "curve": curve,
                "per_rank": ranks, "seed": args.seed, "global_batch": b,
-               "noise_scale": ranks[0].get("noise_scale")}
+               "noise_scale": None if noise is None else {
+                   "b_simple": noise.b_simple, "stderr": noise.stderr,
+                   "effective_steps": noise.effective_steps}}
         write_text_atomic(args.out, json.dumps(out))
     timed.hp.close()
     return 0

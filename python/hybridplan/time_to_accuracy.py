@@ -112,6 +112,18 @@ def _launch(plan: dict, task_path: str, seed: int, timeout_s: float, work_dir: P
     return json.loads(out_path.read_text())
 
 
+def _one_process_steps(task, record: Optional[dict], global_batch: int, seed: int) -> int:
+    """The one-process run's steps to target at (global_batch, seed): from the `convergence`
+    record when it holds that run, else trained here."""
+    from . import convergence as cv
+
+    for r in (record or {}).get("sweep", {}).get("runs", []):
+        if r["global_batch"] == global_batch and r["seed"] == seed and r.get("start_samples", 0) == 0:
+            return r["steps"]
+    run, _ = cv.train_to_target(task, global_batch, seed)
+    return run.steps
+
+
 def _error(predicted: Optional[float], measured: Optional[float]) -> Optional[float]:
     if predicted is None or not measured:
         return None
@@ -127,11 +139,14 @@ def validate_time_to_target(graph, cluster, task_path: str, job: dict,
                             max_plans: Optional[int] = None,
                             progress=print) -> Dict[str, Any]:
     """Runs every selected plan to the target under each seed and compares (see the module
-    docstring). `one_process`: a convergence.json (the `convergence` command's record) whose
-    runs give each batch's one-process steps to target for the report. `max_plans`: only the
+    docstring). Each plan's steps are set beside the one-process run's at the same global batch
+    and seed: from `one_process` (a `convergence` record) where it holds that run, else trained
+    here. Data-parallel plans also measure the online noise scale in their first pass. `max_plans`: only the
     first plans of the selection (the test suite's reduced form)."""
+    from . import convergence as cv
     from .planner import Job, evaluate
 
+    task = cv.task_from_spec(json.loads(Path(task_path).read_text()), os.fspath(task_path))
     Job.from_dict(job, "job")  # the planner's validation, before anything runs
     if noise_job is not None:
         Job.from_dict(noise_job, "noise-scale job")
@@ -141,7 +156,9 @@ def validate_time_to_target(graph, cluster, task_path: str, job: dict,
     launches: Dict[int, List[dict]] = {i: [] for i in range(len(plans))}
     for seed in seeds:
         for i, (role, plan) in enumerate(plans):
-            measured = _launch(plan, os.fspath(task_path), seed, timeout_s, out)
+            online = plan["mp"] == 1 and plan["dp"] >= 2 and plan.get("sharding", "none") == "none"
+            measured = _launch(plan, os.fspath(task_path), seed, timeout_s, out,
+                               measure_noise_scale=1 if online else 0)
             launches[i].append(measured)
             progress(f"{role:<34s} {_kind(plan):<40s} seed {seed}: "
                      f"{'reached' if measured['reached'] else 'NOT reached'} after "
@@ -167,9 +184,9 @@ def validate_time_to_target(graph, cluster, task_path: str, job: dict,
                "measured_steps": [r["steps"] for r in runs],
                "measured_step_s": statistics.median(r["median_step_s"] for r in runs),
                "reached": [r["reached"] for r in runs], "runs": runs}
-        if one_process:
-            row["one_process_steps"] = [r["steps"] for r in one_process["sweep"]["runs"]
-                                        if r["global_batch"] == b and r["seed"] in seeds]
+        row["one_process_steps"] = [_one_process_steps(task, one_process, b, r["seed"])
+                                    for r in runs]
+        row["online_noise_scale"] = [r.get("noise_scale") for r in runs]
         row["error"] = _error(row["predicted_s"], row["measured_s"])
         row["noise_error"] = _error(row["predicted_noise_s"], row["measured_s"])
         rows.append(row)
@@ -207,18 +224,29 @@ def _pct(x: Optional[float]) -> str:
 
 
 def markdown(result: Dict[str, Any]) -> str:
-    lines = ["| plan | role | predicted step | measured step | predicted steps (measured model) "
-             "| measured steps per seed | one process | predicted s | predicted s (noise scale) "
-             "| measured s (median, min–max) | error | error (noise scale) |",
-             "|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| plan | role | predicted steps | measured steps per seed | one process | steps "
+             "error | predicted step | measured step | step error | predicted s | predicted s "
+             "(noise scale) | measured s (median, min–max) | error | error (noise scale) |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         one = ", ".join(str(s) for s in r.get("one_process_steps", [])) or "—"
+        steps = statistics.median(r["measured_steps"])
         lines.append(
-            f"| {r['kind']} | {r['role']} | {1e3 * r['predicted_step_s']:.2f} ms | "
-            f"{1e3 * r['measured_step_s']:.2f} ms | {r['predicted_steps']:.0f} | "
-            f"{', '.join(str(s) for s in r['measured_steps'])} | {one} | {_s(r['predicted_s'])} | "
-            f"{_s(r['predicted_noise_s'])} | {_s(r['measured_s'])} ({_s(r['measured_min_s'])}–"
-            f"{_s(r['measured_max_s'])}) | {_pct(r['error'])} | {_pct(r['noise_error'])} |")
+            f"| {r['kind']} | {r['role']} | {r['predicted_steps']:.0f} | "
+            f"{', '.join(str(s) for s in r['measured_steps'])} | {one} | "
+            f"{_pct(_error(r['predicted_steps'], steps))} | "
+            f"{1e3 * r['predicted_step_s']:.2f} ms | {1e3 * r['measured_step_s']:.2f} ms | "
+            f"{_pct(_error(r['predicted_step_s'], r['measured_step_s']))} | "
+            f"{_s(r['predicted_s'])} | {_s(r['predicted_noise_s'])} | {_s(r['measured_s'])} "
+            f"({_s(r['measured_min_s'])}–{_s(r['measured_max_s'])}) | {_pct(r['error'])} | "
+            f"{_pct(r['noise_error'])} |")
+    online = [(r["kind"], [o["b_simple"] for o in r.get("online_noise_scale", []) if o])
+              for r in result["rows"]]
+    online = [(k, v) for k, v in online if v]
+    if online:
+        lines += ["", "online noise scale B_simple at the target (the executor's, every step of "
+                  "the first pass; small batch = per-replica, big = global): " + "; ".join(
+                      f"{k}: {', '.join(f'{b:.0f}' for b in v)}" for k, v in online)]
     def pct(x: Optional[float]) -> str:
         return "—" if x is None else f"{100 * x:.0f} %"
 
