@@ -337,68 +337,92 @@ torch::Tensor Executor::step_pipeline(const torch::Tensor& input, const torch::T
 //   <tag>/checkpoint<n>/status        rank 0's outcome: "" written, else the error
 //   <tag>/checkpoint<n>/read/<rank>   this rank has read the status (rank 0, which hosts the
 //                                     store, waits for these before it returns)
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// The whole model's state in the module's order, each tensor from the part that holds it (a
+// stage's tensors from its rank's part); state of no block is this rank's (rank 0's) own.
+IDict merge_model_parts(torch::nn::Module& module, const std::vector<IDict>& parts) {
+  IDict model = new_dict();
+  for (const auto& [key, t] : module_state(module)) {
+    c10::IValue value = t.detach().to(torch::kCPU).clone();
+    for (const IDict& part : parts) {
+      const IDict m = part.at("model").toGenericDict();
+      if (auto it = m.find(key); it != m.end()) {
+        value = it->value();
+        break;
+      }
+    }
+    model.insert(key, value);
+  }
+  return model;
+}
+
+}  // namespace
+
 void Executor::save_checkpoint(const std::string& path, const torch::optim::Optimizer& optimizer) {
   const std::string prefix = tag_ + "/checkpoint" + std::to_string(saves_++);
-  auto bytes_of = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
   const int64_t contributors = plan_.mode == MpMode::kPipeline ? plan_.mp : 1;  // replica 0's ranks
-  if (env_.rank < contributors) {
-    try {
-      const ParameterNames names = canonical_parameter_names(*module_);
-      std::set<const void*> mine;
-      for (const torch::Tensor& t : local_states()) mine.insert(t.unsafeGetTensorImpl());
-      IDict model = new_dict();
-      for (const auto& [key, t] : module_state(*module_)) {
-        if (mine.count(t.unsafeGetTensorImpl())) model.insert(key, t.detach().to(torch::kCPU).clone());
-      }
-      IDict part = new_dict();
-      part.insert("model", model);
-      part.insert("optimizer", optimizer_state_by_name(optimizer, names));
-      std::vector<char> pickled = pickle_plain(part);
-      store_->set(prefix + "/part/" + std::to_string(env_.rank),
-                  std::vector<uint8_t>(pickled.begin(), pickled.end()));
-    } catch (const std::exception& e) {  // rank 0 reports it to every rank
-      store_->set(prefix + "/part/" + std::to_string(env_.rank), bytes_of("error: " + error_text(e)));
-    }
+  if (env_.rank < contributors) send_checkpoint_part(prefix, optimizer);
+  if (env_.rank == 0) store_->set(prefix + "/status", bytes_of(write_checkpoint_parts(prefix, contributors, path)));
+  const std::string status = await_checkpoint_status(prefix);
+  if (!status.empty()) {
+    throw std::runtime_error(path + ": checkpoint not written (rank 0: " + status +
+                             "); the previous file, if any, is unchanged");
   }
-  if (env_.rank == 0) {
-    std::string status;
-    try {
-      std::vector<std::string> keys;
-      for (int64_t r = 0; r < contributors; ++r) keys.push_back(prefix + "/part/" + std::to_string(r));
-      store_->wait(keys, options_.timeout);  // every part has arrived: the write may begin
-      std::vector<IDict> parts;
-      for (const std::string& key : keys) {
-        std::vector<uint8_t> value = store_->get(key);
-        store_->deleteKey(key);
-        const std::string text(value.begin(), value.end());
-        if (text.rfind("error: ", 0) == 0) throw std::runtime_error(key + ": " + text.substr(7));
-        parts.push_back(torch::pickle_load(std::vector<char>(value.begin(), value.end())).toGenericDict());
-      }
-      IDict model = new_dict();  // the module's order; a stage's tensors from its part
-      for (const auto& [key, t] : module_state(*module_)) {
-        c10::IValue value = t.detach().to(torch::kCPU).clone();  // state of no block: rank 0's
-        for (const IDict& part : parts) {
-          const IDict m = part.at("model").toGenericDict();
-          if (auto it = m.find(key); it != m.end()) {
-            value = it->value();
-            break;
-          }
-        }
-        model.insert(key, value);
-      }
-      std::vector<IDict> optimizers;
-      for (const IDict& part : parts) optimizers.push_back(part.at("optimizer").toGenericDict());
-      const std::vector<char> bytes = pickle_plain(
-          build_checkpoint(model, merge_optimizer_states(optimizers), steps_, plan_json_, plan_.graph_sha256));
-      write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
-    } catch (const c10::Error& e) {
-      status = std::string(e.what_without_backtrace());
-      status = status.substr(0, status.find('\n'));
-    } catch (const std::exception& e) {
-      status = e.what();
+}
+
+void Executor::send_checkpoint_part(const std::string& prefix, const torch::optim::Optimizer& optimizer) const {
+  const std::string key = prefix + "/part/" + std::to_string(env_.rank);
+  try {
+    const ParameterNames names = canonical_parameter_names(*module_);
+    std::set<const void*> mine;
+    for (const torch::Tensor& t : local_states()) mine.insert(t.unsafeGetTensorImpl());
+    IDict model = new_dict();
+    for (const auto& [name, t] : module_state(*module_)) {
+      if (mine.count(t.unsafeGetTensorImpl())) model.insert(name, t.detach().to(torch::kCPU).clone());
     }
-    store_->set(prefix + "/status", bytes_of(status));
+    IDict part = new_dict();
+    part.insert("model", model);
+    part.insert("optimizer", optimizer_state_by_name(optimizer, names));
+    std::vector<char> pickled = pickle_plain(part);
+    store_->set(key, std::vector<uint8_t>(pickled.begin(), pickled.end()));
+  } catch (const std::exception& e) {  // rank 0 reports it to every rank
+    store_->set(key, bytes_of("error: " + error_text(e)));
   }
+}
+
+std::string Executor::write_checkpoint_parts(const std::string& prefix, int64_t contributors,
+                                             const std::string& path) const {
+  try {
+    std::vector<std::string> keys;
+    for (int64_t r = 0; r < contributors; ++r) keys.push_back(prefix + "/part/" + std::to_string(r));
+    store_->wait(keys, options_.timeout);  // every part has arrived: the write may begin
+    std::vector<IDict> parts;
+    for (const std::string& key : keys) {
+      std::vector<uint8_t> value = store_->get(key);
+      store_->deleteKey(key);
+      const std::string text(value.begin(), value.end());
+      if (text.rfind("error: ", 0) == 0) throw std::runtime_error(key + ": " + text.substr(7));
+      parts.push_back(torch::pickle_load(std::vector<char>(value.begin(), value.end())).toGenericDict());
+    }
+    std::vector<IDict> optimizers;
+    for (const IDict& part : parts) optimizers.push_back(part.at("optimizer").toGenericDict());
+    const std::vector<char> bytes =
+        pickle_plain(build_checkpoint(merge_model_parts(*module_, parts), merge_optimizer_states(optimizers),
+                                      steps_, plan_json_, plan_.graph_sha256));
+    write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
+    return "";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    return what.substr(0, what.find('\n'));
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string Executor::await_checkpoint_status(const std::string& prefix) const {
   std::string status;
   try {
     store_->wait({prefix + "/status"}, options_.timeout);
@@ -408,7 +432,7 @@ void Executor::save_checkpoint(const std::string& path, const torch::optim::Opti
   } catch (const std::exception& e) {
     status = "no answer within the timeout: " + error_text(e);
   }
-  if (env_.rank == 0) {
+  if (env_.rank == 0) {  // rank 0 hosts the store: it returns once every rank has read
     std::vector<std::string> read;
     for (int64_t r = 0; r < env_.world_size; ++r) read.push_back(prefix + "/read/" + std::to_string(r));
     try {
@@ -417,10 +441,7 @@ void Executor::save_checkpoint(const std::string& path, const torch::optim::Opti
       // a rank that read nothing has failed on its own; the outcome here stays accurate
     }
   }
-  if (!status.empty()) {
-    throw std::runtime_error(path + ": checkpoint not written (rank 0: " + status +
-                             "); the previous file, if any, is unchanged");
-  }
+  return status;
 }
 
 int64_t Executor::load_checkpoint(const std::string& path, torch::optim::Optimizer& optimizer) {

@@ -136,6 +136,13 @@ class Executor {
   std::vector<std::pair<std::string, torch::Tensor>> local_named_parameters() const;
   std::vector<torch::Tensor> local_states() const;  // parameters, then buffers (DDP's broadcast)
   torch::Tensor step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss_fn);
+  // save_checkpoint's parts, over the store keys under `prefix` (executor.cc): a replica-0 rank
+  // sends its stages' part; rank 0 gathers the parts of `contributors` ranks and writes `path`,
+  // returning "" or what failed; every rank reads rank 0's outcome and returns it.
+  void send_checkpoint_part(const std::string& prefix, const torch::optim::Optimizer& optimizer) const;
+  std::string write_checkpoint_parts(const std::string& prefix, int64_t contributors,
+                                     const std::string& path) const;
+  std::string await_checkpoint_status(const std::string& prefix) const;
 
   Plan plan_;
   DistEnv env_;

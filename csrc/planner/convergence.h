@@ -18,7 +18,7 @@
 // A plan trains on full global batches only (each replica and micro-batch has a fixed size), so
 // the executor's data is one stream of epochs and a step takes its next B samples: an epoch is
 // samples_per_epoch / B steps, fractional, with no partial last batch
-// (python/hybridplan/convergence.py measures steps to target on the same stream).
+// (python/hybridplan/convergence/tradeoff.py measures steps to target on the same stream).
 #pragma once
 #include <cstdint>
 

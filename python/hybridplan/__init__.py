@@ -31,18 +31,18 @@ _EXPORTS = {
     # plans written by hand (examples, tests, benchmarks)
     "hand_plan": "hand_plans",
     # measuring the machine and the model against the cost model
-    "calibrate": "calibration", "validate": "validation",
+    "calibrate": "measure.calibration", "validate": "measure.validation",
     # statistical efficiency from the gradients
-    "noise_scale": "gradient_noise", "NoiseScale": "gradient_noise",
-    "critical_batch_job": "noise_scale_job", "switch_advice": "noise_scale_job",
-    "SwitchAdvice": "noise_scale_job",
+    "noise_scale": "convergence.noise_scale", "NoiseScale": "convergence.noise_scale",
+    "critical_batch_job": "convergence.noise_scale_job",
+    "switch_advice": "convergence.noise_scale_job",
+    "SwitchAdvice": "convergence.noise_scale_job",
     # the batch-size trade-off measured directly (steps to a target at several batches)
-    "measure_tradeoff": "convergence", "fit_critical_batch": "convergence",
-    "convergence_job": "convergence",
+    "measure_tradeoff": "convergence.tradeoff", "fit_critical_batch": "convergence.tradeoff",
+    "convergence_job": "convergence.tradeoff",
 }
 _SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "hand_plans",
-               "calibration", "validation", "fitting", "front_door", "trace",
-               "convergence", "datasets", "time_to_accuracy"}
+               "front_door", "trace", "datasets", "measure", "convergence"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 

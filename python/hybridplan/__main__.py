@@ -224,7 +224,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--json", action="store_true", help="print the result as JSON")
     tta = val.add_argument_group(
         "time to target", "train plans spanning global batches to the task's target and "
-        "compare predicted with measured time to target (hybridplan/time_to_accuracy.py)")
+        "compare predicted with measured time to target "
+        "(hybridplan/convergence/time_to_target.py)")
     tta.add_argument("--time-to-target", action="store_true",
                      help="this mode (needs --task and a --job with a convergence model)")
     tta.add_argument("--task", help="convergence task JSON (as `convergence --task`)")
@@ -310,8 +311,8 @@ def _profile(args) -> int:
         if Graph is not None:
             Graph.from_dict(graph, source=args.out).save(args.out)
         else:
-            from .probe import _atomic_write_json
-            _atomic_write_json(args.out, graph)
+            from .files import write_text_atomic
+            write_text_atomic(args.out, json.dumps(graph, indent=2) + "\n")
         if not args.quiet:
             print(f"wrote {args.out}", file=sys.stderr)
     else:
@@ -320,7 +321,7 @@ def _profile(args) -> int:
 
 
 def _probe(args) -> int:
-    from .probe import DEFAULT_SIZES, probe
+    from .measure.probe import DEFAULT_SIZES, probe
 
     cluster = probe(sizes_bytes=args.sizes or DEFAULT_SIZES, warmup=args.warmup,
                     repeats=args.repeats, timeout_s=args.timeout_s, name=args.name,
@@ -334,7 +335,7 @@ def _probe(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from .calibration import calibrate
+    from .measure.calibration import calibrate
 
     if args.warmup < 0 or args.repeats < 3 or args.batch < 1:
         raise ValueError(f"calibrate: need --warmup >= 0, --repeats >= 3 and --batch >= 1 (got "
@@ -359,7 +360,7 @@ def _calibrate(args) -> int:
 
 
 def _validate(args) -> int:
-    from .validation import markdown, validate
+    from .measure.validation import markdown, validate
 
     if args.time_to_target:
         return _validate_time_to_target(args)
@@ -395,7 +396,7 @@ def _read_json(path: str, what: str) -> dict:
 
 def _validate_time_to_target(args) -> int:
     from . import convergence
-    from .time_to_accuracy import markdown, validate_time_to_target
+    from .convergence.time_to_target import markdown, validate_time_to_target
 
     if not args.task or not args.job:
         raise ValueError("validate --time-to-target: needs --task and --job")
@@ -466,8 +467,8 @@ def _default_data(module, device: str):
 def _noise_scale(args) -> int:
     import torch
 
-    from .gradient_noise import noise_scale
-    from .noise_scale_job import critical_batch_job
+    from .convergence.noise_scale import noise_scale
+    from .convergence.noise_scale_job import critical_batch_job
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import __version__
+from .net import free_port
 from .planner import (MODES, Cluster, Graph, InfeasibleError, Job, Plan, _as_cluster, _as_job,
                       evaluate, search)
 
@@ -295,7 +296,9 @@ def resolve_job(job: Any, per_replica_batch: int, optimizer: Any = None) -> Job:
 # ---- the plan --------------------------------------------------------------------------------
 
 def _processes(p: Plan) -> int:
-    return p.dp if p.mode == "placement" else p.dp * p.mp
+    from .trace import processes
+
+    return processes(p.to_dict())
 
 
 def describe(p: Plan, mode: bool = True) -> str:
@@ -452,7 +455,7 @@ def _process_group(world_size: Optional[int], timeout_s: float) -> None:
                     f"started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not "
                     f"set) and no process group is initialised: {launch_hint(world_size)}")
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         elif len(present) < len(_TORCHRUN_ENV):
             missing = [k for k in _TORCHRUN_ENV if k not in os.environ]
             raise ValueError(f"hybridplan.parallelize: the environment sets {present} but not "
@@ -462,12 +465,6 @@ def _process_group(world_size: Optional[int], timeout_s: float) -> None:
     if world_size is not None and world_size != world:
         raise ValueError(f"hybridplan.parallelize: world_size={world_size} but the job has "
                          f"{world} processes: {launch_hint(world_size)}")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- rank 0's part: graph, cluster, job, plan -------------------------------------------------

@@ -29,9 +29,8 @@ import re
 from typing import Any, Dict, List, Optional
 
 from . import planner
-from .validation import _kind
 
-__all__ = ["predicted_trace", "comparison_trace", "write_trace", "trace_file_name",
+__all__ = ["predicted_trace", "comparison_trace", "write_trace", "trace_file_name", "plan_kind",
            "PREDICTED_PID", "MEASURED_PID"]
 
 PREDICTED_PID = 1
@@ -102,7 +101,7 @@ def _metadata(pid: int, process: str, sort_index: int, threads: Dict[int, str]) 
 
 # ---- the plan's ranks ----------------------------------------------------------------------
 
-def _processes(plan: dict) -> int:
+def processes(plan: dict) -> int:
     """Processes the plan runs: dp (placement: one per replica) or dp * mp (pipeline)."""
     return plan["dp"] if plan["mode"] == "placement" else plan["dp"] * plan["mp"]
 
@@ -137,8 +136,23 @@ def _thread_names(plan: dict, ranks: int) -> Dict[int, str]:
     return names
 
 
+def plan_kind(plan: dict) -> str:
+    """What a plan (dict) runs, in a few words: "dp b=32", "placement b=8 zero2",
+    "1f1b M=4 b=32 recompute" (the rows of `hybridplan validate` and the traces' names)."""
+    if plan["mp"] == 1:
+        kind = "dp"
+    elif plan["mode"] == "placement":
+        kind = "placement"
+    else:
+        kind = f"{plan['schedule']} M={plan['num_microbatches']}"
+    recomputed = any(a.get("recompute") for a in plan.get("assignment", []))
+    sharding = plan.get("sharding", "none")
+    return (f"{kind} b={plan['per_replica_batch']}" + (f" {sharding}" if sharding != "none" else "")
+            + (" recompute" if recomputed else ""))
+
+
 def _label(plan: dict) -> str:
-    return f"{plan['dp']}x{plan['mp']} {_kind(plan)}"
+    return f"{plan['dp']}x{plan['mp']} {plan_kind(plan)}"
 
 
 # ---- predicted -----------------------------------------------------------------------------
@@ -208,7 +222,7 @@ def predicted_trace(plan, graph=None, cluster=None, job=None) -> dict:
 
 def _other(plan: dict, prediction: Dict[str, Any]) -> Dict[str, Any]:
     other = {"predicted_step_s": prediction["terms"]["step_s"]}
-    if _predicted_ranks(plan) < _processes(plan):
+    if _predicted_ranks(plan) < processes(plan):
         other["predicted_ranks_drawn"] = (f"replicas 0..{MAX_PREDICTED_REPLICAS - 1} of "
                                           f"{plan['dp']} (the others are predicted alike)")
     return other
@@ -233,22 +247,22 @@ def _index(value: Any, where: str, below: Optional[int] = None) -> int:
 
 
 def _checked_measured(plan: dict, measured: Any, source: str) -> List[dict]:
-    """measured["per_rank"] (the shape hybridplan._validate_worker writes) checked field by field,
-    one entry per rank of the plan, in rank order."""
+    """measured["per_rank"] (the shape hybridplan.measure.validate_worker writes) checked field
+    by field, one entry per rank of the plan, in rank order."""
     if not isinstance(measured, dict):
         raise ValueError(f"{source}: $ must be an object with per_rank (got "
                          f"{type(measured).__name__})")
     if not isinstance(measured.get("per_rank"), list):
         raise ValueError(f"{source}: $.per_rank must be a list of the ranks' measurements (got "
                          f"{type(measured.get('per_rank')).__name__})")
-    processes = _processes(plan)
+    count = processes(plan)
     stages = plan["mp"] * plan.get("virtual_stages", 1) if plan["mode"] == "pipeline" else 1
     ranks: Dict[int, dict] = {}
     for i, entry in enumerate(measured["per_rank"]):
         at = f"{source}: $.per_rank[{i}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{at} must be an object (got {type(entry).__name__})")
-        rank = _index(entry.get("rank"), f"{at}.rank", processes)
+        rank = _index(entry.get("rank"), f"{at}.rank", count)
         if rank in ranks:
             raise ValueError(f"{at}.rank must name each rank once (got {rank} again)")
         terms = {t: _number(entry[t], f"{at}.{t}", 0.0) for t in _MEASURED_TERMS if t in entry}
@@ -276,11 +290,11 @@ def _checked_measured(plan: dict, measured: Any, source: str) -> List[dict]:
         ranks[rank] = {"rank": rank, "terms": terms, "actions": checked,
                        "start_s": None if start is None else
                        _number(start, f"{at}.last_step_start_s")}
-    missing = [r for r in range(processes) if r not in ranks]
+    missing = [r for r in range(count) if r not in ranks]
     if missing:
-        raise ValueError(f"{source}: $.per_rank must have every rank of the plan's {processes} "
+        raise ValueError(f"{source}: $.per_rank must have every rank of the plan's {count} "
                          f"processes (missing rank {', '.join(map(str, missing))})")
-    return [ranks[r] for r in range(processes)]
+    return [ranks[r] for r in range(count)]
 
 
 def _measured_events(ranks: List[dict], pid: int) -> List[dict]:
@@ -309,7 +323,7 @@ def _measured_events(ranks: List[dict], pid: int) -> List[dict]:
 def comparison_trace(plan, measured: dict, graph=None, cluster=None, job=None,
                      source: str = "measured") -> dict:
     """predicted_trace's process beside the measured one (process 2) on the same time axis.
-    `measured`: what hybridplan._validate_worker writes ({"per_rank": [{"rank", "actions":
+    `measured`: what hybridplan.measure.validate_worker writes ({"per_rank": [{"rank", "actions":
     [{"kind", "stage", "microbatch", "start_s", "end_s"}], "step_s", "compute_s",
     "allreduce_s", "optimizer_s", "overhead_s", "last_step_start_s"}, ...], "step_s": ...});
     `source` names it in error messages."""
@@ -323,7 +337,7 @@ def comparison_trace(plan, measured: dict, graph=None, cluster=None, job=None,
     return _trace(p, [_metadata(PREDICTED_PID, f"predicted: {label}", 0,
                                 _thread_names(p, _predicted_ranks(p))),
                       _metadata(MEASURED_PID, f"measured: {label}", 1,
-                                _thread_names(p, _processes(p))),
+                                _thread_names(p, processes(p))),
                       _predicted_events(p, prediction, PREDICTED_PID),
                       _measured_events(ranks, MEASURED_PID)], other)
 
@@ -332,7 +346,7 @@ def comparison_trace(plan, measured: dict, graph=None, cluster=None, job=None,
 
 def trace_file_name(index: int, plan: dict) -> str:
     """`trace-<index>-<dp>x<mp>-<kind>.json`, e.g. trace-3-1x2-1f1b-M4-b32.json."""
-    kind = f"{plan['dp']}x{plan['mp']} {_kind(plan)}".replace("=", "")
+    kind = f"{plan['dp']}x{plan['mp']} {plan_kind(plan)}".replace("=", "")
     return f"trace-{index}-{re.sub(r'[^A-Za-z0-9.]+', '-', kind).strip('-')}.json"
 
 

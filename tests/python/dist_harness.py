@@ -6,6 +6,8 @@ as such, so a bug that hangs a collective fails the test instead of hanging it.
     results = run_ranks("test_executor_pipeline:train_rank", 4, {"out_dir": str(tmp_path)})
     assert all(r.returncode == 0 for r in results), format_results(results)
 
+run_commands does the same with a command line per rank (a C++ program's ranks, say).
+
 As a script (what each rank process runs):  python dist_harness.py MODULE:FUNCTION JSON_KWARGS
 """
 
@@ -15,11 +17,12 @@ import dataclasses
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
+
+from hybridplan.net import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -35,12 +38,6 @@ class RankResult:
     @property
     def timed_out(self) -> bool:
         return self.returncode is None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(rank: int, world_size: int, port: int, extra: Optional[Dict[str, str]] = None
@@ -63,14 +60,24 @@ def run_ranks(target: str, world_size: int, kwargs: Dict[str, Any], *, timeout_s
               env_per_rank: Optional[List[Dict[str, str]]] = None) -> List[RankResult]:
     """Starts `target` ("module:function", importable from tests/python) on world_size ranks
     and waits for all of them, at most timeout_s in total."""
+    argv = [sys.executable, os.path.join(HERE, "dist_harness.py"), target, json.dumps(kwargs)]
+    return run_commands([argv] * world_size, timeout_s=timeout_s, env=env,
+                        env_per_rank=env_per_rank)
+
+
+def run_commands(argvs: Sequence[Sequence[str]], *, timeout_s: float = 60,
+                 env: Optional[Dict[str, str]] = None,
+                 env_per_rank: Optional[List[Dict[str, str]]] = None) -> List[RankResult]:
+    """Starts argvs[r] as rank r of a job of len(argvs) processes (any program: a C++ rank too)
+    and waits for all of them, at most timeout_s in total."""
+    world_size = len(argvs)
     port = free_port()
     procs = []
-    for rank in range(world_size):
+    for rank, argv in enumerate(argvs):
         extra = dict(env or {})
         extra.update((env_per_rank or [{}] * world_size)[rank])
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "dist_harness.py"), target, json.dumps(kwargs)],
-            env=rank_env(rank, world_size, port, extra), cwd=REPO,
+            list(argv), env=rank_env(rank, world_size, port, extra), cwd=REPO,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + timeout_s
     results = []

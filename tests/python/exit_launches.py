@@ -29,7 +29,7 @@ import torch._dynamo  # noqa: E402,F401  (DistributedDataParallel's first use im
 import torch.distributed as dist  # noqa: E402
 
 import hybridplan  # noqa: E402,F401
-from dist_harness import free_port  # noqa: E402
+from hybridplan.net import free_port  # noqa: E402
 
 
 def job(model_name, plain_ddp, use_with, sharding="none"):

@@ -11,7 +11,7 @@ from torch.nn.parallel import distributed as torch_ddp
 
 from dist_harness import format_results, run_ranks
 from hybridplan import _C, profiler
-from hybridplan._bucket_policy import ddp_bucket_kwargs
+from hybridplan.executor.bucket_policy import ddp_bucket_kwargs
 from hybridplan.executor import destroy_groups
 
 MIB = 1024 * 1024

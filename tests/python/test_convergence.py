@@ -1,8 +1,8 @@
 """The batch-size trade-off measured directly (hybridplan.convergence) and time to target under
-plans (hybridplan.time_to_accuracy), in reduced form: the data stream, the evaluation schedule
-and the learning-rate rule; the fit against known curves; the fitted Job read back through the
-planner's own convergence model; real training to a target on scikit-learn's digits; and plans
-trained to the target with torchrun, whose steps must equal the one-process runs'."""
+plans (hybridplan.convergence.time_to_target), in reduced form: the data stream, the evaluation
+schedule and the learning-rate rule; the fit against known curves; the fitted Job read back
+through the planner's own convergence model; real training to a target on scikit-learn's digits;
+and plans trained to the target with torchrun, whose steps must equal the one-process runs'."""
 
 import json
 import math
@@ -17,6 +17,7 @@ import torch
 import hybridplan
 from hybridplan import convergence as cv
 from hybridplan import planner
+from hybridplan.convergence.noise_scale_job import trajectory_job
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "examples" / "digits-task.json"
@@ -107,12 +108,12 @@ def test_the_fitted_job_predicts_the_fitted_steps_through_the_planner():
         assert cv.predicted_steps(job, b, 1437) == pytest.approx(fit.steps(b), rel=1e-9)
 
 
-def test_noise_scale_job_passes_through_the_measured_point():
-    job = cv.noise_scale_job([(0.0, 240.0), (0.4, 60.0), (1.0, 150.0)], (8, 1.75), 1437)
+def test_trajectory_job_passes_through_the_measured_point():
+    job = trajectory_job([(0.0, 240.0), (0.4, 60.0), (1.0, 150.0)], (8, 1.75), 1437)
     planner.Job.from_dict(job)
     assert planner.epochs_to_target(job, 8) == pytest.approx(1.75)
     assert planner.epochs_to_target(job, 512) > planner.epochs_to_target(job, 64) > 1.75
-    assert cv.noise_scale_job([(0.0, float("nan"))], (8, 1.0), 100) is None
+    assert trajectory_job([(0.0, float("nan"))], (8, 1.0), 100) is None
 
 
 # ---- the task ---------------------------------------------------------------------------------
@@ -221,13 +222,14 @@ def test_plans_trained_to_the_target_take_the_one_process_steps(tmp_path):
         runs.append(run)
     fit = cv.fit_critical_batch(runs, resamples=10)
     job = cv.convergence_job(fit, task.data.num_train, per_replica_batch=[8, 32, 128])
-    from hybridplan import models, time_to_accuracy
+    from hybridplan import models
+    from hybridplan.convergence import time_to_target
 
     module = models.digits_cnn(0)
     torch.set_num_threads(1)
     graph = hybridplan.profile(module, module.example_inputs(32), verbose=False, clock="thread",
                                loss_fn=module.loss, target=module.example_target(32))
-    result = time_to_accuracy.validate_time_to_target(
+    result = time_to_target.validate_time_to_target(
         graph, "localhost-cpu", str(tmp_path / "task.json"), job, devices=2, seeds=[0],
         out_dir=str(tmp_path / "tta"), max_plans=2, progress=lambda line: None,
         one_process={"sweep": {"runs": [r.to_dict() for r in runs]}})

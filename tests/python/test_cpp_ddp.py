@@ -1,17 +1,12 @@
 """C++ data parallelism (hybridplan::Executor on c10d::Reducer, a pure C++ program) trains the
 same as torch.nn.parallel.DistributedDataParallel in Python: same MLP, initial weights, data and
-optimizer, 2 Gloo ranks, 5 steps. The programs and jobs are bench/bench_cpp_ddp.py's (which
+optimizer, 2 Gloo ranks, 5 steps. The programs and jobs are cpp_ddp.py's (bench/bench_cpp_ddp.py
 also times them); the binary is found in $HYBRIDPLAN_BIN_DIR, else build/bin (`make build`)."""
-
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import bench_cpp_ddp as cpp_ddp  # noqa: E402
+import cpp_ddp
+from twins import mlp
 
 WIDTHS = [16, 32, 32, 8]
 GLOBAL_BATCH = 16
@@ -95,7 +90,7 @@ def test_python_reads_and_resumes_a_cpp_checkpoint(tmp_path, kind):
     cpp_ddp.run_cpp(paths, WIDTHS, K1, str(tmp_path / "cpp"),
                     [*OPTIMIZERS[kind], "--checkpoint", str(path)])
     ckpt = torch.load(path, weights_only=True)  # plain containers only
-    model = cpp_ddp.python_mlp(WIDTHS)
+    model = mlp(WIDTHS)
     assert ckpt["format"] == "hybridplan.checkpoint" and ckpt["version"] == 1
     assert ckpt["step"] == K1 and ckpt["plan"].startswith("{") and len(ckpt["graph_sha256"]) == 64
     assert list(ckpt["model"]) == list(model.state_dict())
@@ -133,7 +128,7 @@ def test_cpp_resumes_a_python_checkpoint(tmp_path, kind):
     import torch
     from hybridplan.executor import checkpoint
     paths = cpp_ddp.prepare(tmp_path, WIDTHS, GLOBAL_BATCH)
-    model = cpp_ddp.python_mlp(WIDTHS)
+    model = mlp(WIDTHS)
     init = json.loads(open(paths["init"]).read())["params"]
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -1,8 +1,8 @@
 """The C++ profiler (examples/cpp/profile_model) and the Python profiler agree on the same model:
 identical structure (node names, ops, edges, parameter and output bytes, profiled batch/dtype),
 both time every node, and per-node times agree within a loose bound that catches the two
-profilers measuring different things (the 20 % figure is bench/bench_profile_agreement.py's, on
-a quiet machine; see test_node_times_agree).
+profilers measuring different things (the 20 % figure is profile_checks.py's rule, which
+bench/bench_profile_agreement.py applies on a quiet machine; see test_node_times_agree).
 
 The binary is found in $HYBRIDPLAN_BIN_DIR, else build/bin (`make build`). Both sides run with
 one intra-op thread and the "thread" clock (CPU time of the profiling thread), so the other
@@ -10,23 +10,18 @@ processes of a busy 2-core machine do not enter the times; see bench/bench_profi
 for the per-node table.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import bench_profile_agreement as agreement  # noqa: E402
+import profile_checks as agreement
+from twins import TWINS, bin_dir
 
 BATCH = 32
 REPEATS = 7
 ROUNDS = 3
 
 pytestmark = pytest.mark.skipif(
-    not (agreement.bin_dir() / "profile_model").exists(),
-    reason=f"{agreement.bin_dir() / 'profile_model'} is not built (make build, or set "
+    not (bin_dir() / "profile_model").exists(),
+    reason=f"{bin_dir() / 'profile_model'} is not built (make build, or set "
            "HYBRIDPLAN_BIN_DIR to the folder holding profile_model)")
 
 
@@ -43,12 +38,12 @@ def profiles():
     return get
 
 
-@pytest.mark.parametrize("model", sorted(agreement.TWINS))
+@pytest.mark.parametrize("model", sorted(TWINS))
 def test_structure_is_identical(profiles, model):
     cpps, pythons = profiles(model)
     cpp = cpps[0]
     assert all(agreement.structure(g) == agreement.structure(cpp) for g in cpps + pythons)
-    inputs = agreement.TWINS[model](BATCH)[1]  # the same inputs, built by the Python twin
+    inputs = TWINS[model](BATCH)[1]  # the same inputs, built by the Python twin
     assert cpp["profiled"] == {"device": "cpu", "batch_size": BATCH, "dtype": "float32",
                                "input_bytes": sum(t.numel() * t.element_size() for t in inputs)}
 
@@ -64,7 +59,7 @@ def test_biglstm_nodes_are_the_python_modules(profiles):
     assert {(e["src"], e["dst"], e["bytes"]) for e in cpp["edges"]} >= {(1, 2, 32 * 16 * 64 * 4)}
 
 
-@pytest.mark.parametrize("model", sorted(agreement.TWINS))
+@pytest.mark.parametrize("model", sorted(TWINS))
 def test_every_node_is_timed_on_both_sides(profiles, model):
     for graph in profiles(model)[0] + profiles(model)[1]:
         assert all(n["forward_s"] > 0 for n in graph["nodes"])
@@ -79,7 +74,7 @@ def _disagreeing(graphs) -> list:
             if (r["judged"] and not 0.6 <= r["ratio"] <= 1 / 0.6) or not r["ok"]]
 
 
-@pytest.mark.parametrize("model", sorted(agreement.TWINS))
+@pytest.mark.parametrize("model", sorted(TWINS))
 def test_node_times_agree(profiles, model):
     """Nodes of >= 5 % of the step within a factor 1/0.6 either way, the rest within 1 ms (medians
     over 3 alternating rounds). The benchmark holds the judged nodes to 20 % on a quiet machine

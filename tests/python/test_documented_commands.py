@@ -199,7 +199,7 @@ def test_calibrate_leaves_a_sharded_collective_uncalibrated_when_no_cost_shows()
     """On a busy host with few repeats every sharded unit can time no slower than unsharded;
     there is then no bandwidth to derive, and calibrate leaves that collective to the
     all-reduce link instead of dividing by zero."""
-    from hybridplan import calibration
+    from hybridplan.measure import calibration
 
     fits = {}
     flat = [(4 << 10, 0.0), (1 << 20, 0.0), (4 << 20, 0.0)]

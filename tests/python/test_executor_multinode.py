@@ -11,7 +11,8 @@ import sys
 import torch
 
 import hybridplan.models as models
-from dist_harness import REPO, free_port, rank_env
+from dist_harness import REPO, rank_env
+from hybridplan.net import free_port
 
 MODEL_KWARGS = {"width": 8, "image_size": 16}  # smaller GroupNorm groups are ill-conditioned
 STEPS, GLOBAL_BATCH, LR, MOMENTUM = 4, 8, 0.05, 0.9

@@ -4,8 +4,6 @@ records about cutting (pipeline_split, cut_before) and tied weights; and the par
 languages on the same architecture."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,12 +15,9 @@ from hybridplan.executor.plan_spec import parse_plan
 from hybridplan.hand_plans import hand_plan
 from hybridplan.profiler import block_list, profile_dict
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_profile_agreement as agreement  # noqa: E402
-from user_models import ViT  # noqa: E402
+import profile_checks as agreement
+from twins import bin_dir
+from user_models import ViT
 
 
 def quick_profile(model, inputs):
@@ -140,7 +135,7 @@ def attention_mlp():
     return nn.Sequential(nn.Linear(8, 16), SelfAttention(16), nn.ReLU(), nn.Linear(16, 4))
 
 
-@pytest.mark.skipif(not (agreement.bin_dir() / "profile_model").exists(),
+@pytest.mark.skipif(not (bin_dir() / "profile_model").exists(),
                     reason="profile_model is not built (make build)")
 def test_cpp_and_python_give_the_same_nodes_for_the_same_architecture():
     cpp = agreement.cpp_profile("attention_mlp", 4, 1, "wall")

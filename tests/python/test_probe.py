@@ -2,14 +2,14 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from hybridplan.fitting import fit_line
-from hybridplan.probe import fit_alpha_beta, probe
+from hybridplan.measure.fitting import fit_line
+from hybridplan.measure.probe import fit_alpha_beta, probe
+from hybridplan.net import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -79,19 +79,13 @@ def test_probe_outside_torchrun_says_how_to_run_it(monkeypatch):
         probe(sizes_bytes=[1024, 4096])
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_rank_probe_writes_a_cluster(tmp_path):
     out = tmp_path / "cluster.json"
     sizes = [1024, 65536, 4 << 20]  # up to 4 MiB: transfer time well above a busy host's jitter
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), GLOO_SOCKET_IFNAME="lo",
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "hybridplan", "probe", "--out", str(out), "--sizes",
            ",".join(map(str, sizes)), "--warmup", "1", "--repeats", "5", "--timeout-s", "20",
            "--name", "test-loopback"]

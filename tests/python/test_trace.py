@@ -1,7 +1,7 @@
 """hybridplan.trace: a plan's predicted step, and validate's measured one beside it, as Chrome
 trace-event JSON for Perfetto and chrome://tracing. Plans come from the planner on the tiny
-example graph; the measured side is synthetic, in the shape hybridplan._validate_worker writes,
-so nothing here needs torch or torchrun."""
+example graph; the measured side is synthetic, in the shape hybridplan.measure.validate_worker
+writes, so nothing here needs torch or torchrun."""
 
 import json
 import os
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridplan import planner, trace, validation
+from hybridplan import planner, trace
+from hybridplan.measure import validation
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAPH = planner.load_graph(ROOT / "examples/graph-tiny.json")

@@ -14,7 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
-from hybridplan import calibration, validation  # noqa: E402
+from hybridplan.measure import calibration, validation  # noqa: E402
+from hybridplan.trace import plan_kind  # noqa: E402
 
 
 def _plan(dp, mp, mode="pipeline", schedule="gpipe", m=1, batch=8, step=0.01):
@@ -33,7 +34,7 @@ def test_select_plans_spreads_across_families_and_microbatches():
     assert chosen[0] is ranked[0]  # the planner's choice first
     assert len(chosen) == 8 and all(c in ranked for c in chosen)
     assert [ranked.index(c) for c in chosen] == sorted(ranked.index(c) for c in chosen)
-    kinds = {validation._kind(c) for c in chosen}
+    kinds = {plan_kind(c) for c in chosen}
     assert len(kinds) == 8
     # every family, and each pipeline schedule's fewest and most micro-batches
     assert {"dp b=8", "placement b=8", "gpipe M=1 b=8", "gpipe M=32 b=8", "1f1b M=2 b=8",

@@ -497,7 +497,7 @@ class AppliedPlan:
     # ---- statistical efficiency ---------------------------------------------------------------
     def noise_scale(self):
         """The gradient noise scale B_simple measured online (apply(..., measure_noise_scale=N):
-        every N-th step), as a gradient_noise.NoiseScale: `b_simple` and its `stderr`,
+        every N-th step), as a convergence.noise_scale.NoiseScale: `b_simple` and its `stderr`,
         `g_squared`, `trace_sigma`, `effective_steps` (1 / sum of squared step weights), with
         small_batch = this replica's batch and big_batch = dp times it. Numerator and
         denominator are exponential moving averages (weight noise_scale_decay per measured
@@ -510,11 +510,11 @@ class AppliedPlan:
     def switch_advice(self, graph: Any, cluster: Any, job: Any, *, devices: Optional[int] = None,
                       min_gain: float = 0.05):
         """Whether another plan would now win, with the measured critical batch in place of
-        `job`'s (see noise_scale_job.switch_advice): a SwitchAdvice with the best plan for the
-        measured critical batch and the predicted gain of switching to it. `graph`, `cluster`
-        and `job` are what the applied plan was planned with; `devices` defaults to the plan's
-        world size. None until noise_scale() has an estimate."""
-        from ..noise_scale_job import switch_advice
+        `job`'s (see convergence.noise_scale_job.switch_advice): a SwitchAdvice with the best
+        plan for the measured critical batch and the predicted gain of switching to it. `graph`,
+        `cluster` and `job` are what the applied plan was planned with; `devices` defaults to
+        the plan's world size. None until noise_scale() has an estimate."""
+        from ..convergence.noise_scale_job import switch_advice
 
         estimate = self.noise_scale()
         if estimate is None:

@@ -59,7 +59,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .._bucket_policy import ddp_bucket_kwargs
+from .bucket_policy import ddp_bucket_kwargs
 from ..profiler.stage_split import StageCut, original_name
 from . import sharding as _sharding
 from . import split_backward

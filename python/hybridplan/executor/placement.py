@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .._bucket_policy import ddp_bucket_kwargs
+from .bucket_policy import ddp_bucket_kwargs
 from ..profiler.block_list import split_call_name
 from ..profiler.dataflow import map_tensors
 from .recompute import recompute

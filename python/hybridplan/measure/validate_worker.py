@@ -1,7 +1,7 @@
 """One rank of `hybridplan validate`: trains a model under a plan and measures the step's terms
-from the executor's own clock (see hybridplan/validation.py). Run under torchrun:
+from the executor's own clock (see hybridplan/measure/validation.py). Run under torchrun:
 
-    torchrun --nproc-per-node P -m hybridplan._validate_worker --plan p.json \\
+    torchrun --nproc-per-node P -m hybridplan.measure.validate_worker --plan p.json \\
         --model hybridplan.models:branchy_cnn --steps 20 --warmup 5 --out measured.json
 
 Every rank builds the same model (torch.manual_seed(0) before the factory) and draws the same
@@ -22,6 +22,11 @@ from typing import Dict, List
 
 import torch
 import torch.distributed as dist
+
+from ..executor import apply
+from ..factories import load_factory
+from ..files import write_text_atomic
+from ..profiler.block_timing import allocation_peak_bytes
 
 TERMS = ("step_s", "compute_s", "allreduce_s", "optimizer_s", "overhead_s")
 
@@ -67,8 +72,6 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from hybridplan.profiler.block_timing import allocation_peak_bytes
-
     start = live_at_start()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
@@ -102,7 +105,7 @@ def _storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
-def main(argv=None) -> int:
+def _arguments(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--plan", required=True)
     p.add_argument("--model", required=True, help="MODULE:FACTORY")
@@ -111,55 +114,78 @@ def main(argv=None) -> int:
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--out", required=True)
     p.add_argument("--lr", type=float, default=0.01)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    import hybridplan
-    from hybridplan.files import write_text_atomic
-    from hybridplan.factories import load_factory as _load_factory
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    module = _load_factory(args.model)()
-    with open(args.plan) as f:
-        plan = json.load(f)
-    clock = _Clock()
-    example = (module.example_inputs(plan["per_replica_batch"])
-               if plan["mode"] == "pipeline" else None)
-    hp = hybridplan.apply(plan, module, timeout_s=args.timeout_s, example_inputs=example,
-                          optimizer=clock.optimizer(
-                              lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)))
-    for param in hp.parameters():
-        if param.requires_grad:
-            param.register_post_accumulate_grad_hook(clock.grad_hook)
-    global_batch = plan["global_batch"]
-    rank = dist.get_rank()
-    samples: Dict[str, List[float]] = {t: [] for t in TERMS}
-    actions, last_start = [], 0.0
+class _Run:
+    """The model trained under the plan, its steps timed by `clock` (the optimizer's step wrapped,
+    a hook on every parameter's gradient)."""
 
-    def replica_batch(step: int):
+    def __init__(self, args: argparse.Namespace):
+        torch.manual_seed(0)
+        self.module = load_factory(args.model)()
+        with open(args.plan) as f:
+            self.plan = json.load(f)
+        self.clock = _Clock()
+        example = (self.module.example_inputs(self.plan["per_replica_batch"])
+                   if self.plan["mode"] == "pipeline" else None)
+        self.hp = apply(self.plan, self.module, timeout_s=args.timeout_s, example_inputs=example,
+                        optimizer=self.clock.optimizer(
+                            lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)))
+        for param in self.hp.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self.clock.grad_hook)
+
+    def replica_batch(self, step: int):
         """This replica's share of the step's global batch, copied out of it: what a data loader
         hands a rank, so the measured peak memory holds this batch and not the global one."""
         from torch.utils._pytree import tree_map
 
-        inputs = module.example_inputs(global_batch, seed=step)
-        target = module.example_target(global_batch, seed=10_000 + step)
+        global_batch = self.plan["global_batch"]
+        inputs = self.module.example_inputs(global_batch, seed=step)
+        target = self.module.example_target(global_batch, seed=10_000 + step)
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t,
-                        hp.shard(inputs, target))
+                        self.hp.shard(inputs, target))
 
-    def run_step(shard):
+    def step(self, shard):
+        """One step from a barrier: its (start, end) on this host's monotonic clock."""
+        # Its own clock, not timing.timed_samples: the step's terms are read from hooks inside it.
         dist.barrier()
-        clock.last_grad = clock.opt_start = clock.opt_end = None
+        self.clock.last_grad = self.clock.opt_start = self.clock.opt_end = None
         start = time.perf_counter()
-        hp.step(*shard)
+        self.hp.step(*shard)
         end = time.perf_counter()
         return start, end
 
-    last = args.warmup + args.steps - 1
-    for step in range(args.warmup + args.steps):
-        hp.record_actions(step == last)
-        start, end = run_step(replica_batch(step))
-        if step < args.warmup:
+    def live_bytes(self, shard) -> int:
+        """Bytes alive as a step of `shard` starts: parameters, gradients, optimizer state,
+        buffers and the batch."""
+        from torch.utils._pytree import tree_leaves
+
+        params = self.hp.parameters()
+        state = [v for s in self.hp.optimizer.state.values() for v in s.values()]
+        return _storage_bytes(params + [p.grad for p in params] + state
+                              + list(self.hp.module.buffers()) + tree_leaves(shard))
+
+    def close(self) -> None:
+        close = getattr(self.hp, "close", None)
+        if close is not None:
+            close()
+        elif dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _timed_terms(run: _Run, warmup: int, steps: int) -> dict:
+    """This rank's median of each term over the timed steps, and the last step's actions."""
+    samples: Dict[str, List[float]] = {t: [] for t in TERMS}
+    actions, last_start = [], 0.0
+    last = warmup + steps - 1
+    for step in range(warmup + steps):
+        run.hp.record_actions(step == last)
+        start, end = run.step(run.replica_batch(step))
+        if step < warmup:
             continue
+        clock = run.clock
         opt_start = clock.opt_start if clock.opt_start is not None else end
         opt_end = clock.opt_end if clock.opt_end is not None else opt_start
         last_grad = clock.last_grad if clock.last_grad is not None else opt_start
@@ -170,42 +196,48 @@ def main(argv=None) -> int:
         samples["overhead_s"].append(max(0.0, (end - start) - (opt_end - start)))
         if step == last:
             actions = [{"kind": k, "stage": st, "microbatch": i, "start_s": a - start,
-                        "end_s": b - start} for k, st, i, a, b in hp.recorded_actions]
+                        "end_s": b - start} for k, st, i, a, b in run.hp.recorded_actions]
             # The ranks share one host and so one monotonic clock: with this, their actions
             # line up across ranks (a message's send on one, its use on the other).
             last_start = start
     mine = {t: statistics.median(v) for t, v in samples.items()}
-    mine["rank"] = rank
+    mine["rank"] = dist.get_rank()
     mine["actions"] = actions
     mine["last_step_start_s"] = last_start
-    hp.record_actions(False)
-    shard = replica_batch(args.warmup + args.steps)
+    run.hp.record_actions(False)
+    return mine
 
-    def live_at_start() -> int:
-        from torch.utils._pytree import tree_leaves
 
-        params = hp.parameters()
-        state = [v for s in hp.optimizer.state.values() for v in s.values()]
-        return _storage_bytes(params + [p.grad for p in params] + state
-                              + list(hp.module.buffers()) + tree_leaves(shard))
-    peaks = _peak_tensor_bytes(lambda: run_step(shard), live_at_start)
-    mine["memory_bytes"] = peaks.get("timeline", peaks["allocations"])
-    mine["memory_allocations_bytes"] = peaks["allocations"]
+def _peak_memory(run: _Run, step: int) -> Dict[str, int]:
+    """The peak tensor bytes of one more step (`step`'s batch), the timeline's where it has one."""
+    shard = run.replica_batch(step)
+    peaks = _peak_tensor_bytes(lambda: run.step(shard), lambda: run.live_bytes(shard))
+    return {"memory_bytes": peaks.get("timeline", peaks["allocations"]),
+            "memory_allocations_bytes": peaks["allocations"]}
+
+
+def _write_all_ranks(mine: dict, path: str) -> None:
+    """Every rank's measurements to rank 0, which writes them with the slowest rank's terms."""
     ranks: List[dict] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
-    if rank == 0:
+    if dist.get_rank() == 0:
         slowest = max(ranks, key=lambda r: r["step_s"])
         out = {t: slowest[t] for t in TERMS}
         out["per_rank"] = ranks
         out["memory_bytes"] = [r["memory_bytes"] for r in ranks]
         out["memory_allocations_bytes"] = [r["memory_allocations_bytes"] for r in ranks]
-        write_text_atomic(args.out, json.dumps(out))
+        write_text_atomic(path, json.dumps(out))
     dist.barrier()
-    close = getattr(hp, "close", None)
-    if close is not None:
-        close()
-    elif dist.is_initialized():
-        dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
+    torch.set_num_threads(1)
+    run = _Run(args)
+    mine = _timed_terms(run, args.warmup, args.steps)
+    mine.update(_peak_memory(run, args.warmup + args.steps))
+    _write_all_ranks(mine, args.out)
+    run.close()
     return 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from . import _C
+from .. import _C
 
 _BYTES_PER_MIB = 1024 * 1024
 

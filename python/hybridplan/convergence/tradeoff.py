@@ -26,7 +26,7 @@ the target; the same fit over the branches' steps gives the local critical batch
 of training. Merrill et al. judge a branch by its loss after a fixed number of tokens; this
 counts each branch's steps to the target instead, so one two-parameter fit serves both modes.
 
-Definitions that every run shares (the plan worker's too, hybridplan._tta_worker):
+Definitions that every run shares (the plan worker's too, time_to_target_worker):
   - data order: one stream of samples, a fresh permutation of the training set per epoch
     (torch.Generator seeded by seed and epoch); a step of global batch B takes the stream's next
     B samples (`sample_indices`), so the epoch count is samples / training-set size, fractional;
@@ -45,6 +45,8 @@ import math
 import random
 import statistics
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .noise_scale_job import trajectory_job
 
 __all__ = ["LrRule", "Target", "Task", "Run", "Sweep", "Fit", "sample_indices", "eval_due",
            "evaluate", "train_to_target", "measure", "branched", "fit_critical_batch",
@@ -184,7 +186,7 @@ def task_from_spec(spec: Dict[str, Any], source: str = "task") -> Task:
     "target": {"kind": "loss" | "accuracy", "value"}, "max_epochs" (optional, 200),
     "loss": "MODULE:NAME" (optional; default the model's own `loss`, else cross-entropy)}.
     Errors name `source` and the field."""
-    from .factories import load_factory
+    from ..factories import load_factory
 
     if not isinstance(spec, dict):
         raise ValueError(f"{source}: must be a JSON object (got {type(spec).__name__})")
@@ -374,7 +376,7 @@ def load_start(path: str, task: Task, seed: int = 0) -> Dict[str, Any]:
     (the checkpoint's step times its plan's global batch)."""
     import json
 
-    from .executor import checkpoint
+    from ..executor import checkpoint
 
     ckpt = checkpoint.load(path)
     module = task.model(seed)
@@ -439,7 +441,7 @@ def noise_scale_at(task: Task, state: Optional[Dict[str, Any]], small_batch: int
     (a train_to_target state; None: at initialisation), on random training samples."""
     import torch
 
-    from .gradient_noise import noise_scale
+    from .noise_scale import noise_scale
 
     data = task.data
     n = int(data.train_targets.shape[0])
@@ -561,7 +563,7 @@ def fit_critical_batch(runs: Sequence[Run], resamples: int = 1000, seed: int = 0
 def predicted_steps(job: dict, global_batch: int, samples_per_epoch: int) -> float:
     """Steps to target at `global_batch` as the Job's convergence model says: its epochs times
     the epoch's samples over the batch (the planner's own rule for time to train)."""
-    from . import planner
+    from .. import planner
 
     return planner.epochs_to_target(job, global_batch) * samples_per_epoch / global_batch
 
@@ -591,26 +593,6 @@ def convergence_job(fit: Fit, samples_per_epoch: int, *, optimizer: str = "sgd_m
 
 
 # ---- the command: measure, fit, compare with the noise scale, write a Job --------------------
-
-def noise_scale_job(trajectory: Sequence[Tuple[float, float]], point: Tuple[int, float],
-                    samples_per_epoch: int, **job_fields) -> Optional[dict]:
-    """A Job whose critical batch is the noise scale B_simple along the run
-    ([[progress, B_simple], ...], the planner's trajectory form) and whose epochs_min makes the
-    model pass through one measured (global batch, epochs) point, as `critical_batch_job`'s
-    epochs_at does. None when an estimate is not finite and positive."""
-    from . import planner
-
-    if not trajectory or any(not (math.isfinite(b) and b > 0) for _, b in trajectory):
-        return None
-    job = {"schema_version": 1, "kind": "hybridplan.job", "samples_per_epoch": samples_per_epoch,
-           "optimizer": job_fields.pop("optimizer", "sgd_momentum"),
-           "convergence": {"model": "critical_batch", "epochs_min": 1.0,
-                           "critical_batch": [[p, b] for p, b in trajectory]}}
-    job.update({k: v for k, v in job_fields.items() if v is not None})
-    batch, epochs = point
-    job["convergence"]["epochs_min"] = epochs / planner.epochs_to_target(job, batch)
-    return job
-
 
 def measure_tradeoff(task: Task, batches: Sequence[int], seeds: Sequence[int], *,
                      mode: str = "full", noise: Tuple[int, int, int] = (8, 512, 50),
@@ -643,8 +625,8 @@ def measure_tradeoff(task: Task, batches: Sequence[int], seeds: Sequence[int], *
     noise_record = [{"progress": p, "b_simple": e.b_simple, "stderr": e.stderr,
                      "small_batch": small, "big_batch": big, "steps": steps} for p, e in estimates]
     point = next(((b, b * s / n) for b, s, _, _ in fit.points), None)
-    noise_job = noise_scale_job([(p, e.b_simple) for p, e in estimates], point, n,
-                                optimizer=optimizer, per_replica_batch=per_replica_batch)
+    noise_job = trajectory_job([(p, e.b_simple) for p, e in estimates], point, n,
+                               optimizer=optimizer, per_replica_batch=per_replica_batch)
     return {"sweep": sweep.to_dict(), "fit": fit.to_dict(), "job": job, "noise_scale": noise_record,
             "noise_job": noise_job, "samples_per_epoch": n,
             "model_fit_residual_max": max(abs(r) for r in fit.residuals)}

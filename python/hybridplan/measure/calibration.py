@@ -58,7 +58,8 @@ What is measured (every fit by least squares, its points and residuals under "me
                                touched per parameter byte, optimizer_cost.h) / its time
   runtime.optimizer_tensor_s   the slope of SGD-momentum step times over 16, 64 and 256 small
                                parameters (torch.optim's per-tensor loop; fit "optimizer_tensors")
-  device.*, type, collectives  as the probe (python/hybridplan/probe.py); "cpu" and Gloo on CPU
+  device.*, type, collectives  as the probe (python/hybridplan/measure/probe.py); "cpu" and Gloo
+                               on CPU
 
 Each time is a median over repeats, the slowest rank's, taken with one intra-op thread per rank
 (as the executor's jobs run here). The graph (--graph) sizes the messages: up to its gradient
@@ -71,7 +72,6 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
-import os
 import statistics
 import time
 import warnings
@@ -81,9 +81,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..profiler.block_timing import backward_roots
 from . import probe as _probe
 from .fitting import fit_line, fit_through_origin
-from .profiler.block_timing import backward_roots
+from .timing import max_over_ranks, median_slowest, min_over_ranks, timed_samples
 
 __all__ = ["calibrate"]
 
@@ -116,34 +117,22 @@ def message_sizes(graph: Optional[dict]) -> Tuple[List[int], List[int]]:
     return _sizes_up_to(clamp(grads)), _sizes_up_to(clamp(edge))
 
 
-# ---- timing helpers ---------------------------------------------------------------------------
-
-def _median_slowest(samples: Sequence[float], device: torch.device) -> float:
-    return _probe._max_over_ranks(statistics.median(samples), device)
-
+# ---- links ------------------------------------------------------------------------------------
 
 def _time_p2p(nbytes: int, rank: int, device, warmup: int, repeats: int) -> float:
     """One-way seconds of `nbytes` between ranks 0 and 1 with batch_isend_irecv (half a round
     trip), the slowest rank's median."""
     buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    samples = []
-    for i in range(warmup + repeats):
-        dist.barrier()
-        start = time.perf_counter()
+
+    def round_trip():
         if rank in (0, 1):
             peer = 1 - rank
             first, second = (dist.P2POp(dist.isend, buf, peer), dist.P2POp(dist.irecv, buf, peer))
             for op in ((first, second) if rank == 0 else (second, first)):
                 for work in dist.batch_isend_irecv([op]):
                     work.wait()
-        _probe._sync(device)
-        if i >= warmup:
-            samples.append((time.perf_counter() - start) / 2)
-    return _median_slowest(samples, device)
-
-
-def _time_allreduce(nbytes: int, device, warmup: int, repeats: int) -> float:
-    return _probe._time_allreduce(nbytes, device, warmup, repeats)
+    samples = timed_samples(round_trip, device, warmup, repeats, barrier=True)
+    return median_slowest([s / 2 for s in samples], device)
 
 
 # ---- the executor's fixed costs ---------------------------------------------------------------
@@ -172,7 +161,7 @@ def _mse(output, target):
 def _step_times_s(plan: dict, batch: int, device, warmup: int, repeats: int,
                   timeout_s: float) -> float:
     """Median step time (slowest rank) of the tiny model trained under `plan`."""
-    from . import apply
+    from ..executor import apply
 
     torch.manual_seed(0)
     module = _Tiny()
@@ -180,14 +169,9 @@ def _step_times_s(plan: dict, batch: int, device, warmup: int, repeats: int,
     example = inputs[:plan["per_replica_batch"]] if plan["mode"] == "pipeline" else None
     hp = apply(plan, module, loss_fn=_mse, timeout_s=timeout_s, example_inputs=example,
                optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
-    samples = []
-    for i in range(warmup + repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        hp.step(*hp.shard(inputs, target))
-        if i >= warmup:
-            samples.append(time.perf_counter() - start)
-    return _median_slowest(samples, device)
+    samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup, repeats,
+                            barrier=True)
+    return median_slowest(samples, device)
 
 
 def _tiny_compute_s(warmup: int, repeats: int) -> float:
@@ -195,20 +179,17 @@ def _tiny_compute_s(warmup: int, repeats: int) -> float:
     module = _Tiny()
     opt = torch.optim.SGD(module.parameters(), lr=0.01)
     inputs, target = _tiny_data(2)
-    samples = []
-    for i in range(warmup + repeats):
-        start = time.perf_counter()
+
+    def step():
         opt.zero_grad(set_to_none=True)
         _mse(module(inputs), target).backward()
         opt.step()
-        if i >= warmup:
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return statistics.median(timed_samples(step, torch.device("cpu"), warmup, repeats))
 
 
 def _hand_plan(mode: str, dp: int, mp: int, schedule: str = "none", microbatches: int = 1,
                per_replica_batch: int = 2) -> dict:
-    from .hand_plans import hand_plan
+    from ..hand_plans import hand_plan
 
     return hand_plan(_Tiny(), mode=mode, dp=dp, mp=mp, schedule=schedule,
                      num_microbatches=microbatches, per_replica_batch=per_replica_batch,
@@ -217,7 +198,7 @@ def _hand_plan(mode: str, dp: int, mp: int, schedule: str = "none", microbatches
 
 def _tiny_graph() -> dict:
     """The tiny model's graph (the cost model's view of the calibration workload)."""
-    from .profiler import profile_dict
+    from ..profiler import profile_dict
 
     return profile_dict(_Tiny(), _tiny_data(1)[:1], verbose=False, warmup=3, repeats=15,
                         batch_sizes=())
@@ -228,8 +209,8 @@ def _graph_pipeline_plan(graph: dict, module: nn.Module, schedule: str, microbat
     """A pipeline plan on 2 ranks (hand_plan's) over the profiled `graph` of `module`: stage k
     holds the nodes from position cuts[k-1] of the graph's node order (len(cuts) + 1 stages: 2
     for GPipe and 1F1B, 4 for the schedules with two stages per rank)."""
-    from .hand_plans import hand_plan
-    from .planner import Graph
+    from ..hand_plans import hand_plan
+    from ..planner import Graph
 
     stages = len(cuts) + 1
     plan = hand_plan(module, mode="pipeline", dp=1, mp=2, schedule=schedule,
@@ -272,7 +253,7 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     """runtime.action_s by least squares: measured = base + slope * action_s, where base and
     slope are evaluate()'s step time of each run's plan (run["plan"], over `graph`) at
     action_s = 0 and its change per second of action_s."""
-    from .planner import Cluster, Graph, evaluate
+    from ..planner import Cluster, Graph, evaluate
 
     g = Graph.from_dict(graph, "calibration graph")
 
@@ -311,8 +292,8 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
     `rounds` times in turn (GPipe 8, 16, 1F1B 8, 16, ..., again: on a shared CPU one run can be
     slower throughout, from how the ranks' threads happen to be scheduled): the median step
     (slowest rank) of each run."""
-    from . import apply
-    from .factories import load_factory as _load_factory
+    from ..executor import apply
+    from ..factories import load_factory as _load_factory
 
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     cuts = {2: _even_cuts(graph, 2), 4: _even_cuts(graph, 4)}
@@ -329,16 +310,11 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
         target = module.example_target(batch)
         hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
                    optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
-        samples = []
-        for i in range(warmup + max(repeats, 20)):
-            dist.barrier()
-            start = time.perf_counter()
-            hp.step(*hp.shard(inputs, target))
-            if i >= warmup:
-                samples.append(time.perf_counter() - start)
+        samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup,
+                                max(repeats, 20), barrier=True)
         hp.close()
         runs.append({"schedule": schedule, "num_microbatches": m, "per_replica_batch": batch,
-                     "step_s": _median_slowest(samples, device), "plan": plan})
+                     "step_s": median_slowest(samples, device), "plan": plan})
     return runs
 
 
@@ -347,8 +323,8 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
 def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callable[[], None]]:
     """A forward+backward step of the user's model (MODULE:FACTORY) or the built-in
     branchy_cnn, at `batch`."""
-    from .factories import load_factory as _load_factory
-    from . import models
+    from .. import models
+    from ..factories import load_factory as _load_factory
 
     module = _load_factory(model_spec)() if model_spec else models.get("branchy_cnn", seed=0)
     inputs = tuple(module.example_inputs(batch)) if hasattr(module, "example_inputs") else None
@@ -388,6 +364,7 @@ def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, devic
     time all at once over the ranks' median time alone; factor = median over rounds (at least 1).
     (A per-rank ratio understates it: measured here, one rank slowed by 8 % and the other not at
     all, round after round.)"""
+    # Not timing.timed_samples: ranks take turns, and each turn reads its CPU time beside the wall.
     step()  # warm up
     alone_s, together_s, cpu_share = [], [], []
     for _ in range(rounds):
@@ -447,7 +424,7 @@ def _memory_bandwidth(device, repeats: int = 7) -> dict:
     p = nn.Parameter(torch.zeros(32 << 20, device=device))
     p.grad = torch.ones_like(p)
     opt = torch.optim.SGD([p], lr=0.01, momentum=0.9)
-    seconds = statistics.median(_probe._timed_samples(opt.step, device, 1, repeats))
+    seconds = statistics.median(timed_samples(opt.step, device, 1, repeats))
     nbytes = p.numel() * p.element_size()
     return {"bandwidth_bytes_per_s": 5 * nbytes / seconds, "step_s": seconds,
             "param_bytes": nbytes}
@@ -480,8 +457,8 @@ def _optimizer_tensor_times(device, warmup: int, repeats: int, world: int = 0
         for p in params:
             p.grad = torch.ones_like(p)
         opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
-        samples = _probe._timed_samples(opt.step, device, warmup, repeats)
-        out.append((count, _median_slowest(samples, device)))
+        samples = timed_samples(opt.step, device, warmup, repeats)
+        out.append((count, median_slowest(samples, device)))
     return out
 
 
@@ -514,8 +491,8 @@ def _sharded_unit_times(device, world: int, warmup: int, repeats: int
 
             def step():
                 model(x).sum().backward()
-            samples = _probe._timed_samples(step, device, warmup, repeats, barrier=True)
-            medians[kind] = _median_slowest(samples, device)
+            samples = timed_samples(step, device, warmup, repeats, barrier=True)
+            medians[kind] = median_slowest(samples, device)
         unit_bytes = 4 * width * width
         gather = max(0.0, medians["zero3"] - medians["zero2"]) / kShardUnits
         scatter = max(0.0, (medians["zero2"] - medians["none"]) / kShardUnits - gather)
@@ -569,45 +546,53 @@ def _copy_link(device, sizes: List[int], warmup: int, repeats: int, fits: Dict[s
     points = []
     for n in sizes:
         buf = torch.ones(max(1, n // 4), dtype=torch.float32, device=device)
-        samples = _probe._timed_samples(buf.clone, device, warmup, repeats)
+        samples = timed_samples(buf.clone, device, warmup, repeats)
         points.append((n, statistics.median(samples)))
     return _probe._link(points, fits, "copy")
 
 
-def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout_s, name):
+def _intra_node_link(env, device, graph, warmup: int, repeats: int, fits: Dict[str, dict]) -> dict:
+    """intra_node: the p2p link with its all-reduce link, or one device's copy link."""
     allreduce_sizes, p2p_sizes = message_sizes(graph)
-    fits: Dict[str, dict] = {}
     if env.world_size == 1:
-        intra = _copy_link(device, p2p_sizes, warmup, repeats, fits)
-    else:
-        _probe._time_allreduce(allreduce_sizes[-1], device, 1, 1)  # connections, unmeasured
-        _time_p2p(p2p_sizes[-1], env.rank, device, 1, 1)
-        p2p = [(n, _time_p2p(n, env.rank, device, warmup, repeats)) for n in p2p_sizes]
-        allreduce = [(n, _time_allreduce(n, device, warmup, repeats)) for n in allreduce_sizes]
-        intra = _probe._link(p2p, fits, "p2p")
-        intra["allreduce"] = _probe.allreduce_link(allreduce, env.world_size, fits, "allreduce")
+        return _copy_link(device, p2p_sizes, warmup, repeats, fits)
+    _probe._time_allreduce(allreduce_sizes[-1], device, 1, 1)  # connections, unmeasured
+    _time_p2p(p2p_sizes[-1], env.rank, device, 1, 1)
+    p2p = [(n, _time_p2p(n, env.rank, device, warmup, repeats)) for n in p2p_sizes]
+    allreduce = [(n, _probe._time_allreduce(n, device, warmup, repeats))
+                 for n in allreduce_sizes]
+    intra = _probe._link(p2p, fits, "p2p")
+    intra["allreduce"] = _probe.allreduce_link(allreduce, env.world_size, fits, "allreduce")
+    return intra
 
-    # The optimizer's cost per parameter tensor (unresolved, i.e. the step time did not grow
-    # with the count: not a cost here).
-    tensor_times = _optimizer_tensor_times(device, warmup, repeats)
-    tensor_fit = fit_line([n for n, _ in tensor_times], [t for _, t in tensor_times],
-                          relative=False)
-    fits["optimizer_tensors"] = tensor_fit.to_dict()
-    optimizer_tensor_s = tensor_fit.beta if tensor_fit.resolved else 0.0
-    sharded_optimizer_tensor_s = 0.0
-    if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
-        for kind, points in _sharded_unit_times(device, env.world_size, warmup, repeats).items():
-            link = shard_collective_link(points, env.world_size, fits, kind)
-            if link is not None:
-                intra[kind] = link
-        sharded_times = _optimizer_tensor_times(device, warmup, repeats, world=env.world_size)
-        sharded_fit = fit_line([n for n, _ in sharded_times], [t for _, t in sharded_times],
-                               relative=False)
-        fits["sharded_optimizer_tensors"] = sharded_fit.to_dict()
-        sharded_optimizer_tensor_s = sharded_fit.beta if sharded_fit.resolved else 0.0
-    # The executor's fixed costs, from tiny-model runs under hybridplan.apply, less what the
-    # model prices separately: the tiny model's compute, all-reduce and per-tensor updates.
-    tiny_compute_s = _probe._max_over_ranks(_tiny_compute_s(warmup, repeats), device)
+
+def _optimizer_tensor_s(device, warmup: int, repeats: int, fits: Dict[str, dict],
+                        world: int = 0) -> float:
+    """The optimizer's cost per parameter tensor (fit "optimizer_tensors"; with `world`, over
+    sharded parameters, "sharded_optimizer_tensors"); 0 when unresolved, i.e. the step time did
+    not grow with the count: not a cost here."""
+    times = _optimizer_tensor_times(device, warmup, repeats, world=world)
+    fit = fit_line([n for n, _ in times], [t for _, t in times], relative=False)
+    fits["sharded_optimizer_tensors" if world else "optimizer_tensors"] = fit.to_dict()
+    return fit.beta if fit.resolved else 0.0
+
+
+def _shard_links(device, world: int, warmup: int, repeats: int, fits: Dict[str, dict]) -> dict:
+    """intra_node's allgather and reduce_scatter links, where a unit took measurably longer
+    sharded than not (shard_collective_link)."""
+    links = {}
+    for kind, points in _sharded_unit_times(device, world, warmup, repeats).items():
+        link = shard_collective_link(points, world, fits, kind)
+        if link is not None:
+            links[kind] = link
+    return links
+
+
+def _executor_step_s(env, device, warmup: int, repeats: int, timeout_s: float,
+                     fits: Dict[str, dict], optimizer_tensor_s: float) -> Dict[str, float]:
+    """The executor's fixed cost per step, from tiny-model runs under hybridplan.apply, less what
+    the model prices separately: the tiny model's compute, all-reduce and per-tensor updates."""
+    tiny_compute_s = max_over_ranks(_tiny_compute_s(warmup, repeats), device)
     dp_step_s = _step_times_s(_hand_plan("placement", env.world_size, 1), 2 * env.world_size,
                               device, warmup, repeats, timeout_s)
     tiny_params = list(_Tiny().parameters())
@@ -616,16 +601,72 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     step_s = max(0.0, dp_step_s - tiny_compute_s - (allreduce_fit["alpha"] + allreduce_fit["beta"]
                                                     * tiny_grad_bytes)
                  - len(tiny_params) * optimizer_tensor_s)
+    return {"step_s": step_s, "tiny_compute_s": tiny_compute_s, "dp_step_s": dp_step_s}
+
+
+def _tiny_pipeline_runs(device, warmup: int, repeats: int, timeout_s: float) -> List[dict]:
+    """The tiny model's 1x2 pipelines (2 ranks) at kMicrobatchCounts micro-batches, each
+    schedule: the median step (slowest rank) of each."""
     runs = []
-    if env.world_size == 2:
-        for m in kMicrobatchCounts:
-            for schedule in kSchedules:
-                if schedule == "1f1b" and m < 2:
-                    continue  # Schedule1F1B needs a micro-batch per stage
-                plan = _hand_plan("pipeline", 1, 2, schedule, m, m)
-                runs.append({"schedule": schedule, "num_microbatches": m, "per_replica_batch": m,
-                             "step_s": _step_times_s(plan, m, device, warmup, repeats,
-                                                     timeout_s)})
+    for m in kMicrobatchCounts:
+        for schedule in kSchedules:
+            if schedule == "1f1b" and m < 2:
+                continue  # Schedule1F1B needs a micro-batch per stage
+            plan = _hand_plan("pipeline", 1, 2, schedule, m, m)
+            runs.append({"schedule": schedule, "num_microbatches": m, "per_replica_batch": m,
+                         "step_s": _step_times_s(plan, m, device, warmup, repeats, timeout_s)})
+    return runs
+
+
+def _slowdown_table(slowdown: dict, graph: Optional[dict], module: Optional[nn.Module],
+                    batch: int, local_world_size: int) -> List[List[float]]:
+    """runtime.shared_host_slowdown: [[1, 1], [P, factor]], or relative to the graph's own
+    forward+backward sum where the graph is the measured model's (see the module doc); the
+    graph-relative figures are added to `slowdown`."""
+    graph_s = _graph_step_s(graph, module, batch)
+    if not graph_s:
+        return [[1, 1.0], [local_world_size, slowdown["factor"]]]
+    alone = statistics.median(t for per_rank in slowdown["alone_s"] for t in per_rank)
+    slowdown["graph_step_s"] = graph_s
+    slowdown["alone_over_graph"] = alone / graph_s
+    slowdown["together_over_graph"] = statistics.median(slowdown["slowest_together_s"]) / graph_s
+    table = [[1, slowdown["alone_over_graph"]]]
+    if local_world_size > 1:
+        table.append([local_world_size,
+                      max(slowdown["together_over_graph"], slowdown["alone_over_graph"])])
+    return table
+
+
+def _fit_pipeline_actions(cluster: dict, measured: dict, graph: Optional[dict], runs: List[dict],
+                          model_runs: List[dict]) -> None:
+    """runtime.action_s and schedule_action_s into `cluster`, from the model's own runs where
+    there are any, else the tiny model's (see the module doc); both fits into `measured`."""
+    tiny = _tiny_graph()
+    for run in runs:
+        run["plan"] = _tiny_pipeline_plan(tiny, run)
+    action = _fit_action_s_by_schedule(tiny, cluster, runs)
+    measured["tiny_pipeline_actions"] = action
+    if model_runs:  # the model's own stages decide (see the module doc)
+        action = _fit_action_s_by_schedule(graph, cluster, model_runs)
+    cluster["runtime"]["action_s"] = action["1f1b"]["action_s"]
+    cluster["runtime"]["schedule_action_s"] = {s: fit["action_s"] for s, fit in action.items()}
+    measured["pipeline_actions"] = action
+
+
+def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout_s, name):
+    """Every measurement of the module doc, in the same order on every rank (each is
+    collective), and the Cluster built from them."""
+    fits: Dict[str, dict] = {}
+    intra = _intra_node_link(env, device, graph, warmup, repeats, fits)
+    optimizer_tensor_s = _optimizer_tensor_s(device, warmup, repeats, fits)
+    sharded_optimizer_tensor_s = 0.0
+    if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
+        intra.update(_shard_links(device, env.world_size, warmup, repeats, fits))
+        sharded_optimizer_tensor_s = _optimizer_tensor_s(device, warmup, repeats, fits,
+                                                         world=env.world_size)
+    executor = _executor_step_s(env, device, warmup, repeats, timeout_s, fits, optimizer_tensor_s)
+    runs = (_tiny_pipeline_runs(device, warmup, repeats, timeout_s) if env.world_size == 2
+            else [])
     model_runs = []
     if env.world_size == 2 and graph is not None and model:
         model_runs = _model_pipeline_runs(model, graph, batch, device, warmup, repeats, timeout_s)
@@ -633,20 +674,10 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                      rounds=max(3, repeats // 3), steps=3)
     bandwidth = _memory_bandwidth(device)
-    peak_flops = _probe._min_over_ranks(_probe._peak_flops(device), device)
+    peak_flops = min_over_ranks(_probe._peak_flops(device), device)
 
-    slowdown_table = [[1, 1.0], [env.local_world_size, slowdown["factor"]]]
-    graph_s = _graph_step_s(graph, module if model else None, batch)
-    if graph_s:
-        alone = statistics.median(t for per_rank in slowdown["alone_s"] for t in per_rank)
-        slowdown["graph_step_s"] = graph_s
-        slowdown["alone_over_graph"] = alone / graph_s
-        slowdown["together_over_graph"] = statistics.median(slowdown["slowest_together_s"]) / graph_s
-        slowdown_table = [[1, slowdown["alone_over_graph"]]]
-        if env.local_world_size > 1:
-            slowdown_table.append([env.local_world_size,
-                                   max(slowdown["together_over_graph"],
-                                       slowdown["alone_over_graph"])])
+    slowdown_table = _slowdown_table(slowdown, graph, module if model else None, batch,
+                                     env.local_world_size)
     cluster = {
         "schema_version": 1, "kind": "hybridplan.cluster",
         "name": name or ("localhost-cpu" if device.type == "cpu" else "calibrated-cuda"),
@@ -657,35 +688,27 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
                    "memory_bandwidth_bytes_per_s": bandwidth["bandwidth_bytes_per_s"]},
         "intra_node": intra, "inter_node": dict(intra),
         "collectives": {"library": backend if backend in ("gloo", "nccl") else "nccl"},
-        "runtime": {"step_s": step_s, "action_s": 0.0,
+        "runtime": {"step_s": executor["step_s"], "action_s": 0.0,
                     "optimizer_tensor_s": optimizer_tensor_s,
                     "sharded_optimizer_tensor_s": sharded_optimizer_tensor_s,
                     "shared_host_slowdown": slowdown_table},
     }
-    measured = {"fits": fits, "tiny_compute_s": tiny_compute_s, "dp_step_s": dp_step_s,
-                "shared_host": slowdown, "memory_bandwidth": bandwidth,
-                "world_size": env.world_size, "warmup": warmup, "repeats": repeats}
+    measured = {"fits": fits, "tiny_compute_s": executor["tiny_compute_s"],
+                "dp_step_s": executor["dp_step_s"], "shared_host": slowdown,
+                "memory_bandwidth": bandwidth, "world_size": env.world_size, "warmup": warmup,
+                "repeats": repeats}
     busy = busy_host_warning(slowdown)
     if busy and env.rank == 0:
         warnings.warn(busy, stacklevel=2)
         measured["busy_host_warning"] = busy
     if runs and env.rank == 0:
-        tiny = _tiny_graph()
-        for run in runs:
-            run["plan"] = _tiny_pipeline_plan(tiny, run)
-        action = _fit_action_s_by_schedule(tiny, cluster, runs)
-        measured["tiny_pipeline_actions"] = action
-        if model_runs:  # the model's own stages decide (see the module doc)
-            action = _fit_action_s_by_schedule(graph, cluster, model_runs)
-        cluster["runtime"]["action_s"] = action["1f1b"]["action_s"]
-        cluster["runtime"]["schedule_action_s"] = {s: fit["action_s"] for s, fit in action.items()}
-        measured["pipeline_actions"] = action
+        _fit_pipeline_actions(cluster, measured, graph, runs, model_runs)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cluster["sources"] = [
         f"measured {date} by `torchrun --nproc-per-node {env.local_world_size} -m hybridplan "
         f"calibrate` ({backend}, one intra-op thread per rank, medians of {repeats} after "
         f"{warmup} warm-up, slowest rank; fits and residuals under measured; the method is "
-        "python/hybridplan/calibration.py's docstring)",
+        "python/hybridplan/measure/calibration.py's docstring)",
         "inter_node: one node measured; copied from intra_node"]
     cluster["measured"] = measured
     return cluster

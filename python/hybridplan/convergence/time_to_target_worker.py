@@ -1,11 +1,11 @@
 """One rank of a time-to-target run: trains a convergence task (hybridplan.convergence) under a
 plan to the held-out target, and times an uninterrupted run of that length. Run under torchrun
-by hybridplan.time_to_accuracy:
+by hybridplan.convergence.time_to_target:
 
-    torchrun --nproc-per-node N -m hybridplan._tta_worker --plan plan.json --task task.json \\
-        --seed 0 --out result.json
+    torchrun --nproc-per-node N -m hybridplan.convergence.time_to_target_worker \\
+        --plan plan.json --task task.json --seed 0 --out result.json
 
-The data stream, learning-rate rule and evaluation schedule are convergence.py's, so a run
+The data stream, learning-rate rule and evaluation schedule are tradeoff.py's, so a run
 under any plan takes the same samples in the same order as the one-process runs of
 `python -m hybridplan convergence` (training under a plan equals one-process training, so its
 steps to target are theirs up to floating-point order).
@@ -68,7 +68,7 @@ class _Run:
         shard = self.hp.shard((data.train_inputs[idx],), data.train_targets[idx])
         for group in self.hp.optimizer.param_groups:
             group["lr"] = self.task.lr_rule.lr(b, self.samples)
-        if timed:
+        if timed:  # not measure.timing: each step takes the stream's next batch and learning rate
             dist.barrier()
             start = time.perf_counter()
             self.hp.step(*shard)

@@ -5,6 +5,10 @@
                              epochs_at=(256, 90))      # or epochs_min=30
     hybridplan.plan(graph, "dgx1-v100", job)
 
+`trajectory_job` does the same with the noise scale measured at several points of a run (the
+planner's trajectory form), as `python -m hybridplan convergence` writes it beside the Job of
+the batch-size trade-off it measured directly.
+
 critical_batch is B_simple (McCandlish et al., https://arxiv.org/abs/1812.06162, section 2.2:
 the critical batch is close to the simple noise scale). epochs_min, the epochs an infinitely
 small batch would need, is not in the gradients: the user gives it, or gives one measured point
@@ -21,9 +25,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
-from .gradient_noise import NoiseScale
+from .noise_scale import NoiseScale
 
 PROVENANCE_KEY = "noise_scale"
 
@@ -97,10 +101,30 @@ def critical_batch_job(estimate: NoiseScale, samples_per_epoch: int, *,
         job["per_replica_batch"] = per_replica_batch
     if global_batch is not None:
         job["global_batch"] = global_batch
-    from .planner import Job  # the planner's loader is the one validation of a Job
+    from ..planner import Job  # the planner's loader is the one validation of a Job
 
     Job.from_dict(job, "noise-scale job")
     job[PROVENANCE_KEY] = provenance(estimate, epochs_min_from, model)
+    return job
+
+
+def trajectory_job(trajectory: Sequence[Tuple[float, float]], point: Tuple[int, float],
+                   samples_per_epoch: int, **job_fields) -> Optional[dict]:
+    """A Job whose critical batch is the noise scale B_simple along the run
+    ([[progress, B_simple], ...], the planner's trajectory form) and whose epochs_min makes the
+    model pass through one measured (global batch, epochs) point, as `critical_batch_job`'s
+    epochs_at does. None when an estimate is not finite and positive."""
+    from .. import planner
+
+    if not trajectory or any(not (math.isfinite(b) and b > 0) for _, b in trajectory):
+        return None
+    job = {"schema_version": 1, "kind": "hybridplan.job", "samples_per_epoch": samples_per_epoch,
+           "optimizer": job_fields.pop("optimizer", "sgd_momentum"),
+           "convergence": {"model": "critical_batch", "epochs_min": 1.0,
+                           "critical_batch": [[p, b] for p, b in trajectory]}}
+    job.update({k: v for k, v in job_fields.items() if v is not None})
+    batch, epochs = point
+    job["convergence"]["epochs_min"] = epochs / planner.epochs_to_target(job, batch)
     return job
 
 
@@ -112,7 +136,7 @@ def measured_job(job: Any, estimate: NoiseScale, *, epochs_at: Optional[Tuple[fl
     job's own under a critical_batch model; otherwise it follows from `epochs_at` (a
     (global_batch, epochs) point, e.g. what the job's table says for the running plan's batch).
     Everything else in the job is kept."""
-    from .planner import Job, _as_job
+    from ..planner import Job, _as_job
 
     d = _as_job(job).to_dict()
     b_simple = _critical_batch(estimate)
@@ -179,7 +203,7 @@ def switch_advice(plan: Any, estimate: NoiseScale, graph: Any, cluster: Any, job
     plan is another configuration that is at least `min_gain` faster at the estimate and still
     faster (gain > 0) with the critical batch 2 standard errors below and above it: a switch
     costs a restart, so a noisy estimate does not trigger one."""
-    from . import planner
+    from .. import planner
 
     if not isinstance(min_gain, (int, float)) or not math.isfinite(min_gain) or min_gain < 0:
         raise ValueError(f"switch_advice: min_gain must be finite and >= 0 (got {min_gain!r})")

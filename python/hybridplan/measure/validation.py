@@ -7,7 +7,7 @@ cost model with what the executor really did.
 
 For the plans (the search's best and a spread across its ranking: data parallel, placement,
 GPipe and 1F1B with few and many micro-batches), each is trained for `steps` steps under
-torchrun (`python -m hybridplan._validate_worker`, one process per rank) and timed on every
+torchrun (`python -m hybridplan.measure.validate_worker`, one process per rank) and timed on every
 rank from the executor's own clock:
 
     step_s       hp.step() wall time                            (slowest rank, median)
@@ -47,24 +47,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..trace import comparison_trace, plan_kind, processes, trace_file_name, write_trace
 
 __all__ = ["validate", "select_plans", "ValidationResult"]
 
 TERMS = ("step_s", "compute_s", "allreduce_s", "optimizer_s", "overhead_s")
-
-
-def _kind(plan: dict) -> str:
-    if plan["mp"] == 1:
-        kind = "dp"
-    elif plan["mode"] == "placement":
-        kind = "placement"
-    else:
-        kind = f"{plan['schedule']} M={plan['num_microbatches']}"
-    recomputed = any(a.get("recompute") for a in plan.get("assignment", []))
-    sharding = plan.get("sharding", "none")
-    return (f"{kind} b={plan['per_replica_batch']}" + (f" {sharding}" if sharding != "none" else "")
-            + (" recompute" if recomputed else ""))
 
 
 def _family(plan: dict) -> str:
@@ -101,11 +90,11 @@ def select_plans(ranked: Sequence[dict], count: int) -> List[dict]:
             continue
         for m in (ms[0], ms[-1]):
             take(first(lambda p: _family(p) == fam and p["num_microbatches"] == m))
-    kinds = {_kind(ranked[i]) for i in wanted}
+    kinds = {plan_kind(ranked[i]) for i in wanted}
     for i, p in enumerate(ranked):
-        if _kind(p) not in kinds:
+        if plan_kind(p) not in kinds:
             take(i)
-            kinds.add(_kind(p))
+            kinds.add(plan_kind(p))
     for i in range(len(ranked)):
         take(i)
     return [ranked[i] for i in sorted(wanted)]
@@ -127,32 +116,38 @@ class ValidationResult:
         return dataclasses.asdict(self)
 
 
-def _processes(plan: dict) -> int:
-    return plan["dp"] if plan["mode"] == "placement" else plan["dp"] * plan["mp"]
-
-
-def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
-             work_dir: Path, env: Optional[Dict[str, str]] = None) -> dict:
-    """Trains the model under `plan` with torchrun and returns the worker's measurements."""
-    plan_path = work_dir / "plan.json"
-    result_path = work_dir / "measured.json"
+def run_worker(plan: dict, worker: str, args: List[str], timeout_s: float, work_dir: Path,
+               env: Optional[Dict[str, str]] = None) -> Tuple[subprocess.CompletedProcess, Path]:
+    """`python -m <worker> --plan <work_dir>/plan.json --out <work_dir>/measured.json <args>`
+    under torchrun (--standalone), one process per rank of `plan`, one thread each, this
+    package first on PYTHONPATH: how validate and time to target launch a plan's ranks.
+    Returns the finished process (output captured) and the result path (absent if the worker
+    wrote none)."""
+    plan_path, result_path = work_dir / "plan.json", work_dir / "measured.json"
     plan_path.write_text(json.dumps(plan))
     if result_path.exists():
         result_path.unlink()
     launcher = [shutil.which("torchrun")] if shutil.which("torchrun") else [
         sys.executable, "-m", "torch.distributed.run"]
-    cmd = launcher + ["--standalone", "--nproc-per-node", str(_processes(plan)), "-m",
-                      "hybridplan._validate_worker", "--plan", str(plan_path), "--model", model,
-                      "--steps", str(steps), "--warmup", str(warmup), "--timeout-s",
-                      str(timeout_s), "--out", str(result_path)]
-    package = str(Path(__file__).resolve().parent.parent)
+    cmd = launcher + ["--standalone", "--nproc-per-node", str(processes(plan)), "-m", worker,
+                      "--plan", str(plan_path), "--out", str(result_path), *args]
+    package = str(Path(__file__).resolve().parents[2])  # the folder that holds hybridplan/
     child_env = dict(os.environ, OMP_NUM_THREADS="1",
                      PYTHONPATH=os.pathsep.join(p for p in (package, os.environ.get(
                          "PYTHONPATH", "")) if p), **(env or {}))
-    done = subprocess.run(cmd, env=child_env, capture_output=True, text=True,
-                          timeout=timeout_s + 60 * steps)
+    done = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout_s)
+    return done, result_path
+
+
+def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
+             work_dir: Path, env: Optional[Dict[str, str]] = None) -> dict:
+    """Trains the model under `plan` with torchrun and returns the worker's measurements."""
+    done, result_path = run_worker(
+        plan, "hybridplan.measure.validate_worker",
+        ["--model", model, "--steps", str(steps), "--warmup", str(warmup), "--timeout-s",
+         str(timeout_s)], timeout_s + 60 * steps, work_dir, env)
     if done.returncode != 0 or not result_path.exists():
-        raise RuntimeError(f"validate: the {_kind(plan)} plan failed (exit {done.returncode}"
+        raise RuntimeError(f"validate: the {plan_kind(plan)} plan failed (exit {done.returncode}"
                            f"{'' if result_path.exists() else ', no measurements written'}); "
                            f"what the ranks printed:\n{_rank_output(done.stdout + done.stderr)}")
     return json.loads(result_path.read_text())
@@ -207,7 +202,7 @@ def compare(plan: dict, measured: dict) -> dict:
     its predicted sharding_s is compared inside compute_s."""
     predicted = dict(plan["predicted"])
     predicted["compute_s"] = predicted.get("compute_s", 0.0) + predicted.get("sharding_s", 0.0)
-    row = {"kind": _kind(plan), "dp": plan["dp"], "mp": plan["mp"], "mode": plan["mode"],
+    row = {"kind": plan_kind(plan), "dp": plan["dp"], "mp": plan["mp"], "mode": plan["mode"],
            "schedule": plan["schedule"], "num_microbatches": plan["num_microbatches"],
            "per_replica_batch": plan["per_replica_batch"],
            "predicted": {t: predicted.get(t, 0.0) for t in TERMS},
@@ -353,7 +348,7 @@ def timeline(plan: dict, measured: dict, predicted: List[List[dict]], path: Path
                        [f"{what} {s} predicted" for s in range(stages)])
     ax.set_xlabel("ms from the step's start (forward blue, backward orange, weight gradients "
                   "green)")
-    ax.set_title(f"{_kind(plan)}: predicted vs measured schedule")
+    ax.set_title(f"{plan_kind(plan)}: predicted vs measured schedule")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -378,8 +373,7 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     same plan unsharded (docs/sharding.md)."""
     from tqdm import tqdm
 
-    from . import planner
-    from .trace import trace_file_name
+    from .. import planner
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -443,12 +437,10 @@ def write_traces(out: Path, traces: Sequence[tuple], graph, cluster, job) -> Non
     trace files of an earlier run in the same folder are removed first, so every trace there
     is one of this run's rows. Written after validate.json: a trace that cannot be drawn
     leaves the measurements saved."""
-    from .trace import comparison_trace, write_trace
-
     for old in out.glob("trace-*.json"):
         if re.fullmatch(r"trace-\d+-.+\.json", old.name):
             old.unlink()
     for name, plan, measured in traces:
         write_trace(out / name, comparison_trace(
             plan, measured, graph, cluster, job,
-            source=f"validate: the {_kind(plan)} plan's measurements"))
+            source=f"validate: the {plan_kind(plan)} plan's measurements"))

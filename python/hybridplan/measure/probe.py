@@ -23,7 +23,6 @@ import datetime
 import json
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -33,6 +32,7 @@ import torch.distributed as dist
 __all__ = ["probe", "fit_alpha_beta", "DEFAULT_SIZES"]
 
 from .fitting import fit_alpha_beta, fit_line  # noqa: E402  (fit_alpha_beta: public here too)
+from .timing import max_over_ranks, min_over_ranks, timed_samples  # noqa: E402
 
 DEFAULT_SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # message bytes
 
@@ -67,77 +67,35 @@ def _env(command: str = "probe", min_ranks: int = 2) -> _Env:
     return env
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_samples(fn, device: torch.device, warmup: int, repeats: int,
-                   barrier: bool = False) -> List[float]:
-    """Seconds of each of `repeats` calls of fn() after `warmup` untimed ones, the device
-    synchronized around each call; `barrier`: every rank starts each call together."""
-    samples = []
-    for i in range(warmup + repeats):
-        if barrier:
-            dist.barrier()
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        if i >= warmup:
-            samples.append(time.perf_counter() - start)
-    return samples
-
-
 def _time_allreduce(nbytes: int, device: torch.device, warmup: int, repeats: int) -> float:
     """Median seconds of one all-reduce of `nbytes` (float32), the slowest rank's median."""
     buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    samples = _timed_samples(lambda: dist.all_reduce(buf), device, warmup, repeats, barrier=True)
-    return _max_over_ranks(statistics.median(samples), device)
+    samples = timed_samples(lambda: dist.all_reduce(buf), device, warmup, repeats, barrier=True)
+    return max_over_ranks(statistics.median(samples), device)
 
 
 def _time_pingpong(nbytes: int, a: int, b: int, rank: int, device: torch.device, warmup: int,
                    repeats: int) -> float:
     """Median one-way seconds (half a round trip) of `nbytes` between ranks a and b."""
     buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    samples = []
-    for i in range(warmup + repeats):
-        dist.barrier()
-        start = time.perf_counter()
+
+    def round_trip():
         if rank == a:
             dist.send(buf, b)
             dist.recv(buf, b)
         elif rank == b:
             dist.recv(buf, a)
             dist.send(buf, a)
-        _sync(device)
-        if i >= warmup:
-            samples.append((time.perf_counter() - start) / 2)
+    samples = [s / 2 for s in timed_samples(round_trip, device, warmup, repeats, barrier=True)]
     one_way = statistics.median(samples) if rank == a else 0.0
-    return _max_over_ranks(one_way, device)
-
-
-def _max_over_ranks(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def _min_over_ranks(value: float, device: torch.device) -> float:
-    return -_max_over_ranks(-value, device)
+    return max_over_ranks(one_way, device)
 
 
 def _peak_flops(device: torch.device, n: int = 512, repeats: int = 5) -> float:
     """float32 FLOP/s of the fastest of `repeats` n x n matmuls (2 n^3 FLOPs each)."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
-    best_s = float("inf")
-    for _ in range(repeats + 1):
-        _sync(device)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        _sync(device)
-        best_s = min(best_s, time.perf_counter() - start)
+    best_s = min(timed_samples(lambda: torch.mm(a, b), device, 0, repeats + 1))
     return 2 * n ** 3 / best_s
 
 
@@ -233,7 +191,7 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
         links[level] = _link(points, fits, level)
     raw["allreduce_s"] = [(n, _time_allreduce(n, device, warmup, repeats)) for n in sizes]
     dist.barrier()
-    peak_flops = _min_over_ranks(_peak_flops(device), device)
+    peak_flops = min_over_ranks(_peak_flops(device), device)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     sources = [f"measured {date} by `torchrun --nnodes {env.num_nodes} --nproc_per_node "
                f"{env.local_world_size} -m hybridplan probe` ({backend}, sizes "
@@ -260,6 +218,6 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
 
 
 def _atomic_write_json(path: str, doc: dict) -> None:
-    from .files import write_text_atomic
+    from ..files import write_text_atomic
 
     write_text_atomic(path, json.dumps(doc, indent=2) + "\n")

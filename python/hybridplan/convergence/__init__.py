@@ -1,0 +1,24 @@
+"""Statistical efficiency: the steps training takes to a target at each global batch, measured
+and handed to the planner as a Job's convergence model.
+
+    tradeoff               the batch-size trade-off measured directly: steps to a target at
+                           several global batches, the fitted critical batch, the Job
+    noise_scale            the gradient noise scale B_simple from gradient norms (offline)
+    noise_scale_job        a Job whose critical batch is the measured noise scale; switch_advice
+    time_to_target         plans trained to the target under torchrun, predicted beside measured
+    time_to_target_worker  one rank of such a run
+
+tradeoff's public names are this package's own: `from hybridplan import convergence as cv;
+cv.train_to_target(...)`.
+"""
+
+from .tradeoff import (OPTIMIZERS, SCALINGS, TASK_FIELDS, Fit, LrRule, Run, Sweep, Target, Task,
+                       branched, convergence_job, eval_due, evaluate, fit_critical_batch,
+                       load_start, markdown, measure, measure_tradeoff, noise_scale_at, plot,
+                       predicted_steps, refit, sample_indices, task_from_spec, train_to_target)
+
+__all__ = ["LrRule", "Target", "Task", "Run", "Sweep", "Fit", "sample_indices", "eval_due",
+           "evaluate", "train_to_target", "measure", "branched", "load_start",
+           "fit_critical_batch", "convergence_job", "predicted_steps", "task_from_spec",
+           "OPTIMIZERS", "SCALINGS", "TASK_FIELDS", "noise_scale_at", "measure_tradeoff", "refit",
+           "markdown", "plot"]

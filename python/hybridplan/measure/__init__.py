@@ -1,0 +1,11 @@
+"""Measuring this machine and the model against the cost model.
+
+    probe            `hybridplan probe`: links and devices into a Cluster (the simpler, older way)
+    calibration      `hybridplan calibrate`: what the executor really pays, into a Cluster
+    validation       `hybridplan validate`: plans run on this machine, predicted beside measured
+    validate_worker  one rank of a validation run
+    fitting          the least-squares fits the measurements are reduced with
+    timing           timing repeated calls: warm-up, the device synchronized, the slowest rank
+
+Nothing is imported here: `hybridplan.calibrate` and `hybridplan.validate` load their module.
+"""
