@@ -68,7 +68,7 @@ test-asan: deps
 	cd $(ASAN) && $(ASAN_ENV) ctest --output-on-failure
 
 # libFuzzer (clang) targets for the Graph/Cluster/Job/Plan loaders and the PipeDream importer,
-# FUZZ_SECONDS each (default 60), seeded from examples/, plans/, tests/data and tests/fuzz/seeds.
+# FUZZ_SECONDS each (default 60), seeded from examples/, presets/, reproductions/, tests/data and tests/fuzz/seeds.
 # Not part of `make test` (it needs clang); HYBRIDPLAN_FUZZ_DEPS=1 makes install-deps add clang.
 FUZZ := build-fuzz
 FUZZ_SECONDS ?= 60
@@ -83,7 +83,7 @@ bench: build
 	$(PYTHON) bench/run_all.py
 
 paper: build
-	$(PYTHON) plans/paper/reproduce.py
+	$(PYTHON) reproductions/pal2019/reproduce.py
 
 # Time to accuracy on this machine: the batch-size trade-off trained to a target on real data,
 # and plans trained to it with torchrun, predicted against measured (out/time_to_accuracy/).

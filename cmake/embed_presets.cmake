@@ -1,4 +1,4 @@
-# Embeds plans/presets/*.json into a C++ source so the CLI and the Python module find the cluster
+# Embeds presets/*.json into a C++ source so the CLI and the Python module find the cluster
 # presets from any working directory (no install step, no path lookup at run time).
 #   cmake -DPRESET_DIR=<dir> -DOUTPUT=<file.cc> -P embed_presets.cmake
 # Each file becomes one raw string literal named after the file (dgx1-v100.json -> "dgx1-v100").

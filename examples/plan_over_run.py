@@ -4,7 +4,7 @@
         [--critical-batch 512] [--growth 8] [--segments 16] [--out out/over_run]
 
 PipeDream's Inception-V3 profile (hybridplan.pipedream; batch 64) on DGX-1 V100 nodes with the
-paper reproduction's job (plans/paper/<model>.job.json: data set, per-replica batch range,
+paper reproduction's job (reproductions/pal2019/<model>.job.json: data set, per-replica batch range,
 optimizer), whose convergence model is replaced by a critical batch that grows log-linearly
 from --critical-batch to growth times it over the run, as McCandlish et al. observe the
 gradient noise scale grow while the loss falls (https://arxiv.org/abs/1812.06162, section 3).
@@ -36,7 +36,7 @@ NAMES = {"inception_v3": "Inception-V3", "gnmt": "GNMT-8"}
 def job_for(model: str, critical_batch: float, growth: float) -> dict:
     """The paper reproduction's job for `model` with a critical batch growing `growth` times,
     log-linearly in progress (the planner's trajectory interpolation, convergence.h)."""
-    job = planner.Job.load(REPO / "plans" / "paper" / f"{model}.job.json").to_dict()
+    job = planner.Job.load(REPO / "reproductions" / "pal2019" / f"{model}.job.json").to_dict()
     job["convergence"] = {"model": "critical_batch", "epochs_min": EPOCHS_MIN[model],
                           "critical_batch": [[0, critical_batch], [1, critical_batch * growth]]}
     job.pop("sources", None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make fuzz`: builds the libFuzzer targets (tests/fuzz/fuzz_documents.cc) with clang, ASan and
 # UBSan in build-fuzz/, then runs each for FUZZ_SECONDS (default 60) from a seed corpus:
-# examples/, plans/, tests/data/, tests/fuzz/seeds/ and, when present, the published PipeDream
+# examples/, presets/, reproductions/, tests/data/, tests/fuzz/seeds/ and, when present, the published PipeDream
 # profiles ($HYBRIDPLAN_PIPEDREAM_PROFILES or ../shared/data/pipedream-profiles).
 # Prints executions/s, total runs and findings per target; exits 1 if any target found something
 # (its reproducer is in build-fuzz/artifacts/; rerun it with `build-fuzz/bin/fuzz_<t> <file>`).
@@ -26,7 +26,7 @@ fi
 cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]/#/fuzz_}"
 
 profiles=${HYBRIDPLAN_PIPEDREAM_PROFILES:-../shared/data/pipedream-profiles}
-json_seeds=(examples plans tests/data)
+json_seeds=(examples presets reproductions tests/data)
 mkdir -p "$BUILD/artifacts"
 summary="$BUILD/summary.txt"
 printf '%-10s %8s %10s %10s %8s  %s\n' target seconds runs execs/s corpus findings | tee "$summary"

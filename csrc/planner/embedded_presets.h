@@ -1,5 +1,5 @@
 // The preset files compiled into the binary: the table is generated at build time by
-// cmake/embed_presets.cmake from plans/presets/*.json. Use planner/presets.h instead.
+// cmake/embed_presets.cmake from presets/*.json. Use planner/presets.h instead.
 #pragma once
 
 namespace hybridplan::detail {

@@ -1,4 +1,4 @@
-// Cluster presets: plans/presets/<name>.json, compiled in (see planner/embedded_presets.h).
+// Cluster presets: presets/<name>.json, compiled in (see planner/embedded_presets.h).
 #include "planner/presets.h"
 
 #include <map>

@@ -1,4 +1,4 @@
-// Cluster presets shipped with hybridplan (plans/presets/*.json, embedded at build time so the
+// Cluster presets shipped with hybridplan (presets/*.json, embedded at build time so the
 // CLI and the Python module work from any directory).
 #pragma once
 #include <string>

@@ -195,7 +195,7 @@ def _cluster_fits_world(c: Cluster, world: int, local_world: int, sized: bool
                      f"whole nodes, or pass a cluster that describes this job")
 
 
-# GPU name -> the preset of its machine (plans/presets), first match wins
+# GPU name -> the preset of its machine (presets), first match wins
 _GPU_PRESETS = (("A100-PCIE", "pcie-8gpu"), ("H200", "dgx-h200"), ("H100", "dgx-h100"),
                 ("A100", "dgx-a100"), ("V100", "dgx1-v100"))
 

@@ -6,7 +6,7 @@ Where each documented command is proven (this file adds the ones nothing else ra
   README "Quick start" (train.py under torchrun)   here: the README's own code, 3 steps
   examples/train_parallelize.py, python -m hybridplan run   test_parallelize.py
   make demo (examples/demo.py)          here: demo.py --quick (every step at its smallest size)
-  make paper (plans/paper/reproduce.py) here: every model and every sensitivity variant on one
+  make paper (reproductions/pal2019/reproduce.py) here: every model and every sensitivity variant on one
                                         DGX-1 (--max-devices 8), and the one-device baseline
   make bench (bench/run_all.py)         here: run_all.py --quick on the benchmarks that run in
                                         one process (the torchrun ones take ~10-30 s each here)
@@ -79,11 +79,11 @@ def test_readme_quick_start_trains_under_torchrun(tmp_path):
 # ---- make paper ---------------------------------------------------------------------------------
 
 def _paper():
-    sys.path.insert(0, str(ROOT / "plans" / "paper"))
+    sys.path.insert(0, str(ROOT / "reproductions" / "pal2019"))
     try:
         import reproduce
     finally:
-        sys.path.remove(str(ROOT / "plans" / "paper"))
+        sys.path.remove(str(ROOT / "reproductions" / "pal2019"))
     return reproduce
 
 
@@ -91,7 +91,7 @@ def test_make_paper_runs_every_model_and_variant(tmp_path):
     """`make paper` on one DGX-1: the same code path as the full run (every model whose inputs
     are here, every sensitivity variant, the tables, the figure), at N = 8 only."""
     out = tmp_path / "paper"
-    text = _run([sys.executable, ROOT / "plans" / "paper" / "reproduce.py", "--max-devices", "8",
+    text = _run([sys.executable, ROOT / "reproductions" / "pal2019" / "reproduce.py", "--max-devices", "8",
                  "--out", out], timeout=300)
     reproduce = _paper()
     ran = [m for m in reproduce.MODELS if f"skipping {m.name}" not in text]

@@ -333,7 +333,7 @@ def test_real_pipedream_profiles_plan():
 # ---- the paper's BigLSTM graph builder ----------------------------------------------------------
 
 def test_biglstm_graph_is_valid_with_published_size():
-    sys.path.insert(0, str(ROOT / "plans" / "paper"))
+    sys.path.insert(0, str(ROOT / "reproductions" / "pal2019"))
     try:
         import biglstm_graph
     finally:

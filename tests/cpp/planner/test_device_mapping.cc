@@ -11,7 +11,7 @@ namespace {
 
 constexpr double kGB = 1e9;
 
-// The DGX-1 V100 hybrid cube-mesh (plans/presets/dgx1-v100.json): quads {0,1,2,3} and
+// The DGX-1 V100 hybrid cube-mesh (presets/dgx1-v100.json): quads {0,1,2,3} and
 // {4,5,6,7} fully connected; double NVLink (50 GB/s) on 0-3 0-4 1-2 1-5 2-3 4-7 5-6 6-7, single
 // (25 GB/s) on the other quad pairs and i-(i+4), PCIe/QPI (10 GB/s) elsewhere.
 Cluster dgx1(int64_t num_nodes) {

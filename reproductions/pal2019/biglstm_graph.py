@@ -25,7 +25,7 @@ Known simplifications (say so wherever the results are shown):
 - an LSTM layer's internal gate activations (about 6 * 8192 floats per token) are not counted in
   memory: the graph format only knows each node's output.
 
-Run as a script to write the graph JSON: python3 plans/paper/biglstm_graph.py out.json
+Run as a script to write the graph JSON: python3 reproductions/pal2019/biglstm_graph.py out.json
 """
 
 from __future__ import annotations

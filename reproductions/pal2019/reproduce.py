@@ -15,9 +15,9 @@ and writes to out/paper/:
                              (one device at its best batch among the job's: see baseline())
   <model>.best_plan.json     the best hybrid plan found at any N
 and prints, per model, the gain of the best hybrid over the best that DP alone reaches at any N
-next to the paper's projection. See plans/paper/README.md for inputs, sources and caveats.
+next to the paper's projection. See reproductions/pal2019/README.md for inputs, sources and caveats.
 
-    python3 plans/paper/reproduce.py [--max-devices 1024] [--models inception_v3 gnmt biglstm]
+    python3 reproductions/pal2019/reproduce.py [--max-devices 1024] [--models inception_v3 gnmt biglstm]
                                      [--no-sensitivity]
 """
 
