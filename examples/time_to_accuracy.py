@@ -1,4 +1,4 @@
-"""Time to accuracy, end to end on this machine (`make tta`, about 10 minutes on 2 cores):
+"""Time to accuracy, end to end on this machine (`make tta`, about 9 minutes on 2 cores):
 
 1. measure the batch-size trade-off directly on digits_cnn (a small CNN for scikit-learn's
    bundled handwritten digits, real data, no download): train to the task's target (held-out
@@ -10,9 +10,9 @@
    before the plans run: on this shared host the same plan's step measured 4.1 ms and, twenty
    minutes later, 6.2 ms, with both harnesses agreeing each time;
 3. train >= 4 plans spanning global batches (the planner's pick, the throughput-optimal plan,
-   data parallel at two per-replica batches, the best pipeline) to the target with torchrun, 3
-   seeds each (seeds the fit has not seen), and compare predicted time to target (measured convergence model and noise-scale
-   model) with measured.
+   data parallel at two per-replica batches, the best pipeline) to the target with torchrun, 5
+   seeds each (seeds the fit has not seen), and compare predicted time to target (measured
+   convergence model and noise-scale model) with measured.
 
 Everything is written to out/time_to_accuracy/ (convergence/, branched/, validate/), and the
 figure and tables are copied to docs/figures/ when --publish is given.
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", default=str(ROOT / "out" / "time_to_accuracy"))
     parser.add_argument("--seeds", default="0,1,2,3,4", help="the trade-off's seeds")
-    parser.add_argument("--plan-seeds", default="5,6,7",
+    parser.add_argument("--plan-seeds", default="5,6,7,8,9",
                         help="each plan's seeds: not among the trade-off's, so that the steps "
                              "are predicted for runs the fit has not seen")
     parser.add_argument("--skip-calibration", action="store_true",

@@ -524,7 +524,7 @@ def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, bat
               repeats: int = 15, timeout_s: float = 120.0) -> Optional[dict]:
     """Runs the measurements above on every rank of this torchrun job; rank 0 returns the
     Cluster dict and writes it atomically to `out` (if given), the others return None."""
-    env = _probe._env("calibrate", min_ranks=1)
+    env = _probe.rank_env("calibrate", min_ranks=1)
     graph = None
     if graph_path:
         with open(graph_path, encoding="utf-8") as f:
@@ -536,7 +536,7 @@ def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, bat
     if env.rank != 0:
         return None
     if out:
-        _probe._atomic_write_json(out, cluster)
+        _probe.write_json(out, cluster)
     return cluster
 
 
@@ -548,7 +548,7 @@ def _copy_link(device, sizes: List[int], warmup: int, repeats: int, fits: Dict[s
         buf = torch.ones(max(1, n // 4), dtype=torch.float32, device=device)
         samples = timed_samples(buf.clone, device, warmup, repeats)
         points.append((n, statistics.median(samples)))
-    return _probe._link(points, fits, "copy")
+    return _probe.fit_link(points, fits, "copy")
 
 
 def _intra_node_link(env, device, graph, warmup: int, repeats: int, fits: Dict[str, dict]) -> dict:
@@ -556,12 +556,12 @@ def _intra_node_link(env, device, graph, warmup: int, repeats: int, fits: Dict[s
     allreduce_sizes, p2p_sizes = message_sizes(graph)
     if env.world_size == 1:
         return _copy_link(device, p2p_sizes, warmup, repeats, fits)
-    _probe._time_allreduce(allreduce_sizes[-1], device, 1, 1)  # connections, unmeasured
+    _probe.time_allreduce(allreduce_sizes[-1], device, 1, 1)  # connections, unmeasured
     _time_p2p(p2p_sizes[-1], env.rank, device, 1, 1)
     p2p = [(n, _time_p2p(n, env.rank, device, warmup, repeats)) for n in p2p_sizes]
-    allreduce = [(n, _probe._time_allreduce(n, device, warmup, repeats))
+    allreduce = [(n, _probe.time_allreduce(n, device, warmup, repeats))
                  for n in allreduce_sizes]
-    intra = _probe._link(p2p, fits, "p2p")
+    intra = _probe.fit_link(p2p, fits, "p2p")
     intra["allreduce"] = _probe.allreduce_link(allreduce, env.world_size, fits, "allreduce")
     return intra
 
@@ -674,7 +674,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                      rounds=max(3, repeats // 3), steps=3)
     bandwidth = _memory_bandwidth(device)
-    peak_flops = min_over_ranks(_probe._peak_flops(device), device)
+    peak_flops = min_over_ranks(_probe.peak_flops(device), device)
 
     slowdown_table = _slowdown_table(slowdown, graph, module if model else None, batch,
                                      env.local_world_size)
@@ -682,8 +682,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         "schema_version": 1, "kind": "hybridplan.cluster",
         "name": name or ("localhost-cpu" if device.type == "cpu" else "calibrated-cuda"),
         "num_nodes": env.num_nodes, "devices_per_node": env.local_world_size,
-        "device": {"name": _probe._device_name(device), "type": device.type,
-                   "memory_bytes": _probe._device_memory_bytes(device, env.local_world_size),
+        "device": {"name": _probe.device_name(device), "type": device.type,
+                   "memory_bytes": _probe.device_memory_bytes(device, env.local_world_size),
                    "peak_flops": peak_flops,
                    "memory_bandwidth_bytes_per_s": bandwidth["bandwidth_bytes_per_s"]},
         "intra_node": intra, "inter_node": dict(intra),

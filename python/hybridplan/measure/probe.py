@@ -49,7 +49,7 @@ class _Env:
         return self.world_size // self.local_world_size
 
 
-def _env(command: str = "probe", min_ranks: int = 2) -> _Env:
+def rank_env(command: str = "probe", min_ranks: int = 2) -> _Env:
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                            "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
@@ -67,7 +67,7 @@ def _env(command: str = "probe", min_ranks: int = 2) -> _Env:
     return env
 
 
-def _time_allreduce(nbytes: int, device: torch.device, warmup: int, repeats: int) -> float:
+def time_allreduce(nbytes: int, device: torch.device, warmup: int, repeats: int) -> float:
     """Median seconds of one all-reduce of `nbytes` (float32), the slowest rank's median."""
     buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
     samples = timed_samples(lambda: dist.all_reduce(buf), device, warmup, repeats, barrier=True)
@@ -91,7 +91,7 @@ def _time_pingpong(nbytes: int, a: int, b: int, rank: int, device: torch.device,
     return max_over_ranks(one_way, device)
 
 
-def _peak_flops(device: torch.device, n: int = 512, repeats: int = 5) -> float:
+def peak_flops(device: torch.device, n: int = 512, repeats: int = 5) -> float:
     """float32 FLOP/s of the fastest of `repeats` n x n matmuls (2 n^3 FLOPs each)."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
@@ -99,7 +99,7 @@ def _peak_flops(device: torch.device, n: int = 512, repeats: int = 5) -> float:
     return 2 * n ** 3 / best_s
 
 
-def _device_memory_bytes(device: torch.device, local_world_size: int) -> int:
+def device_memory_bytes(device: torch.device, local_world_size: int) -> int:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     with open("/proc/meminfo") as f:
@@ -109,7 +109,7 @@ def _device_memory_bytes(device: torch.device, local_world_size: int) -> int:
     raise ValueError("probe: /proc/meminfo has no MemTotal line")
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     try:
@@ -121,7 +121,7 @@ def _device_name(device: torch.device) -> str:
     return f"cpu rank ({model}, {torch.get_num_threads()} thread(s))"
 
 
-def _link(points: List[Tuple[int, float]], fits: Dict[str, dict], name: str) -> Dict[str, float]:
+def fit_link(points: List[Tuple[int, float]], fits: Dict[str, dict], name: str) -> Dict[str, float]:
     """alpha-beta link of one-way times; the fit (residuals, and whether the bandwidth was
     resolved at all) goes to `fits[name]`."""
     fit = fit_line([p[0] for p in points], [p[1] for p in points])
@@ -163,13 +163,13 @@ def probe(sizes_bytes: Sequence[int] = DEFAULT_SIZES, warmup: int = 2, repeats: 
     if len(set(sizes_bytes)) < 2 or min(sizes_bytes) < 4:
         raise ValueError(f"probe: sizes must hold at least two distinct sizes >= 4 bytes "
                          f"(got {list(sizes_bytes)})")
-    env = _env()
+    env = rank_env()
     with process_group(env, timeout_s) as (device, backend):
         cluster = _measure(env, device, backend, sorted(set(sizes_bytes)), warmup, repeats, name)
     if env.rank != 0:
         return None
     if out:
-        _atomic_write_json(out, cluster)
+        write_json(out, cluster)
     return cluster
 
 
@@ -177,7 +177,7 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
     intra_pair = (0, 1) if env.local_world_size > 1 else None
     inter_pair = (0, env.local_world_size) if env.num_nodes > 1 else None
     # first use of a connection pays for its setup: exercise every path once, unmeasured
-    _time_allreduce(sizes[-1], device, 1, 1)
+    time_allreduce(sizes[-1], device, 1, 1)
     for pair in filter(None, (intra_pair, inter_pair)):
         _time_pingpong(sizes[-1], *pair, env.rank, device, 1, 1)
     links, fits = {}, {}
@@ -188,10 +188,10 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
         points = [(n, _time_pingpong(n, *pair, env.rank, device, warmup, repeats))
                   for n in sizes]
         raw[f"{level}_one_way_s"] = points
-        links[level] = _link(points, fits, level)
-    raw["allreduce_s"] = [(n, _time_allreduce(n, device, warmup, repeats)) for n in sizes]
+        links[level] = fit_link(points, fits, level)
+    raw["allreduce_s"] = [(n, time_allreduce(n, device, warmup, repeats)) for n in sizes]
     dist.barrier()
-    peak_flops = min_over_ranks(_peak_flops(device), device)
+    flops = min_over_ranks(peak_flops(device), device)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     sources = [f"measured {date} by `torchrun --nnodes {env.num_nodes} --nproc_per_node "
                f"{env.local_world_size} -m hybridplan probe` ({backend}, sizes "
@@ -205,9 +205,9 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
         "schema_version": 1, "kind": "hybridplan.cluster",
         "name": name or ("localhost-cpu" if device.type == "cpu" else "probed-cuda"),
         "num_nodes": env.num_nodes, "devices_per_node": env.local_world_size,
-        "device": {"name": _device_name(device),
-                   "memory_bytes": _device_memory_bytes(device, env.local_world_size),
-                   "peak_flops": peak_flops},
+        "device": {"name": device_name(device),
+                   "memory_bytes": device_memory_bytes(device, env.local_world_size),
+                   "peak_flops": flops},
         "intra_node": links["intra_node"], "inter_node": links["inter_node"],
         "sources": sources,
         "measured": {"allreduce_ring_link": allreduce_link(raw["allreduce_s"], env.world_size,
@@ -217,7 +217,7 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
     }
 
 
-def _atomic_write_json(path: str, doc: dict) -> None:
+def write_json(path: str, doc: dict) -> None:
     from ..files import write_text_atomic
 
     write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
