@@ -3,6 +3,7 @@ and handed to the planner as a Job's convergence model.
 
     tradeoff               the batch-size trade-off measured directly: steps to a target at
                            several global batches, the fitted critical batch, the Job
+    report                 its Markdown table and log-log figure
     noise_scale            the gradient noise scale B_simple from gradient norms (offline)
     noise_scale_job        a Job whose critical batch is the measured noise scale; switch_advice
     time_to_target         plans trained to the target under torchrun, predicted beside measured
@@ -12,10 +13,11 @@ tradeoff's public names are this package's own: `from hybridplan import converge
 cv.train_to_target(...)`.
 """
 
+from .report import markdown, plot
 from .tradeoff import (OPTIMIZERS, SCALINGS, TASK_FIELDS, Fit, LrRule, Run, Sweep, Target, Task,
                        branched, convergence_job, eval_due, evaluate, fit_critical_batch,
-                       load_start, markdown, measure, measure_tradeoff, noise_scale_at, plot,
-                       predicted_steps, refit, sample_indices, task_from_spec, train_to_target)
+                       load_start, measure, measure_tradeoff, noise_scale_at, predicted_steps,
+                       refit, sample_indices, task_from_spec, train_to_target)
 
 __all__ = ["LrRule", "Target", "Task", "Run", "Sweep", "Fit", "sample_indices", "eval_due",
            "evaluate", "train_to_target", "measure", "branched", "load_start",
