@@ -152,7 +152,7 @@ std::string op_of(const nn::Module& module) {
   std::string type = module.name();
   if (const size_t colon = type.rfind("::"); colon != std::string::npos) type.erase(0, colon + 2);
   if (type.size() > 4 && type.ends_with("Impl")) type.resize(type.size() - 4);
-  // python/hybridplan/profiler/profile.py _snake_case: BranchyCNN -> branchy_cnn, ReLU -> re_lu.
+  // python/hybridplan/profiler/profile.py snake_case: BranchyCNN -> branchy_cnn, ReLU -> re_lu.
   static const std::regex acronym("([A-Z]+)([A-Z][a-z])"), word("([a-z])([A-Z])");
   type = std::regex_replace(std::regex_replace(type, acronym, "$1_$2"), word, "$1_$2");
   std::transform(type.begin(), type.end(), type.begin(),

@@ -42,7 +42,6 @@ import datetime
 import hashlib
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -54,6 +53,8 @@ from torch import nn
 
 from . import __version__
 from .net import free_port
+from .profiler.dataflow import map_tensors
+from .profiler.profile import snake_case
 from .planner import (MODES, Cluster, Graph, InfeasibleError, Job, Plan, _as_cluster, _as_job,
                       evaluate, search)
 
@@ -164,12 +165,8 @@ def graph_cache_key(model: nn.Module, example_inputs: Any, example_target: Any =
     return hashlib.sha256(text.encode("utf-8")).hexdigest(), doc
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
-
-
 def graph_cache_path(cache_dir: str, model: nn.Module, key: str) -> str:
-    return os.path.join(cache_dir, "graphs", f"{_snake(type(model).__name__)}-{key[:20]}.json")
+    return os.path.join(cache_dir, "graphs", f"{snake_case(type(model).__name__)}-{key[:20]}.json")
 
 
 # ---- where the cluster and the job come from ---------------------------------------------------
@@ -295,12 +292,6 @@ def resolve_job(job: Any, per_replica_batch: int, optimizer: Any = None) -> Job:
 
 # ---- the plan --------------------------------------------------------------------------------
 
-def _processes(p: Plan) -> int:
-    from .trace import processes
-
-    return processes(p.to_dict())
-
-
 def describe(p: Plan, mode: bool = True) -> str:
     """dp=2 mp=1 placement b=8 / dp=1 mp=2 pipeline 1f1b M=4 b=8 (+ sharding, recompute)."""
     text = f"dp={p.dp} mp={p.mp}" + (f" {p.mode}" if mode else "")
@@ -327,7 +318,7 @@ def _ranked(graph: Graph, cluster: Cluster, job: Job, world: int, modes: Sequenc
     job), best first, and the search's result."""
     r = search(graph, cluster, job, devices=world, top_k=top_k, modes=modes, dp_only=dp_only)
     # the search offers mp = 1 (data parallelism, mode "placement") in every mode
-    return [p for p in r.plans if _processes(p) == world and p.mode in modes], r
+    return [p for p in r.plans if p.num_processes == world and p.mode in modes], r
 
 
 def _infeasible_hint(batch: int, world: int) -> str:
@@ -470,11 +461,11 @@ def _process_group(world_size: Optional[int], timeout_s: float) -> None:
 # ---- rank 0's part: graph, cluster, job, plan -------------------------------------------------
 
 def _batch_of(example_inputs: Any, batch_dim: int) -> int:
-    from .executor.executor import as_call
-    args, kwargs = as_call(example_inputs)
-    for v in list(args) + list(kwargs.values()):
-        if isinstance(v, torch.Tensor) and v.dim() > batch_dim:
-            return int(v.shape[batch_dim])
+    from .executor.executor import _batch_size, as_call
+
+    batch = _batch_size(*as_call(example_inputs), batch_dim)
+    if batch:
+        return batch
     raise ValueError("hybridplan.parallelize: example_inputs must be one replica's batch: a "
                      "tensor, a tuple or a dict of inputs with a tensor whose dimension "
                      f"{batch_dim} is the batch (got {_shapes(example_inputs)})")
@@ -485,16 +476,12 @@ def _resize_batch(value: Any, have: int, want: int, batch_dim: int) -> Any:
     samples: the example at the plan's per-replica batch (a pipeline's stages are traced at it)."""
     if have == want:
         return value
-    if isinstance(value, torch.Tensor):
-        if value.dim() > batch_dim and value.shape[batch_dim] == have:
-            index = torch.arange(want, device=value.device) % have
-            return value.index_select(batch_dim, index)
-        return value
-    if isinstance(value, dict):
-        return {k: _resize_batch(v, have, want, batch_dim) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_resize_batch(v, have, want, batch_dim) for v in value)
-    return value
+
+    def resize(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() > batch_dim and t.shape[batch_dim] == have:
+            return t.index_select(batch_dim, torch.arange(want, device=t.device) % have)
+        return t
+    return map_tensors(value, resize)
 
 
 def _graph(model, example_inputs, example_target, loss_fn, cache_dir, profile_options, log

@@ -288,6 +288,10 @@ class Plan(_Document):
         return self._dict["world_size"]
 
     @property
+    def num_processes(self) -> int:
+        return num_processes(self._dict)
+
+    @property
     def schedule(self) -> str:
         return self._dict["schedule"]
 
@@ -398,6 +402,12 @@ def load_job(path: PathLike) -> Job:
 
 def load_plan(path: PathLike) -> Plan:
     return Plan.load(path)
+
+
+def num_processes(plan: dict) -> int:
+    """Processes a plan (dict) runs, as plan.h Plan::num_processes: dp in placement mode (a
+    replica's devices are one process) and dp * mp in pipeline mode."""
+    return plan["dp"] * plan["mp"] if plan["mode"] == "pipeline" else plan["dp"]
 
 
 def epochs_to_target(job: Union[Job, dict, PathLike], global_batch: float) -> float:

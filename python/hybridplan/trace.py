@@ -101,11 +101,6 @@ def _metadata(pid: int, process: str, sort_index: int, threads: Dict[int, str]) 
 
 # ---- the plan's ranks ----------------------------------------------------------------------
 
-def processes(plan: dict) -> int:
-    """Processes the plan runs: dp (placement: one per replica) or dp * mp (pipeline)."""
-    return plan["dp"] if plan["mode"] == "placement" else plan["dp"] * plan["mp"]
-
-
 def _ranks_per_replica(plan: dict) -> int:
     return 1 if plan["mode"] == "placement" else plan["mp"]
 
@@ -222,7 +217,7 @@ def predicted_trace(plan, graph=None, cluster=None, job=None) -> dict:
 
 def _other(plan: dict, prediction: Dict[str, Any]) -> Dict[str, Any]:
     other = {"predicted_step_s": prediction["terms"]["step_s"]}
-    if _predicted_ranks(plan) < processes(plan):
+    if _predicted_ranks(plan) < planner.num_processes(plan):
         other["predicted_ranks_drawn"] = (f"replicas 0..{MAX_PREDICTED_REPLICAS - 1} of "
                                           f"{plan['dp']} (the others are predicted alike)")
     return other
@@ -255,7 +250,7 @@ def _checked_measured(plan: dict, measured: Any, source: str) -> List[dict]:
     if not isinstance(measured.get("per_rank"), list):
         raise ValueError(f"{source}: $.per_rank must be a list of the ranks' measurements (got "
                          f"{type(measured.get('per_rank')).__name__})")
-    count = processes(plan)
+    count = planner.num_processes(plan)
     stages = plan["mp"] * plan.get("virtual_stages", 1) if plan["mode"] == "pipeline" else 1
     ranks: Dict[int, dict] = {}
     for i, entry in enumerate(measured["per_rank"]):
@@ -337,7 +332,7 @@ def comparison_trace(plan, measured: dict, graph=None, cluster=None, job=None,
     return _trace(p, [_metadata(PREDICTED_PID, f"predicted: {label}", 0,
                                 _thread_names(p, _predicted_ranks(p))),
                       _metadata(MEASURED_PID, f"measured: {label}", 1,
-                                _thread_names(p, processes(p))),
+                                _thread_names(p, planner.num_processes(p))),
                       _predicted_events(p, prediction, PREDICTED_PID),
                       _measured_events(ranks, MEASURED_PID)], other)
 

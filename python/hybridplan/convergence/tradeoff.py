@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -234,6 +235,10 @@ def task_from_spec(spec: Dict[str, Any], source: str = "task") -> Task:
 
 # ---- one definition each: data order, evaluation schedule ------------------------------------
 
+# Each step reads its epoch's permutation: computed once per epoch, not once per step (a
+# permutation of a large training set costs more than a small model's step). The tensor is
+# only sliced, never written.
+@functools.lru_cache(maxsize=8)
 def _epoch_order(num_samples: int, seed: int, epoch: int):
     import torch
 

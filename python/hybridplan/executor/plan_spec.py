@@ -24,7 +24,7 @@ import json
 import os
 from typing import Any, Dict, FrozenSet, List, Tuple
 
-from ..planner import Graph, Plan, canonical_json
+from ..planner import Graph, Plan, canonical_json, num_processes
 
 
 def load_plan_dict(plan: Any) -> Tuple[Dict[str, Any], str]:
@@ -91,7 +91,7 @@ class PlanSpec:
     @property
     def num_processes(self) -> int:
         """Processes the plan's mode runs: dp (placement) or dp * mp (pipeline)."""
-        return self.dp if self.mode == "placement" else self.dp * self.mp
+        return num_processes({"mode": self.mode, "dp": self.dp, "mp": self.mp})
 
     def replica_of(self, rank: int) -> int:
         return rank if self.mode == "placement" else rank // self.mp

@@ -47,9 +47,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..trace import comparison_trace, plan_kind, processes, trace_file_name, write_trace
+from ..planner import num_processes
+from ..trace import comparison_trace, plan_kind, trace_file_name, write_trace
 
 __all__ = ["validate", "select_plans", "ValidationResult"]
 
@@ -129,7 +130,7 @@ def run_worker(plan: dict, worker: str, args: List[str], timeout_s: float, work_
         result_path.unlink()
     launcher = [shutil.which("torchrun")] if shutil.which("torchrun") else [
         sys.executable, "-m", "torch.distributed.run"]
-    cmd = launcher + ["--standalone", "--nproc-per-node", str(processes(plan)), "-m", worker,
+    cmd = launcher + ["--standalone", "--nproc-per-node", str(num_processes(plan)), "-m", worker,
                       "--plan", str(plan_path), "--out", str(result_path), *args]
     package = str(Path(__file__).resolve().parents[2])  # the folder that holds hybridplan/
     child_env = dict(os.environ, OMP_NUM_THREADS="1",

@@ -110,7 +110,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     target = _move(target, dev)
     loss_at = _loss_at(loss_fn, target, int(_first_tensor(inputs, kwargs).shape[0]))
     module.to(dev)
-    graph_name = name or _snake_case(type(module).__name__)
+    graph_name = name or snake_case(type(module).__name__)
     log = (lambda msg: print(msg, file=sys.stderr)) if verbose else (lambda msg: None)
 
     nodes = block_list.select_nodes(module)
@@ -329,7 +329,7 @@ def _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops,
         "schema_version": 1, "kind": "hybridplan.graph", "name": graph_name,
         "profiled": {"device": str(dev), "batch_size": int(first.shape[0]), "dtype": dtype},
         "nodes": [{"id": ids[n], "name": n,
-                   "op": _snake_case(type(nodes[block_list.module_name(n)]).__name__),
+                   "op": snake_case(type(nodes[block_list.module_name(n)]).__name__),
                    "forward_s": forward_s[n], "backward_s": backward_s[n],
                    "param_bytes": param_bytes[n], "param_tensors": param_tensors[n],
                    "output_bytes": dataflow.tree_total(flow.output_tree[n]),
@@ -416,7 +416,7 @@ def _check_acyclic(order: List[str], edges: Dict[dataflow.EdgeKey, int]) -> None
                          f"{cyclic}; a plan needs a DAG")
 
 
-def _snake_case(name: str) -> str:
+def snake_case(name: str) -> str:
     """BranchyCNN -> branchy_cnn, GroupNorm -> group_norm, Conv2d -> conv2d, LSTM -> lstm."""
     name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
     return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
