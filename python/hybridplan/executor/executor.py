@@ -598,18 +598,13 @@ class AppliedPlan:
             named = self._runner.named_parameters()
         return {id(p): self._aliases.get(name, name) for name, p in named}
 
-    def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
-        """Writes one consolidated checkpoint to `path` (docs/formats.md "Checkpoint"): the
-        whole model under the original module's state_dict keys, the optimizer state keyed by
-        parameter name, step_count, the plan and its graph hash. Every rank must call it (it is
-        collective); replica 0's ranks contribute their parts, rank 0 writes. A sharded plan's
-        ranks all gather their full parameters and optimizer state first (DTensor.full_tensor
-        is collective over the DP group), then replica 0's contribute as without sharding.
-        Atomic: the file at `path` is the previous one until the new one is complete (see
-        checkpoint). Raises RuntimeError on every rank if the write failed."""
-        self._check_open("save_checkpoint")
+    def _gather_parts(self) -> Optional[List[Any]]:
+        """Replica 0's ranks' model states and optimizer states by name, gathered on rank 0 (a
+        list, one entry per rank, None for ranks that contribute nothing); None on the other
+        ranks. Collective: every rank must call it. A sharded plan's ranks all gather their
+        full parameters and optimizer state first (DTensor.full_tensor is collective over the DP
+        group), then replica 0's contribute as without sharding."""
         self._settle()
-        path = os.fspath(path)
         part = None
         if self.replica == 0 or self.plan.sharding != "none":
             model = (sharding.full_cpu_state(self.original.state_dict(keep_vars=True))
@@ -621,15 +616,49 @@ class AppliedPlan:
                 part = None  # gathered for replica 0's ranks, which contribute it
         parts: Optional[List[Any]] = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(part, parts, dst=0)  # every rank has contributed once it returns
+        return parts
+
+    def _build_consolidated(self, parts: List[Any]) -> Dict[str, Any]:
+        """The consolidated checkpoint (checkpoint.build) from _gather_parts' list (rank 0)."""
+        mine = [p for p in parts if p is not None]
+        return checkpoint.build(
+            merge_states(self.original, [p["model"] for p in mine]),
+            checkpoint.merge_optimizer_states([p["optimizer"] for p in mine]),
+            self.step_count, self._plan_json, self.plan.graph_sha256)
+
+    def consolidated_state(self) -> Dict[str, Any]:
+        """The whole training state in memory, on every rank, as save_checkpoint writes it
+        (docs/formats.md "Checkpoint": the model under the original module's state_dict keys,
+        the optimizer state by parameter name, step, plan). Collective: every rank must call
+        it; rank 0 gathers and broadcasts it."""
+        self._check_open("consolidated_state")
+        parts = self._gather_parts()
+        box: List[Any] = [None]
+        if self.rank == 0:
+            try:
+                box[0] = self._build_consolidated(parts)
+            except Exception as e:  # every rank raises it, below
+                box[0] = f"{type(e).__name__}: {e}"
+        dist.broadcast_object_list(box, src=0)
+        if not isinstance(box[0], dict):
+            raise RuntimeError(f"hybridplan: the training state could not be gathered (rank 0: "
+                               f"{box[0]})")
+        return box[0]
+
+    def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
+        """Writes one consolidated checkpoint to `path` (docs/formats.md "Checkpoint"): the
+        whole model under the original module's state_dict keys, the optimizer state keyed by
+        parameter name, step_count, the plan and its graph hash. Every rank must call it (it is
+        collective); replica 0's ranks contribute their parts (_gather_parts), rank 0 writes.
+        Atomic: the file at `path` is the previous one until the new one is complete (see
+        checkpoint). Raises RuntimeError on every rank if the write failed."""
+        self._check_open("save_checkpoint")
+        path = os.fspath(path)
+        parts = self._gather_parts()
         status: List[Optional[str]] = [None]
         if self.rank == 0:
             try:
-                mine = [p for p in parts if p is not None]
-                ckpt = checkpoint.build(
-                    merge_states(self.original, [p["model"] for p in mine]),
-                    checkpoint.merge_optimizer_states([p["optimizer"] for p in mine]),
-                    self.step_count, self._plan_json, self.plan.graph_sha256)
-                checkpoint.write_atomic(ckpt, path)
+                checkpoint.write_atomic(self._build_consolidated(parts), path)
             except Exception as e:  # every rank raises it, below
                 status[0] = f"{type(e).__name__}: {e}"
         dist.broadcast_object_list(status, src=0)
