@@ -27,7 +27,7 @@ untouched and removes its temporary file.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -128,6 +128,11 @@ def load(path: Any) -> Dict[str, Any]:
         raise ValueError(f"{path}: checkpoint must be a file written by "
                          f"AppliedPlan.save_checkpoint (got {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return check_envelope(ckpt, path)
+
+
+def check_envelope(ckpt: Any, path: str) -> Dict[str, Any]:
+    """A checkpoint dict's format, version and fields; ValueError naming `path` and the field."""
     if not isinstance(ckpt, dict) or ckpt.get("format") != kFormat:
         got = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise ValueError(f"{path}: format must be {kFormat!r} (got {got!r})")
@@ -139,6 +144,16 @@ def load(path: Any) -> Dict[str, Any]:
             raise ValueError(f"{path}: {field} must be a {kind.__name__} (got "
                              f"{type(ckpt.get(field)).__name__})")
     return ckpt
+
+
+def resolve(resume_from: Any) -> Tuple[Dict[str, Any], str]:
+    """apply(resume_from=...)'s one entry: (the checkpoint dict, where it came from, for
+    messages). `resume_from` is a consolidated checkpoint's path, or such a dict in memory
+    (AppliedPlan.consolidated_state(): a plan switch), checked as a file's envelope is."""
+    if isinstance(resume_from, dict):
+        return check_envelope(resume_from, "resume_from (in memory)"), "resume_from (in memory)"
+    path = os.fspath(resume_from)
+    return load(path), path
 
 
 def check_model(ckpt: Dict[str, Any], module: nn.Module, path: str) -> None:

@@ -712,7 +712,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           timeout_s: float = kDefaultTimeoutS, graph: Any = None,
           batch_dim: int = 0, example_inputs: Any = None, measure_noise_scale: int = 0,
           noise_scale_decay: float = 0.99,
-          resume_from: Union[str, os.PathLike, None] = None,
+          resume_from: Union[str, os.PathLike, Dict[str, Any], None] = None,
           retain_freed_memory: bool = True) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
@@ -735,8 +735,9 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     noise_scale_decay  the moving averages' weight per measured step, in (0, 1]; 1 averages
                every measurement equally.
     resume_from  a checkpoint written by AppliedPlan.save_checkpoint under this or any other
-               plan: the model state is loaded before the module is placed or cut, the
-               optimizer state of this rank's parameters by name, and step_count.
+               plan (or AppliedPlan.consolidated_state()'s dict): the model state is loaded
+               before the module is placed or cut, the optimizer state of this rank's
+               parameters by name, and step_count.
     retain_freed_memory  on a CPU job, keep freed memory in the process (glibc mallopt,
                process-wide; profiler.block_timing.retain_freed_memory) as the profiler does and
                as caching allocators (CUDA's) do: otherwise every large activation or gradient
@@ -755,7 +756,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     _init_process_group(timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     plan_sha, plan_json, spec, cut, error = None, "", None, None, None
-    resumed, plan_dict = None, None
+    resumed, plan_dict, resumed_from = None, None, ""
     signature = param_signature(module)  # before the cut, which may copy tied parameters
     aliases = checkpoint.parameter_aliases(module)  # likewise
     versions = rank_agreement.local_versions()
@@ -766,8 +767,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay, optimizer)
         if resume_from is not None:
-            resumed = checkpoint.load(resume_from)
-            checkpoint.check_model(resumed, module, os.fspath(resume_from))
+            resumed, resumed_from = checkpoint.resolve(resume_from)
+            checkpoint.check_model(resumed, module, resumed_from)
     except ValueError as e:
         error = str(e)
     agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions))
@@ -783,5 +784,5 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
                        batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
                        aliases=aliases, resumed=resumed,
-                       resumed_from=os.fspath(resume_from) if resume_from is not None else "",
+                       resumed_from=resumed_from,
                        plan_json=plan_json)
