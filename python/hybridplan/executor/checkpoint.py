@@ -62,22 +62,39 @@ def _cpu(value: Any) -> Any:
     return value
 
 
+def _names_of(optimizer: torch.optim.Optimizer, names: Dict[int, str]
+              ) -> Tuple[Dict[str, Any], Dict[int, Optional[str]]]:
+    """optimizer.state_dict() and its parameter index -> canonical name (None: unnamed)."""
+    sd = optimizer.state_dict()
+    name_of: Dict[int, Optional[str]] = {}
+    for group_sd, group in zip(sd["param_groups"], optimizer.param_groups):
+        for index, p in zip(group_sd["params"], group["params"]):
+            name_of[index] = names.get(id(p))
+    return sd, name_of
+
+
+def optimizer_groups_by_name(optimizer: torch.optim.Optimizer, names: Dict[int, str]
+                             ) -> OptimizerByName:
+    """The optimizer's class and param_groups (hyperparameters, parameters by canonical name),
+    without its state: local, no communication."""
+    sd, name_of = _names_of(optimizer, names)
+    groups = [dict({k: _cpu(v) for k, v in g.items() if k != "params"},
+                   params=[name_of[i] for i in g["params"] if name_of.get(i)])
+              for g in sd["param_groups"]]
+    return {"class": type(optimizer).__name__, "state": {}, "param_groups": groups}
+
+
 def optimizer_state_by_name(optimizer: torch.optim.Optimizer, names: Dict[int, str]
                             ) -> OptimizerByName:
     """optimizer.state_dict() with parameter indices replaced by canonical names (`names`:
     id(parameter) -> name). Parameters without a name (a parameter-free stage's placeholder)
     are left out. Tensors are CPU copies, a sharded parameter's state gathered whole: every
     rank of its mesh must call this (the parameters' order is the same on each)."""
-    sd = optimizer.state_dict()
-    name_of: Dict[int, Optional[str]] = {}
-    for group_sd, group in zip(sd["param_groups"], optimizer.param_groups):
-        for index, p in zip(group_sd["params"], group["params"]):
-            name_of[index] = names.get(id(p))
-    state = {name_of[i]: _cpu(s) for i, s in sorted(sd["state"].items()) if name_of.get(i)}
-    groups = [dict({k: _cpu(v) for k, v in g.items() if k != "params"},
-                   params=[name_of[i] for i in g["params"] if name_of.get(i)])
-              for g in sd["param_groups"]]
-    return {"class": type(optimizer).__name__, "state": state, "param_groups": groups}
+    sd, name_of = _names_of(optimizer, names)
+    out = optimizer_groups_by_name(optimizer, names)
+    out["state"] = {name_of[i]: _cpu(s) for i, s in sorted(sd["state"].items())
+                    if name_of.get(i)}
+    return out
 
 
 def merge_optimizer_states(parts: List[OptimizerByName]) -> OptimizerByName:
@@ -146,13 +163,23 @@ def check_envelope(ckpt: Any, path: str) -> Dict[str, Any]:
     return ckpt
 
 
-def resolve(resume_from: Any) -> Tuple[Dict[str, Any], str]:
+def resolve(resume_from: Any, checkpoint_dir: Any = None
+            ) -> Tuple[Optional[Dict[str, Any]], str]:
     """apply(resume_from=...)'s one entry: (the checkpoint dict, where it came from, for
     messages). `resume_from` is a consolidated checkpoint's path, or such a dict in memory
-    (AppliedPlan.consolidated_state(): a plan switch), checked as a file's envelope is."""
+    (AppliedPlan.consolidated_state(): a plan switch), checked as a file's envelope is; or a
+    sharded checkpoint, a directory of them, or "latest" (sharded_checkpoint.find): read into
+    the same form. (None, "") when "latest" finds no complete checkpoint (a first run)."""
+    from . import sharded_checkpoint
+
     if isinstance(resume_from, dict):
         return check_envelope(resume_from, "resume_from (in memory)"), "resume_from (in memory)"
     path = os.fspath(resume_from)
+    if path == sharded_checkpoint.LATEST or os.path.isdir(path):
+        found = sharded_checkpoint.find(path, checkpoint_dir, sharded_checkpoint.log_rank0)
+        if found is None:
+            return None, ""
+        return check_envelope(sharded_checkpoint.read(found), found), found
     return load(path), path
 
 

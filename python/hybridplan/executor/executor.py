@@ -54,6 +54,7 @@ import functools
 import gc
 import os
 import sys
+import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -63,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..profiler import block_list, block_timing, stage_split
-from . import checkpoint, lost_peer, noise, placement, sharding
+from . import checkpoint, lost_peer, noise, placement, sharded_checkpoint, sharding
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
@@ -308,6 +309,12 @@ class AppliedPlan:
         self._groups: List[Any] = []  # the process groups this plan created (close())
         self.shard_units: List[str] = []  # sharded placement: the nodes sharded on their own
         self._closed = False
+        self.checkpoint_dir: Optional[str] = None  # apply's: save_sharded's default directory
+        self._checkpoint_group: Any = None  # save_sharded's Gloo group (made on first use)
+        self._pending_save: Any = None  # an asynchronous save not yet complete
+        self.last_save_stall_s = 0.0  # how long the last save_sharded held the training thread
+        self.resumed_from = resumed_from  # the checkpoint resumed ("" if none)
+        self.resumed_extra = resumed.get("extra") if resumed is not None else None
         self._plan_json = plan_json  # the plan's canonical JSON, stored in checkpoints
         # parameter name -> canonical name (tied names -> the first), taken before the cut
         self._aliases = aliases if aliases is not None else checkpoint.parameter_aliases(original)
@@ -566,6 +573,8 @@ class AppliedPlan:
         self._closed = True
         try:
             self._settle()
+            if wait_for_peers:
+                self.wait_checkpoint()
             if self._noise is not None and wait_for_peers:
                 self._noise.collect(wait=True)  # no noise-scale all-reduce left in flight
             if wait_for_peers and dist.is_initialized():
@@ -666,6 +675,59 @@ class AppliedPlan:
             raise RuntimeError(f"{path}: checkpoint not written (rank 0: {status[0]}); the "
                                f"previous file, if any, is unchanged")
 
+    def save_sharded(self, directory: Union[str, os.PathLike, None] = None, *,
+                     async_save: bool = False, keep: int = 2, extra: Any = None
+                     ) -> Optional[str]:
+        """Writes a sharded checkpoint with torch.distributed.checkpoint to
+        `<directory>/step-<step_count>/` (default directory: apply's checkpoint_dir): every rank
+        writes its own part in parallel, and a manifest of every file's size and sha256 is
+        written last (docs/checkpoints.md; sharded_checkpoint). `keep`: the newest checkpoints
+        kept (0: all). `extra`: any picklable object (say, the data loader's position), given
+        back as hp.resumed_extra on resume; rank 0's is kept. Collective.
+
+        async_save: the state is copied to CPU memory and written by a thread while training
+        goes on; the checkpoint becomes complete (manifest, final name) at the next
+        save_sharded, wait_checkpoint() or close(). Returns the completed checkpoint's path:
+        this one's when synchronous, else the previous asynchronous one's if this call
+        completed it (None otherwise). Raises RuntimeError on every rank if a write failed;
+        the checkpoints already complete are left as they were."""
+        self._check_open("save_sharded")
+        self._settle()
+        if directory is None:
+            directory = self.checkpoint_dir
+        if directory is None:
+            raise ValueError("save_sharded: directory must be given (or apply's checkpoint_dir)")
+        if not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"save_sharded: keep must be an int >= 0 (got {keep!r})")
+        completed = self.wait_checkpoint()
+        if self._checkpoint_group is None:  # Gloo: DCP's writer thread runs its collectives
+            self._checkpoint_group = self._new_groups([list(range(dist.get_world_size()))])[0]
+        started = time.perf_counter()
+        pending = sharded_checkpoint.begin(self, os.fspath(directory), self._checkpoint_group,
+                                           async_save, extra)
+        pending.keep = keep
+        pending.stall_s = time.perf_counter() - started
+        self.last_save_stall_s = pending.stall_s
+        self._pending_save = pending
+        if not async_save:
+            return self.wait_checkpoint()
+        return completed
+
+    def wait_checkpoint(self) -> Optional[str]:
+        """Completes the asynchronous save in flight, if any (waits for every rank's write,
+        writes the manifest, gives the directory its final name); returns its path. Collective."""
+        pending, self._pending_save = getattr(self, "_pending_save", None), None
+        if pending is None:
+            return None
+        return sharded_checkpoint.finalize(pending, self._checkpoint_group, pending.keep)
+
+    def export_pretrained(self, directory: Union[str, os.PathLike], **kw: Any) -> None:
+        """Writes the trained model to `directory` as a Hugging Face checkpoint (config.json +
+        model.safetensors) that from_pretrained loads; the original module must be a
+        transformers.PreTrainedModel. Collective, atomic: see hf_export.export_pretrained."""
+        from . import hf_export
+        hf_export.export_pretrained(self, directory, **kw)
+
     def __repr__(self) -> str:
         return (f"AppliedPlan(mode={self.plan.mode!r}, dp={self.plan.dp}, mp={self.plan.mp}, "
                 f"rank={self.rank}, replica={self.replica}, stage={self.stage})")
@@ -713,6 +775,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           batch_dim: int = 0, example_inputs: Any = None, measure_noise_scale: int = 0,
           noise_scale_decay: float = 0.99,
           resume_from: Union[str, os.PathLike, Dict[str, Any], None] = None,
+          checkpoint_dir: Union[str, os.PathLike, None] = None,
           retain_freed_memory: bool = True) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
@@ -737,7 +800,13 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     resume_from  a checkpoint written by AppliedPlan.save_checkpoint under this or any other
                plan (or AppliedPlan.consolidated_state()'s dict): the model state is loaded
                before the module is placed or cut, the optimizer state of this rank's
-               parameters by name, and step_count.
+               parameters by name, and step_count. Also a sharded checkpoint (save_sharded's
+               step-<N>/ directory), a directory of them (the newest complete one), or
+               "latest": the newest complete one in checkpoint_dir, or none yet (a first run
+               starts from the beginning, logged). A checkpoint whose files do not match its
+               manifest is refused, naming the file; a directory's newest complete one is
+               taken past those (logged).
+    checkpoint_dir  where save_sharded() writes by default and resume_from="latest" looks.
     retain_freed_memory  on a CPU job, keep freed memory in the process (glibc mallopt,
                process-wide; profiler.block_timing.retain_freed_memory) as the profiler does and
                as caching allocators (CUDA's) do: otherwise every large activation or gradient
@@ -767,11 +836,13 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay, optimizer)
         if resume_from is not None:
-            resumed, resumed_from = checkpoint.resolve(resume_from)
-            checkpoint.check_model(resumed, module, resumed_from)
+            resumed, resumed_from = checkpoint.resolve(resume_from, checkpoint_dir)
+            if resumed is not None:
+                checkpoint.check_model(resumed, module, resumed_from)
     except ValueError as e:
         error = str(e)
-    agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions))
+    agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions,
+                                  resumed=resumed_from))
     if resumed is not None:  # into the whole module, before it is placed or cut
         with torch.no_grad():
             module.load_state_dict(resumed["model"])
@@ -781,8 +852,9 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         except ValueError as e:
             error = str(e)
         agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions))
-    return AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
-                       batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
-                       aliases=aliases, resumed=resumed,
-                       resumed_from=resumed_from,
-                       plan_json=plan_json)
+    hp = AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
+                     batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
+                     aliases=aliases, resumed=resumed, resumed_from=resumed_from,
+                     plan_json=plan_json)
+    hp.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
+    return hp

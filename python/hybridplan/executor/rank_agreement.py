@@ -29,6 +29,7 @@ class RankReport:
     params: ParamSignature
     torch_version: str = ""       # torch.__version__
     hybridplan_version: str = ""  # hybridplan.__version__
+    resumed: str = ""             # the checkpoint this rank resumes from ("" if none)
 
 
 def local_versions() -> Tuple[str, str]:
@@ -84,6 +85,13 @@ def judge(reports: List[RankReport]) -> Optional[str]:
     for other in reports[1:]:
         if other.params != first.params:
             return _param_difference(first, other)
+    for other in reports[1:]:
+        if other.resumed != first.resumed:
+            def what(r):
+                return repr(r.resumed) if r.resumed else "no checkpoint"
+            return (f"hybridplan.apply: rank {first.rank} resumes from {what(first)} and rank "
+                    f"{other.rank} from {what(other)}; every rank must resume from the same "
+                    f"checkpoint (did one appear or fail verification while the ranks looked?)")
     return None
 
 
