@@ -19,7 +19,7 @@ import argparse
 import json
 import math
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .factories import load_factory
 
@@ -103,7 +103,13 @@ def _add_run_parser(sub) -> None:
                                      "hybridplan.parallelize) with torchrun")
     run.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive(int), default=1,
                      help="processes on this machine (one per device; default 1)")
-    run.add_argument("--nnodes", type=_positive(int), default=1, help="machines (default 1)")
+    run.add_argument("--nnodes", type=_parse_nnodes, default=1,
+                     help="machines (default 1), or MIN:MAX for an elastic job that goes on "
+                          "with as few as MIN (torchrun's c10d rendezvous at --master-addr)")
+    run.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                     help="restarts of the whole group after a rank fails (a script applying "
+                          "with resume_from=\"latest\" resumes its newest checkpoint; "
+                          "default 0)")
     run.add_argument("--node-rank", "--node_rank", type=int, default=0)
     run.add_argument("--master-addr", "--master_addr",
                      help="rank 0's machine (several machines; default: this one, standalone)")
@@ -112,25 +118,44 @@ def _add_run_parser(sub) -> None:
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
 
 
+def _parse_nnodes(text: str) -> Any:
+    """--nnodes: N (> 0) or MIN:MAX (0 < MIN <= MAX)."""
+    lo, sep, hi = text.partition(":")
+    try:
+        low, high = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be N or MIN:MAX (got {text!r})") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"must have 0 < MIN <= MAX (got {text!r})")
+    return low if low == high else f"{low}:{high}"
+
+
 def torchrun_command(nproc_per_node: int, script: str, script_args: Sequence[str] = (),
-                     nnodes: int = 1, node_rank: int = 0, master_addr: Optional[str] = None,
-                     master_port: int = 29500) -> List[str]:
+                     nnodes: Any = 1, node_rank: int = 0, master_addr: Optional[str] = None,
+                     master_port: int = 29500, max_restarts: int = 0) -> List[str]:
     """The torchrun command line `run` executes (the environment's torchrun, else python -m
     torch.distributed.run): --standalone on one machine, a static rendezvous at
-    master_addr:master_port across several."""
+    master_addr:master_port across several, torchrun's c10d rendezvous there when nnodes is
+    "MIN:MAX" (elastic); --max-restarts when max_restarts > 0."""
     import shutil
 
     launcher = ([shutil.which("torchrun")] if shutil.which("torchrun")
                 else [sys.executable, "-m", "torch.distributed.run"])
+    if max_restarts < 0:
+        raise ValueError(f"run: --max-restarts must be >= 0 (got {max_restarts})")
+    restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
     if nnodes == 1 and master_addr is None:
         where = ["--standalone"]
+    elif master_addr is None:
+        raise ValueError("run: --nnodes > 1 needs --master-addr (rank 0's machine)")
+    elif isinstance(nnodes, str):  # MIN:MAX: members come and go, c10d's rendezvous
+        where = ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                 f"{master_addr}:{master_port}"]
     else:
-        if master_addr is None:
-            raise ValueError("run: --nnodes > 1 needs --master-addr (rank 0's machine)")
         where = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr",
                  master_addr, "--master-port", str(master_port)]
-    return launcher + where + ["--nproc-per-node", str(nproc_per_node), script,
-                               *script_args]
+    return launcher + where + restarts + ["--nproc-per-node", str(nproc_per_node), script,
+                                          *script_args]
 
 
 def _run(args) -> int:
@@ -140,7 +165,8 @@ def _run(args) -> int:
     if not os.path.exists(args.script):
         raise ValueError(f"run: {args.script}: no such script")
     cmd = torchrun_command(args.nproc_per_node, args.script, args.script_args, args.nnodes,
-                           args.node_rank, args.master_addr, args.master_port)
+                           args.node_rank, args.master_addr, args.master_port,
+                           args.max_restarts)
     print("python -m hybridplan run: " + " ".join(cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd)
 

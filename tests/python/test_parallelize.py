@@ -235,4 +235,11 @@ def test_run_launches_torchrun():
                            "--master-port", "29500", "--nproc-per-node", "4", "train.py"]
     with pytest.raises(ValueError, match="--master-addr"):
         torchrun_command(2, "train.py", nnodes=2)
+    elastic = torchrun_command(2, "train.py", [], nnodes="1:2", master_addr="h0",
+                               max_restarts=3)
+    assert elastic[-11:] == ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                             "h0:29500", "--max-restarts", "3", "--nproc-per-node", "2",
+                             "train.py"]
+    assert torchrun_command(2, "t.py", max_restarts=2)[-6:] == [
+        "--standalone", "--max-restarts", "2", "--nproc-per-node", "2", "t.py"]
     assert cli_main(["run", "--nproc-per-node", "2", "no-such-script.py"]) == 2
