@@ -41,7 +41,12 @@ const NodeTimes& Evaluator::with_recompute(const Plan& plan, const NodeTimes& ti
   if (plan.recompute.empty()) return times;
   recompute_times_ = times;
   for (size_t v = 0; v < recompute_times_.backward_s.size(); ++v) {
-    if (plan.recomputes(v)) recompute_times_.backward_s[v] += recompute_times_.forward_s[v];
+    if (plan.recomputes_selectively(v)) {  // its cheap ops only (Node::selective_*)
+      recompute_times_.backward_s[v] +=
+          problem_.graph.nodes[v].selective_recompute_fraction * recompute_times_.forward_s[v];
+    } else if (plan.recomputes(v)) {
+      recompute_times_.backward_s[v] += recompute_times_.forward_s[v];
+    }
   }
   return recompute_times_;
 }
@@ -498,7 +503,12 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
     largest_unit_bytes_[k] = std::max(largest_unit_bytes_[k], static_cast<double>(graph.nodes[v].param_bytes));
-    const double activations = scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    double activations = scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    if (plan.recomputes_selectively(v)) {  // it also keeps its costly ops' outputs
+      const double saved = scaled_bytes(graph.nodes[v].selective_saved_bytes, scale);
+      activation_bytes_[k] += saved;
+      activations = std::max(0.0, activations - saved);  // what its recompute rebuilds
+    }
     if (!plan.recomputes(v)) {
       activation_bytes_[k] += activations;
     } else if (pipeline) {  // the stage is one checkpoint; its inputs are its receive buffers

@@ -42,8 +42,10 @@
 //   overhead_s      = Cluster runtime.step_s
 //   recompute       = a node the plan recomputes (Plan::recompute) runs its forward again
 //                     just before its backward: its backward time is backward_s + forward_s
-//                     at the same batch (placement, pipeline stages alike); memory_cost.h
-//                     gives what it saves
+//                     at the same batch (placement, pipeline stages alike), or under selective
+//                     recompute backward_s + selective_recompute_fraction * forward_s (the
+//                     profiler's measured share of the forward that is not a saved op);
+//                     memory_cost.h gives what it saves
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
 //   samples_per_s   = global_batch / step_s
 //   epochs          = epochs_to_target(global_batch)                     (convergence.h)

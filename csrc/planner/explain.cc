@@ -75,17 +75,21 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   const bool several = pipeline && plan.virtual_stages > 1;  // memory is per rank, below
   for (int64_t k = 0; k < plan.num_stages(); ++k) {
     std::vector<std::string> on_k;
-    int64_t recomputed = 0;
+    int64_t recomputed = 0, selectively = 0;
     for (size_t v = 0; v < plan.assignment.size(); ++v) {
       if (plan.assignment[v] == k) {
         on_k.push_back(names[v]);
         recomputed += plan.recomputes(v) ? 1 : 0;
+        selectively += plan.recomputes_selectively(v) ? 1 : 0;
       }
     }
     out << "  " << (pipeline ? "stage " : "device ") << k << " (";
     if (several) out << "rank " << plan.device_of(static_cast<int32_t>(k)) << ", ";
     out << on_k.size() << " nodes";
-    if (recomputed > 0) out << ", " << recomputed << " recomputed";
+    if (recomputed > 0) {
+      out << ", " << recomputed << " recomputed";
+      if (selectively > 0) out << " (" << selectively << " selectively)";
+    }
     if (!several && k < static_cast<int64_t>(p.memory_bytes.size())) {
       out << ", " << format_bytes(static_cast<double>(p.memory_bytes[k]));
       if (problem != nullptr) {

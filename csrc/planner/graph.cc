@@ -277,6 +277,22 @@ Graph graph_from_json(const Json& j, const std::string& source) {
       node.saved_bytes = in.integer(*b, path + ".saved_bytes");
       if (node.saved_bytes < 0) in.fail(path + ".saved_bytes", "must be >= 0", *b);
     }
+    const Json* kept = in.optional(jn, "selective_saved_bytes");
+    const Json* again = in.optional(jn, "selective_recompute_fraction");
+    if ((kept == nullptr) != (again == nullptr)) {
+      in.fail(path + (kept ? ".selective_recompute_fraction" : ".selective_saved_bytes"),
+              "must be given with " + std::string(kept ? "selective_saved_bytes"
+                                                       : "selective_recompute_fraction"),
+              Json(nullptr));
+    }
+    if (kept != nullptr) {
+      node.selective_saved_bytes = in.integer(*kept, path + ".selective_saved_bytes");
+      if (node.selective_saved_bytes < 0) in.fail(path + ".selective_saved_bytes", "must be >= 0", *kept);
+      node.selective_recompute_fraction = in.number(*again, path + ".selective_recompute_fraction");
+      if (!(node.selective_recompute_fraction >= 0 && node.selective_recompute_fraction <= 1)) {
+        in.fail(path + ".selective_recompute_fraction", "must be in [0, 1]", *again);
+      }
+    }
     if (const Json* t = in.optional(jn, "param_tensors")) {
       node.param_tensors = in.integer(*t, path + ".param_tensors");
       if (node.param_tensors < 0) in.fail(path + ".param_tensors", "must be >= 0", *t);
@@ -344,6 +360,10 @@ Json graph_to_json(const Graph& g) {
                {"output_bytes", n.output_bytes}};
     if (n.flops > 0) jn["flops"] = n.flops;
     if (n.saved_bytes >= 0) jn["saved_bytes"] = n.saved_bytes;
+    if (n.has_selective()) {
+      jn["selective_saved_bytes"] = n.selective_saved_bytes;
+      jn["selective_recompute_fraction"] = n.selective_recompute_fraction;
+    }
     if (n.param_tensors >= 0) jn["param_tensors"] = n.param_tensors;
     if (!n.batch_times.empty()) {
       Json points = Json::array();

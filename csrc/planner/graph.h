@@ -41,6 +41,13 @@ struct Node {
   int64_t param_tensors = -1;
 
   int64_t activation_bytes() const { return saved_bytes >= 0 ? saved_bytes : output_bytes; }
+  // Optional (-1 = not measured; both or neither): selective recompute (docs/recompute.md)
+  // keeps selective_saved_bytes at the profiled batch (the outputs of the ops it saves: matrix
+  // products, convolutions, attention) besides the node's inputs, and runs
+  // selective_recompute_fraction (0..1) of the node's forward time again before its backward.
+  int64_t selective_saved_bytes = -1;
+  double selective_recompute_fraction = -1;
+  bool has_selective() const { return selective_saved_bytes >= 0; }
   // Optional: times at other batch sizes, batch_size strictly increasing, never the profiled one
   // (that is forward_s/backward_s). Empty: only the profiled batch was measured.
   std::vector<BatchTime> batch_times;

@@ -22,7 +22,9 @@
 //                     a recomputed node (Plan::recompute) keeps only its inputs instead (its
 //                     in-edges' bytes, each producer's value once per device however many
 //                     recomputed nodes read it; in a pipeline nothing: a recomputed stage's
-//                     inputs are its receive buffers, counted below)
+//                     inputs are its receive buffers, counted below); a node recomputed
+//                     selectively also keeps its selective_saved_bytes (the outputs of its
+//                     matrix products, convolutions and attention, measured by the profiler)
 //   in_flight: placement 1; pipeline GPipe M (all forwards before any backward), 1F1B
 //              min(M, S - s) on stage s (its warm-up depth plus the one in steady state).
 //                + transient_bytes                         alive only part of the step:
@@ -34,7 +36,8 @@
 //                     gradients at once)
 //   recomputed:       while a recomputed node's backward runs, its activations exist again: the
 //                     largest recomputed node's on the device (placement checkpoints node by
-//                     node), the recomputed stage's sum (pipeline checkpoints the stage)
+//                     node), the recomputed stage's sum (pipeline checkpoints the stage); a
+//                     selectively recomputed node's activations less what it kept
 //   held output:      the model's output, alive until its backward is done: the replica's
 //                     whole batch (placement: the caller holds it), or one micro-batch's per
 //                     micro-batch in flight on the last stage (pipeline: GPipe M, 1F1B 1), on

@@ -329,27 +329,38 @@ void validate_recompute(const Plan& plan, const std::string& source, const Graph
   if (plan.recompute.empty()) return;
   std::unordered_map<std::string, size_t> first_call;  // module -> its first node
   std::vector<size_t> stage_first(plan.num_stages(), graph.nodes.size());  // pipeline: stage's first node
+  const auto text = [](uint8_t kind) -> std::string {
+    return kind == kRecomputeSelective ? "\"selective\"" : kind == kRecomputeFull ? "true" : "false";
+  };
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    const bool flag = plan.recomputes(v);
+    const uint8_t flag = plan.recompute[v];
     const std::string path = json_index_path("assignment", v) + ".recompute";
+    if (flag == kRecomputeSelective && !graph.nodes[v].has_selective()) {
+      throw_input_error(source, path,
+                        "may be \"selective\" only where the graph measured it (node " +
+                            quoted(graph.nodes[v].name) +
+                            " has no selective_saved_bytes: profile it again, or recompute it "
+                            "fully)",
+                        text(flag));
+    }
     const auto [it, fresh] = first_call.emplace(module_of_call(graph.nodes[v].name), v);
-    if (!fresh && plan.recomputes(it->second) != flag) {
+    if (!fresh && plan.recompute[it->second] != flag) {
       throw_input_error(source, path,
                         "must equal that of " + quoted(graph.nodes[it->second].name) +
                             ": the calls of one module recompute together",
-                        flag ? "true" : "false");
+                        text(flag));
     }
     if (plan.mode != MpMode::kPipeline) continue;
     const int32_t s = plan.assignment[v];
     if (stage_first[s] == graph.nodes.size()) {
       stage_first[s] = v;
-    } else if (plan.recomputes(stage_first[s]) != flag) {
+    } else if (plan.recompute[stage_first[s]] != flag) {
       throw_input_error(source, path,
                         "must equal that of " + quoted(graph.nodes[stage_first[s]].name) +
                             " on the same stage " + str(s) +
                             ": a pipeline recomputes whole stages (the executor checkpoints "
                             "a stage's forward)",
-                        flag ? "true" : "false");
+                        text(flag));
     }
   }
 }
@@ -492,9 +503,24 @@ Plan plan_from_json(const Json& j, const std::string& source) {
     }
     p.assignment.push_back(static_cast<int32_t>(device));
     if (const Json* flag = in.optional(entry, "recompute")) {
-      if (in.boolean(*flag, path + ".recompute")) {
-        p.recompute.resize(assignment.size(), 0);
-        p.recompute[i] = 1;
+      uint8_t kind = kRecomputeNone;
+      if (flag->is_string()) {
+        const std::string name = flag->get<std::string>();
+        if (name == "full") {
+          kind = kRecomputeFull;
+        } else if (name == "selective") {
+          kind = kRecomputeSelective;
+        } else {
+          in.fail(path + ".recompute", "must be true, false, \"full\" or \"selective\"", *flag);
+        }
+      } else if (!flag->is_boolean()) {
+        in.fail(path + ".recompute", "must be true, false, \"full\" or \"selective\"", *flag);
+      } else if (flag->get<bool>()) {
+        kind = kRecomputeFull;
+      }
+      if (kind != kRecomputeNone) {
+        p.recompute.resize(assignment.size(), kRecomputeNone);
+        p.recompute[i] = kind;
       }
     }
   }
@@ -572,7 +598,11 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     assignment.push_back({{"node", graph.nodes[i].id}, {"name", graph.nodes[i].name},
                           {"device", p.assignment[i]}});
-    if (p.recomputes(i)) assignment.back()["recompute"] = true;  // absent: false (old plans)
+    if (p.recomputes_selectively(i)) {
+      assignment.back()["recompute"] = "selective";
+    } else if (p.recomputes(i)) {
+      assignment.back()["recompute"] = true;  // absent: false (old plans)
+    }
   }
   Json cluster = {{"name", p.cluster_name}};
   if (p.cluster_num_nodes > 0) cluster["num_nodes"] = p.cluster_num_nodes;

@@ -31,6 +31,9 @@ enum class Schedule { kNone, kGpipe, k1F1B, kInterleaved1F1B, kInterleavedZB, kZ
 // (reshard_after_forward=True).
 enum class Sharding { kNone, kZero2, kZero3 };
 
+// Plan::recompute's values.
+constexpr uint8_t kRecomputeNone = 0, kRecomputeFull = 1, kRecomputeSelective = 2;
+
 struct Prediction {
   // compute_s + exposed allreduce_s + sharding_s + optimizer_s + overhead_s (transfer and bubble are inside
   // compute)
@@ -82,11 +85,14 @@ struct Plan {
   // assignment[node index] = local device (placement, 0..mp-1) or stage (pipeline,
   // 0..num_stages()-1).
   std::vector<int32_t> assignment;
-  // recompute[node index] = 1: the node keeps only its inputs in forward and runs its forward
-  // again in backward (activation checkpointing, memory_cost.h and evaluate.h). Empty = none.
-  // JSON: "recompute": true on the node's assignment entry (absent = false). A pipeline
-  // recomputes whole stages (the executor checkpoints a stage's forward), and the calls of one
-  // module ("name", "name@1", ...) recompute together (one module, one wrapper).
+  // recompute[node index] = kRecomputeFull: the node keeps only its inputs in forward and runs
+  // its forward again in backward (activation checkpointing, memory_cost.h and evaluate.h);
+  // kRecomputeSelective: it also keeps the outputs of its costly ops and runs only the others
+  // again (the node's measured Node::selective_*; docs/recompute.md). Empty = none. JSON:
+  // "recompute": true or "full", or "selective", on the node's assignment entry (absent =
+  // false). A pipeline recomputes whole stages alike (the executor checkpoints a stage's
+  // forward), and the calls of one module ("name", "name@1", ...) recompute together (one
+  // module, one wrapper).
   std::vector<uint8_t> recompute;
   // JSON "sharding" (absent = "none"). Needs dp >= 2; a placement plan shards only with mp = 1
   // (FSDP shards a module held on one device per rank); a pipeline only "zero2" (pipelining
@@ -101,6 +107,9 @@ struct Plan {
   int64_t shard_degree() const { return dp_shard > 0 ? dp_shard : dp; }
   int64_t dp_replicate() const { return dp / shard_degree(); }
   bool recomputes(size_t node) const { return !recompute.empty() && recompute[node] != 0; }
+  bool recomputes_selectively(size_t node) const {
+    return !recompute.empty() && recompute[node] == kRecomputeSelective;
+  }
   std::string device_mapping_note;  // e.g. "NVLink quad {0,1,2,3} of each DGX-1 node"
   Prediction predicted;             // filled by search/evaluate
 

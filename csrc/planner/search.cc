@@ -257,12 +257,27 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   }
   const auto count = static_cast<int64_t>(std::count(flags.begin(), flags.end(), 1));
   if (count == 0) return 0;
-  Plan candidate = plan;
-  candidate.recompute = std::move(flags);
-  candidate.predicted = evaluator.evaluate(candidate);
-  if (!candidate.predicted.feasible) return 0;
-  plan = std::move(candidate);
-  return count;
+  // Selective first (it runs less again): each group whose nodes all have the profiler's
+  // measurement, the others fully; then every group fully.
+  std::vector<uint8_t> selective = flags;
+  for (const auto& group : groups) {
+    const bool measured = std::all_of(group.begin(), group.end(),
+                                      [&](size_t v) { return graph.nodes[v].has_selective(); });
+    for (size_t v : group) {
+      if (selective[v] && measured) selective[v] = kRecomputeSelective;
+    }
+  }
+  for (const std::vector<uint8_t>* kinds : {&selective, &flags}) {
+    Plan candidate = plan;
+    candidate.recompute = *kinds;
+    candidate.predicted = evaluator.evaluate(candidate);
+    if (candidate.predicted.feasible) {
+      plan = std::move(candidate);
+      return count;
+    }
+    if (kinds == &selective && selective == flags) break;  // nothing selective to try apart
+  }
+  return 0;
 }
 
 }  // namespace
@@ -421,7 +436,9 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   if (recomputed > 0) {
     result.notes.push_back(std::to_string(recomputed) +
                            " points fit in memory only with recompute: every node of the "
-                           "devices or stages over memory recomputes its forward in backward");
+                           "devices or stages over memory recomputes its forward in backward "
+                           "(selectively where that fits: its matrix products, convolutions "
+                           "and attention kept)");
   }
 
   if (ranked.empty()) {

@@ -514,12 +514,15 @@ def evaluate(graph, cluster, plan, job=None) -> dict:
                                   p.to_json(), "plan"))
 
 
-def with_recompute(plan, graph, cluster, job=None) -> dict:
+def with_recompute(plan, graph, cluster, job=None, selective: bool = False) -> dict:
     """`plan` (a dict) with every node recomputed (its forward again in backward, keeping only
     its inputs: docs/formats.md), re-evaluated: the memory-for-time trade of activation
-    checkpointing, as the executor applies it."""
+    checkpointing, as the executor applies it. `selective`: recomputed selectively (the outputs
+    of matrix products, convolutions and attention kept: docs/recompute.md; the graph must
+    carry the profiler's selective_* measurements)."""
     p = _as_plan(plan).to_dict()
-    p["assignment"] = [dict(a, recompute=True) for a in p["assignment"]]
+    how = "selective" if selective else True
+    p["assignment"] = [dict(a, recompute=how) for a in p["assignment"]]
     return _reevaluated(p, graph, cluster, job)
 
 

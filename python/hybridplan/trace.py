@@ -133,17 +133,19 @@ def _thread_names(plan: dict, ranks: int) -> Dict[int, str]:
 
 def plan_kind(plan: dict) -> str:
     """What a plan (dict) runs, in a few words: "dp b=32", "placement b=8 zero2",
-    "1f1b M=4 b=32 recompute" (the rows of `hybridplan validate` and the traces' names)."""
+    "1f1b M=4 b=32 recompute", "dp b=32 selective recompute" (the rows of `hybridplan validate` and the traces' names)."""
     if plan["mp"] == 1:
         kind = "dp"
     elif plan["mode"] == "placement":
         kind = "placement"
     else:
         kind = f"{plan['schedule']} M={plan['num_microbatches']}"
-    recomputed = any(a.get("recompute") for a in plan.get("assignment", []))
+    how = {a.get("recompute") for a in plan.get("assignment", [])} - {None, False}
+    recomputed = (" selective recompute" if how == {"selective"} else
+                  " recompute" if how else "")
     sharding = plan.get("sharding", "none")
     return (f"{kind} b={plan['per_replica_batch']}" + (f" {sharding}" if sharding != "none" else "")
-            + (" recompute" if recomputed else ""))
+            + recomputed)
 
 
 def _label(plan: dict) -> str:

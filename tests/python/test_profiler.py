@@ -597,3 +597,31 @@ def test_a_profile_with_the_loss_charges_it_to_the_last_node():
     assert all(p["forward_s"] > 0 for p in with_loss["nodes"][-1]["batch_times"])  # target sliced
     with pytest.raises(ValueError, match="loss_fn and target go together"):
         profile_dict(model, inputs, verbose=False, loss_fn=model.loss)
+
+
+def test_selective_recompute_keeps_the_matmul_outputs_and_reruns_the_rest():
+    """profile measures what selective recompute keeps per node (the outputs of the saved ops,
+    executor.recompute.SAVED_OPS) and what share of the forward it runs again: a Linear keeps
+    exactly its output and reruns little, a LayerNorm keeps nothing and reruns all, an LSTM
+    (fused: the dispatch mode cannot see into it) is left unmeasured."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 32)
+            self.norm = nn.LayerNorm(32)
+            self.rnn = nn.LSTM(32, 8, batch_first=True)
+
+        def forward(self, x):
+            return self.rnn(self.norm(torch.relu(self.fc(x))))[0].sum(-1)
+
+    graph = profile_dict(Net(), (torch.randn(4, 5, 16),), warmup=0, repeats=1, verbose=False)
+    nodes = {n["name"]: n for n in graph["nodes"]}
+    assert nodes["fc"]["selective_saved_bytes"] == 4 * 5 * 32 * 4  # addmm's output
+    assert 0 <= nodes["fc"]["selective_recompute_fraction"] < 1
+    assert nodes["norm"]["selective_saved_bytes"] == 0
+    assert nodes["norm"]["selective_recompute_fraction"] == 1.0  # relu (before it) and the norm
+    assert "selective_saved_bytes" not in nodes["rnn"]
+    from hybridplan.planner import Graph
+    assert Graph.from_dict(graph).to_dict()["nodes"][0]["selective_saved_bytes"] == 2560

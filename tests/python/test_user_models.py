@@ -6,7 +6,9 @@ Plan kinds, each on 2 ranks: DP (dp=2 x mp=1), placement (dp=2 x mp=2), pipeline
 1F1B (dp=1 x mp=2); and a hybrid dp=2 x mp=2 1F1B pipeline of GPT-2 and of Llama on 4 ranks.
 Kinds "<kind>+rc" are the same plans with activation recompute: every node of a DP or placement
 plan, the last stage of a pipeline (recompute x 1F1B, recompute beside a stage that keeps its
-activations); torch.utils.checkpoint replays the random state, so dropout matches. Kinds with
+activations); torch.utils.checkpoint replays the random state, so dropout matches. Kinds
+"<kind>+sel" recompute the same nodes selectively (torch's selective activation checkpointing:
+the matmuls' and attention's outputs kept, the rest run again; docs/recompute.md). Kinds with
 "+z2" / "+z3" set the plan's "sharding" to "zero2" / "zero3" (FSDP2 fully_shard over the
 replicas in place of DDP; a pipeline shards only zero2): the same mean-loss training, so the
 same references; GPT-2's hybrid pipeline sums its tied wte / lm_head copies' gradient shards
@@ -43,8 +45,12 @@ CASES = [(m, k) for m in FACTORIES for k in ("dp", "placement", "gpipe", "1f1b")
     ("transformer_stack", "dp+rc"), ("llama", "dp+rc"), ("albert", "placement+rc"),
     ("llama", "1f1b+rc"), ("gpt2", "gpipe+rc"), ("mixtral", "1f1b+rc"), ("lstm_lm", "1f1b+rc"),
     ("transformer_stack", "dp+z2"), ("transformer_stack", "dp+z3"), ("gpt2", "dp+z2"),
-    ("gpt2", "dp+z3"), ("llama", "dp+z3+rc"), ("gpt2", "hybrid+z2"), ("llama", "hybrid+z2+rc")]
+    ("gpt2", "dp+z3"), ("llama", "dp+z3+rc"), ("gpt2", "hybrid+z2"), ("llama", "hybrid+z2+rc"),
+    ("transformer_stack", "dp+sel"), ("llama", "1f1b+sel"), ("gpt2", "gpipe+sel"),
+    ("llama", "dp+z3+sel")]
 RC = "+rc"
+SEL = "+sel"
+RECOMPUTE = {RC: True, SEL: "selective"}  # suffix -> the assignment's "recompute"
 SHARDING = {"+z2": "zero2", "+z3": "zero3"}
 
 
@@ -57,11 +63,12 @@ def sharding_of(kind):
     return next((v for k, v in SHARDING.items() if k in kind), "none")
 
 
-def with_recompute(plan):
-    """`plan` recomputing every node (DP, placement) or its last stage's (pipeline)."""
+def with_recompute(plan, how=True):
+    """`plan` recomputing (`how`: True fully, "selective") every node (DP, placement) or its
+    last stage's (pipeline)."""
     last = plan["mp"] - 1
     return dict(plan, assignment=[
-        dict(a, recompute=True) if plan["mode"] == "placement" or a["device"] == last else a
+        dict(a, recompute=how) if plan["mode"] == "placement" or a["device"] == last else a
         for a in plan["assignment"]])
 
 
@@ -153,8 +160,9 @@ def planned(graph, kind):
     sharding where it proposes one, else its best with the field set (a stale prediction, as
     above)."""
     import hybridplan
-    if kind.endswith(RC):
-        return with_recompute(planned(graph, kind[:-len(RC)]))
+    for suffix, how in RECOMPUTE.items():
+        if kind.endswith(suffix):
+            return with_recompute(planned(graph, kind[:-len(suffix)]), how)
     mode, devices, dp, mp, schedule = KINDS[base_kind(kind)]
     sharding = sharding_of(kind)
     found = hybridplan.search(graph, localhost_cpu(devices, mode), None, devices=devices,
@@ -226,7 +234,9 @@ def test_plan_trains_like_one_process(trained, name, kind):
         pytest.fail(f"the ranks did not finish {name}-{kind}:\n{outs}")
     spec = KINDS[base_kind(kind)]
     assert (plan["mode"], plan["dp"], plan["mp"]) == spec[0:1] + spec[2:4]
-    assert any(a.get("recompute") for a in plan["assignment"]) == kind.endswith(RC)
+    suffix = next((x for x in RECOMPUTE if kind.endswith(x)), None)
+    assert {a.get("recompute") for a in plan["assignment"]} - {None} == \
+        ({RECOMPUTE[suffix]} if suffix else set())
     sharded = plan.get("sharding", "none") != "none"
     assert plan.get("sharding", "none") == sharding_of(kind)
     flags = [f for out in outs for f in out["sharded"]]  # FSDP holds every parameter, DDP none

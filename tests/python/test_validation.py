@@ -214,14 +214,19 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "validate.json").read_text())
     rows = result["rows"]
-    # the 3 chosen, then the first DP and first pipeline plan among them, recomputed
+    # the 3 chosen, then the first DP and first pipeline plan among them, recomputed fully and
+    # selectively (the profile measured every node's selective recompute)
     plain = [r for r in rows if not r["kind"].endswith(" recompute")]
     recomputed = [r for r in rows if r["kind"].endswith(" recompute")]
-    assert len(plain) == 3 and len(rows) == 3 + len({r["mode"] for r in plain})
+    assert len(plain) == 3 and len(rows) == 3 + 2 * len({r["mode"] for r in plain})
     for row in recomputed:
         base = next(r for r in plain if r["mode"] == row["mode"])
-        assert row["kind"] == base["kind"] + " recompute"
+        selective = row["kind"].endswith(" selective recompute")
+        assert row["kind"] == base["kind"] + (" selective" if selective else "") + " recompute"
         assert row["predicted"]["compute_s"] > base["predicted"]["compute_s"]
+        if selective:  # it runs less again than full recompute of the same plan
+            full = next(r for r in recomputed if r["kind"] == base["kind"] + " recompute")
+            assert row["predicted"]["compute_s"] < full["predicted"]["compute_s"]
     for row in rows:
         assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
         # two interleaved launches; the row is the lower one's (the lower middle of two)

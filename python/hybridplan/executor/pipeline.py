@@ -63,7 +63,7 @@ from .bucket_policy import ddp_bucket_kwargs
 from ..profiler.stage_split import StageCut, original_name
 from . import sharding as _sharding
 from . import split_backward
-from .recompute import recompute
+from .recompute import FULL, SELECTIVE, recompute
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
 MULTI_STAGE = ("interleaved-1f1b", "interleaved-zb", "zbv")  # a list of stages per rank
@@ -145,6 +145,7 @@ class PipelineRunner:
                  schedule: str, num_microbatches: int, loss_fn: Callable, pipe_group,
                  dp_group, dp: int, tie_groups: Dict[int, Any],
                  recompute_stages: Sequence[int] = (), sharding: str = "none",
+                 selective_stages: Sequence[int] = (),
                  dp_mesh: Any = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES} (got {schedule!r})")
@@ -160,7 +161,8 @@ class PipelineRunner:
         for index in self.stage_indices:
             module = cut.stages[index].to(device)
             if index in recompute_stages:  # a pipeline recomputes whole stages (recompute)
-                recompute(module)  # before fully_shard, as for placement (see sharding)
+                recompute(module, SELECTIVE if index in selective_stages else FULL)
+                # (before fully_shard, as for placement: see sharding)
             has_params = any(p.requires_grad for p in module.parameters())
             wrapped = module
             if dp > 1 and has_params and sharding != "none":  # one FSDP unit: the stage

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .bucket_policy import ddp_bucket_kwargs
 from ..profiler.block_list import split_call_name
 from ..profiler.dataflow import map_tensors
-from .recompute import recompute
+from .recompute import FULL, SELECTIVE, recompute
 
 
 def _move(value: Any, device: torch.device) -> Any:
@@ -32,10 +32,11 @@ def _inputs_follow(device: torch.device):
 
 
 def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.device],
-          recomputed: AbstractSet[str] = frozenset()) -> List[torch.utils.hooks.RemovableHandle]:
+          recomputed: AbstractSet[str] = frozenset(),
+          selective: AbstractSet[str] = frozenset()) -> List[torch.utils.hooks.RemovableHandle]:
     """Moves the module to devices[0], then each assigned node to devices[assignment[name]],
     with a hook that brings its inputs along, and recomputes the nodes in `recomputed`
-    (executor.recompute). Returns the hook handles."""
+    (executor.recompute; those also in `selective` selectively). Returns the hook handles."""
     module.to(devices[0])
     handles = []
     for name, k in assignment.items():
@@ -45,7 +46,7 @@ def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.dev
         node = module.get_submodule(name)
         node.to(devices[k])
         if name in recomputed:  # the calls of one module recompute together (plan rule)
-            recompute(node)
+            recompute(node, SELECTIVE if name in selective else FULL)
         if len(set(devices)) > 1:  # on one device (e.g. CPU) there is nothing to move
             handles.append(node.register_forward_pre_hook(_inputs_follow(devices[k]),
                                                           with_kwargs=True))

@@ -82,11 +82,17 @@ class PlanSpec:
     mesh: List[List[int]]
     assignment: Dict[str, int]   # node name -> replica-local device (placement) or stage
     recompute: FrozenSet[str]    # node names whose forward is recomputed in backward
+    selective: FrozenSet[str]    # those of them recomputed selectively (executor.recompute)
     sharding: str                # "none" | "zero2" | "zero3" (docs/sharding.md)
     dp_shard: int                # shard group size: dp, or fewer for hybrid sharding (HSDP)
     devices_per_node: int
     graph_sha256: str
     predicted_step_s: float
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all replicas: dp * per_replica_batch."""
+        return self.dp * self.per_replica_batch
 
     @property
     def num_processes(self) -> int:
@@ -166,6 +172,8 @@ def parse_plan(plan: Any) -> PlanSpec:
         per_replica_batch=d["per_replica_batch"], mesh=[list(row) for row in d["mesh"]],
         assignment=_assignment_by_name(d["assignment"], source),
         recompute=frozenset(e["name"] for e in d["assignment"] if e.get("recompute")),
+        selective=frozenset(e["name"] for e in d["assignment"]
+                            if e.get("recompute") == "selective"),
         sharding=d.get("sharding", "none"),
         dp_shard=int(d.get("dp_shard", d["dp"])),
         devices_per_node=int(cluster.get("devices_per_node") or max(1, d["dp"] * d["mp"])),

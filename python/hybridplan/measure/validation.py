@@ -367,8 +367,9 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     uncalibrated preset), so the errors before and after calibration stand side by side on the
     same measurements. `rounds`: launches per plan, interleaved; each row is the median launch
     (see the module docstring). `recompute`: also run the first data-parallel and the first
-    pipeline plan chosen with every node recomputed (planner.with_recompute), so activation
-    checkpointing's time and memory are measured beside the same plans without it.
+    pipeline plan chosen with every node recomputed (planner.with_recompute), fully and, where
+    the graph measured it, selectively, so activation checkpointing's time and memory are
+    measured beside the same plans without it.
     `sharding`: also run the first data-parallel plan (mp = 1) chosen as zero2 and as zero3,
     and the first pipeline plan with dp >= 2 as zero2 (planner.with_sharding), each beside the
     same plan unsharded (docs/sharding.md)."""
@@ -388,6 +389,9 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
             first = next((p for p in chosen if p["mode"] == mode), None)
             if first is not None:
                 chosen.append(planner.with_recompute(first, g, c, j))
+                if all(n.get("selective_saved_bytes") is not None
+                       for n in g.to_dict()["nodes"]):
+                    chosen.append(planner.with_recompute(first, g, c, j, selective=True))
     if sharding:
         base = [p for p in chosen if p.get("sharding", "none") == "none"]
         dp = next((p for p in base if p["mp"] == 1 and p["dp"] >= 2), None)

@@ -330,3 +330,108 @@ def rnn_flops(mod: nn.RNNBase, input_shape: torch.Size) -> float:
         per_sample_step += 2 * gates * mod.hidden_size * (layer_input + recurrent)
         per_sample_step += 2 * mod.hidden_size * mod.proj_size
     return float(per_sample_step * directions * batch * steps)
+
+
+def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
+                        kwargs: Optional[Dict[str, Any]] = None, repeats: int = 3
+                        ) -> Dict[str, Dict[str, float]]:
+    """Per node, what selective recompute (executor.recompute: torch's selective activation
+    checkpointing, keeping the outputs of recompute.SAVED_OPS) would keep and run again:
+    {"selective_saved_bytes": bytes of the outputs of the saved ops (each storage once),
+     "selective_recompute_fraction": the share of the node's forward time spent in the other
+     ops, which run again before its backward}. Measured from the aten ops the forward runs
+    (a dispatch mode times each: the fastest of `repeats` forwards, op by op), charged like
+    FLOPs (count_flops): a functional op between nodes goes to the next node. RNN nodes, whose
+    fused kernels the mode cannot see into, are left out (the planner then offers them full
+    recompute only)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ..executor.recompute import saves
+
+    class OpLog(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: List[Tuple[bool, float, Dict[int, int]]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            started = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            took = time.perf_counter() - started
+            kept: Dict[int, int] = {}
+            if saves(func):
+                for t in _tensors(out):
+                    if t.layout == torch.strided and t.device.type != "meta" and t.numel():
+                        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            self.ops.append((saves(func), took, kept))
+            return out
+
+    runs: List[Tuple[List[Tuple[bool, float, Dict[int, int]]], List[Tuple[int, str]]]] = []
+    rnn = {name for name, mod in nodes.items() if isinstance(mod, nn.RNNBase)}
+    for _ in range(max(1, repeats)):
+        log = OpLog()
+        marks: List[Tuple[int, str]] = []
+        calls = block_list.CallCounter()
+
+        def mark(name, ends):
+            def hook(mod, args, *output):
+                node = calls.finish(name) if ends else calls.current(name)
+                marks.append((len(log.ops), node))
+            return hook
+
+        handles = []
+        for name, mod in nodes.items():
+            handles.append(mod.register_forward_pre_hook(mark(name, False)))
+            handles.append(mod.register_forward_hook(mark(name, True)))
+        rnns = [nodes[n] for n in rnn]
+        try:
+            for mod in rnns:
+                mod.forward = _outside_dispatch_modes(mod.forward)
+            with log:
+                output = module(*inputs, **(kwargs or {}))
+            del output
+        finally:
+            for h in handles:
+                h.remove()
+            for mod in rnns:
+                del mod.forward
+        runs.append((log.ops, marks))
+    ops, marks = runs[0]
+    same = [r for r in runs if len(r[0]) == len(ops)]
+    took = [min(r[0][i][1] for r in same) for i in range(len(ops))]  # fastest per op
+    owner: List[str] = [""] * len(ops)
+    start = 0
+    for end, node in marks:  # ops before a mark belong to the node the mark names
+        for i in range(start, end):
+            owner[i] = node
+        start = max(start, end)
+    last = marks[-1][1] if marks else ""
+    for i in range(start, len(ops)):
+        owner[i] = last
+    total: Dict[str, float] = {}
+    again: Dict[str, float] = {}
+    kept: Dict[str, Dict[int, int]] = {}
+    for i, (saved, _, storages) in enumerate(ops):
+        node = owner[i]
+        if not node:
+            continue
+        total[node] = total.get(node, 0.0) + took[i]
+        if saved:
+            kept.setdefault(node, {}).update(storages)
+        else:
+            again[node] = again.get(node, 0.0) + took[i]
+    out: Dict[str, Dict[str, float]] = {}
+    for node, t in total.items():
+        if block_list.module_name(node) in rnn:
+            continue
+        out[node] = {"selective_saved_bytes": int(sum(kept.get(node, {}).values())),
+                     "selective_recompute_fraction": (again.get(node, 0.0) / t) if t > 0
+                     else 1.0}
+    return out
+
+
+def _tensors(value: Any) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []

@@ -148,6 +148,10 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     flops = block_timing.count_flops(module, nodes, inputs, kwargs)
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
                    first, batch_times)
+    # what selective recompute would keep and run again, per node (docs/recompute.md)
+    selective = block_timing.selective_recompute(module, nodes, inputs, kwargs)
+    for node in graph["nodes"]:
+        node.update(selective.get(node["name"], {}))
     _add_pipeline_split(graph, module, flow, inputs, kwargs, log)
     # the model's input tensors at the profiled batch: the memory model's input batch term
     graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()

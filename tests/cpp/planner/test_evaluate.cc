@@ -495,6 +495,43 @@ TEST_CASE("evaluate: a recomputed pipeline stage keeps nothing but its receive b
   REQUIRE(p.compute_s == evaluate(slower, same).compute_s);
 }
 
+TEST_CASE("evaluate: a selectively recomputed node keeps its inputs and its costly ops' outputs "
+          "and runs the rest of its forward again", "[evaluate][recompute]") {
+  Problem problem = diamond_problem();
+  for (int v : {0, 1, 3}) {
+    problem.graph.nodes[v].saved_bytes = 700;
+    problem.graph.nodes[v].selective_saved_bytes = 300;      // its matmul outputs
+    problem.graph.nodes[v].selective_recompute_fraction = 0.25;  // the rest of its forward
+  }
+  problem.graph.finalize("diamond");
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1,
+                              {0, 0, 1, 0});
+  plan.recompute = {kRecomputeSelective, kRecomputeSelective, 0, kRecomputeSelective};
+  const Prediction p = evaluate(problem, plan);
+  // device 0: params 200 + workspace 300 + held output 100 + inputs kept (b 100, d 200: 300, as
+  // under full recompute) + the kept outputs 3 * 300 + one node's rebuilt 700 - 300 = 400:
+  //   200 + 300 + 100 + 300 + 900 + 400 = 2200
+  REQUIRE(p.memory_bytes[0] == 2200);
+  // The time is the plan's on a graph whose recomputed nodes' backward is backward + F / 4.
+  Problem slower = problem;
+  for (int v : {0, 1, 3}) slower.graph.nodes[v].backward_s += 0.25 * slower.graph.nodes[v].forward_s;
+  slower.graph.finalize("diamond");
+  Plan same = plan;
+  same.recompute.clear();
+  same.graph_sha256 = graph_sha256(slower.graph);
+  REQUIRE(p.compute_s == Approx(evaluate(slower, same).compute_s));
+  // A pipeline stage recomputed selectively keeps its nodes' saved outputs per micro-batch in
+  // flight and rebuilds the rest for one.
+  Problem two = two_stage_problem();
+  two.graph.nodes[1].selective_saved_bytes = 20;  // of its 50 B per micro-batch
+  two.graph.nodes[1].selective_recompute_fraction = 0.5;
+  two.graph.finalize("ab");
+  Plan staged = two_stage_plan(two);
+  staged.recompute = {0, kRecomputeSelective};
+  // stage 1 (600 without recompute, 2 micro-batches of 50 B): 600 - 100 + 2 * 20 + (50 - 20)
+  REQUIRE(evaluate(two, staged).memory_bytes == std::vector<int64_t>{450, 570});
+}
+
 TEST_CASE("evaluate: sharded data parallelism gathers and reduce-scatters each unit and holds shards",
           "[evaluate][sharding]") {
   Problem problem = diamond_problem();  // a holds 100 B of parameters, c 200 B: P = 300 B
