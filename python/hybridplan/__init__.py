@@ -25,7 +25,7 @@ _EXPORTS = {
     # profiler
     "profile": "profiler",
     # executor
-    "apply": "executor", "AppliedPlan": "executor",
+    "apply": "executor", "AppliedPlan": "executor", "Adapt": "executor",
     # the front door: profile (cached), plan and apply in one call inside a torchrun script
     "parallelize": "front_door", "Parallelized": "front_door",
     # plans written by hand (examples, tests, benchmarks)

@@ -15,6 +15,7 @@ Where each documented command is proven (this file adds the ones nothing else ra
   hybridplan plan/evaluate/explain/sweep/presets/import-pipedream, the PipeDream example
                                         tests/cpp/planner/test_cli.cc (planner_tests)
   hybridplan plan --over-run, examples/plan_over_run.py   test_plan_over_run.py
+  examples/adaptive_switch.py (docs/checkpoints.md)      test_switch.py
   python -m hybridplan profile          test_profiler.py;  noise-scale: test_noise_scale.py
   calibrate / validate (torchrun -m hybridplan ...)       test_validation.py
   probe                                 test_probe.py

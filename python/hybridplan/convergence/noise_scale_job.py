@@ -190,19 +190,44 @@ class SwitchAdvice:
                 f"{verdict}")
 
 
+def _best_plan(graph: Any, cluster: Any, job: dict, devices: int, processes: Optional[int],
+               modes: Tuple[str, ...], running: Any) -> Any:
+    """The search's best plan on `devices` devices of `modes`; with `processes`, the best that
+    runs on that many processes (`running` when none of the best 512 does)."""
+    from .. import planner
+
+    if processes is None:
+        return planner.plan(graph, cluster, job, devices=devices, modes=modes)
+    for top_k in (64, 512):
+        plans = planner.search(graph, cluster, job, devices=devices, top_k=top_k,
+                               modes=modes).plans
+        fitting = [p for p in plans if p.num_processes == processes and p.mode in modes]
+        if fitting:
+            return fitting[0]
+        if len(plans) < top_k:
+            break
+    return running
+
+
 _CONFIG_KEYS = ("dp", "mp", "mode", "per_replica_batch", "global_batch", "num_microbatches",
                 "schedule")
 
 
 def switch_advice(plan: Any, estimate: NoiseScale, graph: Any, cluster: Any, job: Any, *,
-                  devices: Optional[int] = None, min_gain: float = 0.05) -> SwitchAdvice:
+                  devices: Optional[int] = None, min_gain: float = 0.05,
+                  processes: Optional[int] = None, modes: Optional[Sequence[str]] = None
+                  ) -> SwitchAdvice:
     """Prices the running `plan` (a Plan, dict or path) and the best plan on the same number of
     devices (`devices`, default the plan's world size) with the measured critical batch in place
     of `job`'s (measured_job; a job without a critical_batch model takes epochs_min from the
     point (plan's global batch, epochs the job gives it)), and advises a switch when the best
     plan is another configuration that is at least `min_gain` faster at the estimate and still
     faster (gain > 0) with the critical batch 2 standard errors below and above it: a switch
-    costs a restart, so a noisy estimate does not trigger one."""
+    costs a restart, so a noisy estimate does not trigger one. `processes`: only plans that run
+    on that many processes (one per device: what the running job can switch to in place, see
+    AppliedPlan.switch; a placement plan with mp > 1 runs a replica in one process) are
+    candidates, the best of the search's 64 (then 512) best; when none is, the advice keeps the
+    running plan. `modes`: the plan modes searched (default all)."""
     from .. import planner
 
     if not isinstance(min_gain, (int, float)) or not math.isfinite(min_gain) or min_gain < 0:
@@ -219,9 +244,11 @@ def switch_advice(plan: Any, estimate: NoiseScale, graph: Any, cluster: Any, job
         epochs_at = (running.global_batch, epochs)
     measured = measured_job(job, estimate, epochs_at=epochs_at)
     current = planner.evaluate(graph, cluster, running, measured)
-    best = planner.plan(graph, cluster, measured,
-                        devices=devices if devices is not None else running.world_size)
-    current_s, best_s = current["time_to_train_s"], best.predicted["time_to_train_s"]
+    best = _best_plan(graph, cluster, measured,
+                      devices if devices is not None else running.world_size, processes,
+                      tuple(modes) if modes is not None else planner.MODES, running)
+    current_s = current["time_to_train_s"]
+    best_s = current_s if best is running else best.predicted["time_to_train_s"]
     gain = current_s / best_s - 1
     same = all(best.to_dict().get(k) == running.to_dict().get(k) for k in _CONFIG_KEYS)
 

@@ -2,8 +2,9 @@
 `AppliedPlan`. Modules named after their C++ twins in csrc/executor: executor, rank_agreement
 (every rank holds the same plan and model), plus plan_spec (the plan's fields the executor acts
 on), placement and pipeline (the two MP modes), bucket_policy (DDP's gradient buckets, as the
-cost model prices them)."""
+cost model prices them), switching (AppliedPlan.switch and the adaptive mode, Adapt)."""
 
 from .executor import AppliedPlan, apply, destroy_groups
+from .switching import Adapt
 
-__all__ = ["apply", "AppliedPlan", "destroy_groups"]
+__all__ = ["apply", "AppliedPlan", "Adapt", "destroy_groups"]

@@ -43,7 +43,9 @@ micro-batch alone, as GPipe does (see pipeline).
 apply(..., measure_noise_scale=N) measures the gradient noise scale every N steps from the
 replicas' local and all-reduced gradients (a DDP comm hook, see noise; not under sharding);
 hp.noise_scale() reads it and hp.switch_advice(graph, cluster, job) says whether another plan
-would now win.
+would now win. hp.switch(other_plan) moves the running job to another plan on the same
+processes, the state handed over in memory, and hp becomes that plan; apply(...,
+adapt=Adapt(graph, cluster, job)) switches by itself when the advice says so (see switching).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..profiler import block_list, block_timing, stage_split
-from . import checkpoint, lost_peer, noise, placement, sharded_checkpoint, sharding
+from . import checkpoint, lost_peer, noise, placement, sharded_checkpoint, sharding, switching
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
@@ -163,10 +165,29 @@ def _init_process_group(timeout: datetime.timedelta) -> None:
     # same processes then raced it: a rank that re-initialised before rank 0 had destroyed its
     # group joined the old server and its old keys, and rank 0 waited at the new one forever.
     _Lifecycle.incarnation += 1
-    store = dist.PrefixStore(f"hybridplan/apply{_Lifecycle.incarnation}", _job_store(timeout))
+    store = dist.PrefixStore(f"{_restart_prefix()}hybridplan/apply{_Lifecycle.incarnation}",
+                             _job_store(timeout))
     dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     _Lifecycle.owns_default_group = True
+
+
+def _restart_prefix() -> str:
+    """"restart<N>/" when torchrun restarted this job's workers and they share the agent's
+    store, else "". torchrun's agent keeps one TCPStore for every attempt (torch's shared
+    rendezvous store, TORCHELASTIC_USE_AGENT_STORE), so a restarted worker found the keys the
+    killed attempt's ranks had written (their Gloo addresses) and connected to dead ports:
+    `Gloo connectFullMesh failed ... Connection refused`, or a hang (pytorch/pytorch#135712).
+    The restart count tells the attempts apart only where every worker has the same one: one
+    agent (GROUP_WORLD_SIZE 1, torchrun --standalone). Several agents count their restarts
+    each on its own (a node that joins starts at 0): launch those with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (`python -m hybridplan run` sets it), which gives
+    every attempt a store of its own."""
+    if (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
+            or os.environ.get("GROUP_WORLD_SIZE", "1") != "1"):
+        return ""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return "" if restart == "0" else f"restart{restart}/"
 
 
 def _job_store(timeout: datetime.timedelta) -> Any:
@@ -288,7 +309,8 @@ class AppliedPlan:
     `stages` (the stages this rank holds; [stage] unless the schedule runs several per rank),
     `optimizer`, `predicted_step_s`, `step_count` (optimizer steps
     taken, a resumed checkpoint's included), `shard_units` (a sharded placement plan: the graph
-    nodes FSDP shards as units of their own; the root is one more, see sharding)."""
+    nodes FSDP shards as units of their own; the root is one more, see sharding), `switches`
+    (one dict per switch(): step, from, to, reason, and the advice's figures)."""
 
     def __init__(self, spec: PlanSpec, original: nn.Module, cut: Optional[stage_split.StageCut],
                  loss_fn: Callable, optimizer: Union[Callable, torch.optim.Optimizer, None],
@@ -316,6 +338,16 @@ class AppliedPlan:
         self.resumed_from = resumed_from  # the checkpoint resumed ("" if none)
         self.resumed_extra = resumed.get("extra") if resumed is not None else None
         self._plan_json = plan_json  # the plan's canonical JSON, stored in checkpoints
+        # what switch() carries over to the next plan (loss_fn None: the module's default)
+        self._switch_options: Dict[str, Any] = {
+            "loss_fn": None if loss_fn == _default_loss(original) else loss_fn,
+            "optimizer": optimizer, "timeout_s": timeout.total_seconds(), "batch_dim": batch_dim,
+            "measure_noise_scale": measure_noise_scale, "noise_scale_decay": noise_scale_decay,
+            "adapt": None}
+        self.switches: List[Dict[str, Any]] = []  # one entry per switch(): step, from, to, ...
+        self._adapt: Optional[switching.Adapt] = None  # apply(..., adapt=)
+        self._adapt_state = {"checked": 0, "switched": 0}  # step_count of the last of each
+        self._last_inputs: Any = None  # the last step's inputs: a pipeline switch's example
         # parameter name -> canonical name (tied names -> the first), taken before the cut
         self._aliases = aliases if aliases is not None else checkpoint.parameter_aliases(original)
         if spec.mode == "placement":
@@ -342,7 +374,7 @@ class AppliedPlan:
         spec = self.plan
         self.devices = [_device(spec, g) for g in spec.mesh[self.replica]]
         self._hooks = placement.place(self.original, spec.assignment, self.devices,
-                                      spec.recompute)
+                                      spec.recompute, spec.selective)
         # DDP (or FSDP) on a group of its own, not the default group (which the user may own):
         # close() must be able to destroy every group whose Gloo threads ran its collectives
         ddp_group = self._new_groups([list(range(spec.dp))])[0]
@@ -396,10 +428,12 @@ class AppliedPlan:
                                         self.stage, self.device)
         self.stages = spec.stages_of(self.stage)
         recomputed = {spec.assignment[n] for n in spec.recompute}
+        selective = {spec.assignment[n] for n in spec.selective}  # whole stages (plan rule)
         self._runner = PipelineRunner(
             cut, self.stages, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
             self._replica_group, dp_groups[self.stage], spec.dp, tie_groups,
-            recompute_stages=sorted(recomputed), sharding=spec.sharding, dp_mesh=dp_mesh)
+            recompute_stages=sorted(recomputed), sharding=spec.sharding, dp_mesh=dp_mesh,
+            selective_stages=sorted(selective))
         # the ranks of this replica holding stage 0 (the batch's inputs) and the last stage
         self._first_rank = spec.rank_of(self.replica, stage_ranks[0])
         self._last_rank = spec.rank_of(self.replica, stage_ranks[-1])
@@ -444,17 +478,22 @@ class AppliedPlan:
         from the rank holding its last stage: pipeline rank mp - 1, or 0 under "zbv").
 
         If a peer is lost (killed, or silent past the timeout), raises RuntimeError naming it
-        (see lost_peer) instead of the transport's error.
+        (see lost_peer) instead of the transport's error. Under apply(..., adapt=) a step may
+        end with a switch to another plan: read the next global batch from hp.plan.
         """
         self._check_open("step")
+        self._last_inputs = inputs
         try:
-            return self._step(inputs, target)
+            loss = self._step(inputs, target)
         except Exception as e:
             if not lost_peer.is_communication_error(e):
                 raise
             raise lost_peer.lost_peer_error(e, f"step {self.step_count + 1}", self.rank,
                                             dist.get_world_size(),
                                             f"step{self.step_count + 1}") from e
+        if self._adapt is not None:  # may switch this AppliedPlan to another plan
+            switching.maybe_adapt(self)
+        return loss
 
     def _step(self, inputs: Any, target: Any) -> torch.Tensor:
         self._settle()
@@ -515,7 +554,8 @@ class AppliedPlan:
         return self._noise.estimate()
 
     def switch_advice(self, graph: Any, cluster: Any, job: Any, *, devices: Optional[int] = None,
-                      min_gain: float = 0.05):
+                      min_gain: float = 0.05, processes: Optional[int] = None,
+                      modes: Optional[Sequence[str]] = None):
         """Whether another plan would now win, with the measured critical batch in place of
         `job`'s (see convergence.noise_scale_job.switch_advice): a SwitchAdvice with the best
         plan for the measured critical batch and the predicted gain of switching to it. `graph`,
@@ -529,7 +569,32 @@ class AppliedPlan:
         if self._plan_dict is None:
             raise ValueError("hybridplan: switch_advice() needs the plan as applied")
         return switch_advice(self._plan_dict, estimate, graph, cluster, job, devices=devices,
-                             min_gain=min_gain)
+                             min_gain=min_gain, processes=processes, modes=modes)
+
+    def switch(self, plan: Any, *, module: Optional[nn.Module] = None, example_inputs: Any = None,
+               **apply_options: Any) -> "AppliedPlan":
+        """Moves this job to `plan` on the same processes, without a restart: every rank must
+        call it (collective). This AppliedPlan becomes the new plan (plan, module, optimizer,
+        ... are the new plan's; step() goes on) and is returned. The training state (model,
+        optimizer state and hyperparameters as they are now: the learning rate is not
+        rescaled, step_count) is handed over in memory (consolidated_state); loss_fn, the
+        optimizer factory, timeout, batch_dim, the noise-scale options and the adaptive policy
+        carry over unless `apply_options` (apply's keyword arguments, not resume_from) say
+        otherwise. The default process group stays; the old plan's own groups are destroyed.
+
+        module      required after a sharded plan (FSDP2 cannot be undone): a freshly built
+                    model of the same architecture; otherwise the running module is reused.
+        example_inputs  pipeline plans: one replica batch at the new per_replica_batch; by
+                    default rank 0's last step's inputs, cut or repeated to it.
+
+        Raises ValueError on every rank, with the old plan unchanged and still training, when
+        the new plan does not fit (world size, module, options; an Optimizer instead of a
+        factory; a sharded module without module=). A failure while building the new plan
+        (after the old one is closed) leaves this AppliedPlan closed. Objects built on the old
+        optimizer (LR schedulers) must be rebuilt on hp.optimizer. See executor/switching.py.
+        """
+        return switching.switch(self, plan, module=module, example_inputs=example_inputs,
+                                **apply_options)
 
     def parameters(self) -> List[nn.Parameter]:
         """The parameters this rank trains (its stages' in pipeline mode, tied copies
@@ -776,7 +841,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           noise_scale_decay: float = 0.99,
           resume_from: Union[str, os.PathLike, Dict[str, Any], None] = None,
           checkpoint_dir: Union[str, os.PathLike, None] = None,
-          retain_freed_memory: bool = True) -> AppliedPlan:
+          retain_freed_memory: bool = True, adapt: Optional[switching.Adapt] = None
+          ) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
     plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
@@ -814,12 +880,16 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                step at batch 32 took 28.8 ms without, 21.4 ms with it (one process, median of
                10); the profile, and so the plan's prediction, assumes it. False: leave malloc
                as it is.
+    adapt      a hybridplan.Adapt policy (needs measure_noise_scale): the adaptive mode, in which
+               step() now and then asks switch_advice on rank 0 and switches this AppliedPlan
+               in place (AppliedPlan.switch) when it says so; see executor/switching.py.
 
     Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
     job's world size, or if ranks run different torch or hybridplan versions or hold different
     plans or parameter shapes.
     """
     timeout = datetime.timedelta(seconds=timeout_s)
+    switching.check_adapt(adapt, measure_noise_scale)  # the same arguments on every rank
     if retain_freed_memory and not torch.cuda.is_available():  # the devices are CPUs (_device)
         block_timing.retain_freed_memory()
     _init_process_group(timeout)
@@ -857,4 +927,6 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                      aliases=aliases, resumed=resumed, resumed_from=resumed_from,
                      plan_json=plan_json)
     hp.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
+    hp._adapt = hp._switch_options["adapt"] = adapt
+    hp._adapt_state = {"checked": hp.step_count, "switched": hp.step_count}
     return hp
