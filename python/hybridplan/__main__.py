@@ -167,8 +167,14 @@ def _run(args) -> int:
     cmd = torchrun_command(args.nproc_per_node, args.script, args.script_args, args.nnodes,
                            args.node_rank, args.master_addr, args.master_port,
                            args.max_restarts)
+    env = None
+    if args.max_restarts or isinstance(args.nnodes, str):
+        # every restart a TCPStore of its own: torchrun's agents otherwise share theirs across
+        # attempts and a restarted worker can read the killed attempt's keys (executor's
+        # _restart_prefix covers one agent; several count their restarts each on its own)
+        env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     print("python -m hybridplan run: " + " ".join(cmd), file=sys.stderr, flush=True)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=env)
 
 
 def _parser() -> argparse.ArgumentParser:
