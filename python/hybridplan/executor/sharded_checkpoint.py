@@ -16,8 +16,9 @@ that resuming ignores (and the next save removes).
 What each rank writes (DCP's keys, flat, "/" between the parts, which no parameter name holds):
   model/<key>         the original module's state_dict key: a sharded plan's DTensor shard, a
                       pipeline stage's parameters on the ranks holding it, a replicated
-                      parameter once (DCP's planner deduplicates equal keys across ranks and
-                      spreads the writes over them); buffers from replica 0 only, as in the
+                      parameter once, by the replica a hash of its key picks (so the writes,
+                      and an asynchronous save's copies, are spread over the replicas and
+                      nothing is copied twice); buffers from replica 0 only, as in the
                       consolidated file (a pipeline's replicas each normalise their own
                       micro-batches, so their BatchNorm statistics differ)
   optim/<name>/<key>  the optimizer state of the parameter whose canonical name is <name>
@@ -55,13 +56,14 @@ import shutil
 import sys
 import threading
 import warnings
+import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .. import files
-from . import checkpoint
+from . import checkpoint, sharding
 
 kFormat = "hybridplan.sharded-checkpoint"
 kVersion = 1
@@ -107,12 +109,26 @@ def local_state(hp: Any) -> Dict[str, Any]:
         modules = [("stage", m) for m in hp._runner.modules]
     from ..profiler.stage_split import original_name
 
+    dp, replica = hp.plan.dp, hp.replica
+
+    def mine(key: str, value: Any) -> bool:
+        """A value every replica holds alike is written by one of them, the keys spread over
+        the replicas by a hash of the key (the same on every replica): each rank then stages
+        (async_save copies what it is given) and writes only its share. A DTensor shard is
+        always its rank's own."""
+        if dp == 1 or not isinstance(value, torch.Tensor) or sharding.is_sharded(value):
+            return True
+        return zlib.crc32(key.encode()) % dp == replica
+
     for kind, module in modules:
         buffers = {id(b) for b in module.buffers()}
         for key, value in module.state_dict(keep_vars=True).items():
             name = original_name(key) if kind == "stage" else key
-            if id(value) in buffers and not replica0:
-                continue  # a buffer: replica 0's (see the module doc)
+            if id(value) in buffers:
+                if not replica0:
+                    continue  # a buffer: replica 0's (see the module doc)
+            elif not mine(f"model/{name}", value):
+                continue
             state.setdefault(f"model/{name}", value.detach())
     names = hp._param_names()
     for p, s in hp.optimizer.state.items():
@@ -120,8 +136,9 @@ def local_state(hp: Any) -> Dict[str, Any]:
         if name is None:
             continue
         for k, v in s.items():
-            state.setdefault(f"optim/{name}/{k}", v.detach() if isinstance(v, torch.Tensor)
-                             else v)
+            if mine(f"optim/{name}/{k}", v):
+                state.setdefault(f"optim/{name}/{k}", v.detach() if isinstance(v, torch.Tensor)
+                                 else v)
     return state
 
 

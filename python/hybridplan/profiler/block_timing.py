@@ -419,13 +419,15 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
             kept.setdefault(node, {}).update(storages)
         else:
             again[node] = again.get(node, 0.0) + took[i]
+    for _, node in marks:  # a node that ran no op (a dropout of p = 0) keeps and reruns nothing
+        total.setdefault(node, 0.0)
     out: Dict[str, Dict[str, float]] = {}
     for node, t in total.items():
         if block_list.module_name(node) in rnn:
             continue
         out[node] = {"selective_saved_bytes": int(sum(kept.get(node, {}).values())),
                      "selective_recompute_fraction": (again.get(node, 0.0) / t) if t > 0
-                     else 1.0}
+                     else 0.0}
     return out
 
 
