@@ -340,8 +340,8 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
     {"selective_saved_bytes": bytes of the outputs of the saved ops (each storage once),
      "selective_recompute_fraction": the share of the node's forward time spent in the other
      ops, which run again before its backward}. Measured from the aten ops the forward runs
-    (a dispatch mode times each: the fastest of `repeats` forwards, op by op), charged like
-    FLOPs (count_flops): a functional op between nodes goes to the next node. RNN nodes, whose
+    (a dispatch mode times each: the fastest of `repeats` forwards, op by op; profile passes
+    its own repeats, at most 3), charged like FLOPs (count_flops): a functional op between nodes goes to the next node. RNN nodes, whose
     fused kernels the mode cannot see into, are left out (the planner then offers them full
     recompute only)."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -149,7 +149,8 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
                    first, batch_times)
     # what selective recompute would keep and run again, per node (docs/recompute.md)
-    selective = block_timing.selective_recompute(module, nodes, inputs, kwargs)
+    selective = block_timing.selective_recompute(module, nodes, inputs, kwargs,
+                                                 repeats=max(1, min(3, repeats)))
     for node in graph["nodes"]:
         node.update(selective.get(node["name"], {}))
     _add_pipeline_split(graph, module, flow, inputs, kwargs, log)
