@@ -4,9 +4,10 @@ previous file intact: plans and graphs, clusters, checkpoints and measurement re
 from __future__ import annotations
 
 import os
+import shutil
 from typing import IO, Any, Callable, Union
 
-__all__ = ["write_atomic", "write_text_atomic"]
+__all__ = ["write_atomic", "write_text_atomic", "fsync_path", "replace_dir"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -29,11 +30,38 @@ def write_atomic(path: PathLike, write: Callable[[IO[Any]], None], binary: bool 
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    directory = os.open(folder, os.O_RDONLY)
+    fsync_path(folder)
+
+
+def fsync_path(path: PathLike) -> None:
+    """fsync of a file or a directory (a directory's entries: a rename in it is durable)."""
+    fd = os.open(os.fspath(path), os.O_RDONLY)
     try:
-        os.fsync(directory)
+        os.fsync(fd)
     finally:
-        os.close(directory)
+        os.close(fd)
+
+
+def replace_dir(src: PathLike, dst: PathLike) -> None:
+    """Renames the directory `src` (its files already durable) to `dst`. A previous `dst` is
+    moved aside to `<dst>.old-<pid>` first and removed after; if the rename fails it is put
+    back. The renames are made durable (fsync of `src` and of the parent directory)."""
+    src, dst = os.fspath(src), os.path.abspath(os.fspath(dst))
+    fsync_path(src)
+    old = f"{dst}.old-{os.getpid()}"
+    had_previous = os.path.exists(dst)
+    if had_previous:
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+    try:
+        os.replace(src, dst)
+    except BaseException:
+        if had_previous:
+            os.replace(old, dst)  # put the previous one back
+        raise
+    fsync_path(os.path.dirname(dst))
+    if had_previous:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:

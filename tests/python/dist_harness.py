@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hybridplan.net import free_port
 
@@ -63,6 +63,33 @@ def run_ranks(target: str, world_size: int, kwargs: Dict[str, Any], *, timeout_s
     argv = [sys.executable, os.path.join(HERE, "dist_harness.py"), target, json.dumps(kwargs)]
     return run_commands([argv] * world_size, timeout_s=timeout_s, env=env,
                         env_per_rank=env_per_rank)
+
+
+def run_phases(module: str, phases: Sequence[str], out_dir: Any, *, world_size: int = 2,
+               timeout_s: float = 300) -> Tuple[Any, Dict[str, Tuple[bool, str]]]:
+    """Runs `module:phase` on world_size ranks for each phase in turn (each with out_dir),
+    stopping after the first that fails: (out_dir, {phase: (all ranks exited 0, their
+    output)}). require_phase reads it in the tests."""
+    report: Dict[str, Tuple[bool, str]] = {}
+    for phase in phases:
+        results = run_ranks(f"{module}:{phase}", world_size, {"out_dir": str(out_dir)},
+                            timeout_s=timeout_s)
+        report[phase] = (all(r.returncode == 0 for r in results), format_results(results))
+        if not report[phase][0]:
+            break
+    return out_dir, report
+
+
+def require_phase(runs: Tuple[Any, Dict[str, Tuple[bool, str]]], phase: str) -> Any:
+    """run_phases' out_dir once `phase` (and every phase before it) succeeded; else the test
+    fails with the output of the phase that failed."""
+    import pytest
+
+    out_dir, report = runs
+    if phase not in report or not report[phase][0]:
+        failed = next(p for p, (ok, _) in report.items() if not ok)
+        pytest.fail(f"{failed} failed:\n{report[failed][1]}")
+    return out_dir
 
 
 def run_commands(argvs: Sequence[Sequence[str]], *, timeout_s: float = 60,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import hybridplan.models as models
-from dist_harness import format_results, run_ranks
+from dist_harness import require_phase, run_phases
 from plan_builders import pipeline_plan, placement_plan
 
 K1, K2 = 3, 2
@@ -176,28 +176,13 @@ def reference(scenario):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("checkpoint")
-    report = {}
-    for phase in ("save_phase", "resume_phase"):
-        results = run_ranks(f"test_checkpoint:{phase}", 2, {"out_dir": str(out_dir)},
-                            timeout_s=300)
-        report[phase] = (all(r.returncode == 0 for r in results), format_results(results))
-        if not report[phase][0]:
-            break
-    return out_dir, report
-
-
-def _require(runs, phase):
-    out_dir, report = runs
-    if phase not in report or not report[phase][0]:
-        failed = next(p for p in ("save_phase", "resume_phase") if not report[p][0])
-        pytest.fail(f"{failed} failed:\n{report[failed][1]}")
-    return out_dir
+    return run_phases("test_checkpoint", ("save_phase", "resume_phase"),
+                      tmp_path_factory.mktemp("checkpoint"), timeout_s=300)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
 def test_resume_under_another_plan_equals_uninterrupted_training(runs, scenario):
-    out_dir = _require(runs, "resume_phase")
+    out_dir = require_phase(runs, "resume_phase")
     sid = IDS[SCENARIOS.index(scenario)]
     expected = reference(scenario)
     initial = make(scenario[0])[0].state_dict()
@@ -215,7 +200,7 @@ def test_resume_under_another_plan_equals_uninterrupted_training(runs, scenario)
 def test_checkpoint_file_is_plain_and_complete(runs):
     """The format docs/formats.md describes: plain containers (weights_only loads it), the
     original module's keys, optimizer state by parameter name (a tied weight once)."""
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     from hybridplan.executor import checkpoint
     ckpt = torch.load(out_dir / "gpt2-adam-pipe-dp.pt", weights_only=True)
     assert ckpt["format"] == "hybridplan.checkpoint" and ckpt["version"] == 1
@@ -234,7 +219,7 @@ def test_multi_stage_checkpoint_holds_each_parameter_once(runs):
     """Saved under zbv, rank 0 holds GPT-2's wte (stage 0) and its tied lm_head copy (stage 3)
     with an optimizer state each: the file holds the weight and its state once, and every
     parameter once in the optimizer's groups."""
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     ckpt = torch.load(out_dir / "gpt2-adam-zbv-dp.pt", weights_only=True)
     model = make("gpt2")[0]
     assert list(ckpt["model"]) == list(model.state_dict())
@@ -249,7 +234,7 @@ def test_multi_stage_checkpoint_holds_each_parameter_once(runs):
 def test_sharded_checkpoint_holds_whole_tensors(runs):
     """A sharded plan's file is the consolidated one: every model tensor and Adam moment at the
     parameter's full shape (gathered from the ranks' shards), a tied weight's state once."""
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     ckpt = torch.load(out_dir / "gpt2-adam-zero3-pipe.pt", weights_only=True)
     model = make("gpt2")[0]
     assert {k: v.shape for k, v in ckpt["model"].items()} == \
@@ -264,7 +249,7 @@ def test_sharded_checkpoint_holds_whole_tensors(runs):
 
 
 def test_interrupted_write_leaves_previous_checkpoint(runs):
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     for sid in IDS:
         for rank in range(2):
             text = (out_dir / f"{sid}.interrupted.rank{rank}.txt").read_text()
@@ -275,7 +260,7 @@ def test_interrupted_write_leaves_previous_checkpoint(runs):
 
 
 def test_checkpoint_of_another_model_is_refused(runs):
-    out_dir = _require(runs, "resume_phase")
+    out_dir = require_phase(runs, "resume_phase")
     for rank in range(2):
         text = (out_dir / f"other_model.rank{rank}.txt").read_text()
         assert f"{IDS[0]}.pt" in text, text
@@ -295,7 +280,7 @@ def test_cpp_reads_the_checkpoint(runs):
     """LibTorch alone (torch::pickle_load, examples/cpp/read_checkpoint.cc) reads the file
     Python wrote: every model tensor (shape and sum) and the optimizer state by name."""
     import subprocess
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     path = out_dir / "gpt2-adam-pipe-dp.pt"
     proc = subprocess.run([_reader(), str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

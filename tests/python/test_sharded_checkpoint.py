@@ -18,7 +18,7 @@ import shutil
 import pytest
 import torch
 
-from dist_harness import format_results, run_ranks
+from dist_harness import require_phase, run_phases
 from test_checkpoint import K1, K2, applied, reference, train
 
 # (model, optimizer, first plan, second plan, asynchronous save)
@@ -106,28 +106,13 @@ def resume_phase(out_dir):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("sharded_checkpoint")
-    report = {}
-    for phase in ("save_phase", "resume_phase"):
-        results = run_ranks(f"test_sharded_checkpoint:{phase}", 2, {"out_dir": str(out_dir)},
-                            timeout_s=400)
-        report[phase] = (all(r.returncode == 0 for r in results), format_results(results))
-        if not report[phase][0]:
-            break
-    return out_dir, report
-
-
-def _require(runs, phase):
-    out_dir, report = runs
-    if phase not in report or not report[phase][0]:
-        failed = next(p for p in ("save_phase", "resume_phase") if not report[p][0])
-        pytest.fail(f"{failed} failed:\n{report[failed][1]}")
-    return out_dir
+    return run_phases("test_sharded_checkpoint", ("save_phase", "resume_phase"),
+                      tmp_path_factory.mktemp("sharded_checkpoint"), timeout_s=400)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
 def test_sharded_resume_under_another_plan_equals_uninterrupted_training(runs, scenario):
-    out_dir = _require(runs, "resume_phase")
+    out_dir = require_phase(runs, "resume_phase")
     sid = IDS[SCENARIOS.index(scenario)]
     expected = reference(scenario[:4])
     for rank in range(2):
@@ -141,7 +126,7 @@ def test_sharded_resume_under_another_plan_equals_uninterrupted_training(runs, s
 
 
 def test_every_rank_writes_its_part_and_the_manifest_lists_every_file(runs):
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     for sid in IDS:
         path = _step_dir(os.path.join(out_dir, sid), K1)
         with open(os.path.join(path, "manifest.json")) as f:
@@ -157,14 +142,14 @@ def test_every_rank_writes_its_part_and_the_manifest_lists_every_file(runs):
 
 
 def test_keep_and_no_partial_left(runs):
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     for sid in IDS[1:]:
         names = sorted(os.listdir(os.path.join(out_dir, sid)))
         assert names == [f"step-{K1:09d}", f"step-{K1 + 1:09d}"], names
 
 
 def test_failed_save_raises_on_every_rank_and_leaves_the_previous(runs):
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     for rank in range(2):
         with open(os.path.join(out_dir, f"failed_save.rank{rank}.txt")) as f:
             text = f.read()
@@ -176,14 +161,14 @@ def test_failed_save_raises_on_every_rank_and_leaves_the_previous(runs):
 
 
 def test_latest_in_an_empty_directory_starts_from_the_beginning(runs):
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     for rank in range(2):
         with open(os.path.join(out_dir, f"fresh.rank{rank}.txt")) as f:
             assert f.read() == "0 ''"
 
 
 def _copy(runs, tmp_path):
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     root = tmp_path / "ckpt"
     shutil.copytree(os.path.join(out_dir, IDS[3]), root)
     newest = _step_dir(str(root), K1 + 1)
@@ -225,7 +210,7 @@ def test_damaged_checkpoint_is_refused_by_name_and_latest_falls_back(runs, tmp_p
 
 def test_sharded_checkpoint_reads_as_the_consolidated_form(runs):
     from hybridplan.executor import checkpoint
-    out_dir = _require(runs, "save_phase")
+    out_dir = require_phase(runs, "save_phase")
     ckpt, _ = checkpoint.resolve(_step_dir(os.path.join(out_dir, IDS[2]), K1))  # zero3
     assert ckpt["step"] == K1 and ckpt["optimizer"]["class"] == "Adam"
     state = ckpt["optimizer"]["state"]

@@ -48,6 +48,8 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 import torch.distributed as dist
 
+from .. import files
+
 kDefaultMaxShardSize = "5GB"  # the Hub's usual shard size (transformers 4.x's default)
 
 
@@ -103,16 +105,8 @@ def _detached_view(module: Any) -> Any:
 def _fsync_tree(folder: str) -> None:
     for root, _, names in os.walk(folder):
         for name in names:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            files.fsync_path(os.path.join(root, name))
+        files.fsync_path(root)
 
 
 def _check_serialization(module: Any, safe_serialization: bool) -> bool:
@@ -151,31 +145,16 @@ def write_atomic(module: Any, directory: str, state: Dict[str, torch.Tensor], *,
             raise ValueError(f"{directory} exists and is not a previous export (no "
                              f"config.json): refusing to replace it")
     os.makedirs(parent, exist_ok=True)
-    tmp, old = f"{directory}.tmp-{os.getpid()}", f"{directory}.old-{os.getpid()}"
+    tmp = f"{directory}.tmp-{os.getpid()}"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         _save_pretrained(module, tmp, state, safe_serialization, max_shard_size)
         _fsync_tree(tmp)
-        had_previous = os.path.exists(directory)
-        if had_previous:
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-        try:
-            os.replace(tmp, directory)
-        except BaseException:
-            if had_previous:
-                os.replace(old, directory)  # put the previous export back
-            raise
+        files.replace_dir(tmp, directory)  # the previous export put back if this fails
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(old, ignore_errors=True)
-    fd = os.open(parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def export_pretrained(hp: Any, directory: Union[str, os.PathLike], *,

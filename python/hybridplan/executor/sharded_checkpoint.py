@@ -267,7 +267,9 @@ def finalize(pending: PendingSave, group: Any, keep: int,
                         "files": dict(sorted(entries.items()))}
             files.write_text_atomic(os.path.join(pending.partial, MANIFEST),
                                     json.dumps(manifest, indent=1) + "\n")
-            _replace_dir(pending.partial, final)
+            # a complete checkpoint of the same step already there (a run resumed before it
+            # and saved it again) is replaced, put back if the rename fails
+            files.replace_dir(pending.partial, final)
             _prune(pending.root, keep)
         except BaseException as e:  # every rank raises it, below
             status[0] = f"{type(e).__name__}: {e}"
@@ -279,29 +281,6 @@ def finalize(pending: PendingSave, group: Any, keep: int,
     if on_complete is not None:
         on_complete(final)
     return final
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_dir(partial: str, final: str) -> None:
-    """Renames `partial` to `final`; a complete checkpoint of the same step already there (a
-    run resumed before it and saved it again) is moved aside first and removed after."""
-    _fsync_dir(partial)
-    aside = None
-    if os.path.exists(final):
-        aside = final + ".old"
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(final, aside)
-    os.replace(partial, final)
-    _fsync_dir(os.path.dirname(os.path.abspath(final)))
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
 
 
 def complete_steps(root: str) -> List[Tuple[int, str]]:
