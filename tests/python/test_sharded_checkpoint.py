@@ -178,7 +178,7 @@ def _copy(runs, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "bit-flipped", "missing", "no manifest"])
 def test_damaged_checkpoint_is_refused_by_name_and_latest_falls_back(runs, tmp_path, damage):
-    from hybridplan.executor import checkpoint, sharded_checkpoint
+    from hybridplan.executor import sharded_checkpoint
     root, newest, victim = _copy(runs, tmp_path)
     if damage == "truncated":
         with open(victim, "r+b") as f:
@@ -198,20 +198,20 @@ def test_damaged_checkpoint_is_refused_by_name_and_latest_falls_back(runs, tmp_p
         os.remove(os.path.join(newest, "manifest.json"))
         why, named = "incomplete", os.path.join(newest, "manifest.json")
     with pytest.raises(ValueError) as e:
-        checkpoint.resolve(newest)
+        sharded_checkpoint.resolve(newest)
     assert named in str(e.value) and why in str(e.value)
     logged = []
     found = sharded_checkpoint.find(root, None, logged.append)
     assert found == _step_dir(root, K1)
     assert len(logged) == 1 and named in logged[0] and f"step {K1 + 1}" in logged[0]
-    resumed, source = checkpoint.resolve(root)
+    resumed, source = sharded_checkpoint.resolve(root)
     assert source == _step_dir(root, K1) and resumed["step"] == K1
 
 
 def test_sharded_checkpoint_reads_as_the_consolidated_form(runs):
-    from hybridplan.executor import checkpoint
+    from hybridplan.executor import sharded_checkpoint
     out_dir = require_phase(runs, "save_phase")
-    ckpt, _ = checkpoint.resolve(_step_dir(os.path.join(out_dir, IDS[2]), K1))  # zero3
+    ckpt, _ = sharded_checkpoint.resolve(_step_dir(os.path.join(out_dir, IDS[2]), K1))  # zero3
     assert ckpt["step"] == K1 and ckpt["optimizer"]["class"] == "Adam"
     state = ckpt["optimizer"]["state"]
     assert "transformer.wte.weight" in state and "lm_head.weight" not in state  # tied: once

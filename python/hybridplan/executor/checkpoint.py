@@ -163,26 +163,6 @@ def check_envelope(ckpt: Any, path: str) -> Dict[str, Any]:
     return ckpt
 
 
-def resolve(resume_from: Any, checkpoint_dir: Any = None
-            ) -> Tuple[Optional[Dict[str, Any]], str]:
-    """apply(resume_from=...)'s one entry: (the checkpoint dict, where it came from, for
-    messages). `resume_from` is a consolidated checkpoint's path, or such a dict in memory
-    (AppliedPlan.consolidated_state(): a plan switch), checked as a file's envelope is; or a
-    sharded checkpoint, a directory of them, or "latest" (sharded_checkpoint.find): read into
-    the same form. (None, "") when "latest" finds no complete checkpoint (a first run)."""
-    from . import sharded_checkpoint
-
-    if isinstance(resume_from, dict):
-        return check_envelope(resume_from, "resume_from (in memory)"), "resume_from (in memory)"
-    path = os.fspath(resume_from)
-    if path == sharded_checkpoint.LATEST or os.path.isdir(path):
-        found = sharded_checkpoint.find(path, checkpoint_dir, sharded_checkpoint.log_rank0)
-        if found is None:
-            return None, ""
-        return check_envelope(sharded_checkpoint.read(found), found), found
-    return load(path), path
-
-
 def check_model(ckpt: Dict[str, Any], module: nn.Module, path: str) -> None:
     """The checkpoint's model state must have exactly the module's state_dict keys, shapes and
     dtypes; ValueError naming the file and the first parameter that differs."""

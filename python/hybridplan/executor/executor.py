@@ -906,7 +906,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay, optimizer)
         if resume_from is not None:
-            resumed, resumed_from = checkpoint.resolve(resume_from, checkpoint_dir)
+            resumed, resumed_from = sharded_checkpoint.resolve(resume_from, checkpoint_dir)
             if resumed is not None:
                 checkpoint.check_model(resumed, module, resumed_from)
     except ValueError as e:

@@ -414,3 +414,22 @@ def read(path: str) -> Dict[str, Any]:
 def log_rank0(line: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(line, file=sys.stderr, flush=True)
+
+
+def resolve(resume_from: Any, checkpoint_dir: Any = None
+            ) -> Tuple[Optional[Dict[str, Any]], str]:
+    """apply(resume_from=...)'s one entry: (the checkpoint dict, where it came from, for
+    messages). `resume_from` is a consolidated checkpoint's path, or such a dict in memory
+    (AppliedPlan.consolidated_state(): a plan switch), checked as a file's envelope is; or a
+    sharded checkpoint, a directory of them, or "latest" (find): read into
+    the same form. (None, "") when "latest" finds no complete checkpoint (a first run)."""
+    if isinstance(resume_from, dict):
+        where = "resume_from (in memory)"
+        return checkpoint.check_envelope(resume_from, where), where
+    path = os.fspath(resume_from)
+    if path == LATEST or os.path.isdir(path):
+        found = find(path, checkpoint_dir, log_rank0)
+        if found is None:
+            return None, ""
+        return checkpoint.check_envelope(read(found), found), found
+    return checkpoint.load(path), path
