@@ -8,7 +8,7 @@ TORCH_CMAKE = $(shell $(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export HYBRIDPLAN_CLI := $(CURDIR)/$(BUILD)/bin/hybridplan
 
-.PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper tta clean
+.PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper megatron tta clean
 
 all: build
 
@@ -84,6 +84,11 @@ bench: build
 
 paper: build
 	$(PYTHON) reproductions/pal2019/reproduce.py
+
+# Narayanan et al. 2021 (Megatron-LM, arXiv 2104.04473): Table 1, Figures 13 and 10 planned and
+# priced from each model's config (reproductions/megatron2021/results/).
+megatron: build
+	$(PYTHON) reproductions/megatron2021/reproduce.py
 
 # Time to accuracy on this machine: the batch-size trade-off trained to a target on real data,
 # and plans trained to it with torchrun, predicted against measured (out/time_to_accuracy/).

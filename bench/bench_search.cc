@@ -1,6 +1,8 @@
 // bench_search: how fast the planner's search is (figures reported, not timed tests).
 //   1. full search() of a 2,000-node chain on 4,096 devices (512 DGX-1 nodes x 8), one core:
-//      wall time and peak RSS (getrusage); target < 1 s and < 1 GB.
+//      wall time and peak RSS (getrusage); target < 1 s and < 1 GB. Then a 1,000-node chain
+//      whose every fourth node splits by tensor parallelism (max_degree 8), so tp = 1, 2, 4, 8
+//      are in the space (docs/tensor_parallel.md); the same targets.
 //   2. placement search of PipeDream's Inception-V3 profile (326 nodes) for every mp <= 8 on a
 //      DGX-1: compute, lower bound, gap, evaluations; target < 5 s for all mp together.
 // The profile folder comes from HYBRIDPLAN_PIPEDREAM_PROFILES (default
@@ -47,7 +49,9 @@ double peak_rss_bytes() {
 
 // A chain of n layers: 0.2-2 ms forward, twice that backward, up to 1 MiB of parameters and
 // 4 MiB of activations each, profiled at batch 32 (seeded, so every run is the same problem).
-Graph chain_graph(int n) {
+// With `tensor_parallel`, every fourth layer is a column-wise split (max_degree 8) whose input
+// gradient is all-reduced.
+Graph chain_graph(int n, bool tensor_parallel = false) {
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> ms(0.2e-3, 2e-3);
   Graph g;
@@ -64,14 +68,23 @@ Graph chain_graph(int n) {
     node.output_bytes = static_cast<int64_t>(rng() % (4 << 20));
     g.nodes.push_back(node);
     if (i > 0) g.edges.push_back({i - 1, i, g.nodes[i - 1].output_bytes});
+    if (tensor_parallel && i % 4 == 0) {
+      TensorParallel split;
+      split.style = TpStyle::kColwise;
+      split.max_degree = 8;
+      split.split_param_bytes = node.param_bytes;
+      split.activation_split = true;
+      split.backward_collective = TpCollective{Collective::kAllReduce, node.output_bytes};
+      g.nodes.back().tensor_parallel = split;
+    }
   }
   g.finalize("chain");
   return g;
 }
 
-void bench_chain() {
+void bench_chain(int n, bool tensor_parallel) {
   Problem problem;
-  problem.graph = chain_graph(2000);
+  problem.graph = chain_graph(n, tensor_parallel);
   problem.cluster = load_cluster("dgx1-v100");
   problem.cluster.num_nodes = 512;
   problem.job = default_job();
@@ -81,19 +94,21 @@ void bench_chain() {
   const SearchResult r = search(problem, SearchOptions{});
   const double wall_s = seconds_since(t0);
   const double cpu_s = cpu_seconds() - cpu0_s;
-  std::printf("== full search: 2,000-node chain on %lld devices (512 x DGX-1 V100), batch chosen "
+  std::printf("== full search: %d-node chain%s on %lld devices (512 x DGX-1 V100), batch chosen "
               "from 8, 16, 32, 64 ==\n",
+              n, tensor_parallel ? " with tensor parallelism" : "",
               static_cast<long long>(problem.cluster.num_devices()));
   std::printf("wall %.3f s, cpu %.3f s (target < 1 s), peak RSS %s (target < 1 GB), "
               "%lld evaluations\n",
               wall_s, cpu_s, format_bytes(peak_rss_bytes()).c_str(),
               static_cast<long long>(r.candidates_evaluated));
-  std::printf("%-4s %-5s %-3s %-5s %-10s %-5s %-4s %-5s %12s %14s\n", "rank", "dp", "mp", "b",
-              "mode", "sched", "M", "shard", "step", "samples/s");
+  std::printf("%-4s %-5s %-3s %-3s %-5s %-10s %-5s %-4s %-5s %12s %14s\n", "rank", "dp", "mp", "tp",
+              "b", "mode", "sched", "M", "shard", "step", "samples/s");
   for (size_t i = 0; i < r.plans.size(); ++i) {
     const Plan& p = r.plans[i];
-    std::printf("%-4zu %-5lld %-3lld %-5lld %-10s %-5s %-4lld %-5s %12s %14s\n", i + 1,
+    std::printf("%-4zu %-5lld %-3lld %-3lld %-5lld %-10s %-5s %-4lld %-5s %12s %14s\n", i + 1,
                 static_cast<long long>(p.dp), static_cast<long long>(p.mp),
+                static_cast<long long>(p.tp),
                 static_cast<long long>(p.per_replica_batch), mode_name(p.mode),
                 schedule_name(p.schedule), static_cast<long long>(p.num_microbatches),
                 sharding_name(p.sharding),
@@ -150,7 +165,9 @@ void bench_inception() {
 }  // namespace
 
 int main() {
-  bench_chain();
+  bench_chain(2000, false);
+  std::printf("\n");
+  bench_chain(1000, true);
   bench_inception();
   return 0;
 }

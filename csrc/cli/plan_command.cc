@@ -23,6 +23,7 @@ struct PlanFlags {
   bool over_run = false;
   std::vector<std::string> shardings = {"none", "zero2", "zero3"};
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"};
+  std::vector<int64_t> tensor_degrees;  // empty: every degree the graph and cluster allow
   RunScheduleOptions run;
 };
 
@@ -72,6 +73,7 @@ void run_plan(const PlanFlags& flags) {
   }
   options.schedules.clear();
   for (const std::string& name : flags.schedules) options.schedules.push_back(*schedule_from_name(name));
+  options.tensor_degrees = flags.tensor_degrees;  // search() checks them against graph and cluster
   if (flags.over_run) {
     run_over_run(flags, problem, options);
     return;
@@ -117,6 +119,13 @@ void add_plan_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"}))
       ->capture_default_str();
+  cmd->add_option("--tp", flags->tensor_degrees,
+                  "Tensor-parallel degrees the search may choose (docs/tensor_parallel.md), "
+                  "comma-separated: --tp 1 turns tensor parallelism off, --tp 4 fixes it "
+                  "(default: 1 and every degree dividing devices_per_node and the graph's "
+                  "max_degree)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--over-run", flags->over_run,
                 "Plan the whole run in phases as the job's critical batch grows (a "
                 "critical_batch trajectory); --out writes the schedule");

@@ -54,6 +54,7 @@ static std::string sharding_column(const Plan& p) {
 
 std::string plan_shape(const Plan& plan) {
   std::string s = "dp=" + std::to_string(plan.dp) + " x mp=" + std::to_string(plan.mp);
+  if (plan.tp > 1) s += " x tp=" + std::to_string(plan.tp);
   if (plan.mp > 1) s += std::string(" ") + mode_name(plan.mode);
   if (plan.mode == MpMode::kPipeline) {
     s += std::string(" ") + schedule_name(plan.schedule) + " M=" + std::to_string(plan.num_microbatches);
@@ -68,20 +69,29 @@ std::string plan_shape(const Plan& plan) {
 
 void print_plan_table(std::ostream& os, const Problem& problem, const std::vector<Plan>& plans) {
   const bool convergence = has_convergence(problem);
-  Table table({"rank", "dp", "mp", "mode", "schedule", "M", "shard", "batch", "global batch", "step",
-               "compute", "all-reduce", "bubble", "max mem/device", "epochs",
-               convergence ? "time-to-train" : "samples/s"});
+  // a "tp" column only when some plan splits tensors (the table of other searches is unchanged)
+  const bool tensor_parallel =
+      std::any_of(plans.begin(), plans.end(), [](const Plan& p) { return p.tp > 1; });
+  std::vector<std::string> header = {"rank", "dp", "mp", "mode", "schedule", "M", "shard", "batch",
+                                     "global batch", "step", "compute", "all-reduce", "bubble",
+                                     "max mem/device", "epochs",
+                                     convergence ? "time-to-train" : "samples/s"};
+  if (tensor_parallel) header.insert(header.begin() + 3, "tp");
+  Table table(header);
   for (size_t i = 0; i < plans.size(); ++i) {
     const Plan& p = plans[i];
     const Prediction& q = p.predicted;
-    table.add({std::to_string(i + 1), std::to_string(p.dp), std::to_string(p.mp),
-               mode_name(p.mode), schedule_name(p.schedule), std::to_string(p.num_microbatches),
-               sharding_column(p), std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
-               format_seconds(q.step_s),
-               format_seconds(q.compute_s), format_seconds(q.allreduce_s + q.sharding_s),
-               format_seconds(q.bubble_s), format_bytes(static_cast<double>(peak_memory_bytes(q))),
-               convergence ? fixed(q.epochs, 1) : "-",
-               convergence ? format_seconds(q.time_to_train_s) : format_count(q.samples_per_s)});
+    std::vector<std::string> row = {
+        std::to_string(i + 1), std::to_string(p.dp), std::to_string(p.mp),
+        mode_name(p.mode), schedule_name(p.schedule), std::to_string(p.num_microbatches),
+        sharding_column(p), std::to_string(p.per_replica_batch), std::to_string(p.global_batch),
+        format_seconds(q.step_s),
+        format_seconds(q.compute_s), format_seconds(q.allreduce_s + q.sharding_s),
+        format_seconds(q.bubble_s), format_bytes(static_cast<double>(peak_memory_bytes(q))),
+        convergence ? fixed(q.epochs, 1) : "-",
+        convergence ? format_seconds(q.time_to_train_s) : format_count(q.samples_per_s)};
+    if (tensor_parallel) row.insert(row.begin() + 3, std::to_string(p.tp));
+    table.add(row);
   }
   os << "graph " << problem.graph.name << " on cluster " << problem.cluster.name << " ("
      << format_bytes(static_cast<double>(problem.cluster.device.memory_bytes))
@@ -114,6 +124,10 @@ void print_breakdown(std::ostream& os, const Problem& problem, const Plan& plan)
   table.add({"  overhead", format_seconds(q.overhead_s), "the runtime's fixed cost per step"});
   table.add({"  transfer", format_seconds(q.transfer_s), "cross-device activations (in compute)"});
   table.add({"  bubble", format_seconds(q.bubble_s), "pipeline idle time (in compute)"});
+  if (plan.tp > 1) {
+    table.add({"  TP collectives", format_seconds(q.tp_comm_s),
+               "tensor-parallel all-reduces / all-gathers (in compute, critical path)"});
+  }
   table.add({"samples/s", format_count(q.samples_per_s), "global batch / step"});
   if (has_convergence(problem)) {
     table.add({"epochs", fixed(q.epochs, 2), "at global batch " + std::to_string(plan.global_batch)});

@@ -106,6 +106,15 @@ Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::
                       "(hybridplan.apply)",
                       std::string("\"") + sharding_name(plan_.sharding) + "\"");
   }
+  if (plan_.tp > 1) {
+    // Tensor parallelism is DTensor's parallelize_module (docs/tensor_parallel.md "Applied"),
+    // which libtorch does not have: run as it is, each rank would hold and compute whole nodes.
+    throw_input_error(src, "tp",
+                      "is not supported by the C++ executor (libtorch has no DTensor "
+                      "parallelize_module to split the nodes); run the plan with the Python "
+                      "executor (hybridplan.apply)",
+                      std::to_string(plan_.tp));
+  }
   if (plan_.mode == MpMode::kPipeline && schedule_is_multi_stage(plan_.schedule)) {
     // Its stage channel runs one stage per rank in GPipe or 1F1B order (stage_passes); several
     // stages per rank and a split backward are torch.distributed.pipelining's.

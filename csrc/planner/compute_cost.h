@@ -61,6 +61,10 @@ struct NodeTimes {
   double batch = 0;
   std::vector<double> forward_s;
   std::vector<double> backward_s;
+  // Under tensor parallelism (tensor_parallel_cost.h), the part of each node's forward_s /
+  // backward_s that is its TP collective; empty without tensor parallelism.
+  std::vector<double> forward_comm_s;
+  std::vector<double> backward_comm_s;
   double total_s() const;  // sum of both, the single-device compute of the batch
 };
 

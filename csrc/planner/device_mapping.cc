@@ -200,7 +200,28 @@ std::vector<std::vector<int64_t>> best_local_groups(const Cluster& cluster, int6
   return groups;
 }
 
-DeviceMapping map_devices(const Cluster& cluster, int64_t dp, int64_t mp) {
+DeviceMapping map_devices(const Cluster& cluster, int64_t dp, int64_t mp, int64_t tp) {
+  if (tp > 1) {
+    HP_INTERNAL_ASSERT(cluster.devices_per_node % (mp * tp) == 0, "mp=" << mp << " tp=" << tp);
+    Cluster groups = cluster;  // one device per TP group
+    groups.devices_per_node = cluster.devices_per_node / tp;
+    groups.bandwidth_matrix.assign(groups.devices_per_node,
+                                   std::vector<double>(groups.devices_per_node, 0.0));
+    for (int64_t g = 0; g < groups.devices_per_node; ++g) {
+      for (int64_t h = 0; h < groups.devices_per_node; ++h) {
+        if (g != h) groups.bandwidth_matrix[g][h] = cluster.link(g * tp, h * tp).bandwidth_bytes_per_s;
+      }
+    }
+    DeviceMapping m = map_devices(groups, dp, mp);
+    for (auto& row : m.mesh) {
+      for (DeviceIndex& d : row) d *= tp;  // node * (per_node / tp) + g -> node * per_node + g * tp
+    }
+    m.note = "tensor-parallel groups of " + std::to_string(tp) + " consecutive devices (group g = "
+             "devices g*" + std::to_string(tp) + " .. g*" + std::to_string(tp) + "+" +
+             std::to_string(tp - 1) + "; mesh entries are their first devices), mapped as "
+             "devices: " + m.note;
+    return m;
+  }
   const int64_t per_node = cluster.devices_per_node;
   HP_INTERNAL_ASSERT(mp >= 1 && per_node % mp == 0, "mp=" << mp);
   HP_INTERNAL_ASSERT(dp >= 1 && dp * mp <= cluster.num_devices(), "dp=" << dp);

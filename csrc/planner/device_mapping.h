@@ -27,7 +27,13 @@ struct DeviceMapping {
 };
 
 // dp * mp devices of `cluster`, mp dividing devices_per_node, dp * mp <= num_devices.
-DeviceMapping map_devices(const Cluster& cluster, int64_t dp, int64_t mp);
+//
+// With tensor parallelism (tp > 1; Plan::tp), every position is a TP group of tp consecutive
+// devices of one node, starting at a multiple of tp: the mapping above runs on the node's
+// devices_per_node / tp groups as devices (group g is devices g*tp .. g*tp+tp-1, linked to group
+// h as device g*tp is to h*tp), and mesh entries are the groups' first devices. dp * mp * tp
+// devices, mp * tp dividing devices_per_node.
+DeviceMapping map_devices(const Cluster& cluster, int64_t dp, int64_t mp, int64_t tp = 1);
 
 // The best `count` disjoint groups of `mp` local devices of one node, each in pipeline order
 // (see above). Exposed for tests.

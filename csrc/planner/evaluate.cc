@@ -8,31 +8,46 @@
 #include "planner/convergence.h"
 #include "planner/memory_cost.h"
 #include "planner/optimizer_cost.h"
+#include "planner/tensor_parallel_cost.h"
 
 namespace hybridplan {
+namespace {
+
+// The backward of node v that its weight gradient is a part of (weight_backward_s): without the
+// TP collective, which is the input gradient's.
+double plain_weight_base_s(const NodeTimes& times, size_t v) {
+  return times.backward_comm_s.empty() ? times.backward_s[v]
+                                       : times.backward_s[v] - times.backward_comm_s[v];
+}
+
+}  // namespace
 
 Evaluator::Evaluator(const Problem& problem)
     : problem_(problem),
       compute_(problem.graph, problem.cluster),
       reverse_topo_(problem.graph.topo_order.rbegin(), problem.graph.topo_order.rend()) {}
 
-Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown) const {
-  auto& slot = batch_costs_[{batch, slowdown}];
+Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int64_t tp) const {
+  auto& slot = batch_costs_[{batch, slowdown, tp}];
   if (!slot) {
     slot = std::make_unique<BatchCosts>();
     slot->times = compute_.at_batch(batch);
     for (double& t : slot->times.forward_s) t *= slowdown;
     for (double& t : slot->times.backward_s) t *= slowdown;
+    if (tp > 1) {  // split compute, then the collectives (not slowed: not compute)
+      apply_tensor_parallel(problem_.graph, tp_collectives(problem_.cluster, tp), tp,
+                            batch_scale(problem_.graph, batch), slot->times);
+    }
   }
   return *slot;
 }
 
-const NodeTimes& Evaluator::node_times(double batch, double slowdown) const {
-  return batch_costs(batch, slowdown).times;
+const NodeTimes& Evaluator::node_times(double batch, double slowdown, int64_t tp) const {
+  return batch_costs(batch, slowdown, tp).times;
 }
 
-const PlacementOrder& Evaluator::placement_order(double batch, double slowdown) const {
-  BatchCosts& costs = batch_costs(batch, slowdown);
+const PlacementOrder& Evaluator::placement_order(double batch, double slowdown, int64_t tp) const {
+  BatchCosts& costs = batch_costs(batch, slowdown, tp);
   if (!costs.order) costs.order = placement_priority_order(problem_.graph, costs.times);
   return *costs.order;
 }
@@ -40,13 +55,15 @@ const PlacementOrder& Evaluator::placement_order(double batch, double slowdown) 
 const NodeTimes& Evaluator::with_recompute(const Plan& plan, const NodeTimes& times) const {
   if (plan.recompute.empty()) return times;
   recompute_times_ = times;
+  const bool tp_comm = !recompute_times_.forward_comm_s.empty();
   for (size_t v = 0; v < recompute_times_.backward_s.size(); ++v) {
-    if (plan.recomputes_selectively(v)) {  // its cheap ops only (Node::selective_*)
-      recompute_times_.backward_s[v] +=
-          problem_.graph.nodes[v].selective_recompute_fraction * recompute_times_.forward_s[v];
-    } else if (plan.recomputes(v)) {
-      recompute_times_.backward_s[v] += recompute_times_.forward_s[v];
-    }
+    // its cheap ops only (Node::selective_*), else its whole forward (a TP collective included)
+    const double share = plan.recomputes_selectively(v)
+                             ? problem_.graph.nodes[v].selective_recompute_fraction
+                             : plan.recomputes(v) ? 1.0 : 0.0;
+    if (share == 0) continue;
+    recompute_times_.backward_s[v] += share * recompute_times_.forward_s[v];
+    if (tp_comm) recompute_times_.backward_comm_s[v] += share * recompute_times_.forward_comm_s[v];
   }
   return recompute_times_;
 }
@@ -54,13 +71,15 @@ const NodeTimes& Evaluator::with_recompute(const Plan& plan, const NodeTimes& ti
 double Evaluator::compute_slowdown(const Plan& plan) const {
   const Cluster& cluster = problem_.cluster;
   if (cluster.runtime.shared_host_slowdown.empty()) return 1.0;
-  // Placement runs one process per replica (on its first device's node), pipeline one per device.
+  // Placement runs one process per replica (on its first device's node), pipeline one per device;
+  // each is tp processes, one per TP rank, on the node of its TP group.
   processes_on_node_.assign(cluster.num_nodes, 0);
   int64_t busiest = 0;
   for (const auto& row : plan.mesh) {
     const size_t count = plan.mode == MpMode::kPipeline ? row.size() : 1;
     for (size_t k = 0; k < count; ++k) {
-      busiest = std::max(busiest, ++processes_on_node_[row[k] / cluster.devices_per_node]);
+      processes_on_node_[row[k] / cluster.devices_per_node] += plan.tp;
+      busiest = std::max(busiest, processes_on_node_[row[k] / cluster.devices_per_node]);
     }
   }
   return cluster.runtime.slowdown(busiest);
@@ -82,16 +101,21 @@ double Evaluator::placement_compute(const Plan& plan, double slowdown, Predictio
     assignment = &serial_assignment_;
   }
   fill_local_links(problem_.cluster, plan.mesh[0], links_);
+  const NodeTimes& times_at_batch = with_recompute(plan, node_times(batch, slowdown, plan.tp));
   const PlacementTimes times =
-      schedule_placement(graph, placement_order(batch, slowdown), *assignment, links_,
-                         with_recompute(plan, node_times(batch, slowdown)),
-                         batch_scale(graph, batch), placement_);
+      schedule_placement(graph, placement_order(batch, slowdown, plan.tp), *assignment, links_,
+                         times_at_batch, batch_scale(graph, batch), placement_);
   gradient_ready_s_.resize(graph.nodes.size());
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     gradient_ready_s_[v] = times.forward_s + placement_.backward_finish_s[v];
   }
   out.transfer_s = times.transfer_s;
   out.bubble_s = 0;
+  // tp > 1 has mp = 1: every node is on the replica's one critical path
+  out.tp_comm_s = 0;
+  for (size_t v = 0; v < times_at_batch.forward_comm_s.size(); ++v) {
+    out.tp_comm_s += times_at_batch.forward_comm_s[v] + times_at_batch.backward_comm_s[v];
+  }
   return times.forward_s + times.backward_s;
 }
 
@@ -100,18 +124,19 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   const int64_t num_stages = plan.num_stages();
   const double microbatch = static_cast<double>(plan.per_replica_batch) /
                             static_cast<double>(plan.num_microbatches);
-  const NodeTimes& plain_times = node_times(microbatch, slowdown);
+  const NodeTimes& plain_times = node_times(microbatch, slowdown, plan.tp);
   const NodeTimes& micro_times = with_recompute(plan, plain_times);
   const double action_s = problem_.cluster.runtime.action_s_for(schedule_name(plan.schedule));
   pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,
                        batch_scale(graph, microbatch), action_s, stages_);
   // A split backward runs two actions, I and W (pipeline_schedule.h): W is the nodes' weight
-  // gradients at their plain backward (a recomputed forward belongs to I).
+  // gradients at their plain backward (a recomputed forward and a TP collective, the input
+  // gradient's, belong to I).
   const bool split = schedule_splits_backward(plan.schedule);
   weight_s_.assign(split ? num_stages : 0, action_s);
   if (split) {
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
-      weight_s_[plan.assignment[v]] += weight_backward_s(graph.nodes[v], plain_times.backward_s[v]);
+      weight_s_[plan.assignment[v]] += weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v));
     }
     for (double& b : stages_.backward_s) b += action_s;
   }
@@ -133,12 +158,22 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   for (NodeIndex v : reverse_topo_) {
     const int32_t s = plan.assignment[v];
     stage_backward_s_[s] += pipeline_.last_backward_is_weight[s]
-                                ? weight_backward_s(graph.nodes[v], plain_times.backward_s[v])
+                                ? weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v))
                                 : micro_times.backward_s[v];
     gradient_ready_s_[v] = pipeline_.last_backward_start_s[s] + stage_backward_s_[s];
   }
   out.transfer_s = times.transfer_s;
   out.bubble_s = times.bubble_s;
+  // the busiest stage's TP collectives, once per micro-batch
+  out.tp_comm_s = 0;
+  if (!micro_times.forward_comm_s.empty()) {
+    stage_tp_comm_s_.assign(num_stages, 0.0);
+    for (size_t v = 0; v < graph.nodes.size(); ++v) {
+      stage_tp_comm_s_[plan.assignment[v]] += micro_times.forward_comm_s[v] + micro_times.backward_comm_s[v];
+    }
+    out.tp_comm_s = static_cast<double>(plan.num_microbatches) *
+                    *std::max_element(stage_tp_comm_s_.begin(), stage_tp_comm_s_.end());
+  }
   return times.compute_s;
 }
 
@@ -218,7 +253,7 @@ int64_t Evaluator::fill_group_devices(const Plan& plan, int64_t k, int64_t first
     group_devices_.push_back(d);
     concurrent = std::max(concurrent, groups_on_node_[d / problem_.cluster.devices_per_node]);
   }
-  return concurrent;
+  return concurrent * plan.tp;  // each TP rank runs its own ring over its replicas' TP ranks
 }
 
 double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const {
@@ -255,7 +290,9 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   for (int64_t k = 0; k < groups; ++k) {
     double node_bytes = 0;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
-      if (plan.device_of(plan.assignment[v]) == k) node_bytes += static_cast<double>(graph.nodes[v].param_bytes);
+      if (plan.device_of(plan.assignment[v]) == k) {
+        node_bytes += static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp));
+      }
     }
     const double copies = group_bytes_[k] - node_bytes;
     if (copies > 0) buckets_[k].add_gradient(group_ready_s_[k], copies);
@@ -263,10 +300,11 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   const std::vector<NodeIndex>& ready_order =
       plan.mode == MpMode::kPipeline
           ? reverse_topo_
-          : placement_order(static_cast<double>(plan.per_replica_batch), out.compute_slowdown).backward;
+          : placement_order(static_cast<double>(plan.per_replica_batch), out.compute_slowdown, plan.tp)
+                .backward;
   for (NodeIndex v : ready_order) {
-    buckets_[plan.device_of(plan.assignment[v])].add_gradient(gradient_ready_s_[v],
-                                              static_cast<double>(graph.nodes[v].param_bytes));
+    buckets_[plan.device_of(plan.assignment[v])].add_gradient(
+        gradient_ready_s_[v], static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp)));
   }
   double end_s = 0;
   for (auto& bucketed : buckets_) end_s = std::max(end_s, bucketed.end_s());
@@ -352,10 +390,12 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   }
   // Placement, mp = 1: a unit per node with parameters, in the order the replica runs them.
   const NodeTimes& times =
-      with_recompute(plan, node_times(static_cast<double>(plan.per_replica_batch), slowdown));
+      with_recompute(plan, node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp));
   const bool zero3 = plan.sharding == Sharding::kZero3;
   const AllReduceCost& gather = gather_cost_[0];
-  const auto bytes = [&](NodeIndex v) { return static_cast<double>(graph.nodes[v].param_bytes); };
+  const auto bytes = [&](NodeIndex v) {
+    return static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp));
+  };
   if (serial_replica_devices()) {  // one thread computes and waits for every collective in turn
     double total_s = 0;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
@@ -439,7 +479,7 @@ void Evaluator::fill_param_bytes(const Plan& plan) const {
   stage_param_bytes_.assign(values, 0);
   param_tensors_.assign(plan.mp, 0);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    stage_param_bytes_[plan.assignment[v]] += graph.nodes[v].param_bytes;
+    stage_param_bytes_[plan.assignment[v]] += tp_param_bytes(graph.nodes[v], plan.tp);
     param_tensors_[plan.device_of(plan.assignment[v])] +=
         std::max<int64_t>(0, graph.nodes[v].param_tensors);
   }
@@ -453,7 +493,7 @@ void Evaluator::fill_param_bytes(const Plan& plan) const {
         const int32_t s = plan.assignment[v];
         if (stage_stamp_[s]) continue;
         stage_stamp_[s] = 1;
-        stage_param_bytes_[s] += tied.bytes;
+        stage_param_bytes_[s] += tp_tied_bytes(graph, tied, plan.tp);
         if (graph.nodes[tied.nodes.front()].param_tensors >= 0) param_tensors_[plan.device_of(s)] += 1;
       }
     }
@@ -477,7 +517,8 @@ double Evaluator::tied_allreduce_s(const Plan& plan) const {
     }
     if (group_devices_.size() < 2) continue;
     std::sort(group_devices_.begin(), group_devices_.end());
-    total_s += group_allreduce(problem_.cluster, group_devices_, 1).time_s(static_cast<double>(tied.bytes));
+    total_s += group_allreduce(problem_.cluster, group_devices_, plan.tp)
+                   .time_s(static_cast<double>(tp_tied_bytes(problem_.graph, tied, plan.tp)));
   }
   return total_s;
 }
@@ -502,10 +543,13 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   const bool multi_stage = pipeline && schedule_is_multi_stage(plan.schedule);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
-    largest_unit_bytes_[k] = std::max(largest_unit_bytes_[k], static_cast<double>(graph.nodes[v].param_bytes));
-    double activations = scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    largest_unit_bytes_[k] = std::max(largest_unit_bytes_[k],
+                                      static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp)));
+    // a TP rank keeps its slice of a split activation (tensor_parallel_cost.h)
+    const double share = tp_activation_share(graph.nodes[v], plan.tp);
+    double activations = share * scaled_bytes(graph.nodes[v].activation_bytes(), scale);
     if (plan.recomputes_selectively(v)) {  // it also keeps its costly ops' outputs
-      const double saved = scaled_bytes(graph.nodes[v].selective_saved_bytes, scale);
+      const double saved = share * scaled_bytes(graph.nodes[v].selective_saved_bytes, scale);
       activation_bytes_[k] += saved;
       activations = std::max(0.0, activations - saved);  // what its recompute rebuilds
     }

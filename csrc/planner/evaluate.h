@@ -46,6 +46,19 @@
 //                     recompute backward_s + selective_recompute_fraction * forward_s (the
 //                     profiler's measured share of the forward that is not a saved op);
 //                     memory_cost.h gives what it saves
+//   tensor parallel = a plan with tp > 1 (Plan::tp; docs/tensor_parallel.md): each local device
+//                     or stage is a TP group of tp devices of one node. tensor_parallel_cost.h
+//                     gives its terms: a split node's forward and backward at ratio_f(t),
+//                     ratio_b(t) of its time plus its forward / backward collective on the TP
+//                     group (on the critical path, so inside compute_s; tp_comm_s reports
+//                     them: placement, the replica's sum; pipeline, the busiest stage's sum
+//                     times the micro-batches); per rank its parameters param_bytes -
+//                     split_param_bytes * (1 - 1/t), which its gradients, optimizer state,
+//                     optimizer step and DP all-reduce (or shards) follow, and its activations
+//                     / t where activation_split; each TP rank all-reduces its own gradients
+//                     with its replicas, so t such rings run at once and the G of a group
+//                     spanning nodes (allreduce_cost.h) is multiplied by t; the process count
+//                     per node (compute slowdown) counts every TP rank
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
 //   samples_per_s   = global_batch / step_s
 //   epochs          = epochs_to_target(global_batch)                     (convergence.h)
@@ -54,6 +67,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -80,13 +94,14 @@ class Evaluator {
   const Problem& problem() const { return problem_; }
   BucketCaps bucket_caps;  // bucket_policy.h: DDP's
 
-  // Node times at `batch` samples, multiplied by `slowdown` (cached per pair).
-  const NodeTimes& node_times(double batch, double slowdown = 1.0) const;
+  // Node times at `batch` samples, multiplied by `slowdown`, under tensor-parallel degree `tp`
+  // (tensor_parallel_cost.h apply_tensor_parallel; cached per triple).
+  const NodeTimes& node_times(double batch, double slowdown = 1.0, int64_t tp = 1) const;
   // `times` with the plan's recomputed forwards added to their nodes' backward (the same
   // object when the plan recomputes nothing; else valid until the next call).
   const NodeTimes& with_recompute(const Plan& plan, const NodeTimes& times) const;
   // The placement priority order for those times (cached with them).
-  const PlacementOrder& placement_order(double batch, double slowdown = 1.0) const;
+  const PlacementOrder& placement_order(double batch, double slowdown = 1.0, int64_t tp = 1) const;
   // The compute multiplier of the plan's process layout: Cluster runtime.slowdown of the number
   // of the plan's processes on its busiest node.
   double compute_slowdown(const Plan& plan) const;
@@ -107,7 +122,7 @@ class Evaluator {
     NodeTimes times;
     std::optional<PlacementOrder> order;
   };
-  BatchCosts& batch_costs(double batch, double slowdown) const;
+  BatchCosts& batch_costs(double batch, double slowdown, int64_t tp) const;
   void check_shape(const Plan& plan) const;
   double placement_compute(const Plan& plan, double slowdown, Prediction& out) const;
   double pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const;
@@ -138,7 +153,7 @@ class Evaluator {
   const Problem& problem_;
   ComputeModel compute_;
   std::vector<NodeIndex> reverse_topo_;
-  mutable std::map<std::pair<double, double>, std::unique_ptr<BatchCosts>> batch_costs_;
+  mutable std::map<std::tuple<double, double, int64_t>, std::unique_ptr<BatchCosts>> batch_costs_;
 
   // Reused between calls.
   mutable LocalLinks links_;
@@ -151,6 +166,7 @@ class Evaluator {
   mutable PipelineScratch pipeline_;
   mutable std::vector<double> gradient_ready_s_;   // per node, absolute within the step
   mutable std::vector<double> stage_backward_s_;   // per stage: cumulated backward in last mb
+  mutable std::vector<double> stage_tp_comm_s_;    // per stage: TP collectives per micro-batch
   mutable std::vector<double> stage_activation_bytes_;  // per pipeline stage, one micro-batch
   mutable std::vector<double> stage_transient_bytes_;   // per pipeline stage
   mutable std::vector<double> stage_workspace_bytes_;   // per stage: live while it computes

@@ -37,8 +37,9 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   const bool pipeline = plan.mode == MpMode::kPipeline;
   out << "plan for graph \"" << plan.graph_name << "\" on cluster \"" << plan.cluster_name
       << "\"\n";
-  out << "  " << plan.world_size << " devices = dp " << plan.dp << " x mp " << plan.mp << ", mode "
-      << mode_name(plan.mode);
+  out << "  " << plan.world_size << " devices = dp " << plan.dp << " x mp " << plan.mp;
+  if (plan.tp > 1) out << " x tp " << plan.tp;
+  out << ", mode " << mode_name(plan.mode);
   if (pipeline) {
     out << " (" << schedule_name(plan.schedule) << ", " << plan.num_microbatches
         << " micro-batches of " << static_cast<double>(plan.per_replica_batch) / plan.num_microbatches;
@@ -55,6 +56,10 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
         << (plan.sharding == Sharding::kZero2 ? " (gradients and optimizer state "
                                                : " (parameters, gradients and optimizer state ")
         << over << ")";
+  }
+  if (plan.tp > 1) {
+    out << ", tensor parallel over groups of " << plan.tp
+        << " consecutive devices (mesh entries are each group's first)";
   }
   out << "\n  batch: " << plan.per_replica_batch << " per replica, " << plan.global_batch
       << " global\n";
@@ -119,6 +124,11 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   out << "    optimizer   " << format_seconds(p.optimizer_s) << "\n";
   out << "    overhead    " << format_seconds(p.overhead_s) << " per step (runtime)\n";
   out << "  transfers     " << format_seconds(p.transfer_s) << " in total (inside compute)\n";
+  if (plan.tp > 1) {
+    out << "  TP collectives " << format_seconds(p.tp_comm_s)
+        << (pipeline ? " on the busiest stage over its micro-batches" : " per step")
+        << " (inside compute, on the critical path)\n";
+  }
   if (!p.compute_model.empty()) out << "  node times    " << p.compute_model << "\n";
   if (!p.allreduce_rings.empty()) {
     out << "  rings         ";

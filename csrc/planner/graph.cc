@@ -114,7 +114,161 @@ std::vector<BatchTime> batch_times_from_json(const JsonReader& in, const Json& j
   return points;
 }
 
+// The rules of Node::tensor_parallel (docs/tensor_parallel.md "In the graph").
+void validate_tensor_parallel(const std::string& source, const std::string& node_path,
+                              const Node& node) {
+  const TensorParallel& tp = *node.tensor_parallel;
+  const std::string path = node_path + ".tensor_parallel";
+  check_device_count(source, path + ".max_degree", tp.max_degree);
+  if (tp.split_param_bytes < 0 || tp.split_param_bytes > node.param_bytes) {
+    throw_input_error(source, path + ".split_param_bytes",
+                      "must be in 0..param_bytes = 0.." + std::to_string(node.param_bytes) +
+                          " (the part of the node's parameters the TP ranks divide)",
+                      std::to_string(tp.split_param_bytes));
+  }
+  if (tp.style == TpStyle::kSharded && tp.split_param_bytes != 0) {
+    throw_input_error(source, path + ".split_param_bytes",
+                      "must be 0 for style \"sharded\" (it runs on slices of its inputs and splits "
+                      "no parameters)",
+                      std::to_string(tp.split_param_bytes));
+  }
+  for (const auto& [key, collective] : {std::pair{"forward_collective", &tp.forward_collective},
+                                        {"backward_collective", &tp.backward_collective}}) {
+    if (*collective) check_bytes(source, path + "." + key + ".bytes", (*collective)->bytes);
+  }
+  for (size_t k = 0; k < tp.split_times.size(); ++k) {
+    const std::string p = json_index_path(path + ".split_times", k);
+    const TpSplitTime& point = tp.split_times[k];
+    if (point.degree < 2 || point.degree > tp.max_degree || tp.max_degree % point.degree != 0) {
+      throw_input_error(source, p + ".degree",
+                        "must be >= 2 and divide max_degree = " + std::to_string(tp.max_degree),
+                        std::to_string(point.degree));
+    }
+    if (k > 0 && point.degree <= tp.split_times[k - 1].degree) {
+      throw_input_error(source, p + ".degree",
+                        "must be greater than the previous entry's " +
+                            std::to_string(tp.split_times[k - 1].degree) + " (strictly increasing)",
+                        std::to_string(point.degree));
+    }
+    for (const auto& [field, value] : {std::pair{"forward_s", point.forward_s}, {"backward_s", point.backward_s}}) {
+      if (!std::isfinite(value) || value < 0) {
+        throw_input_error(source, p + "." + field, "must be finite and >= 0", json_number_text(value));
+      }
+      check_seconds_at_most(source, p + "." + field, value);
+    }
+  }
+}
+
+TpCollective tp_collective_from_json(const JsonReader& in, const Json& j, const std::string& path) {
+  in.object(j, path);
+  TpCollective c;
+  const Json& op = in.required(j, path, "op");
+  const std::optional<Collective> kind = tp_collective_from_name(in.string(op, path + ".op"));
+  if (!kind) in.fail(path + ".op", "must be \"all_reduce\", \"all_gather\" or \"reduce_scatter\"", op);
+  c.op = *kind;
+  c.bytes = in.field_int(j, path, "bytes");
+  return c;
+}
+
+TensorParallel tensor_parallel_from_json(const JsonReader& in, const Json& j, const std::string& path) {
+  in.object(j, path);
+  TensorParallel tp;
+  const Json& style = in.required(j, path, "style");
+  const std::optional<TpStyle> kind = tp_style_from_name(in.string(style, path + ".style"));
+  if (!kind) {
+    in.fail(path + ".style",
+            "must be \"colwise\", \"rowwise\", \"sharded\", \"vocab_rowwise\" or \"colwise_gather\"",
+            style);
+  }
+  tp.style = *kind;
+  tp.max_degree = in.field_int(j, path, "max_degree");
+  tp.split_param_bytes = in.field_int(j, path, "split_param_bytes");
+  tp.activation_split = in.boolean(in.required(j, path, "activation_split"), path + ".activation_split");
+  if (const Json* c = in.optional(j, "forward_collective")) {
+    tp.forward_collective = tp_collective_from_json(in, *c, path + ".forward_collective");
+  }
+  if (const Json* c = in.optional(j, "backward_collective")) {
+    tp.backward_collective = tp_collective_from_json(in, *c, path + ".backward_collective");
+  }
+  if (const Json* times = in.optional(j, "split_times")) {
+    const std::string times_path = path + ".split_times";
+    in.array(*times, times_path);
+    for (size_t k = 0; k < times->size(); ++k) {
+      const std::string p = json_index_path(times_path, k);
+      const Json& jp = in.object((*times)[k], p);
+      tp.split_times.push_back({in.field_int(jp, p, "degree"), in.field_number(jp, p, "forward_s"),
+                                in.field_number(jp, p, "backward_s")});
+    }
+  }
+  return tp;
+}
+
+Json tensor_parallel_to_json(const TensorParallel& tp) {
+  Json j = {{"style", tp_style_name(tp.style)},
+            {"max_degree", tp.max_degree},
+            {"split_param_bytes", tp.split_param_bytes},
+            {"activation_split", tp.activation_split}};
+  if (tp.forward_collective) {
+    j["forward_collective"] = {{"op", tp_collective_name(tp.forward_collective->op)},
+                               {"bytes", tp.forward_collective->bytes}};
+  }
+  if (tp.backward_collective) {
+    j["backward_collective"] = {{"op", tp_collective_name(tp.backward_collective->op)},
+                                {"bytes", tp.backward_collective->bytes}};
+  }
+  if (!tp.split_times.empty()) {
+    Json points = Json::array();
+    for (const TpSplitTime& p : tp.split_times) {
+      points.push_back({{"degree", p.degree}, {"forward_s", p.forward_s}, {"backward_s", p.backward_s}});
+    }
+    j["split_times"] = std::move(points);
+  }
+  return j;
+}
+
 }  // namespace
+
+const char* tp_style_name(TpStyle style) {
+  switch (style) {
+    case TpStyle::kColwise: return "colwise";
+    case TpStyle::kRowwise: return "rowwise";
+    case TpStyle::kSharded: return "sharded";
+    case TpStyle::kVocabRowwise: return "vocab_rowwise";
+    case TpStyle::kColwiseGather: return "colwise_gather";
+  }
+  return "colwise";
+}
+
+std::optional<TpStyle> tp_style_from_name(const std::string& name) {
+  for (TpStyle s : {TpStyle::kColwise, TpStyle::kRowwise, TpStyle::kSharded, TpStyle::kVocabRowwise,
+                    TpStyle::kColwiseGather}) {
+    if (name == tp_style_name(s)) return s;
+  }
+  return std::nullopt;
+}
+
+const char* tp_collective_name(Collective op) {
+  switch (op) {
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+  }
+  return "all_reduce";
+}
+
+std::optional<Collective> tp_collective_from_name(const std::string& name) {
+  for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
+    if (name == tp_collective_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
+bool Graph::has_tensor_parallel() const {
+  for (const Node& node : nodes) {
+    if (node.tensor_parallel) return true;
+  }
+  return false;
+}
 
 void Graph::validate(const std::string& source) const {
   if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
@@ -151,6 +305,7 @@ void Graph::validate(const std::string& source) const {
                         json_number_text(node.flops));
     }
     validate_batch_times(source, path, node.batch_times, profiled.batch_size);
+    if (node.tensor_parallel) validate_tensor_parallel(source, path, node);
   }
   for (size_t t = 0; t < tied_params.size(); ++t) {
     const std::string path = json_index_path("tied_params", t);
@@ -301,6 +456,9 @@ Graph graph_from_json(const Json& j, const std::string& source) {
       node.batch_times = batch_times_from_json(in, *bt, path + ".batch_times");
     }
     if (const Json* c = in.optional(jn, "cut_before")) node.cut_before = in.boolean(*c, path + ".cut_before");
+    if (const Json* t = in.optional(jn, "tensor_parallel")) {
+      node.tensor_parallel = tensor_parallel_from_json(in, *t, path + ".tensor_parallel");
+    }
     const auto [it, fresh] = index_of.emplace(node.id, static_cast<NodeIndex>(i));
     if (!fresh) {
       in.fail(path + ".id", "must be unique (also nodes[" + std::to_string(it->second) + "])",
@@ -374,6 +532,8 @@ Json graph_to_json(const Graph& g) {
       jn["batch_times"] = std::move(points);
     }
     if (!n.cut_before) jn["cut_before"] = false;
+    // absent when not set, so graphs without tensor parallelism keep their hash
+    if (n.tensor_parallel) jn["tensor_parallel"] = tensor_parallel_to_json(*n.tensor_parallel);
     nodes.push_back(std::move(jn));
   }
   Json edges = Json::array();

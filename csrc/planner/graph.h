@@ -4,11 +4,14 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <queue>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "planner/cluster.h"  // Collective
 
 namespace hybridplan {
 
@@ -21,6 +24,41 @@ struct BatchTime {
   int64_t batch_size = 1;
   double forward_s = 0;
   double backward_s = 0;
+};
+
+// How tensor parallelism splits a node (docs/tensor_parallel.md "In the graph"): the executor's
+// DTensor style. JSON names: "colwise", "rowwise", "sharded", "vocab_rowwise", "colwise_gather".
+enum class TpStyle { kColwise, kRowwise, kSharded, kVocabRowwise, kColwiseGather };
+const char* tp_style_name(TpStyle style);
+std::optional<TpStyle> tp_style_from_name(const std::string& name);
+// A collective's JSON name in a graph: "all_reduce", "all_gather", "reduce_scatter".
+const char* tp_collective_name(Collective op);
+std::optional<Collective> tp_collective_from_name(const std::string& name);
+
+// The collective a split node needs after its forward or backward: the full tensor's bytes at
+// the profiled batch (compute_cost.h scales them to the (micro-)batch).
+struct TpCollective {
+  Collective op = Collective::kAllReduce;
+  int64_t bytes = 0;
+};
+
+// A node's forward and backward at the profiled batch as one rank of a split of `degree` runs it.
+struct TpSplitTime {
+  int64_t degree = 2;
+  double forward_s = 0;
+  double backward_s = 0;
+};
+
+// Node::tensor_parallel: how the node splits over a plan's `tp` devices.
+struct TensorParallel {
+  TpStyle style = TpStyle::kColwise;
+  int64_t max_degree = 1;         // a plan's tp must divide it
+  int64_t split_param_bytes = 0;  // of param_bytes, the bytes divided among the TP ranks
+  bool activation_split = false;  // the bytes kept for backward divide by tp
+  std::optional<TpCollective> forward_collective;
+  std::optional<TpCollective> backward_collective;
+  // Degrees >= 2, strictly increasing, each dividing max_degree; empty: none measured.
+  std::vector<TpSplitTime> split_times;
 };
 
 struct Node {
@@ -54,6 +92,8 @@ struct Node {
   // Optional, default true: false when a pipeline stage may not begin at this node (the
   // executor's splitter cannot place a split point before it).
   bool cut_before = true;
+  // Optional (JSON "tensor_parallel"; absent: the node runs whole on every rank of its TP group).
+  std::optional<TensorParallel> tensor_parallel;
 };
 
 struct Edge {
@@ -100,6 +140,9 @@ struct Graph {
   std::vector<std::vector<int32_t>> in_edges;   // edge indices into v
   std::vector<std::vector<int32_t>> out_edges;  // edge indices out of v
   std::vector<NodeIndex> topo_order;            // deterministic (Kahn, smallest index first)
+
+  // Whether any node carries tensor_parallel (a plan with tp > 1 needs one).
+  bool has_tensor_parallel() const;
 
   // Checks every field and the DAG property; throws InputError naming `source` and the JSON path.
   void validate(const std::string& source) const;

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "planner/compute_cost.h"
 #include "planner/memory_cost.h"
+#include "planner/tensor_parallel_cost.h"
 
 namespace hybridplan {
 namespace {
@@ -54,7 +55,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   const double m = static_cast<double>(base.num_microbatches);
   const double microbatch = static_cast<double>(base.per_replica_batch) / m;
   const double micro_scale = batch_scale(g, microbatch);
-  const NodeTimes& micro = evaluator.node_times(microbatch, evaluator.compute_slowdown(base));
+  const NodeTimes& micro = evaluator.node_times(microbatch, evaluator.compute_slowdown(base), base.tp);
   // The stage's parameter state per parameter byte under the plan's sharding (memory_cost.h).
   ShardedState sharded;
   sharded.sharding = base.sharding;
@@ -96,9 +97,10 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     c.prefix_compute_s[p + 1] =
         c.prefix_compute_s[p] + m * (micro.forward_s[v] + micro.backward_s[v]);
     c.prefix_static_bytes[p + 1] =
-        c.prefix_static_bytes[p] + static_cast<double>(node.param_bytes) * state_copies;
+        c.prefix_static_bytes[p] + static_cast<double>(tp_param_bytes(node, base.tp)) * state_copies;
     c.prefix_activation_bytes[p + 1] =
-        c.prefix_activation_bytes[p] + scaled_bytes(node.activation_bytes(), micro_scale);
+        c.prefix_activation_bytes[p] +
+        tp_activation_share(node, base.tp) * scaled_bytes(node.activation_bytes(), micro_scale);
   }
   c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
   for (int l = 0; l + 1 < k; ++l) {
@@ -145,7 +147,7 @@ std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& c
   const auto key = std::make_tuple(base.num_stages(), base.schedule == Schedule::kZBV,
                                    static_cast<double>(base.per_replica_batch) /
                                        static_cast<double>(base.num_microbatches),
-                                   base.mesh[0]);
+                                   base.mesh[0], base.tp);
   auto it = unconstrained_.find(key);
   if (it == unconstrained_.end()) {
     PartitionCosts unlimited = costs;

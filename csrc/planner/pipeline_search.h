@@ -44,8 +44,9 @@ class PipelinePartitionCache {
   std::optional<Partition> optimal(const PartitionCosts& costs, const Plan& base);
 
  private:
-  // (stages, V mapping, micro-batch, the replica's devices) -> the split without memory limits
-  std::map<std::tuple<int64_t, bool, double, std::vector<DeviceIndex>>, std::optional<Partition>> unconstrained_;
+  // (stages, V mapping, micro-batch, the replica's devices, tp) -> the split without memory limits
+  std::map<std::tuple<int64_t, bool, double, std::vector<DeviceIndex>, int64_t>, std::optional<Partition>>
+      unconstrained_;
 };
 
 // `base`: a pipeline plan skeleton (mode, schedule, mp, num_microbatches, mesh, batch). `cache`

@@ -10,6 +10,7 @@
 #include "common/units.h"
 #include "planner/compute_cost.h"
 #include "planner/memory_cost.h"
+#include "planner/tensor_parallel_cost.h"
 #include "planner/pipeline_partition.h"
 #include "planner/placement_schedule.h"
 
@@ -30,13 +31,14 @@ struct NodeCosts {
   NodeCosts(const Evaluator& evaluator, const Plan& base) {
     const Graph& g = evaluator.problem().graph;
     const auto batch = static_cast<double>(base.per_replica_batch);
-    const NodeTimes& times = evaluator.node_times(batch, evaluator.compute_slowdown(base));
+    const NodeTimes& times = evaluator.node_times(batch, evaluator.compute_slowdown(base), base.tp);
     forward_s = times.forward_s;
     backward_s = times.backward_s;
     const double scale = batch_scale(g, batch);
     for (size_t v = 0; v < g.nodes.size(); ++v) {
-      activation_bytes.push_back(scaled_bytes(g.nodes[v].activation_bytes(), scale));
-      param_bytes.push_back(g.nodes[v].param_bytes);
+      activation_bytes.push_back(tp_activation_share(g.nodes[v], base.tp) *
+                                 scaled_bytes(g.nodes[v].activation_bytes(), scale));
+      param_bytes.push_back(tp_param_bytes(g.nodes[v], base.tp));
       total_forward_s += forward_s[v];
       total_backward_s += backward_s[v];
     }
@@ -256,7 +258,7 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
   consider(std::vector<int32_t>(g.nodes.size(), 0));
   if (mp > 1) {
     const PlacementOrder& order = evaluator.placement_order(
-        static_cast<double>(base.per_replica_batch), evaluator.compute_slowdown(base));
+        static_cast<double>(base.per_replica_batch), evaluator.compute_slowdown(base), base.tp);
     consider(earliest_finish_assignment(g, c, order, links, mp, capacity, opt));
     for (const bool by_memory : {false, true}) {
       if (auto a = contiguous_assignment(g, c, mp, by_memory, capacity, opt)) consider(std::move(*a));

@@ -55,6 +55,7 @@ Prediction prediction_from_json(const JsonReader& in, const Json& j) {
   number("compute_slowdown", p.compute_slowdown);
   number("transfer_s", p.transfer_s);
   number("bubble_s", p.bubble_s);
+  number("tp_comm_s", p.tp_comm_s);
   number("epochs", p.epochs);
   number("time_to_train_s", p.time_to_train_s);
   number("samples_per_s", p.samples_per_s);
@@ -197,8 +198,13 @@ void Plan::validate_structure(const std::string& source) const {
   // Bounded first, so that dp * mp and dp * per_replica_batch below cannot overflow.
   check_device_count(source, "dp", dp);
   check_device_count(source, "mp", mp);
-  if (world_size != dp * mp) {
+  check_device_count(source, "tp", tp);
+  if (tp == 1 && world_size != dp * mp) {
     throw_input_error(source, "world_size", "must equal dp * mp = " + str(dp * mp), str(world_size));
+  }
+  if (tp > 1 && world_size != dp * mp * tp) {  // each <= 2^20: no overflow
+    throw_input_error(source, "world_size", "must equal dp * mp * tp = " + str(dp * mp * tp),
+                      str(world_size));
   }
   check_batch_size(source, "per_replica_batch", per_replica_batch);
   if (global_batch != dp * per_replica_batch) {
@@ -252,6 +258,20 @@ void Plan::validate_structure(const std::string& source) const {
                         got);
     }
   }
+  if (tp > 1 && mode == MpMode::kPlacement && mp != 1) {
+    throw_input_error(source, "tp",
+                      "must be 1 for a placement plan with mp = " + str(mp) +
+                          " > 1 (tensor parallelism splits a replica held on one device per "
+                          "rank; a pipeline splits each stage)",
+                      str(tp));
+  }
+  if (tp > 1 && mode == MpMode::kPipeline && sharding != Sharding::kNone) {
+    throw_input_error(source, "sharding",
+                      "must be \"none\" for a pipeline plan with tp = " + str(tp) +
+                          " > 1 (sharding composes with tensor parallelism on a placement plan: "
+                          "FSDP2 over the data-parallel dimension of a 2-D mesh)",
+                      quoted(sharding_name(sharding)));
+  }
   if (dp_shard != 0) {
     if (sharding == Sharding::kNone) {
       throw_input_error(source, "dp_shard",
@@ -286,6 +306,12 @@ void Plan::validate_structure(const std::string& source) const {
       const int64_t flat = static_cast<int64_t>(r) * mp + static_cast<int64_t>(k);
       if (mesh[r][k] < 0) {
         throw_input_error(source, mesh_path(flat), "must be a device index >= 0", str(mesh[r][k]));
+      }
+      if (mesh[r][k] % tp != 0) {
+        throw_input_error(source, mesh_path(flat),
+                          "must be a multiple of tp = " + str(tp) +
+                              " (the first of its TP group's tp consecutive devices)",
+                          str(mesh[r][k]));
       }
       devices.emplace_back(mesh[r][k], flat);
     }
@@ -396,6 +422,31 @@ void Plan::validate(const std::string& source, const Graph& graph, const Cluster
 }
 
 void Plan::validate_fit(const std::string& source, const Graph& graph, const Cluster& cluster) const {
+  if (tp > 1) {
+    if (cluster.devices_per_node % tp != 0) {
+      throw_input_error(source, "tp",
+                        "must divide the cluster's devices_per_node = " +
+                            str(cluster.devices_per_node) + " (a TP group is on one node)",
+                        str(tp));
+    }
+    if (!graph.has_tensor_parallel()) {
+      throw_input_error(source, "tp",
+                        "must be 1: graph " + quoted(graph.name) +
+                            " has no node with tensor_parallel (profile it again with tensor "
+                            "parallelism detection)",
+                        str(tp));
+    }
+    for (size_t v = 0; v < graph.nodes.size(); ++v) {
+      const std::optional<TensorParallel>& split = graph.nodes[v].tensor_parallel;
+      if (split && split->max_degree % tp != 0) {
+        throw_input_error(source, "tp",
+                          "must divide the max_degree " + str(split->max_degree) + " of node " +
+                              quoted(graph.nodes[v].name) + " (nodes[" +
+                              str(static_cast<int64_t>(v)) + "].tensor_parallel)",
+                          str(tp));
+      }
+    }
+  }
   if (world_size > cluster.num_devices()) {
     throw_input_error(source, "world_size",
                       "exceeds the cluster's " + str(cluster.num_devices()) + " devices",
@@ -470,6 +521,7 @@ Plan plan_from_json(const Json& j, const std::string& source) {
   p.world_size = in.field_int(j, "", "world_size");
   p.dp = in.field_int(j, "", "dp");
   p.mp = in.field_int(j, "", "mp");
+  if (in.optional(j, "tp")) p.tp = in.field_int(j, "", "tp");
   p.mode = mode_from_json(in, in.required(j, "", "mode"));
   p.per_replica_batch = in.field_int(j, "", "per_replica_batch");
   p.global_batch = in.field_int(j, "", "global_batch");
@@ -585,6 +637,7 @@ Json prediction_to_json(const Prediction& p) {
             {"compute_model", p.compute_model},
             {"compute_slowdown", p.compute_slowdown},
             {"feasible", p.feasible}};
+  if (p.tp_comm_s > 0) j["tp_comm_s"] = p.tp_comm_s;  // absent: 0 (tp = 1)
   if (!p.allreduce_rings.empty()) j["allreduce_rings"] = p.allreduce_rings;
   if (!p.infeasible_reason.empty()) j["infeasible_reason"] = p.infeasible_reason;
   return j;
@@ -624,6 +677,7 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
             {"predicted", prediction_to_json(p.predicted)}};
   if (p.sharding != Sharding::kNone) j["sharding"] = sharding_name(p.sharding);  // absent: none
   if (p.virtual_stages != 1) j["virtual_stages"] = p.virtual_stages;              // absent: 1
+  if (p.tp != 1) j["tp"] = p.tp;                                                  // absent: 1
   if (p.dp_shard != 0 && p.dp_shard != p.dp) j["dp_shard"] = p.dp_shard;          // absent: dp
   if (!p.device_mapping_note.empty()) j["device_mapping"] = p.device_mapping_note;
   return j;

@@ -45,6 +45,10 @@ struct Prediction {
   double overhead_s = 0;   // the runtime's fixed cost per step (Cluster runtime.step_s)
   double transfer_s = 0;   // time spent on cross-device activation/gradient transfers (informative)
   double bubble_s = 0;     // pipeline idle time on the critical stage (informative)
+  // Tensor parallelism's collectives on the critical path, inside compute_s (informative;
+  // evaluate.h "tensor parallel"): placement, the replica's; pipeline, the busiest stage's
+  // over its micro-batches. 0 with tp = 1 (JSON: absent).
+  double tp_comm_s = 0;
   std::vector<int64_t> memory_bytes;  // per local device (placement) or stage (pipeline)
   double epochs = 0;                  // 0 without a convergence model
   double time_to_train_s = 0;         // 0 without a convergence model
@@ -67,9 +71,13 @@ struct Plan {
   std::string graph_name;
   std::string graph_sha256;
   std::string cluster_name;
-  int64_t world_size = 1;  // devices = dp * mp
+  int64_t world_size = 1;  // devices = dp * mp * tp
   int64_t dp = 1;
   int64_t mp = 1;
+  // Tensor-parallel degree (JSON "tp", absent = 1; docs/tensor_parallel.md): each of the mp
+  // local devices (placement) or pipeline ranks is a group of tp consecutive devices of one
+  // node, mesh[r][k] its first (a multiple of tp), splitting the nodes with tensor_parallel.
+  int64_t tp = 1;
   MpMode mode = MpMode::kPlacement;
   int64_t per_replica_batch = 1;
   int64_t global_batch = 1;
@@ -79,8 +87,10 @@ struct Plan {
   // for interleaved-1f1b and interleaved-zb, 2 for zbv. A pipeline has num_stages() =
   // mp * virtual_stages stages; stage s runs on local rank stage_rank(s).
   int64_t virtual_stages = 1;
-  // mesh[replica][local] = global device index. Process ranks: placement -> rank = replica
-  // (one process owns the replica's mp devices); pipeline -> rank = replica * mp + stage.
+  // mesh[replica][local] = global device index (with tp > 1, the first device of the TP group).
+  // Process ranks, TP rank t innermost: placement -> rank = replica * tp + t (one process owns
+  // the replica's mp devices; tp > 1 needs mp = 1); pipeline -> rank = (replica * mp + stage) *
+  // tp + t. With tp = 1: replica, replica * mp + stage.
   std::vector<std::vector<DeviceIndex>> mesh;
   // assignment[node index] = local device (placement, 0..mp-1) or stage (pipeline,
   // 0..num_stages()-1).
@@ -122,20 +132,23 @@ struct Plan {
   std::vector<NodeId> assignment_node_ids;
   std::vector<std::string> assignment_names;
 
-  // Processes the executor runs: placement -> dp (one per replica), pipeline -> dp * mp.
-  int64_t num_processes() const { return mode == MpMode::kPipeline ? dp * mp : dp; }
+  // Processes the executor runs: placement -> dp * tp (one per replica and TP rank), pipeline
+  // -> dp * mp * tp.
+  int64_t num_processes() const { return (mode == MpMode::kPipeline ? dp * mp : dp) * tp; }
   // Values an assignment entry takes: mp local devices (placement), mp * virtual_stages stages.
   int64_t num_stages() const { return mode == MpMode::kPipeline ? mp * virtual_stages : mp; }
   // The local device (0..mp-1) that runs assignment value a: a itself for placement; for a
   // pipeline the rank of stage a (stage_rank in pipeline_schedule.h).
   int64_t device_of(int32_t a) const;
-  // Checks that need neither graph nor cluster (dp * mp = world_size, mesh shape, enums,
-  // batch arithmetic, assignment range); plan_from_json and validate both run it.
+  // Checks that need neither graph nor cluster (dp * mp * tp = world_size, mesh shape, enums,
+  // batch arithmetic, assignment range, tp's combinations); plan_from_json and validate both
+  // run it.
   void validate_structure(const std::string& source) const;
 
   // Checks that the plan fits a graph and cluster, whatever they are named: world size and mesh
   // within the cluster, one assignment entry per node in graph order, pipeline stages never
-  // decreasing along an edge and none empty. Evaluator::evaluate runs validate_structure and this
+  // decreasing along an edge and none empty; tp dividing devices_per_node and every
+  // tensor_parallel node's max_degree (and the graph having one when tp > 1). Evaluator::evaluate runs validate_structure and this
   // (a searched plan is not hashed per candidate).
   void validate_fit(const std::string& source, const Graph& graph, const Cluster& cluster) const;
 

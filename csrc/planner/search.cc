@@ -24,6 +24,7 @@
 #include "planner/evaluate.h"
 #include "planner/pipeline_search.h"
 #include "planner/placement_search.h"
+#include "planner/tensor_parallel_cost.h"
 
 namespace hybridplan {
 namespace {
@@ -34,7 +35,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 std::string describe(const SearchSpacePoint& p) {
   std::ostringstream os;
-  os << "dp=" << p.dp << " mp=" << p.mp << " " << mode_name(p.mode);
+  os << "dp=" << p.dp << " mp=" << p.mp;
+  if (p.tp > 1) os << " tp=" << p.tp;
+  os << " " << mode_name(p.mode);
   if (p.mode == MpMode::kPipeline)
     os << " (" << schedule_name(p.schedule) << ", " << p.num_microbatches << " micro-batches)";
   os << " b=" << p.per_replica_batch;
@@ -56,6 +59,36 @@ std::vector<int64_t> microbatch_counts(const Job& job, int64_t batch) {
 }  // namespace
 
 namespace {
+
+// The tensor-parallel degrees of the search space, ascending (SearchOptions::tensor_degrees).
+std::vector<int64_t> search_tensor_degrees(const Problem& problem, const SearchOptions& options) {
+  const std::vector<int64_t> allowed = tp_degrees(problem.graph, problem.cluster);
+  std::vector<int64_t> out = {1};
+  if (options.tensor_degrees.empty()) {
+    out.insert(out.end(), allowed.begin(), allowed.end());
+    return out;
+  }
+  out.clear();
+  for (int64_t t : options.tensor_degrees) {
+    if (t != 1 && std::find(allowed.begin(), allowed.end(), t) == allowed.end()) {
+      std::string rule = "must list 1 or degrees that divide devices_per_node = " +
+                         str(problem.cluster.devices_per_node) +
+                         " and every tensor_parallel node's max_degree";
+      if (!problem.graph.has_tensor_parallel()) {
+        rule += " (graph \"" + problem.graph.name + "\" has no node with tensor_parallel)";
+      } else {
+        std::string list;
+        for (int64_t a : allowed) list += (list.empty() ? "" : ", ") + str(a);
+        rule += " (here: " + (list.empty() ? std::string("none") : list) + ")";
+      }
+      throw_input_error(kSource, "tensor_degrees", rule, str(t));
+    }
+    out.push_back(t);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
 
 // Positions 1..n-1 of the topological order where a pipeline stage may begin.
 int64_t allowed_stage_starts(const Graph& graph) {
@@ -90,64 +123,69 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
   const bool serial_devices = cluster.device.type == "cpu";
   bool said_serial = false, said_split = false;
   std::vector<SearchSpacePoint> points;
-  for (int64_t mp = 1; mp <= cluster.devices_per_node; ++mp) {
-    if (cluster.devices_per_node % mp != 0 || devices % mp != 0) continue;
-    if (options.dp_only && mp > 1) break;
-    const int64_t dp = devices / mp;
-    const std::string head = "dp=" + str(dp) + " mp=" + str(mp);
-    const std::vector<int64_t> batches = per_replica_batches_for(problem, dp);
-    if (batches.empty()) {
-      std::string globals;
-      for (int64_t b : problem.job.global_batches) globals += (globals.empty() ? "" : ", ") + str(b);
-      skip(head + ": no global batch of the job (" + globals + ") is divisible by dp=" + str(dp));
-      continue;
-    }
-    const bool pipeline_ok = mp > 1 && options.pipeline && graph.pipeline_split.supported &&
-                             n >= mp && stage_starts >= mp - 1;
-    if (mp > 1 && options.pipeline && !pipeline_ok) {
-      if (!graph.pipeline_split.supported) {
-        if (!said_split) skip("pipeline: the model cannot be cut into stages: " + graph.pipeline_split.reason);
-        said_split = true;
-      } else if (n < mp) {
-        skip(head + " pipeline: needs at least " + str(mp) + " nodes for " + str(mp) +
-             " stages (graph has " + str(n) + ")");
-      } else {
-        skip(head + " pipeline: needs " + str(mp - 1) + " nodes where a stage may begin; the "
-             "graph has " + str(stage_starts) + " (the others have cut_before false)");
+  for (const int64_t tp : search_tensor_degrees(problem, options)) {
+    if (options.dp_only && tp > 1) break;
+    for (int64_t mp = 1; mp * tp <= cluster.devices_per_node; ++mp) {
+      if (cluster.devices_per_node % (mp * tp) != 0 || devices % (mp * tp) != 0) continue;
+      if (options.dp_only && mp > 1) break;
+      const int64_t dp = devices / (mp * tp);
+      const std::string head = "dp=" + str(dp) + " mp=" + str(mp) + (tp > 1 ? " tp=" + str(tp) : "");
+      const std::vector<int64_t> batches = per_replica_batches_for(problem, dp);
+      if (batches.empty()) {
+        std::string globals;
+        for (int64_t b : problem.job.global_batches) globals += (globals.empty() ? "" : ", ") + str(b);
+        skip(head + ": no global batch of the job (" + globals + ") is divisible by dp=" + str(dp));
+        continue;
       }
-    }
-    if (mp > 1 && options.placement && serial_devices && !said_serial) {
-      skip("placement mp>1: the cluster's devices are CPU ranks, and one process runs a "
-           "replica's devices one after another: the same compute as mp=1 on fewer devices");
-      said_serial = true;
-    }
-    for (int64_t batch : batches) {
-      SearchSpacePoint p;
-      p.mp = mp;
-      p.dp = dp;
-      p.per_replica_batch = batch;
-      if (mp == 1 || (options.placement && !serial_devices)) points.push_back(p);
-      if (!pipeline_ok) continue;
-      const auto counts = microbatch_counts(problem.job, batch);
-      if (counts.empty()) {
-        skip(head + " pipeline: no micro-batch count divides the per-replica batch " + str(batch));
+      const bool pipeline_ok = mp > 1 && options.pipeline && graph.pipeline_split.supported &&
+                               n >= mp && stage_starts >= mp - 1;
+      if (mp > 1 && options.pipeline && !pipeline_ok) {
+        if (!graph.pipeline_split.supported) {
+          if (!said_split) skip("pipeline: the model cannot be cut into stages: " + graph.pipeline_split.reason);
+          said_split = true;
+        } else if (n < mp) {
+          skip(head + " pipeline: needs at least " + str(mp) + " nodes for " + str(mp) +
+               " stages (graph has " + str(n) + ")");
+        } else {
+          skip(head + " pipeline: needs " + str(mp - 1) + " nodes where a stage may begin; the "
+               "graph has " + str(stage_starts) + " (the others have cut_before false)");
+        }
       }
-      p.mode = MpMode::kPipeline;
-      // two stages per rank need twice the nodes and places to cut
-      const bool multi_ok = n >= 2 * mp && stage_starts >= 2 * mp - 1;
-      for (int64_t m : counts) {
-        p.num_microbatches = m;
-        for (Schedule s : options.schedules) {
-          if (s == Schedule::kNone) continue;
-          // torch.distributed.pipelining's Schedule1F1B (the Python executor's) refuses M < S.
-          if (s == Schedule::k1F1B && m < mp) continue;
-          const bool multi = schedule_is_multi_stage(s);
-          if (multi && !multi_ok) continue;
-          const int64_t rounds = std::max<int64_t>(1, m / mp);
-          if (multi && s != Schedule::kZBV && m % rounds != 0) continue;  // torch's rounds
-          p.schedule = s;
-          p.virtual_stages = multi ? 2 : 1;
-          points.push_back(p);
+      if (mp > 1 && options.placement && serial_devices && !said_serial) {
+        skip("placement mp>1: the cluster's devices are CPU ranks, and one process runs a "
+             "replica's devices one after another: the same compute as mp=1 on fewer devices");
+        said_serial = true;
+      }
+      for (int64_t batch : batches) {
+        SearchSpacePoint p;
+        p.mp = mp;
+        p.dp = dp;
+        p.tp = tp;
+        p.per_replica_batch = batch;
+        // tensor parallelism splits a placement replica only on one device per rank (Plan rules)
+        if (mp == 1 || (options.placement && !serial_devices && tp == 1)) points.push_back(p);
+        if (!pipeline_ok) continue;
+        const auto counts = microbatch_counts(problem.job, batch);
+        if (counts.empty()) {
+          skip(head + " pipeline: no micro-batch count divides the per-replica batch " + str(batch));
+        }
+        p.mode = MpMode::kPipeline;
+        // two stages per rank need twice the nodes and places to cut
+        const bool multi_ok = n >= 2 * mp && stage_starts >= 2 * mp - 1;
+        for (int64_t m : counts) {
+          p.num_microbatches = m;
+          for (Schedule s : options.schedules) {
+            if (s == Schedule::kNone) continue;
+            // torch.distributed.pipelining's Schedule1F1B (the Python executor's) refuses M < S.
+            if (s == Schedule::k1F1B && m < mp) continue;
+            const bool multi = schedule_is_multi_stage(s);
+            if (multi && !multi_ok) continue;
+            const int64_t rounds = std::max<int64_t>(1, m / mp);
+            if (multi && s != Schedule::kZBV && m % rounds != 0) continue;  // torch's rounds
+            p.schedule = s;
+            p.virtual_stages = multi ? 2 : 1;
+            points.push_back(p);
+          }
         }
       }
     }
@@ -165,9 +203,10 @@ Plan skeleton_with_mapping(const Problem& problem, const SearchSpacePoint& point
   plan.cluster_name = problem.cluster.name;
   plan.cluster_num_nodes = problem.cluster.num_nodes;
   plan.cluster_devices_per_node = problem.cluster.devices_per_node;
-  plan.world_size = point.dp * point.mp;
+  plan.world_size = point.dp * point.mp * point.tp;
   plan.dp = point.dp;
   plan.mp = point.mp;
+  plan.tp = point.tp;
   plan.mode = point.mode;
   plan.schedule = point.schedule;
   plan.virtual_stages = point.virtual_stages;
@@ -185,7 +224,7 @@ Plan skeleton_with_mapping(const Problem& problem, const SearchSpacePoint& point
 Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
                    const std::string& graph_sha256) {
   return skeleton_with_mapping(problem, point, graph_sha256,
-                               map_devices(problem.cluster, point.dp, point.mp));
+                               map_devices(problem.cluster, point.dp, point.mp, point.tp));
 }
 
 namespace {
@@ -201,10 +240,10 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   if (plan.mode == MpMode::kPipeline) {
     const auto m = static_cast<double>(plan.num_microbatches);
     const double micro = static_cast<double>(plan.per_replica_batch) / m;
-    compute_s = evaluator.node_times(micro, slowdown).total_s() * m / static_cast<double>(plan.mp) +
+    compute_s = evaluator.node_times(micro, slowdown, plan.tp).total_s() * m / static_cast<double>(plan.mp) +
                 2 * m * cluster.runtime.action_s_for(schedule_name(plan.schedule));
   } else if (evaluator.serial_replica_devices()) {
-    compute_s = evaluator.node_times(static_cast<double>(plan.per_replica_batch), slowdown).total_s();
+    compute_s = evaluator.node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp).total_s();
   } else {
     compute_s = placement_lower_bound_s(evaluator, plan);
   }
@@ -284,7 +323,7 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
 
 std::vector<int64_t> shard_degrees(const Plan& plan, const Cluster& cluster) {
   std::vector<int64_t> out = {0};  // the whole data-parallel group
-  const int64_t per_node = cluster.devices_per_node / std::max<int64_t>(1, plan.mp);
+  const int64_t per_node = cluster.devices_per_node / std::max<int64_t>(1, plan.mp * plan.tp);
   if (per_node >= 2 && per_node < plan.dp && plan.dp % per_node == 0) out.push_back(per_node);
   return out;
 }
@@ -296,6 +335,7 @@ bool sharding_allowed(const Plan& plan, const std::vector<Sharding>& allowed, Sh
   if (kind == Sharding::kNone) return true;
   if (plan.dp < 2) return false;
   if (plan.mode == MpMode::kPlacement) return plan.mp == 1;
+  if (plan.tp > 1) return false;  // a pipeline with tensor parallelism does not shard
   return kind == Sharding::kZero2;
 }
 
@@ -335,16 +375,16 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   PlacementSearchOptions placement_options;
   placement_options.exact_max_nodes = options.exact_placement_max_nodes;
 
-  // Device mappings depend on (dp, mp) only.
-  std::map<std::pair<int64_t, int64_t>, DeviceMapping> mappings;
+  // Device mappings depend on (dp, mp, tp) only.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, DeviceMapping> mappings;
   std::vector<Plan> skeletons;
   std::vector<std::pair<double, size_t>> by_bound;  // (objective lower bound, point index)
   for (size_t i = 0; i < points.size(); ++i) {
     const SearchSpacePoint& point = points[i];
-    auto key = std::make_pair(point.dp, point.mp);
+    auto key = std::make_tuple(point.dp, point.mp, point.tp);
     auto it = mappings.find(key);
     if (it == mappings.end())
-      it = mappings.emplace(key, map_devices(problem.cluster, point.dp, point.mp)).first;
+      it = mappings.emplace(key, map_devices(problem.cluster, point.dp, point.mp, point.tp)).first;
     skeletons.push_back(skeleton_with_mapping(problem, point, sha, it->second));
     by_bound.emplace_back(
         objective_of_step(problem, skeletons.back(), step_lower_bound_s(evaluator, skeletons.back())), i);
@@ -367,12 +407,12 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
     }
     const SearchSpacePoint& point = points[index];
     Plan plan = std::move(skeletons[index]);
-    const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) + " " +
-                             mode_name(point.mode);
+    const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
+                             (point.tp > 1 ? " tp=" + str(point.tp) : "") + " " + mode_name(point.mode);
     if (point.mode == MpMode::kPlacement) {
       PlacementOutcome o = search_placement(evaluator, plan, placement_options);
       result.candidates_evaluated += o.evaluations;
-      if (point.mp > 1) {
+      if (point.mp > 1) {  // (tp = 1: placement with tp > 1 has mp = 1)
         result.notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
                                str(point.per_replica_batch) + " placement: " + o.note);
       }

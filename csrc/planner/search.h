@@ -30,6 +30,10 @@ struct SearchOptions {
   // hand-written plan).
   std::vector<Schedule> schedules = {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved1F1B,
                                      Schedule::kInterleavedZB, Schedule::kZBV};
+  // The tensor-parallel degrees (Plan::tp) the search may choose; empty: 1 and every degree the
+  // graph and cluster allow (tensor_parallel_cost.h tp_degrees). A listed degree other than 1
+  // must be one of those (InputError otherwise). {1}: no tensor parallelism; {4}: only tp = 4.
+  std::vector<int64_t> tensor_degrees;
 };
 
 struct SearchResult {
@@ -44,6 +48,7 @@ struct SearchResult {
 struct SearchSpacePoint {
   int64_t dp = 1;
   int64_t mp = 1;
+  int64_t tp = 1;
   MpMode mode = MpMode::kPlacement;
   Schedule schedule = Schedule::kNone;
   int64_t virtual_stages = 1;
@@ -51,8 +56,11 @@ struct SearchSpacePoint {
   int64_t per_replica_batch = 1;
 };
 
-// The points search() considers, in its order: for every mp dividing devices_per_node and the
-// device count N (dp = N / mp; only mp = 1 with dp_only), for every per-replica batch the job
+// The points search() considers, in its order: for every tensor-parallel degree tp
+// (options.tensor_degrees; 1 first, so ties go to plans without tensor parallelism; only 1 with
+// dp_only), for every mp with mp * tp dividing devices_per_node and the device count N
+// (dp = N / (mp * tp); only mp = 1 with dp_only; placement with tp > 1 only at mp = 1), for
+// every per-replica batch the job
 // allows (problem.h per_replica_batches_for: the search chooses the batch, hence the global
 // batch): mp = 1 as one placement point (pure DP); for mp >= 2 placement (options.placement;
 // not on "cpu" devices, where a replica's devices run one after another in one process) and

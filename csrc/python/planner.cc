@@ -100,7 +100,8 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
                          const std::optional<std::string>& job_text, int64_t devices, int top_k,
                          bool placement, bool pipeline, bool dp_only,
                          int exact_placement_max_nodes, const std::vector<std::string>& shardings,
-                         const std::vector<std::string>& schedules) {
+                         const std::vector<std::string>& schedules,
+                         const std::vector<int64_t>& tensor_degrees) {
   const Problem problem = make_problem(graph_text, cluster_text, job_text);
   SearchOptions options;
   options.devices = devices;
@@ -126,6 +127,7 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
     }
     options.schedules.push_back(*kind);
   }
+  options.tensor_degrees = tensor_degrees;
   SearchResult result;
   {
     // Searches on big clusters take seconds; let other Python threads (tqdm, servers) run.
@@ -202,8 +204,10 @@ void bind_planner(py::module_& m) {
         py::arg("shardings") = std::vector<std::string>{"none", "zero2", "zero3"},
         py::arg("schedules") =
             std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"},
-        "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. Raises "
-        "InfeasibleError when no candidate fits.");
+        py::arg("tensor_degrees") = std::vector<int64_t>{},
+        "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. "
+        "tensor_degrees: the tensor-parallel degrees allowed (empty: 1 and every degree the "
+        "graph and cluster allow). Raises InfeasibleError when no candidate fits.");
   m.def(
       "rank_passes",
       [](const std::string& schedule, int64_t num_stages, int64_t num_microbatches,

@@ -11,6 +11,8 @@
     python -m hybridplan explain plan.json --graph g.json --cluster c.json --trace plan.trace.json
 
     python -m hybridplan run --nproc-per-node 2 train.py [ARGS]   # torchrun --standalone ...
+    python -m hybridplan graph-from-config --layers 96 --hidden 12288 --heads 96 \
+        --seq-len 2048 --vocab 51200 --out gpt3.json          # no profiling: GEMM model
 
 Bad input exits 2 with a one-line message, as the C++ CLI does.
 """
@@ -286,7 +288,57 @@ def _parser() -> argparse.ArgumentParser:
     _add_noise_scale_parser(sub)
     _add_convergence_parser(sub)
     _add_run_parser(sub)
+    _add_graph_from_config_parser(sub)
     return parser
+
+
+def _add_graph_from_config_parser(sub) -> None:
+    gc = sub.add_parser("graph-from-config",
+                        help="a GPT-style decoder's Graph JSON from its configuration, priced "
+                             "by the GEMM efficiency model instead of profiled "
+                             "(hybridplan/profiler/from_config.py)")
+    gc.add_argument("--name", default="gpt", help="graph name")
+    for flag in ("layers", "hidden", "heads", "seq-len", "vocab"):
+        gc.add_argument(f"--{flag}", type=_positive(int), required=True)
+    gc.add_argument("--ffn-hidden", type=_positive(int), help="MLP width (default 4 x hidden)")
+    gc.add_argument("--micro-batch", type=_positive(int), default=1,
+                    help="sequences at profiled.batch_size (batch_times at 2, 4, ... 64 times it)")
+    gc.add_argument("--dtype-bytes", type=_positive(int), default=2,
+                    help="bytes per activation and weight element (2: fp16/bf16)")
+    gc.add_argument("--param-bytes-per-param", type=_positive(int),
+                    help="bytes each parameter counts for in param_bytes (default --dtype-bytes;"
+                         " 4 prices mixed-precision Adam's 16 bytes under the job's adam)")
+    gc.add_argument("--device", default="A100",
+                    help="A100 or H100, or a cluster's device name (GEMM efficiency data)")
+    gc.add_argument("--efficiency-scale", type=_positive(float), default=1.0,
+                    help="multiply the achievable GEMM FLOP/s (sensitivity)")
+    gc.add_argument("--parallel-cross-entropy", action="store_true",
+                    help="the LM head keeps its logits split (Megatron-LM's vocab-parallel "
+                         "cross-entropy) instead of gathering them")
+    gc.add_argument("--vocab-multiple", type=_positive(int), default=128,
+                    help="pad the vocabulary to a multiple of this (Megatron-LM's default 128)")
+    gc.add_argument("--out", help="write the Graph JSON here (default: stdout)")
+
+
+def _graph_from_config(args) -> int:
+    from .planner import Graph
+    from .profiler.from_config import TransformerConfig, graph_from_config
+
+    cfg = TransformerConfig(args.name, args.layers, args.hidden, args.heads, args.seq_len,
+                            args.vocab, ffn_hidden=args.ffn_hidden, dtype_bytes=args.dtype_bytes,
+                            param_bytes_per_param=args.param_bytes_per_param)
+    g = Graph.from_dict(graph_from_config(cfg, device=args.device, micro_batch=args.micro_batch,
+                                          efficiency_scale=args.efficiency_scale,
+                                          parallel_cross_entropy=args.parallel_cross_entropy,
+                                          vocab_multiple=args.vocab_multiple),
+                        f"graph-from-config {args.name}")
+    if args.out:
+        g.save(args.out)
+        print(f"-> {args.out}: {len(g.nodes)} nodes, {cfg.num_parameters() / 1e9:.2f} B "
+              f"parameters", file=sys.stderr)
+    else:
+        print(g.to_json())
+    return 0
 
 
 _load_factory = load_factory  # the one loader (factories.py); commands call it by this name
@@ -606,6 +658,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "validate": _validate, "explain": _explain, "noise-scale": _noise_scale}
         command["run"] = _run
         command["convergence"] = _convergence
+        command["graph-from-config"] = _graph_from_config
         return command[args.command](args)
     except ValueError as exc:
         print(f"python -m hybridplan {args.command}: error: {exc}", file=sys.stderr)

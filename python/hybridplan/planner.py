@@ -405,9 +405,10 @@ def load_plan(path: PathLike) -> Plan:
 
 
 def num_processes(plan: dict) -> int:
-    """Processes a plan (dict) runs, as plan.h Plan::num_processes: dp in placement mode (a
-    replica's devices are one process) and dp * mp in pipeline mode."""
-    return plan["dp"] * plan["mp"] if plan["mode"] == "pipeline" else plan["dp"]
+    """Processes a plan (dict) runs, as plan.h Plan::num_processes: dp * tp in placement mode
+    (a replica's devices are one process per TP rank) and dp * mp * tp in pipeline mode."""
+    return (plan["dp"] * plan["mp"] if plan["mode"] == "pipeline" else plan["dp"]) \
+        * plan.get("tp", 1)
 
 
 def epochs_to_target(job: Union[Job, dict, PathLike], global_batch: float) -> float:

@@ -30,6 +30,13 @@ pipeline plans shard each stage module as one unit (zero2 only). The training is
 state_dict() and save_checkpoint() gather the shards, so checkpoints move between sharded and
 unsharded plans.
 
+Tensor parallelism (the plan's "tp" > 1, docs/tensor_parallel.md; see tensor_parallel): every
+process above becomes tp processes, TP rank t innermost (placement rank = replica * tp + t,
+pipeline rank = (replica * mp + k) * tp + t), that split the nodes profiler.tensor_parallel.
+detect_layout names (apply() calls it on the module, with example_inputs) over their TP group
+with DTensor's parallelize_module; data parallelism over the replicas of one TP rank is FSDP2's
+(fully_shard for sharded plans, else replicate), and each TP rank runs its own pipeline.
+
 Inputs as users have them: `inputs` is a tensor, a tuple of positional arguments or a dict of
 keyword arguments (input_ids=..., attention_mask=...); the module may return a tensor, a
 tuple, a dict or a ModelOutput, which loss_fn(output, target) receives as the module returns it.
@@ -67,6 +74,7 @@ from torch import nn
 
 from ..profiler import block_list, block_timing, stage_split
 from . import checkpoint, lost_peer, noise, placement, sharded_checkpoint, sharding, switching
+from . import tensor_parallel
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
@@ -280,10 +288,25 @@ def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int
                          f"the module's parameters with DTensor shards, which an optimizer "
                          f"built before apply() does not hold")
     if spec.num_processes != world_size:
-        layout = ("one process per replica, world = dp" if spec.mode == "placement"
-                  else "one process per device, world = dp * mp")
+        if spec.tp == 1:
+            layout = ("one process per replica, world = dp" if spec.mode == "placement"
+                      else "one process per device, world = dp * mp")
+            degrees = f"dp={spec.dp}, mp={spec.mp}"
+        else:
+            layout = ("one process per replica and TP rank, world = dp * tp"
+                      if spec.mode == "placement"
+                      else "one process per device, world = dp * mp * tp")
+            degrees = f"dp={spec.dp}, mp={spec.mp}, tp={spec.tp}"
         raise ValueError(f"{spec.source}: {spec.mode} plan needs world size {spec.num_processes} "
-                         f"({layout}; dp={spec.dp}, mp={spec.mp}) (got world size {world_size})")
+                         f"({layout}; {degrees}) (got world size {world_size})")
+    if spec.tp > 1 and measure_noise_scale:
+        raise ValueError(f"{spec.source}: measure_noise_scale needs the plan's \"tp\" to be 1 "
+                         f"(the meter reads DDP's buckets; a TP plan's replicas reduce through "
+                         f"FSDP2) (got tp={spec.tp})")
+    if spec.tp > 1 and spec.dp_shard < spec.dp:
+        raise ValueError(f"{spec.source}: dp_shard must equal dp with tp > 1 (hybrid sharding "
+                         f"over a TP mesh is not supported) (got dp_shard={spec.dp_shard}, "
+                         f"dp={spec.dp})")
     if graph is not None:
         sha = graph_sha256(graph)
         if sha != spec.graph_sha256:
@@ -318,11 +341,15 @@ class AppliedPlan:
                  measure_noise_scale: int = 0, noise_scale_decay: float = 0.99,
                  aliases: Optional[Dict[str, str]] = None,
                  resumed: Optional[Dict[str, Any]] = None, resumed_from: str = "",
-                 plan_json: str = ""):
+                 plan_json: str = "", tp_styles: Optional[Dict[str, str]] = None,
+                 tp_kinds: Optional[Dict[str, str]] = None):
         self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
+        # tensor parallelism (tp > 1): node -> style, node module -> weight kind (apply())
+        self._tp_styles, self._tp_kinds = tp_styles or {}, tp_kinds or {}
         self._plan_dict = plan_dict  # the plan as applied: switch_advice() evaluates it
         self.rank = dist.get_rank()
         self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
+        self.tp_rank = spec.tp_rank_of(self.rank)
         self.stages: List[int] = [self.stage]  # pipeline: the stages this rank holds
         self.predicted_step_s = spec.predicted_step_s
         self._timeout = timeout
@@ -372,13 +399,25 @@ class AppliedPlan:
     # ---- construction ---------------------------------------------------------------------------
     def _init_placement(self) -> None:
         spec = self.plan
-        self.devices = [_device(spec, g) for g in spec.mesh[self.replica]]
+        self.devices = [_device(spec, g + self.tp_rank) for g in spec.mesh[self.replica]]
         self._hooks = placement.place(self.original, spec.assignment, self.devices,
                                       spec.recompute, spec.selective)
         # DDP (or FSDP) on a group of its own, not the default group (which the user may own):
         # close() must be able to destroy every group whose Gloo threads ran its collectives
-        ddp_group = self._new_groups([list(range(spec.dp))])[0]
-        if spec.sharding == "none":
+        dp_groups = self._new_groups([spec.dp_group_ranks(0, t) for t in range(spec.tp)])
+        ddp_group = dp_groups[self.tp_rank]
+        if spec.tp > 1:  # mp == 1 (plan rule): TP over the replica's group, DP over the dp dim
+            tp_groups = self._new_groups([spec.tp_group_ranks(r) for r in range(spec.dp)])
+            mesh = self._tp_mesh(ddp_group, tp_groups[self.replica], 0)
+            tensor_parallel.parallelize(self.original, self._tp_styles, self._tp_kinds,
+                                        tensor_parallel.tp_dim(mesh))
+            self.ddp = None
+            if spec.dp > 1 and spec.sharding != "none":
+                self.shard_units = sharding.shard_placement(
+                    self.original, spec.assignment, tensor_parallel.dp_dim(mesh), spec.sharding)
+            elif spec.dp > 1:
+                tensor_parallel.replicate_placement(self.original, spec.assignment, mesh)
+        elif spec.sharding == "none":
             self.ddp = placement.wrap_ddp(self.original, self.devices, ddp_group)
         else:  # mp == 1 (plan rule): one device; recompute was applied above, before sharding
             self.ddp = None
@@ -389,6 +428,15 @@ class AppliedPlan:
                                                         spec.sharding)
         self.module = self.original
         self._params = list(self.original.parameters())  # FSDP's DTensors when sharded
+
+    def _tp_mesh(self, dp_group: Any, tp_group: Any, stage: int) -> Any:
+        """This rank's (dp, tp) DeviceMesh of pipeline rank `stage` (0 in placement mode) from
+        its DP and TP groups (tensor_parallel.mesh_2d)."""
+        spec = self.plan
+        ranks = [spec.tp_group_ranks(r, stage) for r in range(spec.dp)]
+        device = self.devices[0] if spec.mode == "placement" else self.device
+        return tensor_parallel.mesh_2d(dp_group, tp_group, ranks, device,
+                                       next(sharding.mesh_serial))
 
     def _hybrid_mesh(self, dp_rank_lists: List[List[int]], mine: int, device: torch.device
                      ) -> Any:
@@ -408,20 +456,31 @@ class AppliedPlan:
 
     def _init_pipeline(self, cut: stage_split.StageCut) -> None:
         spec = self.plan
-        dp_groups = self._new_groups([spec.dp_group_ranks(k) for k in range(spec.mp)])
-        replica_groups = self._new_groups([spec.replica_ranks(r) for r in range(spec.dp)])
-        # per tied parameter, per replica: the ranks holding a copy (a group where they are
-        # several; where one rank holds every copy, it sums them alone: see pipeline)
+        tp, t = spec.tp, self.tp_rank
+        # per (pipeline rank k, TP rank t): its DP group; per (replica r, TP rank t): that TP
+        # rank's pipeline of the replica (with tp = 1: per k, per r)
+        dp_groups = self._new_groups([spec.dp_group_ranks(k, u) for k in range(spec.mp)
+                                      for u in range(tp)])
+        replica_groups = self._new_groups([spec.replica_ranks(r, u) for r in range(spec.dp)
+                                           for u in range(tp)])
+        # per tied parameter, per replica and TP rank: the ranks holding a copy (a group where
+        # they are several; where one rank holds every copy, it sums them alone: see pipeline)
         stage_ranks = spec.stage_ranks
         tie_groups: Dict[int, Any] = {}
         for i, uses in enumerate(cut.tied):
             holders = sorted({stage_ranks[s] for s in uses})
             if len(holders) > 1:
-                groups = self._new_groups([[spec.rank_of(r, k) for k in holders]
-                                           for r in range(spec.dp)])
-                tie_groups[i] = groups[self.replica]
-        self._replica_group = replica_groups[self.replica]
-        self.device = _device(spec, spec.mesh[self.replica][self.stage])
+                groups = self._new_groups([[spec.rank_of(r, k, u) for k in holders]
+                                           for r in range(spec.dp) for u in range(tp)])
+                tie_groups[i] = groups[self.replica * tp + t]
+        self._replica_group = replica_groups[self.replica * tp + t]
+        self.device = _device(spec, spec.mesh[self.replica][self.stage] + t)
+        tp_mesh = None  # the (dp, tp) mesh of this rank's pipeline rank (tp > 1)
+        if tp > 1:
+            tp_groups = self._new_groups([spec.tp_group_ranks(r, k) for r in range(spec.dp)
+                                          for k in range(spec.mp)])
+            tp_mesh = self._tp_mesh(dp_groups[self.stage * tp + t],
+                                    tp_groups[self.replica * spec.mp + self.stage], self.stage)
         dp_mesh = None  # hybrid sharding: a 2-D mesh per DP group (else the stages' own)
         if spec.sharding != "none" and spec.dp_shard < spec.dp:
             dp_mesh = self._hybrid_mesh([spec.dp_group_ranks(k) for k in range(spec.mp)],
@@ -431,12 +490,13 @@ class AppliedPlan:
         selective = {spec.assignment[n] for n in spec.selective}  # whole stages (plan rule)
         self._runner = PipelineRunner(
             cut, self.stages, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
-            self._replica_group, dp_groups[self.stage], spec.dp, tie_groups,
+            self._replica_group, dp_groups[self.stage * tp + t], spec.dp, tie_groups,
             recompute_stages=sorted(recomputed), sharding=spec.sharding, dp_mesh=dp_mesh,
-            selective_stages=sorted(selective))
-        # the ranks of this replica holding stage 0 (the batch's inputs) and the last stage
-        self._first_rank = spec.rank_of(self.replica, stage_ranks[0])
-        self._last_rank = spec.rank_of(self.replica, stage_ranks[-1])
+            selective_stages=sorted(selective),
+            tensor_parallel=(self._tp_styles, self._tp_kinds, tp_mesh) if tp > 1 else None)
+        # the ranks of this TP rank's pipeline holding stage 0 (the batch's inputs) and the last
+        self._first_rank = spec.rank_of(self.replica, stage_ranks[0], t)
+        self._last_rank = spec.rank_of(self.replica, stage_ranks[-1], t)
         self._cut = cut
         self.module = self._runner.module
         self._params = self._runner.parameters()
@@ -680,14 +740,16 @@ class AppliedPlan:
         group), then replica 0's contribute as without sharding."""
         self._settle()
         part = None
-        if self.replica == 0 or self.plan.sharding != "none":
+        # sharded or TP plans: each parameter is a DTensor over a mesh with the other replicas
+        # (FSDP2's), gathered whole by every rank of it
+        if self.replica == 0 or self.plan.sharding != "none" or self.plan.tp > 1:
             model = (sharding.full_cpu_state(self.original.state_dict(keep_vars=True))
                      if self.plan.mode == "placement" else self._runner.local_state())
             part = {"model": model,
                     "optimizer": checkpoint.optimizer_state_by_name(self.optimizer,
                                                                      self._param_names())}
-            if self.replica != 0:
-                part = None  # gathered for replica 0's ranks, which contribute it
+            if self.replica != 0 or self.tp_rank != 0:
+                part = None  # gathered for replica 0's TP rank 0 ranks, which contribute it
         parts: Optional[List[Any]] = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(part, parts, dst=0)  # every rank has contributed once it returns
         return parts
@@ -794,7 +856,8 @@ class AppliedPlan:
         hf_export.export_pretrained(self, directory, **kw)
 
     def __repr__(self) -> str:
-        return (f"AppliedPlan(mode={self.plan.mode!r}, dp={self.plan.dp}, mp={self.plan.mp}, "
+        tp = f", tp={self.plan.tp}, tp_rank={self.tp_rank}" if self.plan.tp > 1 else ""
+        return (f"AppliedPlan(mode={self.plan.mode!r}, dp={self.plan.dp}, mp={self.plan.mp}{tp}, "
                 f"rank={self.rank}, replica={self.replica}, stage={self.stage})")
 
 
@@ -857,7 +920,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     batch_dim  dimension of inputs and target that indexes samples (pipeline plans: 0).
     example_inputs  pipeline plans: one replica batch as step() receives it (a tensor, tuple or
                dict); the stages are traced by torch.export at one micro-batch of it, in the
-               module's current train/eval mode, so every step must have that shape.
+               module's current train/eval mode, so every step must have that shape. Plans with
+               tp > 1 too: each node's split is checked on it (tensor_parallel.detect).
     measure_noise_scale  N > 0: measure the gradient noise scale every N steps from the
                replicas' local and all-reduced gradients (needs dp >= 2; one extra scalar
                all-reduce per measured step); read it with AppliedPlan.noise_scale(). 0: off.
@@ -896,6 +960,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     rank, world_size = dist.get_rank(), dist.get_world_size()
     plan_sha, plan_json, spec, cut, error = None, "", None, None, None
     resumed, plan_dict, resumed_from = None, None, ""
+    tp_styles: Dict[str, str] = {}
+    tp_kinds: Dict[str, str] = {}
     signature = param_signature(module)  # before the cut, which may copy tied parameters
     aliases = checkpoint.parameter_aliases(module)  # likewise
     versions = rank_agreement.local_versions()
@@ -905,6 +971,11 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         spec = parse_plan(plan)
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay, optimizer)
+        if spec.tp > 1:  # the profiler's one definition of what splits, on this module
+            tp_styles = tensor_parallel.check_layout(
+                tensor_parallel.detect(module, spec.assignment, example_inputs, spec.source),
+                spec.tp, spec.source)
+            tp_kinds = tensor_parallel.weight_kinds(module, tp_styles)
         if resume_from is not None:
             resumed, resumed_from = sharded_checkpoint.resolve(resume_from, checkpoint_dir)
             if resumed is not None:
@@ -925,7 +996,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     hp = AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
                      batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
                      aliases=aliases, resumed=resumed, resumed_from=resumed_from,
-                     plan_json=plan_json)
+                     plan_json=plan_json, tp_styles=tp_styles, tp_kinds=tp_kinds)
     hp.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
     hp._adapt = hp._switch_options["adapt"] = adapt
     hp._adapt_state = {"checked": hp.step_count, "switched": hp.step_count}

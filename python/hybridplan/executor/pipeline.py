@@ -41,6 +41,11 @@
   Sharded, each copy's gradient is a DTensor holding this replica's shard: its local tensor is
   summed, the same shard on each of the replica's stages (each is DP rank `replica` of its
   stage's group, and the copies have one shape).
+- Tensor parallelism (the plan's "tp" > 1; tensor_parallel): each TP rank runs a pipeline of
+  its own over the replica's stages (ranks (r * mp + k) * tp + t for one t), its stage modules
+  split over the stage's TP group before PipelineStage wraps them, so what stages send and
+  receive are whole (replicated) tensors; with dp > 1 a stage is replicated over its DP group
+  by FSDP2's replicate (a 2-D (dp, tp) mesh), which PipelineStage drives as it drives FSDP.
 - Recompute: a stage the plan recomputes runs its forward under torch.utils.checkpoint
   (executor.recompute), keeping only its inputs (the receive buffers) between a micro-batch's
   forward and backward.
@@ -63,6 +68,7 @@ from .bucket_policy import ddp_bucket_kwargs
 from ..profiler.stage_split import StageCut, original_name
 from . import sharding as _sharding
 from . import split_backward
+from . import tensor_parallel as _tp
 from .recompute import FULL, SELECTIVE, recompute
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
@@ -146,7 +152,7 @@ class PipelineRunner:
                  dp_group, dp: int, tie_groups: Dict[int, Any],
                  recompute_stages: Sequence[int] = (), sharding: str = "none",
                  selective_stages: Sequence[int] = (),
-                 dp_mesh: Any = None):
+                 dp_mesh: Any = None, tensor_parallel: Optional[tuple] = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES} (got {schedule!r})")
         if schedule not in MULTI_STAGE and len(stages) != 1:
@@ -163,9 +169,15 @@ class PipelineRunner:
             if index in recompute_stages:  # a pipeline recomputes whole stages (recompute)
                 recompute(module, SELECTIVE if index in selective_stages else FULL)
                 # (before fully_shard, as for placement: see sharding)
+            if tensor_parallel is not None:  # its node modules split over the TP group
+                styles, kinds, tp_mesh = tensor_parallel
+                _tp.parallelize(module, styles, kinds, _tp.tp_dim(tp_mesh),
+                                module_name_of=original_name)
             has_params = any(p.requires_grad for p in module.parameters())
             wrapped = module
-            if dp > 1 and has_params and sharding != "none":  # one FSDP unit: the stage
+            if dp > 1 and has_params and tensor_parallel is not None:  # over the dp dimension
+                _tp.replicate(module, tp_mesh)  # (sharding with tp > 1: placement only)
+            elif dp > 1 and has_params and sharding != "none":  # one FSDP unit: the stage
                 _sharding.shard(module, dp_mesh if dp_mesh is not None  # HSDP: 2-D
                                 else _sharding.data_parallel_mesh(dp_group, device), sharding)
             elif dp > 1 and has_params:
@@ -242,6 +254,11 @@ class PipelineRunner:
             for param in copies:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
+                elif _sharding.is_sharded(param.grad) and \
+                        param.grad.placements != param.placements:
+                    # a TP gradient may come back laid out otherwise than its parameter (an
+                    # embedding's, whole); the copies' shards are summed in the parameter's
+                    param.grad = param.grad.redistribute(param.device_mesh, param.placements)
                 # sharded (FSDP): the grad is a DTensor whose local tensor is this replica's
                 # shard, the same shard index on every stage of the replica (one DP rank per
                 # replica)

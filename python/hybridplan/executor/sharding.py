@@ -45,7 +45,7 @@ from torch import nn
 
 from ..profiler import block_list
 
-_mesh_serial = itertools.count()
+mesh_serial = itertools.count()  # numbers the meshes this process builds (their names)
 
 
 def data_parallel_mesh(group: Any, device: torch.device):
@@ -59,7 +59,7 @@ def data_parallel_mesh(group: Any, device: torch.device):
     the process group registered under the name 1")."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    return DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"dp{next(_mesh_serial)}",))
+    return DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"dp{next(mesh_serial)}",))
 
 
 def hybrid_mesh(new_groups: Any, ranks: List[int], dp_shard: int, rank: int,
@@ -80,7 +80,7 @@ def hybrid_mesh(new_groups: Any, ranks: List[int], dp_shard: int, rank: int,
     if rank not in ranks:
         return None
     me = ranks.index(rank)
-    serial = next(_mesh_serial)
+    serial = next(mesh_serial)
     return DeviceMesh.from_group(
         [replicate_groups[me % dp_shard], shard_groups[me // dp_shard]], device.type,
         mesh=torch.tensor(ranks).reshape(replicate, dp_shard),

@@ -202,11 +202,17 @@ def switch(hp: Any, plan: Any, *, module: Optional[nn.Module] = None,
                              f"{hp.plan.sharding!r}), which FSDP2 cannot undo: pass "
                              f"switch(..., module=) a freshly built model (the same "
                              f"architecture; its weights are replaced by the running state)")
+        if target is hp.original and hp.plan.tp > 1:
+            raise ValueError(f"the running plan splits the module over its TP groups (\"tp\": "
+                             f"{hp.plan.tp}; its parameters are DTensors), which cannot be "
+                             f"undone: pass switch(..., module=) a freshly built model (the "
+                             f"same architecture; its weights are replaced by the running "
+                             f"state)")
         plan_dict = load_plan_dict(plan)[0]
         plan_sha = sha256_hex(plan_dict)
         spec = parse_plan(plan)
         if ("measure_noise_scale" not in options and settings["measure_noise_scale"]
-                and (spec.dp < 2 or spec.sharding != "none")):
+                and (spec.dp < 2 or spec.sharding != "none" or spec.tp > 1)):
             settings["measure_noise_scale"] = 0  # the new plan cannot measure it (noise.py)
             dropped = True
         if options.get("adapt") is not None:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .. import _C
-from . import block_list, block_timing, dataflow, stage_split
+from . import block_list, block_timing, dataflow, stage_split, tensor_parallel
 
 __all__ = ["profile", "profile_dict"]
 
@@ -46,7 +46,8 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
             clock: str = "auto", retain_freed_memory: bool = True,
             batch_sizes: Union[str, Sequence[int]] = "auto",
             batch_time_budget_s: float = kBatchTimeBudgetS,
-            loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None, target: Any = None):
+            loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None, target: Any = None,
+            tensor_parallel: bool = True):
     """Measures `module` on `example_inputs` (a tensor, a tuple of positional inputs or a dict
     of keyword inputs; dim 0 of the first tensor is the batch) and returns a
     hybridplan.planner.Graph. See profile_dict."""
@@ -58,7 +59,8 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
                                         retain_freed_memory=retain_freed_memory,
                                         batch_sizes=batch_sizes,
                                         batch_time_budget_s=batch_time_budget_s,
-                                        loss_fn=loss_fn, target=target))
+                                        loss_fn=loss_fn, target=target,
+                                        tensor_parallel=tensor_parallel))
 
 
 def profile_dict(module: nn.Module, example_inputs: Inputs,
@@ -69,7 +71,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                  batch_sizes: Union[str, Sequence[int]] = "auto",
                  batch_time_budget_s: float = kBatchTimeBudgetS,
                  loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None,
-                 target: Any = None) -> Dict[str, Any]:
+                 target: Any = None, tensor_parallel: bool = True) -> Dict[str, Any]:
     """Like profile, but returns the Graph JSON as a dict (not yet validated by the planner).
 
     `loss_fn`, `target`: the training loss, loss_fn(output, target) -> scalar, and the target
@@ -86,6 +88,10 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     `clock`: "auto" (CUDA events on GPU, time.perf_counter on CPU), "wall", "cuda", or "thread"
     (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
     `name`: the graph's name (default: the module's class name in snake_case).
+    `tensor_parallel`: write each node that tensor parallelism splits its "tensor_parallel"
+    object (docs/tensor_parallel.md; tensor_parallel.detect_layout decides which, and
+    tensor_parallel.graph_fields times one rank of each split at degrees 2, 4, 8 up to its
+    max_degree); False: no node carries one, and no time goes into it.
     `retain_freed_memory`: keep freed memory in the process (glibc mallopt, process-wide, and it
     stays) so that page faults do not enter op times; see block_timing.retain_freed_memory.
 
@@ -153,6 +159,9 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                                                  repeats=max(1, min(3, repeats)))
     for node in graph["nodes"]:
         node.update(selective.get(node["name"], {}))
+    if tensor_parallel:
+        _add_tensor_parallel(graph, module, nodes, flow, (inputs, kwargs), forward_s,
+                             backward_s, clock, warmup, repeats, log)
     _add_pipeline_split(graph, module, flow, inputs, kwargs, log)
     # the model's input tensors at the profiled batch: the memory model's input batch term
     graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()
@@ -240,6 +249,21 @@ def _add_pipeline_split(graph, module, flow, args, kwargs, log) -> None:
             node["cut_before"] = False
     if not split["supported"]:
         log(f"profile {graph['name']}: no pipeline plans: {split['reason']}")
+
+
+def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s, clock,
+                         warmup, repeats, log) -> None:
+    """Nodes' "tensor_parallel" objects (docs/tensor_parallel.md), at the profiled batch."""
+    import time
+
+    started = time.monotonic()
+    fields = tensor_parallel.graph_fields(module, nodes, call, flow.order, forward_s,
+                                          backward_s, clock, warmup, repeats)
+    for node in graph["nodes"]:
+        if node["name"] in fields:
+            node["tensor_parallel"] = fields[node["name"]]
+    log(f"profile {graph['name']}: tensor parallelism splits {len(fields)} of "
+        f"{len(graph['nodes'])} nodes ({time.monotonic() - started:.1f} s)")
 
 
 def _edges(module, nodes, flow, inputs, kwargs) -> Tuple[Dict[dataflow.EdgeKey, int], str]:

@@ -319,4 +319,11 @@ TEST_CASE("the C++ executor refuses plans it would not run as priced, before any
   CHECK_THROWS_WITH(Executor(plan, graph, module, env, options),
                     Catch::Contains("plan.json: assignment[1].recompute is not supported by the C++ "
                                     "executor"));
+  plan.recompute.clear();
+  plan.tp = 2;  // libtorch has no DTensor parallelize_module
+  plan.world_size = 4;
+  plan.mesh = {{0}, {2}};
+  CHECK_THROWS_WITH(Executor(plan, graph, module, env, options),
+                    Catch::Contains("plan.json: tp is not supported by the C++ executor") &&
+                        Catch::Contains("(got 2)"));
 }

@@ -1,0 +1,116 @@
+#include "planner/tensor_parallel_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace hybridplan {
+
+double tp_time_ratio(const Node& node, int64_t tp, bool backward) {
+  if (tp <= 1 || !node.tensor_parallel) return 1.0;
+  const auto t = static_cast<double>(tp);
+  const double whole_s = backward ? node.backward_s : node.forward_s;
+  const std::vector<TpSplitTime>& points = node.tensor_parallel->split_times;
+  if (points.empty() || whole_s <= 0) return 1.0 / t;
+  const auto ratio_at = [&](const TpSplitTime& p) {
+    return (backward ? p.backward_s : p.forward_s) / whole_s;
+  };
+  // (log2 degree, ratio), starting at degree 1 with ratio 1.
+  double x0 = 0, r0 = 1;
+  const double x = std::log2(t);
+  for (const TpSplitTime& p : points) {
+    const double x1 = std::log2(static_cast<double>(p.degree));
+    const double r1 = ratio_at(p);
+    if (p.degree == tp) return r1;
+    if (x < x1) return r0 + (r1 - r0) * (x - x0) / (x1 - x0);
+    x0 = x1;
+    r0 = r1;
+  }
+  const TpSplitTime& last = points.back();
+  return ratio_at(last) * static_cast<double>(last.degree) / t;
+}
+
+int64_t tp_param_bytes(const Node& node, int64_t tp) {
+  if (tp <= 1 || !node.tensor_parallel) return node.param_bytes;
+  const int64_t split = node.tensor_parallel->split_param_bytes;
+  return node.param_bytes - split + (split + tp - 1) / tp;
+}
+
+double tp_activation_share(const Node& node, int64_t tp) {
+  if (tp <= 1 || !node.tensor_parallel || !node.tensor_parallel->activation_split) return 1.0;
+  return 1.0 / static_cast<double>(tp);
+}
+
+int64_t tp_tied_bytes(const Graph& graph, const TiedParams& tied, int64_t tp) {
+  if (tp <= 1) return tied.bytes;
+  for (NodeIndex v : tied.nodes) {
+    const std::optional<TensorParallel>& split = graph.nodes[v].tensor_parallel;
+    if (!split || split->split_param_bytes <= 0) return tied.bytes;
+  }
+  return (tied.bytes + tp - 1) / tp;
+}
+
+std::vector<int64_t> tp_degrees(const Graph& graph, const Cluster& cluster) {
+  if (!graph.has_tensor_parallel()) return {};
+  int64_t common = cluster.devices_per_node;
+  for (const Node& node : graph.nodes) {
+    if (node.tensor_parallel) common = std::gcd(common, node.tensor_parallel->max_degree);
+  }
+  std::vector<int64_t> out;
+  for (int64_t t = 2; t <= common; ++t) {
+    if (common % t == 0) out.push_back(t);
+  }
+  return out;
+}
+
+const AllReduceCost& TpCollectives::of(Collective op) const {
+  switch (op) {
+    case Collective::kAllReduce: return all_reduce;
+    case Collective::kAllGather: return all_gather;
+    case Collective::kReduceScatter: return reduce_scatter;
+  }
+  return all_reduce;
+}
+
+TpCollectives tp_collectives(const Cluster& cluster, int64_t tp) {
+  TpCollectives out;
+  if (tp <= 1) return out;
+  HP_INTERNAL_ASSERT(cluster.devices_per_node % tp == 0,
+                     "tp=" << tp << " does not divide devices_per_node=" << cluster.devices_per_node);
+  // The slowest aligned group of node 0 (every node is alike), term by term.
+  const auto slower = [](AllReduceCost& into, const AllReduceCost& c) {
+    into.fixed_s = std::max(into.fixed_s, c.fixed_s);
+    into.per_byte_s = std::max(into.per_byte_s, c.per_byte_s);
+  };
+  std::vector<DeviceIndex> group(tp);
+  for (int64_t first = 0; first < cluster.devices_per_node; first += tp) {
+    std::iota(group.begin(), group.end(), first);
+    slower(out.all_reduce, group_allreduce(cluster, group, 1));
+    slower(out.all_gather, group_shard_collective(cluster, group, Collective::kAllGather, 1));
+    slower(out.reduce_scatter, group_shard_collective(cluster, group, Collective::kReduceScatter, 1));
+  }
+  return out;
+}
+
+void apply_tensor_parallel(const Graph& graph, const TpCollectives& collectives, int64_t tp,
+                           double batch_scale, NodeTimes& times) {
+  if (tp <= 1) return;
+  const size_t n = graph.nodes.size();
+  times.forward_comm_s.assign(n, 0.0);
+  times.backward_comm_s.assign(n, 0.0);
+  const auto comm_s = [&](const std::optional<TpCollective>& c) {
+    return c ? collectives.of(c->op).time_s(scaled_bytes(c->bytes, batch_scale)) : 0.0;
+  };
+  for (size_t v = 0; v < n; ++v) {
+    const Node& node = graph.nodes[v];
+    if (!node.tensor_parallel) continue;
+    times.forward_comm_s[v] = comm_s(node.tensor_parallel->forward_collective);
+    times.backward_comm_s[v] = comm_s(node.tensor_parallel->backward_collective);
+    times.forward_s[v] = times.forward_s[v] * tp_time_ratio(node, tp, false) + times.forward_comm_s[v];
+    times.backward_s[v] = times.backward_s[v] * tp_time_ratio(node, tp, true) + times.backward_comm_s[v];
+  }
+}
+
+}  // namespace hybridplan

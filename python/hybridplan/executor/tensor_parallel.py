@@ -1,0 +1,328 @@
+"""Tensor parallelism (docs/tensor_parallel.md "Applied"): splits the graph nodes a plan's `tp`
+applies to over each TP group of `tp` ranks with torch's DTensor engine
+(torch.distributed.tensor.parallel.parallelize_module).
+
+Which nodes split and how is the profiler's one definition (profiler.tensor_parallel.
+detect_layout, called on the module the plan is applied to): each node gets a style,
+
+    colwise         ColwiseParallel: weight split by output features, output left sharded
+    rowwise         RowwiseParallel: weight split by input features, output all-reduced
+    vocab_rowwise   RowwiseParallel(input_layouts=Replicate()) on an embedding (split by
+                    vocabulary; the lookup's partial rows all-reduced)
+    colwise_gather  ColwiseParallel(output_layouts=Replicate()): an LM head whose logits are
+                    all-gathered
+    sharded         nothing to do: a parameter-free node between a colwise and a rowwise node
+                    that runs on each rank's slice (an activation, a dropout)
+
+with use_local_output=True, so the rest of the model sees plain tensors: each rank runs the
+activations between a colwise and a rowwise node on its slice of the features (its heads), and
+every node that no style names runs whole on every rank of the group.
+
+torch's styles accept only nn.Linear and nn.Embedding modules (their `_apply` checks the class).
+Two kinds of modules hold the same computation under another class, and get the subclasses
+below, which choose the partition by the weight's layout instead:
+  - Hugging Face's Conv1D (GPT-2): a linear layer whose weight is stored (in, out), so
+    column-wise shards weight dim 1 (and the bias), row-wise weight dim 0;
+  - a pipeline stage's modules: torch.export's InterpreterModule in place of each node module
+    (profiler.stage_split), holding the node's parameters under the same names and running its
+    operations (aten.linear, aten.embedding, ...). The layout is the original module's.
+
+Compositions (executor.AppliedPlan builds the meshes):
+  - placement (mp = 1): a 2-D DeviceMesh (dp, tp) per process; the module is parallelized over
+    mesh["tp"], then data parallel over mesh["dp"]: FSDP2 fully_shard for sharded plans
+    (torch's documented FSDP + TP composition), else FSDP2's replicate (all-reduce, DDP's
+    algorithm). Not DDP: torch's DDP + TP path (DDP(device_mesh=mesh["dp"]), which runs
+    tensor.parallel.ddp._pre_dp_module_transform) leaves the module without registered
+    parameters after its first forward (named_parameters() and state_dict() come back empty
+    in torch 2.13), which state_dict, checkpoints and the optimizer's names depend on.
+  - pipeline: each stage module is parallelized over its TP group's mesh before it is wrapped
+    in a PipelineStage (its inputs and outputs are plain, replicated tensors), and replicated
+    over its stage's DP group likewise. A stage is a graph traced by torch.export at the whole
+    model's shapes: a region between a colwise and a rowwise node whose operations fix a
+    feature size (a view to a literal number of heads) cannot run on a slice there; the split
+    then fails at its first forward with the shape error.
+  - recompute: applied to the node modules before they are parallelized; the recomputed
+    forward runs between the style's input and output hooks, on the same DTensors.
+
+Parameters are DTensors (over the TP mesh, or the 2-D mesh once data parallelism wraps them):
+AppliedPlan.state_dict(), save_checkpoint() and the sharded checkpoints gather them whole, so
+checkpoints move between TP and non-TP plans.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+import torch
+from torch import nn
+
+from ..profiler import block_list
+
+STYLES = ("colwise", "rowwise", "sharded", "vocab_rowwise", "colwise_gather")
+# how a split node's module stores its weight (the partition follows it)
+LINEAR, EMBEDDING, CONV1D = "linear", "embedding", "conv1d"
+
+
+def _style_name(node: Any) -> str:
+    """The style of a layout entry: detect_layout's TpNode (its `style`) or the style itself."""
+    return node if isinstance(node, str) else getattr(node, "style")
+
+
+def detect(module: nn.Module, node_names: Optional[Iterable[str]], example_inputs: Any,
+           source: str = "plan") -> Dict[str, Any]:
+    """The profiler's layout of `module` (profiler.tensor_parallel.detect_layout, the one
+    definition of which nodes split and how): node name -> its TpNode (style, max_degree, ...).
+    `node_names`: the plan's nodes ("name@k" calls count as their module); `example_inputs`:
+    one batch, on which detect_layout checks each split by running it. The random number
+    generators are left as they were (the check draws random inputs)."""
+    from ..profiler.tensor_parallel import detect_layout
+
+    if example_inputs is None:
+        raise ValueError(f"{source}: a plan with tp > 1 needs apply(..., example_inputs=) (one "
+                         f"replica batch): the split of each node is checked by running it "
+                         f"(profiler.tensor_parallel.detect_layout)")
+    names = None
+    if node_names is not None:
+        wanted = {block_list.module_name(n) for n in node_names}
+        names = [n for n in block_list.select_nodes(module) if n in wanted]
+    with torch.random.fork_rng(devices=[]):
+        return dict(detect_layout(module, names, example_inputs=example_inputs))
+
+
+def check_layout(layout: Mapping[str, Any], tp: int, source: str) -> Dict[str, str]:
+    """node -> style, checked: a known style, `tp` dividing a node's max_degree where the
+    layout gives one, and at least one node split. ValueError naming the plan and the node."""
+    styles: Dict[str, str] = {}
+    for name, node in layout.items():
+        style = _style_name(node)
+        if style not in STYLES:
+            raise ValueError(f"{source}: tensor_parallel.style of node {name!r} must be one of "
+                             f"{STYLES} (got {style!r})")
+        degree = getattr(node, "max_degree", None)
+        if degree is not None and int(degree) % tp:
+            raise ValueError(f"{source}: tp must divide the max_degree of node {name!r} "
+                             f"({degree}) to split it (got tp={tp})")
+        styles[name] = style
+    if not any(s != "sharded" for s in styles.values()):
+        raise ValueError(f"{source}: tp={tp} needs a node that tensor parallelism splits; the "
+                         f"module has none (profiler.tensor_parallel.detect_layout)")
+    return styles
+
+
+def weight_kind(module: nn.Module, name: str = "") -> str:
+    """How `module` stores its weight: nn.Linear (out, in), nn.Embedding (vocab, dim) or Hugging
+    Face's Conv1D (in, out). ValueError for any other module (no style splits it)."""
+    if isinstance(module, nn.Linear):
+        return LINEAR
+    if isinstance(module, nn.Embedding):
+        return EMBEDDING
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # no transformers: no Conv1D either
+        Conv1D = ()
+    if Conv1D and isinstance(module, Conv1D):
+        return CONV1D
+    raise ValueError(f"tensor parallelism splits nn.Linear, nn.Embedding and Hugging Face "
+                     f"Conv1D modules: node {name!r} is a {type(module).__name__}")
+
+
+def weight_kinds(module: nn.Module, styles: Mapping[str, str]) -> Dict[str, str]:
+    """node module name -> weight_kind, for every node whose style splits it."""
+    kinds: Dict[str, str] = {}
+    for node, style in styles.items():
+        if style == "sharded":
+            continue
+        name = block_list.module_name(node)
+        kinds[name] = weight_kind(module.get_submodule(name), name)
+    return kinds
+
+
+def _distribute_params(module: nn.Module, mesh: Any, placements: Dict[str, Any],
+                       src_data_rank: Optional[int]) -> None:
+    """Replaces each parameter `name` of `module` by a DTensor parameter laid out as
+    placements[name] over `mesh`."""
+    from torch.distributed.tensor import distribute_tensor
+
+    for name, param in list(module.named_parameters(recurse=False)):
+        module.register_parameter(name, nn.Parameter(
+            distribute_tensor(param, mesh, [placements[name]], src_data_rank=src_data_rank),
+            requires_grad=param.requires_grad))
+
+
+@functools.lru_cache(maxsize=None)
+def _style_classes():
+    """ColwiseParallel and RowwiseParallel that partition by a weight kind rather than by the
+    module's class (see the module doc); everything else (input and output layouts, hooks) is
+    torch's."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel.style import distribute_module
+
+    # weight kind -> (weight placement, bias placement) of each split
+    colwise = {LINEAR: (Shard(0), Shard(0)), EMBEDDING: (Shard(1), None),
+               CONV1D: (Shard(1), Shard(0))}
+    rowwise = {LINEAR: (Shard(1), Replicate()), EMBEDDING: (Shard(0), None),
+               CONV1D: (Shard(0), Replicate())}
+
+    def apply(style, table, module, mesh):
+        weight, bias = table[style.kind]
+        placements = {"weight": weight, "bias": bias}
+        return distribute_module(
+            module, mesh,
+            lambda _name, mod, m: _distribute_params(mod, m, placements, style.src_data_rank),
+            functools.partial(style._prepare_input_fn, style.input_layouts,
+                              style.desired_input_layouts),
+            functools.partial(style._prepare_output_fn, style.output_layouts,
+                              style.use_local_output))
+
+    class ColwiseByKind(ColwiseParallel):
+        def __init__(self, kind: str, **kwargs: Any):
+            super().__init__(**kwargs)
+            self.kind = kind
+
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            return apply(self, colwise, module, device_mesh)
+
+    class RowwiseByKind(RowwiseParallel):
+        def __init__(self, kind: str, **kwargs: Any):
+            super().__init__(**kwargs)
+            self.kind = kind
+            # torch sets these in _apply by the module's class: a linear layer's input arrives
+            # sharded on its last dimension, an embedding's indices whole
+            self.desired_input_layouts = (Replicate(),) if kind == EMBEDDING else (Shard(-1),)
+
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            return apply(self, rowwise, module, device_mesh)
+
+    return ColwiseByKind, RowwiseByKind
+
+
+def parallel_style(style: str, kind: str) -> Any:
+    """The torch ParallelStyle of a layout style for a module of weight kind `kind` (None for
+    "sharded": nothing to split)."""
+    from torch.distributed.tensor import Replicate
+
+    if style == "sharded":
+        return None
+    colwise, rowwise = _style_classes()
+    if style == "colwise":
+        return colwise(kind, use_local_output=True)
+    if style == "colwise_gather":
+        return colwise(kind, output_layouts=Replicate(), use_local_output=True)
+    if style == "rowwise":
+        return rowwise(kind, use_local_output=True)
+    if style == "vocab_rowwise":
+        return rowwise(kind, input_layouts=Replicate(), use_local_output=True)
+    raise ValueError(f"tensor_parallel.style must be one of {STYLES} (got {style!r})")
+
+
+def parallelize(module: nn.Module, styles: Mapping[str, str], kinds: Mapping[str, str],
+                tp_mesh: Any, module_name_of=None) -> List[str]:
+    """Splits the nodes of `module` that `styles` names over `tp_mesh` (1-D); returns the
+    qualified names of the submodules split. `kinds`: node module name -> weight_kind (from the
+    original module). `module_name_of(qualified name)` -> the node module name a submodule of
+    `module` stands for (a pipeline stage's "part.module.enc0" -> "enc0", stage_split's
+    original_name; default: the name itself); a node absent from `module` (on another stage) is
+    skipped. Parameters tied across split modules stay tied: each module registers its own
+    DTensor, so the copies are made one again (ValueError where the split lays them out
+    differently, or splits one copy and not another)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    module_name_of = module_name_of or (lambda qualified: qualified)
+    by_module: Dict[str, str] = {}
+    for node, style in styles.items():
+        name = block_list.module_name(node)
+        if by_module.setdefault(name, style) != style:
+            raise ValueError(f"tensor parallelism: the calls of module {name!r} must share one "
+                             f"style (got {by_module[name]!r} and {style!r})")
+    plan: Dict[str, Any] = {}
+    for qualified, sub in module.named_modules():
+        name = module_name_of(qualified)
+        style = by_module.get(name)
+        if qualified and style is not None and style != "sharded" \
+                and any(True for _ in sub.parameters(recurse=False)):
+            # (a pipeline stage keeps an empty module where a node's parameters moved away)
+            plan[qualified] = parallel_style(style, kinds[name])
+    # every tensor registered under several (module, attribute) names, before the split
+    tied: Dict[int, List[tuple]] = {}
+    for qualified, sub in module.named_modules(remove_duplicate=False):
+        for attr, param in sub._parameters.items():
+            if param is not None:
+                tied.setdefault(id(param), []).append((qualified, attr))
+    if plan:
+        parallelize_module(module, tp_mesh, plan)
+    for holders in (h for h in tied.values() if len(h) > 1):
+        _retie(module, holders)
+    return list(plan)
+
+
+def _retie(module: nn.Module, holders: List[tuple]) -> None:
+    """Makes every (module, attribute) in `holders` hold the first one's parameter again."""
+    from torch.distributed.tensor import DTensor
+
+    owner, attr = holders[0]
+    first = module.get_submodule(owner)._parameters[attr]
+    for name, other_attr in holders[1:]:
+        sub = module.get_submodule(name)
+        other = sub._parameters[other_attr]
+        if other is first:
+            continue
+        same = (isinstance(other, DTensor) == isinstance(first, DTensor)
+                and other.shape == first.shape
+                and (not isinstance(first, DTensor) or other.placements == first.placements))
+        if not same:
+            raise ValueError(
+                f"tensor parallelism: tied parameters {owner}.{attr} and {name}.{other_attr} "
+                f"must be split alike (got {_layout(first)} and {_layout(other)})")
+        sub._parameters[other_attr] = first
+
+
+def _layout(param: torch.Tensor) -> str:
+    placements = getattr(param, "placements", None)
+    return f"{list(param.shape)} {list(placements)}" if placements is not None else \
+        f"{list(param.shape)} whole"
+
+
+def mesh_2d(dp_group: Any, tp_group: Any, ranks: List[List[int]], device: torch.device,
+            serial: int) -> Any:
+    """The (dp, tp) DeviceMesh of this rank from its DP and TP process groups (no new group is
+    created): ranks[r][t] is the rank of replica r, TP rank t. Its dimensions are named
+    "dp<serial>" and "tp<serial>" (a name per mesh, see sharding.data_parallel_mesh)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group([dp_group, tp_group], device.type, mesh=torch.tensor(ranks),
+                                 mesh_dim_names=(f"dp{serial}", f"tp{serial}"))
+
+
+def dp_dim(mesh: Any) -> Any:
+    """mesh_2d's data-parallel dimension (a 1-D mesh)."""
+    return mesh[mesh.mesh_dim_names[0]]
+
+
+def tp_dim(mesh: Any) -> Any:
+    """mesh_2d's tensor-parallel dimension (a 1-D mesh)."""
+    return mesh[mesh.mesh_dim_names[1]]
+
+
+def replicate(module: nn.Module, mesh: Any) -> nn.Module:
+    """Data parallelism without sharding over `mesh["dp"]` for a module whose parameters are
+    split over `mesh["tp"]`: FSDP2's replicate (parameters kept whole per replica, gradients
+    all-reduced and averaged over the replicas; see the module doc for why not DDP)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate as fsdp_replicate
+
+    return fsdp_replicate(module, mesh=dp_dim(mesh))
+
+
+def replicate_placement(module: nn.Module, nodes: Iterable[str], mesh: Any) -> List[str]:
+    """replicate() over a placement replica in the units FSDP2 would shard it in
+    (sharding.node_units, then the root): each unit's gradients are all-reduced as soon as its
+    backward is done, overlapping the backward that remains, as DDP's buckets do. Returns the
+    node units' names."""
+    from . import sharding
+
+    units = sharding.node_units(module, nodes)
+    for name in units:
+        replicate(module.get_submodule(name), mesh)
+    replicate(module, mesh)
+    return units
