@@ -2,7 +2,9 @@
 //   1. full search() of a 2,000-node chain on 4,096 devices (512 DGX-1 nodes x 8), one core:
 //      wall time and peak RSS (getrusage); target < 1 s and < 1 GB. Then a 1,000-node chain
 //      whose every fourth node splits by tensor parallelism (max_degree 8), so tp = 1, 2, 4, 8
-//      are in the space (docs/tensor_parallel.md); the same targets.
+//      are in the space (docs/tensor_parallel.md); the same targets. Both spaces hold the
+//      pipelines spanning whole nodes (mp * tp a multiple of 8, up to mp = 64 ranks: search.cc
+//      kMaxSpanningStages).
 //   2. placement search of PipeDream's Inception-V3 profile (326 nodes) for every mp <= 8 on a
 //      DGX-1: compute, lower bound, gap, evaluations; target < 5 s for all mp together.
 // The profile folder comes from HYBRIDPLAN_PIPEDREAM_PROFILES (default

@@ -122,8 +122,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--tp", flags->tensor_degrees,
                   "Tensor-parallel degrees the search may choose (docs/tensor_parallel.md), "
                   "comma-separated: --tp 1 turns tensor parallelism off, --tp 4 fixes it "
-                  "(default: 1 and every degree dividing devices_per_node and the graph's "
-                  "max_degree)")
+                  "(default: 1 and every degree dividing devices_per_node and the max_degree of "
+                  "at least one of the graph's nodes; the others run whole)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--over-run", flags->over_run,

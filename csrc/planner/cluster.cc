@@ -183,7 +183,8 @@ void Cluster::validate(const std::string& source) const {
                                    {"intra_node.allgather", &intra_node_allgather},
                                    {"inter_node.allgather", &inter_node_allgather},
                                    {"intra_node.reduce_scatter", &intra_node_reduce_scatter},
-                                   {"inter_node.reduce_scatter", &inter_node_reduce_scatter}}) {
+                                   {"inter_node.reduce_scatter", &inter_node_reduce_scatter},
+                                   {"intra_node.tp_allreduce", &intra_node_tp_allreduce}}) {
     if (!*link) continue;
     check_positive(source, std::string(path) + ".bandwidth_bytes_per_s", (*link)->bandwidth_bytes_per_s);
     check_non_negative(source, std::string(path) + ".latency_s", (*link)->latency_s);
@@ -256,6 +257,7 @@ Cluster cluster_from_json(const Json& j, const std::string& source) {
   c.intra_node_allreduce = collective_override(in, intra, "intra_node", "allreduce");
   c.intra_node_allgather = collective_override(in, intra, "intra_node", "allgather");
   c.intra_node_reduce_scatter = collective_override(in, intra, "intra_node", "reduce_scatter");
+  c.intra_node_tp_allreduce = collective_override(in, intra, "intra_node", "tp_allreduce");
   if (matrix != nullptr) {
     const std::string path = "intra_node.bandwidth_matrix_bytes_per_s";
     in.array(*matrix, path);
@@ -305,6 +307,7 @@ Json cluster_to_json(const Cluster& c) {
   if (c.intra_node_allreduce) intra["allreduce"] = link_to_json(*c.intra_node_allreduce);
   if (c.intra_node_allgather) intra["allgather"] = link_to_json(*c.intra_node_allgather);
   if (c.intra_node_reduce_scatter) intra["reduce_scatter"] = link_to_json(*c.intra_node_reduce_scatter);
+  if (c.intra_node_tp_allreduce) intra["tp_allreduce"] = link_to_json(*c.intra_node_tp_allreduce);
   Json device = {{"name", c.device.name},
                  {"type", c.device.type},
                  {"memory_bytes", c.device.memory_bytes},

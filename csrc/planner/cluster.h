@@ -97,6 +97,11 @@ struct Cluster {
   std::optional<Link> intra_node_reduce_scatter;
   std::optional<Link> inter_node_allgather;
   std::optional<Link> inter_node_reduce_scatter;
+  // Tensor parallelism's collectives as the executor runs them (DTensor: the collective, its
+  // copies and the dispatch of the split layers' ops; calibrate's "intra_node.tp_allreduce"),
+  // the link that makes the ring all-reduce formula reproduce one of them. A TP group is on one
+  // node. Unset: the collective links above (tensor_parallel_cost.h).
+  std::optional<Link> intra_node_tp_allreduce;
   CollectiveLibrary collectives = CollectiveLibrary::kNccl;
   Runtime runtime;
   Json sources = Json::array();  // citations for the numbers, carried through untouched

@@ -185,6 +185,49 @@ std::string join(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+namespace {
+
+// map_devices for mp > devices_per_node (a pipeline's replica on k = mp / devices_per_node
+// whole nodes; device_mapping.h).
+DeviceMapping map_spanning_pipelines(const Cluster& cluster, int64_t dp, int64_t mp) {
+  const int64_t per_node = cluster.devices_per_node;
+  HP_INTERNAL_ASSERT(mp % per_node == 0, "mp=" << mp << " spans part of a node");
+  const int64_t k = mp / per_node;
+  HP_INTERNAL_ASSERT(dp >= 1 && dp * k <= cluster.num_nodes, "dp=" << dp << " mp=" << mp);
+  // every node's devices in the best pipeline order (one group of the whole node)
+  const std::vector<int64_t> order = best_local_groups(cluster, per_node, 1).front();
+  DeviceMapping m;
+  for (int64_t r = 0; r < dp; ++r) {
+    std::vector<DeviceIndex> devs;
+    for (int64_t node = r * k; node < r * k + k; ++node) {
+      for (int64_t local : order) devs.push_back(node * per_node + local);
+    }
+    m.mesh.push_back(std::move(devs));
+  }
+  // consecutive stages on two nodes ride the inter-node link, the slowest of a replica's
+  m.slowest_link_bytes_per_s = cluster.link(0, per_node).bandwidth_bytes_per_s;
+  const NodeLinkTable links(cluster);
+  for (int64_t a = 0; a < per_node; ++a) {
+    for (int64_t b = 0; b < per_node; ++b) {
+      if (a != b) m.slowest_link_bytes_per_s = std::min(m.slowest_link_bytes_per_s, links.bw(a, b));
+    }
+  }
+  std::ostringstream os;
+  os << "each replica's " << mp << " pipeline ranks span " << k << " whole nodes (replica r on "
+     << "nodes r*" << k << " .. r*" << k << "+" << k - 1 << ", " << dp * k
+     << " node(s) used), its stages node by node, on each node in the order " << join(order);
+  if (links.uniform()) {
+    os << " (all intra-node links are equal)";
+  } else {
+    os << " (consecutive stages share the fastest links)";
+  }
+  os << "; the stages at a node boundary talk over the inter-node link";
+  m.note = os.str();
+  return m;
+}
+
+}  // namespace
+
 std::vector<std::vector<int64_t>> best_local_groups(const Cluster& cluster, int64_t mp,
                                                     int64_t count) {
   HP_INTERNAL_ASSERT(mp >= 1 && count >= 1 && mp * count <= cluster.devices_per_node,
@@ -202,7 +245,10 @@ std::vector<std::vector<int64_t>> best_local_groups(const Cluster& cluster, int6
 
 DeviceMapping map_devices(const Cluster& cluster, int64_t dp, int64_t mp, int64_t tp) {
   if (tp > 1) {
-    HP_INTERNAL_ASSERT(cluster.devices_per_node % (mp * tp) == 0, "mp=" << mp << " tp=" << tp);
+    HP_INTERNAL_ASSERT(cluster.devices_per_node % tp == 0 &&
+                           (cluster.devices_per_node % (mp * tp) == 0 ||
+                            (mp * tp) % cluster.devices_per_node == 0),
+                       "mp=" << mp << " tp=" << tp);
     Cluster groups = cluster;  // one device per TP group
     groups.devices_per_node = cluster.devices_per_node / tp;
     groups.bandwidth_matrix.assign(groups.devices_per_node,
@@ -223,6 +269,7 @@ DeviceMapping map_devices(const Cluster& cluster, int64_t dp, int64_t mp, int64_
     return m;
   }
   const int64_t per_node = cluster.devices_per_node;
+  if (mp > per_node) return map_spanning_pipelines(cluster, dp, mp);
   HP_INTERNAL_ASSERT(mp >= 1 && per_node % mp == 0, "mp=" << mp);
   HP_INTERNAL_ASSERT(dp >= 1 && dp * mp <= cluster.num_devices(), "dp=" << dp);
   const int64_t replicas_per_node = per_node / mp;

@@ -25,6 +25,7 @@ double plain_weight_base_s(const NodeTimes& times, size_t v) {
 Evaluator::Evaluator(const Problem& problem)
     : problem_(problem),
       compute_(problem.graph, problem.cluster),
+      optimizer_state_(hybridplan::optimizer_state(problem.job, problem.graph)),
       reverse_topo_(problem.graph.topo_order.rbegin(), problem.graph.topo_order.rend()) {}
 
 Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int64_t tp) const {
@@ -40,6 +41,12 @@ Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int
     }
   }
   return *slot;
+}
+
+const std::vector<int64_t>& Evaluator::node_degrees(int64_t tp) const {
+  auto it = node_degrees_.find(tp);
+  if (it == node_degrees_.end()) it = node_degrees_.emplace(tp, tp_node_degrees(problem_.graph, tp)).first;
+  return it->second;
 }
 
 const NodeTimes& Evaluator::node_times(double batch, double slowdown, int64_t tp) const {
@@ -145,7 +152,8 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
     const int64_t from = plan.device_of(static_cast<int32_t>(s));
     const int64_t to = plan.device_of(static_cast<int32_t>(s + 1));
     if (stages_.boundary_bytes[s] <= 0 || from == to) continue;  // zbv's turn: one rank
-    const Link link = problem_.cluster.link(plan.mesh[0][from], plan.mesh[0][to]);
+    // between nodes on the inter-node link, shared by the TP ranks' transfers
+    const Link link = tp_stage_link(problem_.cluster, plan.mesh[0][from], plan.mesh[0][to], plan.tp);
     p2p_s_[s] = boundary_p2p_s(link, stages_.boundary_tensors[s], stages_.boundary_bytes[s]);
   }
   const PipelineTimes times = simulate_pipeline(
@@ -287,11 +295,12 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   // Feed gradients in the order they become ready on each device; a tied copy's gradient is
   // ready with its stage's first node's.
   fill_group_ready_s(plan);
+  const std::vector<int64_t>& degrees = node_degrees(plan.tp);
   for (int64_t k = 0; k < groups; ++k) {
     double node_bytes = 0;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
       if (plan.device_of(plan.assignment[v]) == k) {
-        node_bytes += static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp));
+        node_bytes += static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v]));
       }
     }
     const double copies = group_bytes_[k] - node_bytes;
@@ -304,7 +313,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
                 .backward;
   for (NodeIndex v : ready_order) {
     buckets_[plan.device_of(plan.assignment[v])].add_gradient(
-        gradient_ready_s_[v], static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp)));
+        gradient_ready_s_[v], static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v])));
   }
   double end_s = 0;
   for (auto& bucketed : buckets_) end_s = std::max(end_s, bucketed.end_s());
@@ -393,8 +402,9 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
       with_recompute(plan, node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp));
   const bool zero3 = plan.sharding == Sharding::kZero3;
   const AllReduceCost& gather = gather_cost_[0];
+  const std::vector<int64_t>& degrees = node_degrees(plan.tp);
   const auto bytes = [&](NodeIndex v) {
-    return static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp));
+    return static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v]));
   };
   if (serial_replica_devices()) {  // one thread computes and waits for every collective in turn
     double total_s = 0;
@@ -448,7 +458,7 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
 double Evaluator::optimizer_s(const Plan& plan) const {
   fill_param_bytes(plan);
   const Cluster& cluster = problem_.cluster;
-  const Optimizer optimizer = problem_.job.optimizer;
+  const OptimizerState& optimizer = optimizer_state_;
   // A sharded plan updates its shards: 1/dp_shard of the bytes, every tensor (docs/sharding.md).
   const bool sharded = plan.sharding != Sharding::kNone;
   const double share = sharded ? 1.0 / static_cast<double>(plan.shard_degree()) : 1.0;
@@ -478,8 +488,9 @@ void Evaluator::fill_param_bytes(const Plan& plan) const {
   const int64_t values = plan.num_stages();  // local devices (placement) or stages (pipeline)
   stage_param_bytes_.assign(values, 0);
   param_tensors_.assign(plan.mp, 0);
+  const std::vector<int64_t>& degrees = node_degrees(plan.tp);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
-    stage_param_bytes_[plan.assignment[v]] += tp_param_bytes(graph.nodes[v], plan.tp);
+    stage_param_bytes_[plan.assignment[v]] += tp_param_bytes(graph.nodes[v], degrees[v]);
     param_tensors_[plan.device_of(plan.assignment[v])] +=
         std::max<int64_t>(0, graph.nodes[v].param_tensors);
   }
@@ -493,7 +504,7 @@ void Evaluator::fill_param_bytes(const Plan& plan) const {
         const int32_t s = plan.assignment[v];
         if (stage_stamp_[s]) continue;
         stage_stamp_[s] = 1;
-        stage_param_bytes_[s] += tp_tied_bytes(graph, tied, plan.tp);
+        stage_param_bytes_[s] += tp_tied_bytes(tied, degrees);
         if (graph.nodes[tied.nodes.front()].param_tensors >= 0) param_tensors_[plan.device_of(s)] += 1;
       }
     }
@@ -518,7 +529,7 @@ double Evaluator::tied_allreduce_s(const Plan& plan) const {
     if (group_devices_.size() < 2) continue;
     std::sort(group_devices_.begin(), group_devices_.end());
     total_s += group_allreduce(problem_.cluster, group_devices_, plan.tp)
-                   .time_s(static_cast<double>(tp_tied_bytes(problem_.graph, tied, plan.tp)));
+                   .time_s(static_cast<double>(tp_tied_bytes(tied, node_degrees(plan.tp))));
   }
   return total_s;
 }
@@ -541,12 +552,13 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   recompute_inputs_.assign(plan.recompute.empty() || pipeline ? 0 : graph.nodes.size() * plan.mp, 0);
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
   const bool multi_stage = pipeline && schedule_is_multi_stage(plan.schedule);
+  const std::vector<int64_t>& degrees = node_degrees(plan.tp);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
     largest_unit_bytes_[k] = std::max(largest_unit_bytes_[k],
-                                      static_cast<double>(tp_param_bytes(graph.nodes[v], plan.tp)));
+                                      static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v])));
     // a TP rank keeps its slice of a split activation (tensor_parallel_cost.h)
-    const double share = tp_activation_share(graph.nodes[v], plan.tp);
+    const double share = tp_activation_share(graph.nodes[v], degrees[v]);
     double activations = share * scaled_bytes(graph.nodes[v].activation_bytes(), scale);
     if (plan.recomputes_selectively(v)) {  // it also keeps its costly ops' outputs
       const double saved = share * scaled_bytes(graph.nodes[v].selective_saved_bytes, scale);
@@ -642,7 +654,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     sharded.largest_unit_bytes =
         pipeline ? static_cast<double>(param_bytes_[k]) : largest_unit_bytes_[k];
     out.memory_bytes[k] = device_memory_bytes(param_bytes_[k], activation_bytes_[k], in_flight,
-                                              problem_.job.optimizer, transient_bytes_[k], sharded);
+                                              optimizer_state_, transient_bytes_[k], sharded);
     if (out.feasible && out.memory_bytes[k] > have_bytes) {
       out.feasible = false;
       out.infeasible_reason =

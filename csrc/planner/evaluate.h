@@ -6,7 +6,11 @@
 //                                devices the replica's devices are one process, which runs every
 //                                node one after another without transfers
 //                     pipeline:  GPipe / 1F1B schedule length (pipeline_schedule.h), each action
-//                                paying Cluster runtime.action_s
+//                                paying Cluster runtime.action_s; a stage boundary's transfer
+//                                on the link between the two stages' devices (a pipeline
+//                                spanning nodes: the inter-node link where consecutive stages
+//                                are on two nodes; with tp > 1 tensor_parallel_cost.h
+//                                tp_stage_link)
 //                     node times at the (micro-)batch from compute_cost.h, multiplied by
 //                     runtime.slowdown(processes of the plan on the busiest node)
 //   allreduce_s     = max over DP groups of the all-reduce time left after backward ends
@@ -58,8 +62,11 @@
 //                     / t where activation_split; each TP rank all-reduces its own gradients
 //                     with its replicas, so t such rings run at once and the G of a group
 //                     spanning nodes (allreduce_cost.h) is multiplied by t; the process count
-//                     per node (compute slowdown) counts every TP rank
+//                     per node (compute slowdown) counts every TP rank; a stage boundary
+//                     between nodes carries tp copies of the tensor on the node's link
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
+//                     (with Job::mixed_precision, an fp32 master copy and fp32 optimizer state:
+//                     memory_cost.h OptimizerState, which optimizer_s streams too)
 //   samples_per_s   = global_batch / step_s
 //   epochs          = epochs_to_target(global_batch)                     (convergence.h)
 //   time_to_train_s = epochs * ceil(samples_per_epoch / global_batch) * step_s
@@ -73,6 +80,7 @@
 
 #include "planner/allreduce_cost.h"
 #include "planner/compute_cost.h"
+#include "planner/memory_cost.h"
 #include "planner/pipeline_schedule.h"
 #include "planner/placement_schedule.h"
 #include "planner/plan.h"
@@ -86,6 +94,8 @@ namespace hybridplan {
 // calls on one object (use one Evaluator per thread).
 class Evaluator {
  public:
+  // Throws InputError when the job's optimizer state does not fit the graph (memory_cost.h
+  // optimizer_state: mixed precision on a 32-bit graph).
   explicit Evaluator(const Problem& problem);
 
   // The breakdown of `plan`, which must fit the problem (validate it at the boundary:
@@ -97,6 +107,9 @@ class Evaluator {
   // Node times at `batch` samples, multiplied by `slowdown`, under tensor-parallel degree `tp`
   // (tensor_parallel_cost.h apply_tensor_parallel; cached per triple).
   const NodeTimes& node_times(double batch, double slowdown = 1.0, int64_t tp = 1) const;
+  // The degree each node runs at under tensor-parallel degree `tp` (tensor_parallel_cost.h
+  // tp_node_degrees: tp where it splits, else 1; cached per tp).
+  const std::vector<int64_t>& node_degrees(int64_t tp) const;
   // `times` with the plan's recomputed forwards added to their nodes' backward (the same
   // object when the plan recomputes nothing; else valid until the next call).
   const NodeTimes& with_recompute(const Plan& plan, const NodeTimes& times) const;
@@ -116,6 +129,8 @@ class Evaluator {
   // True when a replica's devices are one process that runs them one after another ("cpu").
   bool serial_replica_devices() const { return problem_.cluster.device.type == "cpu"; }
   const ComputeModel& compute_model() const { return compute_; }
+  // What the optimizer keeps per parameter (memory_cost.h): the job's optimizer and precision.
+  const OptimizerState& optimizer_state() const { return optimizer_state_; }
 
  private:
   struct BatchCosts {
@@ -152,8 +167,10 @@ class Evaluator {
 
   const Problem& problem_;
   ComputeModel compute_;
+  OptimizerState optimizer_state_;
   std::vector<NodeIndex> reverse_topo_;
   mutable std::map<std::tuple<double, double, int64_t>, std::unique_ptr<BatchCosts>> batch_costs_;
+  mutable std::map<int64_t, std::vector<int64_t>> node_degrees_;  // per tp
 
   // Reused between calls.
   mutable LocalLinks links_;

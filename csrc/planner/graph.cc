@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
+#include <utility>
 #include <queue>
 #include <set>
 #include <unordered_map>
@@ -259,6 +261,23 @@ const char* tp_collective_name(Collective op) {
 std::optional<Collective> tp_collective_from_name(const std::string& name) {
   for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter}) {
     if (name == tp_collective_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
+std::optional<int64_t> dtype_bytes(const std::string& dtype) {
+  static const std::pair<const char*, int64_t> kKnown[] = {
+      {"float64", 8}, {"double", 8}, {"float32", 4}, {"float", 4},   {"float16", 2},
+      {"half", 2},    {"bfloat16", 2}, {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
+  for (const auto& [name, bytes] : kKnown) {
+    if (dtype == name) return bytes;
+  }
+  // "<bits>-bit" (graphs built from a model config with another element size)
+  const size_t dash = dtype.find("-bit");
+  if (dash != std::string::npos && dash > 0 && dash <= 2 && dash + 4 == dtype.size() &&
+      dtype.find_first_not_of("0123456789") == dash) {
+    const int64_t bits = std::stoll(dtype.substr(0, dash));
+    if (bits > 0 && bits % 8 == 0 && bits <= 64) return bits / 8;
   }
   return std::nullopt;
 }

@@ -52,7 +52,9 @@ struct TpSplitTime {
 // Node::tensor_parallel: how the node splits over a plan's `tp` devices.
 struct TensorParallel {
   TpStyle style = TpStyle::kColwise;
-  int64_t max_degree = 1;         // a plan's tp must divide it
+  // the node splits under a plan's tp that divides it, else runs whole (tensor_parallel_cost.h
+  // tp_split_mask)
+  int64_t max_degree = 1;
   int64_t split_param_bytes = 0;  // of param_bytes, the bytes divided among the TP ranks
   bool activation_split = false;  // the bytes kept for backward divide by tp
   std::optional<TpCollective> forward_collective;
@@ -101,6 +103,10 @@ struct Edge {
   NodeIndex dst = 0;
   int64_t bytes = 0;  // defaults to nodes[src].output_bytes
 };
+
+// The bytes of one element of a graph's dtype (ProfiledAt::dtype: torch's names without
+// "torch.", e.g. "float32", "bfloat16"; or "<bits>-bit"); nullopt for a name it does not know.
+std::optional<int64_t> dtype_bytes(const std::string& dtype);
 
 struct ProfiledAt {
   std::string device = "unknown";

@@ -196,6 +196,9 @@ Job job_from_json(const Json& j, const std::string& source) {
     job.global_batches = batch_candidates_from_json(*b, source, "global_batch");
   }
   if (const Json* o = in.optional(j, "optimizer")) job.optimizer = optimizer_from_name(in, *o);
+  if (const Json* m = in.optional(j, "mixed_precision")) {
+    job.mixed_precision = in.boolean(*m, "mixed_precision");
+  }
   if (const Json* c = in.optional(j, "convergence")) job.convergence = convergence_from_json(in, *c);
   if (const Json* m = in.optional(j, "num_microbatches")) {
     in.array(*m, "num_microbatches");
@@ -210,6 +213,7 @@ Job job_from_json(const Json& j, const std::string& source) {
 Json job_to_json(const Job& job) {
   Json j = {{"schema_version", 1}, {"kind", kJobKind}, {"optimizer", optimizer_name(job.optimizer)}};
   if (job.samples_per_epoch > 0) j["samples_per_epoch"] = job.samples_per_epoch;
+  if (job.mixed_precision) j["mixed_precision"] = true;  // absent: false
   for (const auto& [key, batches] : {std::pair{"per_replica_batch", &job.per_replica_batches},
                                       {"global_batch", &job.global_batches}}) {
     if (batches->size() == 1) j[key] = batches->front();

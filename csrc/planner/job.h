@@ -38,6 +38,12 @@ struct Job {
   BatchCandidates per_replica_batches;
   BatchCandidates global_batches;
   Optimizer optimizer = Optimizer::kSgd;
+  // Mixed-precision training (JSON "mixed_precision", absent = false): the model's parameters
+  // and gradients are in the graph's 16-bit dtype (Graph profiled.dtype), and the optimizer
+  // keeps an fp32 master copy of the parameters and its state in fp32 (Megatron-LM's fp16 /
+  // bf16 training: 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter under Adam). memory_cost.h
+  // OptimizerState prices it; the gradient all-reduce stays at the graph's dtype.
+  bool mixed_precision = false;
   Convergence convergence;
   std::vector<int64_t> num_microbatches;  // candidates for pipelines; empty: 1,2,4,...,batch
 

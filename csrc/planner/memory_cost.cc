@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/error.h"
 #include "common/units.h"
 
 namespace hybridplan {
@@ -31,21 +32,50 @@ int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int6
   return 1;
 }
 
-double parameter_state_bytes(double param_bytes, Optimizer optimizer, const ShardedState& state) {
+double OptimizerState::copies() const {
   const auto k = static_cast<double>(optimizer_state_copies(optimizer));
-  const double shards = (1 + k) * param_bytes / static_cast<double>(std::max<int64_t>(1, state.dp));
+  return mixed_precision() ? master_ratio * (1 + k) : k;
+}
+
+double OptimizerState::shard_copies() const {
+  const auto k = static_cast<double>(optimizer_state_copies(optimizer));
+  return (mixed_precision() ? master_ratio : 1.0) * (1 + k);
+}
+
+OptimizerState optimizer_state(const Job& job, const Graph& graph, const std::string& source) {
+  OptimizerState out;
+  out.optimizer = job.optimizer;
+  if (!job.mixed_precision) return out;
+  const std::optional<int64_t> bytes = dtype_bytes(graph.profiled.dtype);
+  if (!bytes || *bytes >= 4) {
+    throw_input_error(source, "mixed_precision",
+                      "needs a graph profiled in a 16-bit dtype (float16, bfloat16): graph \"" +
+                          graph.name + "\" has profiled.dtype \"" + graph.profiled.dtype + "\"" +
+                          (bytes ? " (its parameters would be their own fp32 master copy)"
+                                 : " (an unknown dtype)"),
+                      "true");
+  }
+  out.master_ratio = 4.0 / static_cast<double>(*bytes);
+  return out;
+}
+
+double parameter_state_bytes(double param_bytes, const OptimizerState& optimizer,
+                             const ShardedState& state) {
+  const double shards =
+      optimizer.shard_copies() * param_bytes / static_cast<double>(std::max<int64_t>(1, state.dp));
   switch (state.sharding) {
-    case Sharding::kNone: return param_bytes * (2 + k);
+    case Sharding::kNone: return param_bytes * (2 + optimizer.copies());
     case Sharding::kZero2:
       return state.pipeline ? 2 * param_bytes + shards
                             : param_bytes + shards + state.largest_unit_bytes;
     case Sharding::kZero3: return shards + (state.overlapped ? 3 : 2) * state.largest_unit_bytes;
   }
-  return param_bytes * (2 + k);
+  return param_bytes * (2 + optimizer.copies());
 }
 
 int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
-                            Optimizer optimizer, double transient_bytes, const ShardedState& state) {
+                            const OptimizerState& optimizer, double transient_bytes,
+                            const ShardedState& state) {
   // In double, saturated at 2^62: activations scaled to a large batch and many micro-batches in
   // flight can exceed int64 (a cast of such a double is undefined); no device has 2^62 bytes,
   // so the plan is infeasible either way, and sums of two such values still fit.

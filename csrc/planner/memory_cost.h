@@ -2,21 +2,32 @@
 //
 //   memory_bytes = parameter_state_bytes                   parameters, gradients, optimizer state
 //                + activation_bytes * in_flight            activations kept for backward
-//   parameter_state_bytes, P = the device's parameter bytes, d = dp, k_opt: sgd 0,
-//   sgd_momentum 1 (momentum buffer), adam 2 (first and second moments), U = the largest
-//   sharded unit's bytes (a node's parameters; a pipeline stage is one unit):
-//     none (DDP)        P * (2 + k_opt)
-//     zero2, placement  P + (1 + k_opt) * P/d + U     gathered parameters (all, from forward
+//   parameter_state_bytes, P = the device's parameter bytes (at the graph's dtype), d = dp,
+//   k_opt: sgd 0, sgd_momentum 1 (momentum buffer), adam 2 (first and second moments), U = the
+//   largest sharded unit's bytes (a node's parameters; a pipeline stage is one unit), and the
+//   optimizer's copies per parameter byte (OptimizerState):
+//     O  = k_opt                 its state at the parameters' dtype;
+//          r * (1 + k_opt)       with mixed precision (Job::mixed_precision): an fp32 master
+//                                copy and fp32 state, r = 4 / the graph's dtype bytes
+//                                (Megatron-LM's fp16 Adam: 2 + 2 + r(1 + 2) * 2 = 16 bytes
+//                                per parameter)
+//     Os = 1 + k_opt             a shard's parameters and state; with mixed precision
+//          r * (1 + k_opt)       the fp32 master shard (FSDP2 keeps the sharded parameter in
+//                                fp32 and gathers it in the compute dtype) and fp32 state
+//     none (DDP)        2P + O * P                    parameters, gradients, optimizer
+//     zero2, placement  P + Os * P/d + U              gathered parameters (all, from forward
 //                       until each unit's backward), parameter and optimizer shards, one unit's
 //                       unsharded gradient before its reduce-scatter
-//     zero3, placement  (1 + k_opt) * P/d + w * U     shards, plus the gathered parameters and
+//     zero3, placement  Os * P/d + w * U              shards, plus the gathered parameters and
 //                       unsharded gradient of the unit in backward (w = 2), and the next unit's
 //                       prefetched parameters where collectives overlap compute (w = 3)
-//     zero2, pipeline   2P + (1 + k_opt) * P/d        the stage's parameters stay gathered and
+//     zero2, pipeline   2P + Os * P/d                 the stage's parameters stay gathered and
 //                       its gradients unsharded across the micro-batches (torch's pipeline
 //                       schedules reduce-scatter once, after the last backward)
 //     The gradient shards (P/d) exist only once the backward has freed most activations and
-//     gathered parameters, so they do not add to the peak.
+//     gathered parameters, so they do not add to the peak. Without mixed precision (O = k_opt,
+//     Os = 1 + k_opt): P * (2 + k_opt), P + (1 + k_opt) * P/d + U, (1 + k_opt) * P/d + w * U and
+//     2P + (1 + k_opt) * P/d.
 //   activation_bytes: sum of the device's nodes' saved_bytes (what each keeps for backward, as
 //                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs;
 //                     a recomputed node (Plan::recompute) keeps only its inputs instead (its
@@ -64,6 +75,24 @@ namespace hybridplan {
 // 0, 1 or 2 copies of the parameters for the optimizer state.
 int64_t optimizer_state_copies(Optimizer optimizer);
 
+// What the optimizer keeps per parameter (Job::optimizer, Job::mixed_precision).
+struct OptimizerState {
+  Optimizer optimizer = Optimizer::kSgd;
+  // r = 4 / the graph's dtype bytes with mixed precision (2 for fp16 or bf16); 0 without.
+  double master_ratio = 0;
+  bool mixed_precision() const { return master_ratio > 0; }
+  // O above: the optimizer's bytes per parameter byte beside the parameters and gradients.
+  double copies() const;
+  // Os above: a shard's parameter and optimizer bytes per parameter byte.
+  double shard_copies() const;
+};
+
+// The job's optimizer state for `graph`. With mixed precision the graph's profiled.dtype must
+// be a known dtype narrower than float32 (its parameters would otherwise be their own master
+// copy); InputError naming `source` and mixed_precision otherwise.
+OptimizerState optimizer_state(const Job& job, const Graph& graph,
+                               const std::string& source = "job");
+
 // Micro-batches whose activations stage `stage` of `num_stages` holds at once.
 int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int64_t num_stages,
                                int64_t stage);
@@ -76,12 +105,13 @@ struct ShardedState {
   bool overlapped = false;     // collectives overlap compute (prefetch): zero3 holds 3 units
   double largest_unit_bytes = 0;
 };
-double parameter_state_bytes(double param_bytes, Optimizer optimizer, const ShardedState& state);
+double parameter_state_bytes(double param_bytes, const OptimizerState& optimizer,
+                             const ShardedState& state);
 
 // parameter_state_bytes + activation_bytes * in_flight + transient_bytes (rounded up,
 // saturated at 2^62).
 int64_t device_memory_bytes(int64_t param_bytes, double activation_bytes, int64_t in_flight,
-                            Optimizer optimizer, double transient_bytes = 0.0,
+                            const OptimizerState& optimizer, double transient_bytes = 0.0,
                             const ShardedState& state = {});
 
 // "device 1 (global device 9) needs 18.2 GiB > 16.0 GiB (over by 2.2 GiB)"; pipelines name

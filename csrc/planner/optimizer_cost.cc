@@ -4,16 +4,12 @@
 
 namespace hybridplan {
 
-int64_t optimizer_bytes_touched_per_param_byte(Optimizer optimizer) {
-  switch (optimizer) {
-    case Optimizer::kSgd: return 3;
-    case Optimizer::kSgdMomentum: return 5;
-    case Optimizer::kAdam: return 7;
-  }
-  return 3;
+double optimizer_bytes_touched_per_param_byte(const OptimizerState& optimizer) {
+  const auto k = static_cast<double>(optimizer_state_copies(optimizer.optimizer));
+  return optimizer.mixed_precision() ? 2 + 2 * optimizer.master_ratio * (1 + k) : 3 + 2 * k;
 }
 
-double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double param_bytes,
+double optimizer_step_s(const Cluster& cluster, const OptimizerState& optimizer, double param_bytes,
                         double param_tensors, bool sharded) {
   const double bandwidth = cluster.device.memory_bandwidth_bytes_per_s;
   const Runtime& runtime = cluster.runtime;
@@ -22,7 +18,7 @@ double optimizer_step_s(const Cluster& cluster, Optimizer optimizer, double para
                               : runtime.optimizer_tensor_s;
   const double per_tensor_s = std::max(0.0, param_tensors) * tensor_s;
   if (bandwidth <= 0 || param_bytes <= 0) return per_tensor_s;
-  return param_bytes * static_cast<double>(optimizer_bytes_touched_per_param_byte(optimizer)) / bandwidth +
+  return param_bytes * optimizer_bytes_touched_per_param_byte(optimizer) / bandwidth +
          per_tensor_s;
 }
 

@@ -9,6 +9,28 @@ namespace hybridplan {
 
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The bottleneck of the split at equal compute shares (stage s begins at the first allowed
+// position whose prefix compute reaches s/k of the total, leaving a position for every later
+// stage), +infinity where that split does not exist or does not fit: an upper bound on the
+// optimum (optimal_partition narrows its DP with it).
+double balanced_split_bottleneck(const PartitionCosts& costs) {
+  const int64_t n = costs.num_positions();
+  const int k = costs.num_stages();
+  const std::vector<double>& prefix = costs.prefix_compute_s;
+  std::vector<int64_t> starts(k + 1, 0);
+  starts[k] = n;
+  int64_t p = 0;
+  for (int s = 1; s < k; ++s) {
+    const double share = prefix[n] * s / k;
+    p = std::max<int64_t>(p + 1, std::lower_bound(prefix.begin(), prefix.end(), share) - prefix.begin());
+    while (p < n && !costs.cut_allowed(p)) ++p;
+    if (p > n - (k - s)) return kInf;
+    starts[s] = p;
+  }
+  return partition_bottleneck_s(costs, starts);
+}
+
 }  // namespace
 
 double PartitionCosts::stage_s(int stage, int64_t first, int64_t end) const {
@@ -36,14 +58,33 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
   // best[s][j]: optimal bottleneck of positions [0, j) on stages 0..s; arg[s][j]: start of s.
   std::vector<std::vector<double>> best(k, std::vector<double>(n + 1, kInf));
   std::vector<std::vector<int64_t>> arg(k, std::vector<int64_t>(n + 1, -1));
-  for (int64_t j = 1; j <= n - (k - 1); ++j) {
+  // Only states of a partition whose bottleneck is at most `bound` (an upper bound on the
+  // optimum, with a slack for rounding) are computed: stage s ends where stages 0..s hold at
+  // most (s + 1) * bound of compute and stages s+1..k-1 the rest, at most (k - 1 - s) * bound;
+  // a state worth `bound` or more stays +infinity. Every state worth less, hence the optimum and
+  // its split, is what the full DP gives; for many stages the window of ends is a few stages
+  // wide (O(n^2 / k) instead of O(n^2 log k) steps).
+  const double bound =
+      balanced_split_bottleneck(costs) * (1 + 1e-9) + std::numeric_limits<double>::min();
+  const std::vector<double>& prefix = costs.prefix_compute_s;
+  const auto ends = [&](int s, int64_t first, int64_t last) {  // stage s's ends to compute
+    if (bound < kInf) {
+      const double after = (k - 1 - s) * bound, upto = (s + 1) * bound;
+      first = std::max<int64_t>(
+          first, std::lower_bound(prefix.begin(), prefix.end(), prefix[n] - after) - prefix.begin());
+      last = std::min<int64_t>(
+          last, std::upper_bound(prefix.begin(), prefix.end(), upto) - prefix.begin() - 1);
+    }
+    return std::make_pair(first, last);
+  };
+  for (auto [j, last] = ends(0, 1, n - (k - 1)); j <= last; ++j) {
     if (costs.fits(0, 0, j)) best[0][j] = costs.stage_s(0, 0, j);
   }
   for (int s = 1; s < k; ++s) {
     // Stage s ends at j; stages after it need at least k-1-s positions.
-    for (int64_t j = s + 1; j <= n - (k - 1 - s); ++j) {
+    for (auto [j, last] = ends(s, s + 1, n - (k - 1 - s)); j <= last; ++j) {
       const double out_s = s + 1 < k ? costs.boundary_s[s][j] : 0.0;
-      double b = kInf;
+      double b = bound;
       int64_t b_arg = -1;
       for (int64_t i = j - 1; i >= s; --i) {
         const double compute_s = costs.prefix_compute_s[j] - costs.prefix_compute_s[i];

@@ -19,7 +19,9 @@
 //   answer      = best[k-1][n]
 // Because compute_s(i, j) and the memory of [i, j) only grow as i decreases, the scan over i for
 // a fixed (s, j) stops as soon as compute alone reaches the best value found, which makes the DP
-// close to O(n^2) in practice instead of O(k n^2).
+// close to O(n^2) in practice instead of O(k n^2). The bottleneck of the split at equal
+// compute shares, where it fits, bounds the optimum from above and so the positions where each
+// stage can end: with many stages (pipelines spanning nodes) a window a few stages wide.
 #pragma once
 #include <cstdint>
 #include <functional>

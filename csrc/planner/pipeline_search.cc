@@ -61,8 +61,9 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   sharded.sharding = base.sharding;
   sharded.dp = base.shard_degree();
   sharded.pipeline = true;
-  const double state_copies = parameter_state_bytes(1.0, problem.job.optimizer, sharded);
+  const double state_copies = parameter_state_bytes(1.0, evaluator.optimizer_state(), sharded);
 
+  const std::vector<int64_t>& degrees = evaluator.node_degrees(base.tp);
   std::vector<int64_t> position(n);
   for (int64_t p = 0; p < n; ++p) position[g.topo_order[p]] = p;
   // cut_bytes(p) by a difference array: node u at q with last consumer at L crosses (q, L].
@@ -97,16 +98,16 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     c.prefix_compute_s[p + 1] =
         c.prefix_compute_s[p] + m * (micro.forward_s[v] + micro.backward_s[v]);
     c.prefix_static_bytes[p + 1] =
-        c.prefix_static_bytes[p] + static_cast<double>(tp_param_bytes(node, base.tp)) * state_copies;
+        c.prefix_static_bytes[p] + static_cast<double>(tp_param_bytes(node, degrees[v])) * state_copies;
     c.prefix_activation_bytes[p + 1] =
         c.prefix_activation_bytes[p] +
-        tp_activation_share(node, base.tp) * scaled_bytes(node.activation_bytes(), micro_scale);
+        tp_activation_share(node, degrees[v]) * scaled_bytes(node.activation_bytes(), micro_scale);
   }
   c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
   for (int l = 0; l + 1 < k; ++l) {
     const int64_t from = base.device_of(l), to = base.device_of(l + 1);
     if (from == to) continue;  // zbv's turn: two stages of one rank
-    const Link link = problem.cluster.link(base.mesh[0][from], base.mesh[0][to]);
+    const Link link = tp_stage_link(problem.cluster, base.mesh[0][from], base.mesh[0][to], base.tp);
     for (int64_t p = 0; p <= n; ++p) {
       if (cut_bytes[p] <= 0) continue;
       c.boundary_s[l][p] = 2 * m * boundary_p2p_s(link, cut_tensors[p], cut_bytes[p] * micro_scale);

@@ -35,10 +35,11 @@ struct NodeCosts {
     forward_s = times.forward_s;
     backward_s = times.backward_s;
     const double scale = batch_scale(g, batch);
+    const std::vector<int64_t>& degrees = evaluator.node_degrees(base.tp);
     for (size_t v = 0; v < g.nodes.size(); ++v) {
-      activation_bytes.push_back(tp_activation_share(g.nodes[v], base.tp) *
+      activation_bytes.push_back(tp_activation_share(g.nodes[v], degrees[v]) *
                                  scaled_bytes(g.nodes[v].activation_bytes(), scale));
-      param_bytes.push_back(tp_param_bytes(g.nodes[v], base.tp));
+      param_bytes.push_back(tp_param_bytes(g.nodes[v], degrees[v]));
       total_forward_s += forward_s[v];
       total_backward_s += backward_s[v];
     }
@@ -92,7 +93,8 @@ Plan with_assignment(const Plan& base, std::vector<int32_t> assignment) {
 std::vector<int32_t> earliest_finish_assignment(const Graph& g, const NodeCosts& c,
                                                 const PlacementOrder& order,
                                                 const LocalLinks& links, int64_t mp,
-                                                int64_t capacity_bytes, Optimizer optimizer) {
+                                                int64_t capacity_bytes,
+                                                const OptimizerState& optimizer) {
   const size_t n = g.nodes.size();
   std::vector<int32_t> a(n, 0);
   std::vector<double> finish(n, 0), free_s(mp, 0), act(mp, 0);
@@ -140,10 +142,10 @@ std::vector<int32_t> earliest_finish_assignment(const Graph& g, const NodeCosts&
 // split has a finite cost (e.g. a node time scaled past the double range).
 std::optional<std::vector<int32_t>> contiguous_assignment(const Graph& g, const NodeCosts& c, int64_t mp,
                                            bool weight_is_memory, int64_t capacity_bytes,
-                                           Optimizer optimizer) {
+                                           const OptimizerState& optimizer) {
   const size_t n = g.nodes.size();
   const int k = static_cast<int>(std::min<int64_t>(mp, static_cast<int64_t>(n)));
-  const double state_copies = 2.0 + static_cast<double>(optimizer_state_copies(optimizer));
+  const double state_copies = parameter_state_bytes(1.0, optimizer, ShardedState{});
   PartitionCosts pc;
   pc.prefix_compute_s.assign(n + 1, 0);
   pc.prefix_static_bytes.assign(n + 1, 0);
@@ -242,7 +244,7 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
   LocalLinks links;
   fill_local_links(problem.cluster, base.mesh[0], links);
   const int64_t capacity = problem.cluster.device.memory_bytes;
-  const Optimizer opt = problem.job.optimizer;
+  const OptimizerState& opt = evaluator.optimizer_state();
 
   PlacementOutcome out;
   out.lower_bound_compute_s = placement_lower_bound_s(evaluator, base);
@@ -332,7 +334,7 @@ class BranchAndBound {
         c_(evaluator, base),
         mp_(static_cast<int32_t>(base.mp)),
         capacity_(evaluator.problem().cluster.device.memory_bytes),
-        optimizer_(evaluator.problem().job.optimizer),
+        optimizer_(evaluator.optimizer_state()),
         plan_(with_assignment(base, std::vector<int32_t>(g_.nodes.size(), -1))),
         best_(best),
         cls_(interchangeable_devices(evaluator.problem().cluster, base.mesh)),
@@ -412,7 +414,7 @@ class BranchAndBound {
   const NodeCosts c_;
   const int32_t mp_;
   const int64_t capacity_;
-  const Optimizer optimizer_;
+  const OptimizerState optimizer_;
   Plan plan_;
   PlacementOutcome& best_;
   const std::vector<int32_t> cls_;

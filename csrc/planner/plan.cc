@@ -10,6 +10,7 @@
 #include "common/json_fields.h"
 #include "common/json_io.h"
 #include "common/limits.h"
+#include "planner/tensor_parallel_cost.h"
 
 namespace hybridplan {
 namespace {
@@ -436,15 +437,21 @@ void Plan::validate_fit(const std::string& source, const Graph& graph, const Clu
                             "parallelism detection)",
                         str(tp));
     }
-    for (size_t v = 0; v < graph.nodes.size(); ++v) {
-      const std::optional<TensorParallel>& split = graph.nodes[v].tensor_parallel;
-      if (split && split->max_degree % tp != 0) {
-        throw_input_error(source, "tp",
-                          "must divide the max_degree " + str(split->max_degree) + " of node " +
-                              quoted(graph.nodes[v].name) + " (nodes[" +
-                              str(static_cast<int64_t>(v)) + "].tensor_parallel)",
-                          str(tp));
+    // the nodes tp does not split run whole (tensor_parallel_cost.h tp_split_mask); one must
+    const std::vector<uint8_t> splits = tp_split_mask(graph, tp);
+    if (std::find(splits.begin(), splits.end(), 1) == splits.end()) {
+      std::string degrees;
+      for (const Node& node : graph.nodes) {
+        if (!node.tensor_parallel) continue;
+        const std::string d = str(node.tensor_parallel->max_degree);
+        if (degrees.find(" " + d + ",") == std::string::npos) degrees += " " + d + ",";
       }
+      degrees.pop_back();
+      throw_input_error(source, "tp",
+                        "must divide the max_degree of a node with tensor_parallel, so that one "
+                        "splits (graph " + quoted(graph.name) + " has max_degree" + degrees +
+                            "; a tied group splits only where all its nodes do)",
+                        str(tp));
     }
   }
   if (world_size > cluster.num_devices()) {

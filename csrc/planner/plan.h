@@ -147,8 +147,9 @@ struct Plan {
 
   // Checks that the plan fits a graph and cluster, whatever they are named: world size and mesh
   // within the cluster, one assignment entry per node in graph order, pipeline stages never
-  // decreasing along an edge and none empty; tp dividing devices_per_node and every
-  // tensor_parallel node's max_degree (and the graph having one when tp > 1). Evaluator::evaluate runs validate_structure and this
+  // decreasing along an edge and none empty; with tp > 1, tp dividing devices_per_node and at
+  // least one node splitting at tp (tensor_parallel_cost.h tp_split_mask: tp divides its
+  // max_degree; the others run whole). Evaluator::evaluate runs validate_structure and this
   // (a searched plan is not hashed per candidate).
   void validate_fit(const std::string& source, const Graph& graph, const Cluster& cluster) const;
 

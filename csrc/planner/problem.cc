@@ -1,6 +1,7 @@
 #include "planner/problem.h"
 
 #include "common/error.h"
+#include "planner/memory_cost.h"
 
 namespace hybridplan {
 
@@ -10,6 +11,7 @@ void Problem::validate(const std::string& source) const {
                      "Graph::finalize() was not called on graph " << graph.name);
   cluster.validate(source + " (cluster)");
   job.validate(source + " (job)");
+  optimizer_state(job, graph, source + " (job)");  // mixed precision needs a 16-bit graph
 }
 
 Problem load_problem(const std::string& graph_path, const std::string& cluster_path_or_preset,

@@ -16,7 +16,8 @@ struct Problem {
   Job job;
 
   // Validates graph, cluster and job (messages name `source` + the part, e.g.
-  // "problem (graph): nodes[3].forward_s ..."); the graph must have been finalized.
+  // "problem (graph): nodes[3].forward_s ...") and the job against the graph (mixed precision
+  // needs a 16-bit graph); the graph must have been finalized.
   void validate(const std::string& source = "problem") const;
 };
 

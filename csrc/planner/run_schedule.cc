@@ -25,7 +25,9 @@ double segment_s(const Problem& problem, const Plan& plan, double p0, double p1)
 double default_switch_s(const Problem& problem) {
   double param_bytes = 0;
   for (const Node& n : problem.graph.nodes) param_bytes += static_cast<double>(n.param_bytes);
-  const double state = param_bytes * (1 + static_cast<double>(optimizer_state_copies(problem.job.optimizer)));
+  // the checkpoint: parameters and the optimizer's state (an fp32 master copy with it under
+  // mixed precision)
+  const double state = param_bytes * (1 + optimizer_state(problem.job, problem.graph).copies());
   return kRestartS + 2 * state / kCheckpointBytesPerS;
 }
 

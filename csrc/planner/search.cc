@@ -73,7 +73,7 @@ std::vector<int64_t> search_tensor_degrees(const Problem& problem, const SearchO
     if (t != 1 && std::find(allowed.begin(), allowed.end(), t) == allowed.end()) {
       std::string rule = "must list 1 or degrees that divide devices_per_node = " +
                          str(problem.cluster.devices_per_node) +
-                         " and every tensor_parallel node's max_degree";
+                         " and the max_degree of at least one node with tensor_parallel";
       if (!problem.graph.has_tensor_parallel()) {
         rule += " (graph \"" + problem.graph.name + "\" has no node with tensor_parallel)";
       } else {
@@ -89,6 +89,13 @@ std::vector<int64_t> search_tensor_degrees(const Problem& problem, const SearchO
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
+
+// The most pipeline ranks (mp) of a pipeline spanning nodes the search considers. Megatron-LM's
+// largest runs use 64 (Narayanan et al. 2021, arXiv 2104.04473: the trillion-parameter GPT on
+// 3072 GPUs, tensor 8 x pipeline 64); beyond it, each point's partition (mp stages over the
+// graph's nodes) and pipeline simulation grow with mp while the bubble grows too, and the
+// search time on thousands of devices left its bound (bench/bench_search.cc).
+constexpr int64_t kMaxSpanningStages = 64;
 
 // Positions 1..n-1 of the topological order where a pipeline stage may begin.
 int64_t allowed_stage_starts(const Graph& graph) {
@@ -122,12 +129,30 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
   const int64_t stage_starts = allowed_stage_starts(graph);
   const bool serial_devices = cluster.device.type == "cpu";
   bool said_serial = false, said_split = false;
+  const int64_t per_node = cluster.devices_per_node;
+  // Pipelines spanning nodes: at most as many ranks as the graph has stages to give them and
+  // kMaxSpanningStages (below); every larger mp is left out at once (one note).
+  const int64_t spanning_max_mp = std::min({kMaxSpanningStages, n, stage_starts + 1});
+  bool said_spanning = false;
   std::vector<SearchSpacePoint> points;
   for (const int64_t tp : search_tensor_degrees(problem, options)) {
     if (options.dp_only && tp > 1) break;
-    for (int64_t mp = 1; mp * tp <= cluster.devices_per_node; ++mp) {
-      if (cluster.devices_per_node % (mp * tp) != 0 || devices % (mp * tp) != 0) continue;
+    for (int64_t mp = 1; mp * tp <= devices; ++mp) {
+      // a replica's mp * tp devices: part of one node, or (a pipeline only) whole nodes
+      const bool spans = mp * tp > per_node;
+      if (devices % (mp * tp) != 0) continue;
+      if (spans ? (mp * tp) % per_node != 0 : per_node % (mp * tp) != 0) continue;
       if (options.dp_only && mp > 1) break;
+      if (spans && (!options.pipeline || !graph.pipeline_split.supported)) break;
+      if (spans && mp > spanning_max_mp) {
+        if (!said_spanning) {
+          skip("pipelines spanning nodes: only mp <= " + str(spanning_max_mp) + " (" +
+               str(kMaxSpanningStages) + " at most; the graph has " + str(n) + " nodes and " +
+               str(stage_starts) + " places where a stage may begin)");
+        }
+        said_spanning = true;
+        break;
+      }
       const int64_t dp = devices / (mp * tp);
       const std::string head = "dp=" + str(dp) + " mp=" + str(mp) + (tp > 1 ? " tp=" + str(tp) : "");
       const std::vector<int64_t> batches = per_replica_batches_for(problem, dp);
@@ -162,8 +187,11 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
         p.dp = dp;
         p.tp = tp;
         p.per_replica_batch = batch;
-        // tensor parallelism splits a placement replica only on one device per rank (Plan rules)
-        if (mp == 1 || (options.placement && !serial_devices && tp == 1)) points.push_back(p);
+        // tensor parallelism splits a placement replica only on one device per rank (Plan
+        // rules); one process drives a placement replica, inside one node
+        if (mp == 1 || (options.placement && !serial_devices && tp == 1 && !spans)) {
+          points.push_back(p);
+        }
         if (!pipeline_ok) continue;
         const auto counts = microbatch_counts(problem.job, batch);
         if (counts.empty()) {
@@ -296,14 +324,24 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   }
   const auto count = static_cast<int64_t>(std::count(flags.begin(), flags.end(), 1));
   if (count == 0) return 0;
-  // Selective first (it runs less again): each group whose nodes all have the profiler's
-  // measurement, the others fully; then every group fully.
+  // Selective first (it runs less again) where the profiler measured it, fully elsewhere; a
+  // group recomputes alike, so one node without the measurement makes its whole group full,
+  // and with it (a node in a module's group and a stage's) the other groups it joins, to a
+  // fixed point; then every group fully.
   std::vector<uint8_t> selective = flags;
-  for (const auto& group : groups) {
-    const bool measured = std::all_of(group.begin(), group.end(),
-                                      [&](size_t v) { return graph.nodes[v].has_selective(); });
-    for (size_t v : group) {
-      if (selective[v] && measured) selective[v] = kRecomputeSelective;
+  for (size_t v = 0; v < n; ++v) {
+    if (selective[v] && graph.nodes[v].has_selective()) selective[v] = kRecomputeSelective;
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& group : groups) {
+      if (std::none_of(group.begin(), group.end(),
+                       [&](size_t v) { return selective[v] == kRecomputeFull; })) {
+        continue;
+      }
+      for (size_t v : group) {
+        if (selective[v] == kRecomputeSelective) selective[v] = kRecomputeFull, changed = true;
+      }
     }
   }
   for (const std::vector<uint8_t>* kinds : {&selective, &flags}) {

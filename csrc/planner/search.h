@@ -58,9 +58,11 @@ struct SearchSpacePoint {
 
 // The points search() considers, in its order: for every tensor-parallel degree tp
 // (options.tensor_degrees; 1 first, so ties go to plans without tensor parallelism; only 1 with
-// dp_only), for every mp with mp * tp dividing devices_per_node and the device count N
-// (dp = N / (mp * tp); only mp = 1 with dp_only; placement with tp > 1 only at mp = 1), for
-// every per-replica batch the job
+// dp_only), for every mp with mp * tp dividing the device count N and dividing
+// devices_per_node or, for pipelines only, a multiple of it (a pipeline spanning
+// mp * tp / devices_per_node whole nodes; at most 64 ranks, the graph's nodes and its places
+// to cut plus one: search.cc kMaxSpanningStages) (dp = N / (mp * tp); only mp = 1 with dp_only;
+// placement with tp > 1 only at mp = 1), for every per-replica batch the job
 // allows (problem.h per_replica_batches_for: the search chooses the batch, hence the global
 // batch): mp = 1 as one placement point (pure DP); for mp >= 2 placement (options.placement;
 // not on "cpu" devices, where a replica's devices run one after another in one process) and

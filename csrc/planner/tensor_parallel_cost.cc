@@ -43,24 +43,69 @@ double tp_activation_share(const Node& node, int64_t tp) {
   return 1.0 / static_cast<double>(tp);
 }
 
-int64_t tp_tied_bytes(const Graph& graph, const TiedParams& tied, int64_t tp) {
-  if (tp <= 1) return tied.bytes;
-  for (NodeIndex v : tied.nodes) {
-    const std::optional<TensorParallel>& split = graph.nodes[v].tensor_parallel;
-    if (!split || split->split_param_bytes <= 0) return tied.bytes;
+std::vector<uint8_t> tp_split_mask(const std::vector<int64_t>& max_degrees,
+                                   const std::vector<std::vector<NodeIndex>>& tied_groups,
+                                   int64_t tp) {
+  std::vector<uint8_t> splits(max_degrees.size(), 0);
+  for (const std::vector<NodeIndex>& group : tied_groups) {
+    for (NodeIndex v : group) {
+      HP_INTERNAL_ASSERT(v >= 0 && static_cast<size_t>(v) < splits.size(), "tied node " << v);
+    }
   }
-  return (tied.bytes + tp - 1) / tp;
+  if (tp <= 1) return splits;
+  for (size_t v = 0; v < max_degrees.size(); ++v) {
+    splits[v] = max_degrees[v] >= 1 && max_degrees[v] % tp == 0 ? 1 : 0;
+  }
+  // a tied group splits only if all its nodes do; a node left whole there may hold another
+  // tie, so to a fixed point
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const std::vector<NodeIndex>& group : tied_groups) {
+      const bool all = std::all_of(group.begin(), group.end(), [&](NodeIndex v) { return splits[v]; });
+      if (all) continue;
+      for (NodeIndex v : group) {
+        if (splits[v]) {
+          splits[v] = 0;
+          changed = true;
+        }
+      }
+    }
+  }
+  return splits;
+}
+
+std::vector<uint8_t> tp_split_mask(const Graph& graph, int64_t tp) {
+  std::vector<int64_t> max_degrees(graph.nodes.size(), 0);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    if (graph.nodes[v].tensor_parallel) max_degrees[v] = graph.nodes[v].tensor_parallel->max_degree;
+  }
+  std::vector<std::vector<NodeIndex>> tied;
+  for (const TiedParams& t : graph.tied_params) tied.push_back(t.nodes);
+  return tp_split_mask(max_degrees, tied, tp);
+}
+
+std::vector<int64_t> tp_node_degrees(const Graph& graph, int64_t tp) {
+  const std::vector<uint8_t> splits = tp_split_mask(graph, tp);
+  std::vector<int64_t> out(splits.size(), 1);
+  for (size_t v = 0; v < splits.size(); ++v) {
+    if (splits[v]) out[v] = tp;
+  }
+  return out;
+}
+
+int64_t tp_tied_bytes(const TiedParams& tied, const std::vector<int64_t>& node_degrees) {
+  if (tied.nodes.empty()) return tied.bytes;
+  const int64_t t = node_degrees[tied.nodes.front()];  // the group's nodes split alike
+  return t > 1 ? (tied.bytes + t - 1) / t : tied.bytes;
 }
 
 std::vector<int64_t> tp_degrees(const Graph& graph, const Cluster& cluster) {
-  if (!graph.has_tensor_parallel()) return {};
-  int64_t common = cluster.devices_per_node;
-  for (const Node& node : graph.nodes) {
-    if (node.tensor_parallel) common = std::gcd(common, node.tensor_parallel->max_degree);
-  }
   std::vector<int64_t> out;
-  for (int64_t t = 2; t <= common; ++t) {
-    if (common % t == 0) out.push_back(t);
+  if (!graph.has_tensor_parallel()) return out;
+  for (int64_t t = 2; t <= cluster.devices_per_node; ++t) {
+    if (cluster.devices_per_node % t != 0) continue;
+    const std::vector<uint8_t> splits = tp_split_mask(graph, t);
+    if (std::find(splits.begin(), splits.end(), 1) != splits.end()) out.push_back(t);
   }
   return out;
 }
@@ -79,6 +124,14 @@ TpCollectives tp_collectives(const Cluster& cluster, int64_t tp) {
   if (tp <= 1) return out;
   HP_INTERNAL_ASSERT(cluster.devices_per_node % tp == 0,
                      "tp=" << tp << " does not divide devices_per_node=" << cluster.devices_per_node);
+  if (cluster.intra_node_tp_allreduce) {  // calibrated as the executor runs them (cluster.h)
+    const Link& link = *cluster.intra_node_tp_allreduce;
+    const double t = static_cast<double>(tp);
+    out.all_reduce = ring_allreduce(tp, link.bandwidth_bytes_per_s, link.latency_s);
+    out.all_gather = {(t - 1) * link.latency_s, (t - 1) / t / link.bandwidth_bytes_per_s};
+    out.reduce_scatter = out.all_gather;
+    return out;
+  }
   // The slowest aligned group of node 0 (every node is alike), term by term.
   const auto slower = [](AllReduceCost& into, const AllReduceCost& c) {
     into.fixed_s = std::max(into.fixed_s, c.fixed_s);
@@ -94,6 +147,14 @@ TpCollectives tp_collectives(const Cluster& cluster, int64_t tp) {
   return out;
 }
 
+Link tp_stage_link(const Cluster& cluster, DeviceIndex from, DeviceIndex to, int64_t tp) {
+  Link link = cluster.link(from, to);
+  if (tp > 1 && from / cluster.devices_per_node != to / cluster.devices_per_node) {
+    link.bandwidth_bytes_per_s /= static_cast<double>(tp);
+  }
+  return link;
+}
+
 void apply_tensor_parallel(const Graph& graph, const TpCollectives& collectives, int64_t tp,
                            double batch_scale, NodeTimes& times) {
   if (tp <= 1) return;
@@ -103,9 +164,10 @@ void apply_tensor_parallel(const Graph& graph, const TpCollectives& collectives,
   const auto comm_s = [&](const std::optional<TpCollective>& c) {
     return c ? collectives.of(c->op).time_s(scaled_bytes(c->bytes, batch_scale)) : 0.0;
   };
+  const std::vector<uint8_t> splits = tp_split_mask(graph, tp);
   for (size_t v = 0; v < n; ++v) {
     const Node& node = graph.nodes[v];
-    if (!node.tensor_parallel) continue;
+    if (!splits[v]) continue;  // runs whole: its own time, no collective
     times.forward_comm_s[v] = comm_s(node.tensor_parallel->forward_collective);
     times.backward_comm_s[v] = comm_s(node.tensor_parallel->backward_collective);
     times.forward_s[v] = times.forward_s[v] * tp_time_ratio(node, tp, false) + times.forward_comm_s[v];

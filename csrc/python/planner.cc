@@ -11,6 +11,7 @@
 #include "planner/explain.h"
 #include "planner/run_schedule.h"
 #include "planner/search.h"
+#include "planner/tensor_parallel_cost.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -235,6 +236,29 @@ void bind_planner(py::module_& m) {
       },
       py::arg("schedule"), py::arg("mp"), py::arg("virtual_stages"),
       "The local rank of each of the mp * virtual_stages pipeline stages (plan.h stage_rank).");
+  m.def(
+      "tp_split_mask",
+      [](const std::vector<int64_t>& max_degrees,
+         const std::vector<std::vector<NodeIndex>>& tied_groups, int64_t tp) {
+        for (size_t g = 0; g < tied_groups.size(); ++g) {
+          for (size_t i = 0; i < tied_groups[g].size(); ++i) {
+            const NodeIndex v = tied_groups[g][i];
+            if (v < 0 || static_cast<size_t>(v) >= max_degrees.size()) {
+              throw_input_error("tp_split_mask",
+                                "tied_groups[" + std::to_string(g) + "][" + std::to_string(i) + "]",
+                                "must be a node index in 0.." +
+                                    std::to_string(static_cast<int64_t>(max_degrees.size()) - 1),
+                                std::to_string(v));
+            }
+          }
+        }
+        const std::vector<uint8_t> mask = tp_split_mask(max_degrees, tied_groups, tp);
+        return std::vector<bool>(mask.begin(), mask.end());
+      },
+      py::arg("max_degrees"), py::arg("tied_groups"), py::arg("tp"),
+      "Which nodes split at tensor-parallel degree tp (tensor_parallel_cost.h tp_split_mask, "
+      "the planner's one rule): max_degrees[i] the node's max_degree (0: no tensor_parallel), "
+      "tied_groups lists of node indices sharing a parameter; one bool per node.");
   m.def(
       "epochs_to_target",
       [](const std::string& job_text, double global_batch) {

@@ -280,6 +280,11 @@ class Plan(_Document):
         return self._dict["mp"]
 
     @property
+    def tp(self) -> int:
+        """The tensor-parallel degree (1 when the plan has none; docs/tensor_parallel.md)."""
+        return self._dict.get("tp", 1)
+
+    @property
     def mode(self) -> str:
         return self._dict["mode"]
 
@@ -473,12 +478,16 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
            modes: Sequence[str] = MODES, dp_only: bool = False,
            exact_placement_max_nodes: Optional[int] = None,
            shardings: Sequence[str] = SHARDINGS,
-           schedules: Sequence[str] = SCHEDULES) -> SearchResult:
-    """Searches dp x mp x mode x micro-batches x sharding x device mapping on `devices` devices
-    of `cluster` (all of them when None). `dp_only` restricts to mp = 1, the pure data-parallel
-    baseline; `shardings` are the data-parallel sharding kinds a plan may take
+           schedules: Sequence[str] = SCHEDULES,
+           tensor_degrees: Optional[Sequence[int]] = None) -> SearchResult:
+    """Searches dp x mp x tp x mode x micro-batches x sharding x device mapping on `devices`
+    devices of `cluster` (all of them when None). `dp_only` restricts to mp = 1, the pure
+    data-parallel baseline; `shardings` are the data-parallel sharding kinds a plan may take
     (docs/sharding.md: "none", "zero2", "zero3"); `schedules` the pipeline schedules a
-    pipeline plan may take (docs/schedules.md);
+    pipeline plan may take (docs/schedules.md); `tensor_degrees` the tensor-parallel degrees
+    (docs/tensor_parallel.md; None: 1 and every degree the graph and cluster allow, [1]: no
+    tensor parallelism, [4]: only tp = 4; a degree the graph or cluster does not allow raises
+    ValueError);
     placements of graphs with more nodes than `exact_placement_max_nodes` (default: the C++
     SearchOptions default) are heuristic, with the gap in `notes`. Raises InfeasibleError when
     nothing fits."""
@@ -489,21 +498,25 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
     exact = {} if exact_placement_max_nodes is None else {
         "exact_placement_max_nodes": _positive_int(exact_placement_max_nodes,
                                                    "exact_placement_max_nodes")}
+    degrees = [] if tensor_degrees is None else [
+        _positive_int(t, "tensor_degrees entries") for t in tensor_degrees]
     out = json.loads(_C.search(g.to_json(), c.to_json(), None if j is None else j.to_json(),
                                devices=devices, top_k=top_k, placement=placement,
                                pipeline=pipeline, dp_only=bool(dp_only),
                                shardings=_shardings(shardings),
-                               schedules=_schedules(schedules), **exact))
+                               schedules=_schedules(schedules), tensor_degrees=degrees,
+                               **exact))
     plans = [Plan(json.dumps(p, sort_keys=True, separators=(",", ":")), _validated=True)
              for p in out["plans"]]
     return SearchResult(plans, out["candidates_evaluated"], out["notes"], out["infeasible"])
 
 
 def plan(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 1,
-         modes: Sequence[str] = MODES):
+         modes: Sequence[str] = MODES, tensor_degrees: Optional[Sequence[int]] = None):
     """The best Plan for training `graph` on `cluster` (a Cluster, path or preset name); with
-    top_k > 1 the best `top_k` plans, best first."""
-    result = search(graph, cluster, job, devices=devices, top_k=top_k, modes=modes)
+    top_k > 1 the best `top_k` plans, best first. `tensor_degrees` as search()'s."""
+    result = search(graph, cluster, job, devices=devices, top_k=top_k, modes=modes,
+                    tensor_degrees=tensor_degrees)
     return result.plans[0] if top_k == 1 else result.plans
 
 

@@ -133,13 +133,15 @@ def _thread_names(plan: dict, ranks: int) -> Dict[int, str]:
 
 def plan_kind(plan: dict) -> str:
     """What a plan (dict) runs, in a few words: "dp b=32", "placement b=8 zero2",
-    "1f1b M=4 b=32 recompute", "dp b=32 selective recompute" (the rows of `hybridplan validate` and the traces' names)."""
+    "1f1b M=4 b=32 recompute", "dp b=32 selective recompute", "tp2 b=32" (tensor parallel,
+    mp = 1), "1f1b M=4 tp2 b=32" (the rows of `hybridplan validate` and the traces' names)."""
+    tp = int(plan.get("tp", 1))
     if plan["mp"] == 1:
-        kind = "dp"
+        kind = "dp" if tp == 1 else f"tp{tp}"
     elif plan["mode"] == "placement":
         kind = "placement"
     else:
-        kind = f"{plan['schedule']} M={plan['num_microbatches']}"
+        kind = f"{plan['schedule']} M={plan['num_microbatches']}" + (f" tp{tp}" if tp > 1 else "")
     how = {a.get("recompute") for a in plan.get("assignment", [])} - {None, False}
     recomputed = (" selective recompute" if how == {"selective"} else
                   " recompute" if how else "")
@@ -149,7 +151,8 @@ def plan_kind(plan: dict) -> str:
 
 
 def _label(plan: dict) -> str:
-    return f"{plan['dp']}x{plan['mp']} {plan_kind(plan)}"
+    tp = int(plan.get("tp", 1))
+    return f"{plan['dp']}x{plan['mp']}" + (f"x{tp}" if tp > 1 else "") + f" {plan_kind(plan)}"
 
 
 # ---- predicted -----------------------------------------------------------------------------

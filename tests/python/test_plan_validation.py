@@ -18,11 +18,23 @@ GRAPH = hybridplan.Graph.load(ROOT / TABLE["graph"])
 CLUSTER = hybridplan.Cluster.load(TABLE["cluster"])
 
 
+def case_graph(case):
+    """The case's graph: the table's, with the case's optional `tensor_parallel` objects set on
+    the nodes it names."""
+    if "tensor_parallel" not in case:
+        return GRAPH
+    d = json.loads((ROOT / TABLE["graph"]).read_text())
+    for node in d["nodes"]:
+        if node["name"] in case["tensor_parallel"]:
+            node["tensor_parallel"] = case["tensor_parallel"][node["name"]]
+    return hybridplan.Graph.from_dict(d, "graph")
+
+
 def case_plan(case):
     plan = json.loads(json.dumps(TABLE["plan"]))
     plan.update(json.loads(json.dumps(case["set"])))
     if plan["graph"]["sha256"] == "$GRAPH_SHA256":
-        plan["graph"]["sha256"] = GRAPH.sha256
+        plan["graph"]["sha256"] = case_graph(case).sha256
     return plan
 
 
@@ -35,7 +47,8 @@ def test_the_table_plan_is_valid():
 def test_message(case):
     plan = case_plan(case)
     if case["against_graph"]:
-        entry_points = [lambda: hybridplan.Plan.from_dict(plan, "plan").validate(GRAPH, CLUSTER)]
+        graph = case_graph(case)
+        entry_points = [lambda: hybridplan.Plan.from_dict(plan, "plan").validate(graph, CLUSTER)]
     else:
         entry_points = [lambda: hybridplan.Plan.from_dict(plan, "plan"), lambda: parse_plan(plan)]
     for entry_point in entry_points:

@@ -382,3 +382,46 @@ def test_decoders_that_do_not_fit_data_parallelism_get_a_sharded_plan():
         else:
             with pytest.raises(InfeasibleError, match="no plan fits on 64 devices"):
                 planner.search(graph, cluster, job, shardings=["none"])
+
+
+def test_search_takes_tensor_degrees_and_tp_plans_count_their_processes(box):
+    """search(..., tensor_degrees=) reaches the core (docs/tensor_parallel.md); a node whose
+    max_degree tp does not divide runs whole (b here at tp = 4); num_processes counts tp."""
+    d = diamond_dict()
+    for node, degree in (("b", 2), ("c", 4)):
+        n = next(x for x in d["nodes"] if x["name"] == node)
+        n["tensor_parallel"] = {"style": "colwise", "max_degree": degree,
+                                "split_param_bytes": 1000, "activation_split": True}
+    g = Graph.from_dict(d)
+    four = planner.search(g, box, top_k=3, tensor_degrees=[4])
+    assert four.plans and all(p.tp == 4 for p in four.plans)
+    for p in four.plans:
+        assert p.num_processes == (p.dp * p.mp if p.mode == "pipeline" else p.dp) * 4
+        assert p.world_size == p.dp * p.mp * p.tp
+    assert all(p.tp == 1 for p in planner.search(g, box, tensor_degrees=[1]).plans)
+    assert {p.tp for p in planner.search(g, box, top_k=50).plans} <= {1, 2, 4}
+    assert planner.plan(g, box, tensor_degrees=[2]).tp == 2
+    with pytest.raises(ValueError, match=r"tensor_degrees must list 1 or degrees that divide "
+                                         r"devices_per_node = 4 and the max_degree of at least "
+                                         r"one node with tensor_parallel \(here: 2, 4\) \(got 8\)"):
+        planner.search(g, box, tensor_degrees=[8])
+    with pytest.raises(ValueError, match="tensor_degrees entries must be an integer >= 1"):
+        planner.search(g, box, tensor_degrees=[0])
+
+
+def test_mixed_precision_job_prices_fp32_master_weights(box):
+    """Job "mixed_precision": an fp32 master copy and fp32 optimizer state beside the graph's
+    16-bit parameters (docs/formats.md, Job); refused on a float32 graph."""
+    d = diamond_dict()
+    d["profiled"]["dtype"] = "bfloat16"
+    g = Graph.from_dict(d)
+    plan = hand_plan_dict(g)
+    plain = Job.from_dict({"schema_version": 1, "kind": "hybridplan.job", "optimizer": "adam"})
+    mixed = Job.from_dict(dict(plain.to_dict(), mixed_precision=True))
+    assert mixed.to_dict()["mixed_precision"] is True and "mixed_precision" not in plain.to_dict()
+    a, b = planner.evaluate(g, box, plan, plain), planner.evaluate(g, box, plan, mixed)
+    # 4000 B of bf16 parameters: Adam 4 x 4000 before, 2 x 4000 + 2 * (1 + 2) x 4000 with masters
+    assert b["memory_bytes"][0] - a["memory_bytes"][0] == 8 * 4000 - 4 * 4000
+    with pytest.raises(ValueError, match="mixed_precision needs a graph profiled in a 16-bit"):
+        planner.evaluate(Graph.from_dict(diamond_dict()), box, hand_plan_dict(
+            Graph.from_dict(diamond_dict())), mixed)

@@ -348,3 +348,104 @@ def test_equality_table(trained):
         diff = worst(outs, reference_state(name, COMPOSITIONS[composition][1] * BATCH))
         rows.append(f"| {name} | {composition} | {ranks_of(composition)} | {diff:.1e} |")
     print("\n" + "\n".join(rows))
+
+
+# ---- a node tp does not divide runs whole -------------------------------------------------------
+
+def llama_gqa():
+    """Llama with 4 query heads over 2 key-value heads: its attention splits at most in two
+    (max_degree 2), its MLP, embedding and head in more."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2 * SEQ, use_cache=False, attention_dropout=0.0,
+                         pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    return LlamaForCausalLM(config), _lm_batch, _lm_loss
+
+
+def test_split_nodes_is_the_planners_rule():
+    """executor.tensor_parallel.split_nodes: tp divides the node's max_degree, a tied group
+    splits as one (hybridplan._C.tp_split_mask, the cost model's function)."""
+    pytest.importorskip("hybridplan.planner",
+                        reason="needs the compiled planner hybridplan._C (make build)")
+    from hybridplan.executor import tensor_parallel as tpx
+    from hybridplan.profiler.tensor_parallel import TpNode
+
+    def node(style, degree):
+        return TpNode(style=style, max_degree=degree, split_param_bytes=0,
+                      activation_split=False, region="")
+    layout = tpx.NodeLayout({"wte": node("vocab_rowwise", 8), "fc1": node("colwise", 4),
+                             "fc2": node("rowwise", 4), "head": node("colwise_gather", 2)},
+                            [["wte", "head"]])
+    assert tpx.split_nodes(layout, 2) == ["wte", "fc1", "fc2", "head"]
+    assert tpx.split_nodes(layout, 4) == ["fc1", "fc2"]  # head whole, so wte (tied) too
+    assert tpx.split_nodes(tpx.NodeLayout(layout), 4) == ["wte", "fc1", "fc2"]  # untied
+    assert tpx.split_nodes({"fc1": "colwise"}, 8) == ["fc1"]  # a style alone: any degree
+    assert tpx.check_layout(layout, 4, "plan") == {"fc1": "colwise", "fc2": "rowwise"}
+    with pytest.raises(ValueError, match=r"plan: tp=8 must divide the max_degree of a node"):
+        tpx.check_layout(layout, 8, "plan")
+
+
+def test_detect_gives_the_tied_groups_and_the_attention_runs_whole():
+    pytest.importorskip("hybridplan.planner",
+                        reason="needs the compiled planner hybridplan._C (make build)")
+    pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
+    from hybridplan.executor import tensor_parallel as tpx
+    model, batch, _ = gpt2()
+    layout = tpx.detect(model, None, batch(2, 0)[0])
+    assert layout.tied_groups == [["transformer.wte", "lm_head"]]
+    model, batch, _ = llama_gqa()
+    layout = tpx.detect(model, None, batch(2, 0)[0])
+    styles = tpx.check_layout(layout, 4, "plan")
+    assert not any("self_attn" in n for n in styles)
+    assert {"model.embed_tokens", "model.layers.0.mlp.down_proj", "lm_head"} <= set(styles)
+
+
+def train_partial_split(out_dir):
+    """llama_gqa on 4 ranks, placement dp=1 x tp=4: the attention (max_degree 2) runs whole on
+    every rank, the rest split."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    import hybridplan
+    from hybridplan.executor import destroy_groups
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model, batch, loss_fn = llama_gqa()
+    plan = with_tp(placement_plan(model, dp=1, mp=1, per_replica_batch=BATCH), 4)
+    hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=sgd, timeout_s=120,
+                          example_inputs=batch(BATCH, 100)[0])
+    for step in range(STEPS):
+        hp.step(*hp.shard(*batch(BATCH, 100 + step)))
+    split = sorted({n.rsplit(".", 1)[0] for n, p in hp.module.named_parameters()
+                    if isinstance(p, DTensor) and "Shard" in str(p.placements)})
+    torch.save({"state": hp.state_dict(), "split": split},
+               os.path.join(out_dir, f"partial.rank{dist.get_rank()}.pt"))
+    hp.close()
+    destroy_groups()
+
+
+def test_a_node_tp_does_not_divide_runs_whole_and_trains_like_one_process(tmp_path):
+    pytest.importorskip("hybridplan.planner",
+                        reason="needs the compiled planner hybridplan._C (make build)")
+    pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
+    results = run_ranks("test_tensor_parallel:train_partial_split", 4,
+                        {"out_dir": str(tmp_path)}, timeout_s=300)
+    assert all(r.returncode == 0 for r in results), format_results(results)
+    torch.set_num_threads(1)
+    model, batch, loss_fn = llama_gqa()
+    opt = sgd(model.parameters())
+    for step in range(STEPS):
+        inputs, target = batch(BATCH, 100 + step)
+        opt.zero_grad()
+        loss_fn(call(model, inputs), target).backward()
+        opt.step()
+    expected = model.state_dict()
+    for rank in range(4):
+        out = torch.load(tmp_path / f"partial.rank{rank}.pt")
+        assert out["split"] and not any("self_attn" in n for n in out["split"]), out["split"]
+        assert any("mlp" in n for n in out["split"]), out["split"]
+        for key, want in expected.items():
+            assert torch.allclose(out["state"][key], want, rtol=1e-4, atol=1e-6), (
+                f"{key} differs by {(out['state'][key] - want).abs().max().item():.3g}")

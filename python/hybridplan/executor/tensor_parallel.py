@@ -16,7 +16,11 @@ detect_layout, called on the module the plan is applied to): each node gets a st
 
 with use_local_output=True, so the rest of the model sees plain tensors: each rank runs the
 activations between a colwise and a rowwise node on its slice of the features (its heads), and
-every node that no style names runs whole on every rank of the group.
+every node that no style names runs whole on every rank of the group. A node splits at the
+plan's tp only where the planner's rule says so (split_nodes: tp divides its max_degree, a tied
+group splitting as one; hybridplan._C.tp_split_mask, the C++ function the cost model uses), so
+one odd node (an attention with 2 key-value heads under tp = 4) runs whole instead of ruling
+tensor parallelism out.
 
 torch's styles accept only nn.Linear and nn.Embedding modules (their `_apply` checks the class).
 Two kinds of modules hold the same computation under another class, and get the subclasses
@@ -69,13 +73,24 @@ def _style_name(node: Any) -> str:
     return node if isinstance(node, str) else getattr(node, "style")
 
 
+class NodeLayout(dict):
+    """detect()'s result: {node name: TpNode}, plus `tied_groups`: the lists of those nodes
+    that hold one parameter between them (tied weights), which split together or not at all
+    (split_nodes)."""
+
+    def __init__(self, nodes: Mapping[str, Any], tied_groups: Iterable[Iterable[str]] = ()):
+        super().__init__(nodes)
+        self.tied_groups: List[List[str]] = [list(g) for g in tied_groups]
+
+
 def detect(module: nn.Module, node_names: Optional[Iterable[str]], example_inputs: Any,
-           source: str = "plan") -> Dict[str, Any]:
+           source: str = "plan") -> NodeLayout:
     """The profiler's layout of `module` (profiler.tensor_parallel.detect_layout, the one
-    definition of which nodes split and how): node name -> its TpNode (style, max_degree, ...).
-    `node_names`: the plan's nodes ("name@k" calls count as their module); `example_inputs`:
-    one batch, on which detect_layout checks each split by running it. The random number
-    generators are left as they were (the check draws random inputs)."""
+    definition of which nodes split and how): node name -> its TpNode (style, max_degree, ...),
+    with the groups of those nodes that share a parameter. `node_names`: the plan's nodes
+    ("name@k" calls count as their module); `example_inputs`: one batch, on which detect_layout
+    checks each split by running it. The random number generators are left as they were (the
+    check draws random inputs)."""
     from ..profiler.tensor_parallel import detect_layout
 
     if example_inputs is None:
@@ -87,26 +102,46 @@ def detect(module: nn.Module, node_names: Optional[Iterable[str]], example_input
         wanted = {block_list.module_name(n) for n in node_names}
         names = [n for n in block_list.select_nodes(module) if n in wanted]
     with torch.random.fork_rng(devices=[]):
-        return dict(detect_layout(module, names, example_inputs=example_inputs))
+        layout = dict(detect_layout(module, names, example_inputs=example_inputs))
+    holders: Dict[int, List[str]] = {}
+    for name in layout:
+        for param in module.get_submodule(block_list.module_name(name)).parameters():
+            holders.setdefault(id(param), []).append(name)
+    return NodeLayout(layout, [h for h in holders.values() if len(h) > 1])
+
+
+def split_nodes(layout: Mapping[str, Any], tp: int) -> List[str]:
+    """The nodes of `layout` that split at degree `tp`, in its order: the planner's one rule
+    (hybridplan._C.tp_split_mask, csrc/planner/tensor_parallel_cost.h; docs/tensor_parallel.md
+    "In the plan"): `tp` divides the node's max_degree, and a tied group (NodeLayout.
+    tied_groups) splits only where all its nodes do. The others run whole on every rank of the
+    TP group. An entry without a max_degree (a style alone) splits at any degree."""
+    from .. import _C
+
+    names = list(layout)
+    index = {name: i for i, name in enumerate(names)}
+    degrees = [int(getattr(layout[name], "max_degree", tp)) for name in names]
+    tied = [[index[n] for n in group if n in index]
+            for group in getattr(layout, "tied_groups", ())]
+    mask = _C.tp_split_mask(degrees, [g for g in tied if len(g) > 1], int(tp))
+    return [name for name, splits in zip(names, mask) if splits]
 
 
 def check_layout(layout: Mapping[str, Any], tp: int, source: str) -> Dict[str, str]:
-    """node -> style, checked: a known style, `tp` dividing a node's max_degree where the
-    layout gives one, and at least one node split. ValueError naming the plan and the node."""
-    styles: Dict[str, str] = {}
+    """node -> style of the nodes that split at `tp` (split_nodes; the others run whole),
+    checked: known styles, and at least one node split. ValueError naming the plan and the
+    node."""
     for name, node in layout.items():
         style = _style_name(node)
         if style not in STYLES:
             raise ValueError(f"{source}: tensor_parallel.style of node {name!r} must be one of "
                              f"{STYLES} (got {style!r})")
-        degree = getattr(node, "max_degree", None)
-        if degree is not None and int(degree) % tp:
-            raise ValueError(f"{source}: tp must divide the max_degree of node {name!r} "
-                             f"({degree}) to split it (got tp={tp})")
-        styles[name] = style
-    if not any(s != "sharded" for s in styles.values()):
-        raise ValueError(f"{source}: tp={tp} needs a node that tensor parallelism splits; the "
-                         f"module has none (profiler.tensor_parallel.detect_layout)")
+    styles = {name: _style_name(layout[name]) for name in split_nodes(layout, tp)}
+    if not styles:
+        degrees = sorted({int(getattr(node, "max_degree", 0)) for node in layout.values()})
+        raise ValueError(f"{source}: tp={tp} must divide the max_degree of a node that tensor "
+                         f"parallelism splits, so that one splits (the module's: "
+                         f"{degrees or 'none'}; profiler.tensor_parallel.detect_layout)")
     return styles
 
 

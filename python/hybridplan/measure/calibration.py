@@ -52,6 +52,14 @@ What is measured (every fit by least squares, its points and residuals under "me
                                (zero2 - unsharded) / units - gather; fitted over the unit sizes
                                as the links that make the ring formula (p-1) alpha + (p-1)/p
                                bytes / bw reproduce them (allreduce_cost.h)
+  intra_node.tp_allreduce      tensor parallelism's collectives as DTensor runs them (the
+                               collective, its copies and the dispatch of the split Linears'
+                               ops): kTpPairs column-then-row Linear pairs split by
+                               parallelize_module against the same model with each rank's
+                               narrower Linears and no DTensor, per collective = the difference
+                               / (2 kTpPairs) (one all-reduce in forward, one in backward per
+                               pair), over three activation sizes, fitted as the link that makes
+                               the ring formula 2(p-1) alpha + 2(p-1)/p bytes / bw reproduce them
   runtime.sharded_optimizer_tensor_s  as optimizer_tensor_s, over sharded parameters (DTensor
                                shards over the ranks, each update op dispatched by DTensor)
   device.memory_bandwidth      an SGD-momentum step over a 32 Mi-element parameter (5 bytes
@@ -517,6 +525,73 @@ def shard_collective_link(points: List[Tuple[int, float]], p: int, fits: Dict[st
     return {"bandwidth_bytes_per_s": ((p - 1) / p) / fit.beta, "latency_s": fit.alpha / (p - 1)}
 
 
+# Tensor parallelism's collectives as DTensor runs them: kTpPairs column-then-row Linear pairs
+# (width kTpWidth -> 4 kTpWidth -> kTpWidth), at these rows per step (activation bytes 4 * rows *
+# kTpWidth: 64 KiB .. 1 MiB)
+kTpWidth = 128
+kTpRows = (128, 512, 2048)
+kTpPairs = 6
+
+
+def _tp_pair_times(device, world: int, warmup: int, repeats: int) -> List[Tuple[int, float]]:
+    """Per activation size: (bytes, seconds) of one tensor-parallel collective as DTensor runs it
+    (the slowest rank's medians): a model of kTpPairs Linear pairs split by parallelize_module
+    (ColwiseParallel, RowwiseParallel, as the executor splits a region) against the same model
+    with each rank's narrower Linears and no DTensor, both on every rank at once; each pair
+    all-reduces its row-wise output in forward and its column-wise input gradient in backward,
+    so one collective = (split - narrow) / (2 kTpPairs): the collective, its copies and DTensor's
+    dispatch of the pair's ops."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    mesh = init_device_mesh(device.type, (world,))
+
+    def pairs(hidden: int) -> nn.Module:
+        torch.manual_seed(0)
+        layers: List[nn.Module] = []
+        for _ in range(kTpPairs):
+            layers += [nn.Linear(kTpWidth, hidden), nn.GELU(), nn.Linear(hidden, kTpWidth)]
+        return nn.Sequential(*layers).to(device)
+
+    split = pairs(4 * kTpWidth)
+    parallelize_module(split, mesh, {
+        str(i): ColwiseParallel() if i % 3 == 0 else RowwiseParallel()
+        for i in range(3 * kTpPairs) if i % 3 != 1})
+    narrow = pairs(4 * kTpWidth // world)
+    points = []
+    for rows in kTpRows:
+        x = torch.randn(rows, kTpWidth, device=device, requires_grad=True)
+        medians = {}
+        for kind, model in (("narrow", narrow), ("split", split)):
+            def step(model=model):
+                model(x).sum().backward()
+            medians[kind] = median_slowest(timed_samples(step, device, warmup, repeats,
+                                                         barrier=True), device)
+        per = max(0.0, medians["split"] - medians["narrow"]) / (2 * kTpPairs)
+        points.append((4 * rows * kTpWidth, per))
+    return points
+
+
+def _tp_link(device, world: int, warmup: int, repeats: int, fits: Dict[str, dict]
+             ) -> Optional[Dict[str, float]]:
+    """intra_node's "tp_allreduce" link: the alpha and bandwidth that make the ring all-reduce
+    2(p-1) alpha + 2(p-1)/p bytes / bw reproduce the tensor-parallel collectives measured by
+    _tp_pair_times (the cost model prices a TP group's collectives on it where present:
+    csrc/planner/tensor_parallel_cost.h); None when they were not measurably slower than the
+    narrow model (the all-reduce link then prices them)."""
+    points = _tp_pair_times(device, world, warmup, repeats)
+    fit = fit_line([b for b, _ in points], [t for _, t in points])
+    fits["tp_allreduce"] = fit.to_dict()
+    if fit.beta <= 0 or fit.alpha < 0:
+        fits["tp_allreduce"]["note"] = ("no growth with the bytes, or a negative intercept, "
+                                        "within noise: not calibrated (the all-reduce link "
+                                        "prices tensor parallelism)")
+        return None
+    return {"bandwidth_bytes_per_s": (2 * (world - 1) / world) / fit.beta,
+            "latency_s": fit.alpha / (2 * (world - 1))}
+
+
 # ---- the whole calibration --------------------------------------------------------------------
 
 def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, batch: int = 32,
@@ -662,6 +737,9 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     sharded_optimizer_tensor_s = 0.0
     if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
         intra.update(_shard_links(device, env.world_size, warmup, repeats, fits))
+        tp_link = _tp_link(device, env.world_size, warmup, repeats, fits)
+        if tp_link is not None:
+            intra["tp_allreduce"] = tp_link
         sharded_optimizer_tensor_s = _optimizer_tensor_s(device, warmup, repeats, fits,
                                                          world=env.world_size)
     executor = _executor_step_s(env, device, warmup, repeats, timeout_s, fits, optimizer_tensor_s)

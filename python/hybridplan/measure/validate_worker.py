@@ -127,8 +127,9 @@ class _Run:
         with open(args.plan) as f:
             self.plan = json.load(f)
         self.clock = _Clock()
+        # pipelines trace their stages at this shape; tensor parallelism checks its split on it
         example = (self.module.example_inputs(self.plan["per_replica_batch"])
-                   if self.plan["mode"] == "pipeline" else None)
+                   if self.plan["mode"] == "pipeline" or self.plan.get("tp", 1) > 1 else None)
         self.hp = apply(self.plan, self.module, timeout_s=args.timeout_s, example_inputs=example,
                         optimizer=self.clock.optimizer(
                             lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)))

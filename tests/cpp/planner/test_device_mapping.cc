@@ -118,3 +118,32 @@ TEST_CASE("device mapping: 16-device nodes fall back to greedy groups", "[device
   }
   CHECK(used.size() == 16);
 }
+
+TEST_CASE("device mapping: a pipeline spanning nodes takes whole nodes, each in pipeline order",
+          "[device_mapping]") {
+  const Cluster c = dgx1(4);
+  // dp=2, mp=16: replica 0 on nodes 0-1, replica 1 on nodes 2-3; on every node the devices in
+  // the order of its best 8-stage pipeline (50 GB/s between consecutive stages).
+  const DeviceMapping m = map_devices(c, 2, 16);
+  const std::vector<int64_t> order = best_local_groups(c, 8, 1).front();
+  REQUIRE(m.mesh.size() == 2);
+  for (int64_t r = 0; r < 2; ++r) {
+    REQUIRE(m.mesh[r].size() == 16);
+    for (int64_t s = 0; s < 16; ++s) {
+      CHECK(m.mesh[r][s] == (2 * r + s / 8) * 8 + order[s % 8]);
+    }
+  }
+  for (int64_t s = 0; s + 1 < 16; ++s) {
+    const double bw = c.link(m.mesh[0][s], m.mesh[0][s + 1]).bandwidth_bytes_per_s;
+    CHECK(bw == (s == 7 ? c.inter_node.bandwidth_bytes_per_s : 50 * kGB));  // 7|8: node 0 -> 1
+  }
+  CHECK(m.slowest_link_bytes_per_s == 10 * kGB);  // the PCIe pairs inside a node
+  CHECK(m.note.find("span 2 whole nodes") != std::string::npos);
+  // Tensor parallelism: TP groups {0-3} and {4-7} of each node as the positions, mp=4 spanning
+  // two nodes (mp * tp = 16).
+  const DeviceMapping t = map_devices(c, 2, 4, 4);
+  CHECK(t.mesh == std::vector<std::vector<DeviceIndex>>{{0, 4, 8, 12}, {16, 20, 24, 28}});
+  const Cluster u = uniform(3, 4);
+  CHECK(map_devices(u, 1, 12).mesh ==
+        std::vector<std::vector<DeviceIndex>>{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}});
+}

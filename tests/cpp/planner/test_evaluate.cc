@@ -236,6 +236,33 @@ TEST_CASE("evaluate: groups reducing across nodes at once share the injection ba
   REQUIRE(p.allreduce_s == Approx(20));
 }
 
+TEST_CASE("evaluate: a pipeline spanning nodes reduces each stage's gradients across replicas",
+          "[evaluate]") {
+  // Four nodes of 2 devices; a 4-stage chain (w0..w3, one node each) per replica, each replica
+  // on two nodes: replica 0 on devices 0-3 (nodes 0, 1), replica 1 on 4-7 (nodes 2, 3). The DP
+  // group of stage s is {s, 4 + s}: one member on each of two nodes, and nodes 0 and 2 carry the
+  // groups of stages 0 and 1, nodes 1 and 3 those of stages 2 and 3.
+  Problem problem;
+  problem.graph = test::make_graph({{"w0", 1, 1, 1000, 0}, {"w1", 1, 1, 0, 0},
+                                    {"w2", 1, 1, 0, 0}, {"w3", 1, 1, 0, 0}},
+                                   {{0, 1, 0}, {1, 2, 0}, {2, 3, 0}}, 1, "chain");
+  problem.cluster = test::make_cluster(4, 2, 1000, 0, 100, 0);
+  const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 4, MpMode::kPipeline, 1,
+                                    {0, 1, 2, 3}, 1, Schedule::kGpipe);
+  REQUIRE(plan.mesh == std::vector<std::vector<DeviceIndex>>{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  // Only stage 0 has gradients: its group alone crosses nodes 0 and 2 (G = 1), n = 2, g = 1:
+  // 2 * (1/2) / 100 s/B, 1000 B = 10 s, all exposed (stage 0's backward ends the step).
+  CHECK(evaluate(problem, plan).allreduce_s == Approx(10));
+  // Stage 1 (same nodes) reducing too: G = 2 shares the NIC, 20 s for stage 0's group; stage
+  // 3's group on nodes 1 and 3 does not add to it.
+  problem.graph.nodes[1].param_bytes = 10;
+  problem.graph.nodes[3].param_bytes = 10;
+  problem.graph.finalize("chain");
+  Plan two = plan;
+  two.graph_sha256 = graph_sha256(problem.graph);
+  CHECK(evaluate(problem, two).allreduce_s == Approx(20));
+}
+
 TEST_CASE("evaluate rejects malformed plans with InputError, never crashes", "[evaluate]") {
   const Problem problem = diamond_problem();
   Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1, {0, 0, 1, 0});

@@ -7,9 +7,9 @@ TEST_CASE("memory: params + grads + optimizer state + activations x in-flight", 
   REQUIRE(optimizer_state_copies(Optimizer::kSgd) == 0);
   REQUIRE(optimizer_state_copies(Optimizer::kSgdMomentum) == 1);
   REQUIRE(optimizer_state_copies(Optimizer::kAdam) == 2);
-  REQUIRE(device_memory_bytes(100, 50.0, 3, Optimizer::kAdam) == 550);        // 100*4 + 50*3
-  REQUIRE(device_memory_bytes(100, 50.0, 1, Optimizer::kSgd) == 250);         // 100*2 + 50
-  REQUIRE(device_memory_bytes(100, 0.25, 2, Optimizer::kSgdMomentum) == 301); // 300 + ceil(0.5)
+  REQUIRE(device_memory_bytes(100, 50.0, 3, {Optimizer::kAdam}) == 550);        // 100*4 + 50*3
+  REQUIRE(device_memory_bytes(100, 50.0, 1, {Optimizer::kSgd}) == 250);         // 100*2 + 50
+  REQUIRE(device_memory_bytes(100, 0.25, 2, {Optimizer::kSgdMomentum}) == 301); // 300 + ceil(0.5)
 }
 
 TEST_CASE("in-flight micro-batches: GPipe M, 1F1B min(M, S - s)", "[memory_cost]") {

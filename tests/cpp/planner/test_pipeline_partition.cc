@@ -124,3 +124,44 @@ TEST_CASE("partition: DP equals brute force on random chains", "[pipeline_partit
   CHECK(feasible > 100);   // the oracle was exercised on both outcomes
   CHECK(infeasible > 10);
 }
+
+TEST_CASE("partition: many stages, the DP narrowed by the balanced split equals brute force",
+          "[pipeline_partition]") {
+  // Up to 11 stages over up to 14 positions, memory unlimited (the equal-share split then
+  // bounds the DP) or tight; some positions take no time and some may not begin a stage.
+  std::mt19937_64 rng(20261201);
+  int narrowed = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = 2 + static_cast<int64_t>(rng() % 13);
+    const int k = 2 + static_cast<int>(rng() % std::min<int64_t>(n - 1, 10));
+    PartitionCosts c = random_costs(rng, n, k, trial % 3 == 2);
+    for (int64_t p = 1; p <= n; ++p) {
+      if (rng() % 4 == 0) {  // a zero-time position: the prefix stays flat
+        const double step = c.prefix_compute_s[p] - c.prefix_compute_s[p - 1];
+        for (int64_t q = p; q <= n; ++q) c.prefix_compute_s[q] -= step;
+      }
+    }
+    c.cut_before.assign(n + 1, 1);
+    for (int64_t p = 1; p < n; ++p) c.cut_before[p] = rng() % 5 != 0;
+    double brute = std::numeric_limits<double>::infinity();
+    for_each_contiguous_partition(n, k, [&](const std::vector<int64_t>& s) {
+      brute = std::min(brute, partition_bottleneck_s(c, s));
+    });
+    const auto p = optimal_partition(c);
+    if (std::isinf(brute)) {
+      CHECK_FALSE(p);
+      continue;
+    }
+    narrowed += c.memory_capacity_bytes <= 0;
+    REQUIRE(p);
+    CHECK(p->bottleneck_s == Approx(brute).epsilon(1e-12));
+    CHECK(partition_bottleneck_s(c, p->stage_starts) == Approx(p->bottleneck_s).epsilon(1e-12));
+  }
+  CHECK(narrowed > 100);
+  // Every position free: the bound is the optimum itself, which the DP still returns.
+  const PartitionCosts zero = plain_costs(std::vector<double>(6, 0.0), 6);
+  const auto p = optimal_partition(zero);
+  REQUIRE(p);
+  CHECK(p->bottleneck_s == 0);
+  CHECK(p->stage_starts == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6});
+}

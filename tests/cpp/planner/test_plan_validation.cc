@@ -21,19 +21,34 @@ Json case_plan(const Json& table, const Json& c, const std::string& sha256) {
   return plan;
 }
 
+// The case's graph: the table's, with the case's optional `tensor_parallel` objects set on the
+// nodes it names.
+Graph case_graph(const Json& table, const Json& c) {
+  Json graph = read_json_file((source_dir() / table.at("graph").get<std::string>()).string());
+  if (c.contains("tensor_parallel")) {
+    for (Json& node : graph.at("nodes")) {
+      const auto name = node.at("name").get<std::string>();
+      if (c.at("tensor_parallel").contains(name)) node["tensor_parallel"] = c.at("tensor_parallel").at(name);
+    }
+  }
+  return graph_from_json(graph, "graph");
+}
+
 }  // namespace
 
 TEST_CASE("every plan validation message, as the Python side sees it", "[plan]") {
   const Json table = read_json_file((source_dir() / "tests/data/plan_validation.json").string());
-  const Graph graph = load_graph((source_dir() / table.at("graph").get<std::string>()).string());
+  const Graph table_graph = case_graph(table, Json::object());
   const Cluster cluster = load_cluster(table.at("cluster").get<std::string>());
-  const std::string sha256 = graph_sha256(graph);
+  const std::string table_sha256 = graph_sha256(table_graph);
 
-  Plan valid = plan_from_json(case_plan(table, Json{{"set", Json::object()}}, sha256), "plan");
-  align_assignment_to_graph(valid, graph, "plan");
-  CHECK_NOTHROW(valid.validate("plan", graph, cluster));
+  Plan valid = plan_from_json(case_plan(table, Json{{"set", Json::object()}}, table_sha256), "plan");
+  align_assignment_to_graph(valid, table_graph, "plan");
+  CHECK_NOTHROW(valid.validate("plan", table_graph, cluster));
 
   for (const Json& c : table.at("cases")) {
+    const Graph graph = c.contains("tensor_parallel") ? case_graph(table, c) : table_graph;
+    const std::string sha256 = graph_sha256(graph);
     const Json plan = case_plan(table, c, sha256);
     INFO("case " << c.at("set").dump());
     const std::string message = test::input_error_of([&] {

@@ -153,7 +153,7 @@ TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
   const auto points = search_space(problem, SearchOptions{}, &skipped);
   // mp=1 (dp=8) placement; mp=2 (dp=4) placement + pipeline M in {1,2,4} (12 = profiled batch,
   // 8 does not divide it), GPipe for each and 1F1B for M >= 2 stages; mp=4 (dp=2) placement
-  // only: 3 nodes < 4 stages.
+  // only: 3 nodes < 4 stages; no pipeline spanning both nodes (mp = 8) either.
   REQUIRE(points.size() == 1 + 1 + 5 + 1);
   CHECK(points[0].dp == 8);
   CHECK(points[0].mp == 1);
@@ -166,8 +166,10 @@ TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
   CHECK(points[6].schedule == Schedule::k1F1B);
   CHECK(points[7].mp == 4);
   CHECK(points[7].per_replica_batch == 12);
-  REQUIRE(skipped.size() == 1);
+  REQUIRE(skipped.size() == 2);
   CHECK(skipped[0] == "dp=2 mp=4 pipeline: needs at least 4 nodes for 4 stages (graph has 3)");
+  CHECK(skipped[1] == "pipelines spanning nodes: only mp <= 3 (64 at most; the graph has 3 "
+                      "nodes and 2 places where a stage may begin)");
 
   // A fixed global batch divides by dp; 6 devices allow mp in {1, 2} only.
   problem.job.global_batches = {24};
@@ -344,4 +346,53 @@ TEST_CASE("search: a point that fits only with its parameter state sharded is sh
   SearchOptions unsharded;
   unsharded.shardings = {Sharding::kNone};
   REQUIRE_THROWS_AS(search(problem, unsharded), InfeasibleError);
+}
+
+TEST_CASE("search: a pipeline stage recomputes selectively only where every node measured it",
+          "[search][recompute]") {
+  // Four nodes saving 1 GiB each at micro-batch 1, 1 MiB between them; n0-n2 measured selective
+  // recompute (64 MiB kept), n3 did not. A 2-stage GPipe pipeline of 4 micro-batches holds 8 GiB
+  // of activations per stage, more than the 3 GiB devices: every stage recomputes, and the one
+  // holding n3 fully (plan validation refuses "selective" on it). Data parallelism rebuilds
+  // 4 GiB at batch 4 and does not fit.
+  Problem problem;
+  problem.graph = chain_of_three("mixed", 0, 1 << 20, 1LL << 30);
+  Node n3 = problem.graph.nodes[2];
+  n3.id = 3;
+  n3.name = "n3";
+  problem.graph.nodes.push_back(n3);
+  problem.graph.edges.push_back({2, 3, 1 << 20});
+  for (int v = 0; v < 3; ++v) {
+    problem.graph.nodes[v].selective_saved_bytes = 64 << 20;
+    problem.graph.nodes[v].selective_recompute_fraction = 0.3;
+  }
+  problem.graph.finalize("mixed");
+  problem.cluster = test::make_cluster(1, 2, 1e9, 0, 1e8, 0, 3LL << 30);
+  problem.job = default_job();
+  problem.job.per_replica_batches = {4};
+  problem.job.num_microbatches = {4};
+  SearchOptions options;
+  options.schedules = {Schedule::kGpipe};
+  options.top_k = 10;
+  const SearchResult result = search(problem, options);
+  REQUIRE(!result.plans.empty());
+  int mixed_stages = 0;
+  for (const Plan& plan : result.plans) {
+    CHECK_NOTHROW(plan.validate("plan", problem.graph, problem.cluster));
+    REQUIRE(plan.mode == MpMode::kPipeline);
+    REQUIRE(plan.recompute.size() == 4);
+    for (int32_t s = 0; s < plan.num_stages(); ++s) {
+      bool some_measured = false, some_not = false;
+      for (size_t v = 0; v < 4; ++v) {
+        if (plan.assignment[v] != s) continue;
+        (problem.graph.nodes[v].has_selective() ? some_measured : some_not) = true;
+      }
+      mixed_stages += some_measured && some_not;
+      for (size_t v = 0; v < 4; ++v) {
+        if (plan.assignment[v] != s) continue;
+        CHECK(plan.recompute[v] == (some_not ? kRecomputeFull : kRecomputeSelective));
+      }
+    }
+  }
+  CHECK(mixed_stages > 0);  // a stage held measured and unmeasured nodes
 }

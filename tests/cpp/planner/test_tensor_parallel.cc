@@ -191,14 +191,72 @@ TEST_CASE("plan tp: written only when > 1, counted in processes, checked against
   REQUIRE_NOTHROW(pipeline.validate("plan", problem.graph, problem.cluster));
   CHECK(pipeline.num_processes() == 4);
 
+  // A node whose max_degree tp does not divide runs whole; one node at least must split.
   Graph narrow = problem.graph;
   narrow.nodes[3].tensor_parallel->max_degree = 2;
   narrow.finalize("narrow");
   Plan four = single_replica_plan(problem, 4);
   four.graph_sha256 = graph_sha256(narrow);
   four.mesh = {{0}};
+  CHECK_NOTHROW(four.validate("plan", narrow, problem.cluster));
+  for (Node& node : narrow.nodes) {
+    if (node.tensor_parallel) node.tensor_parallel->max_degree = node.name == "head" ? 6 : 2;
+  }
+  narrow.finalize("narrow");
+  four.graph_sha256 = graph_sha256(narrow);
   CHECK(input_error_of([&] { four.validate("plan", narrow, problem.cluster); }) ==
-        "plan: tp must divide the max_degree 2 of node \"fc2_0\" (nodes[3].tensor_parallel) (got 4)");
+        "plan: tp must divide the max_degree of a node with tensor_parallel, so that one splits "
+        "(graph \"tiny_transformer\" has max_degree 2, 6; a tied group splits only where all its "
+        "nodes do) (got 4)");
+}
+
+TEST_CASE("tp split rule: max_degree divisible, tied groups split as one", "[tp][cost]") {
+  // nodes: 0 max 8, 1 max 2, 2 max 8, 3 no tensor_parallel, 4 max 4
+  const std::vector<int64_t> degrees = {8, 2, 8, 0, 4};
+  CHECK(tp_split_mask(degrees, {}, 1) == std::vector<uint8_t>{0, 0, 0, 0, 0});
+  CHECK(tp_split_mask(degrees, {}, 2) == std::vector<uint8_t>{1, 1, 1, 0, 1});
+  CHECK(tp_split_mask(degrees, {}, 4) == std::vector<uint8_t>{1, 0, 1, 0, 1});
+  CHECK(tp_split_mask(degrees, {}, 8) == std::vector<uint8_t>{1, 0, 1, 0, 0});
+  // 0 is tied with 1, which does not split at 4: both whole; 2 is tied with 0, so whole too
+  CHECK(tp_split_mask(degrees, {{0, 1}}, 4) == std::vector<uint8_t>{0, 0, 1, 0, 1});
+  CHECK(tp_split_mask(degrees, {{0, 1}, {2, 0}}, 4) == std::vector<uint8_t>{0, 0, 0, 0, 1});
+  CHECK(tp_split_mask(degrees, {{0, 1}, {2, 0}}, 2) == std::vector<uint8_t>{1, 1, 1, 0, 1});
+  // a tie with a node without tensor_parallel never splits
+  CHECK(tp_split_mask(degrees, {{3, 4}}, 2) == std::vector<uint8_t>{1, 1, 1, 0, 0});
+
+  // On a graph: a tied parameter's copy divides where its nodes split.
+  Graph g = transformer_graph();  // every max_degree 4
+  g.tied_params = {TiedParams{{1, 8}, 80}};  // fc1_0 and head
+  g.finalize("tied");
+  CHECK(tp_node_degrees(g, 4) == std::vector<int64_t>{1, 4, 4, 4, 1, 4, 4, 4, 4});
+  CHECK(tp_tied_bytes(g.tied_params[0], tp_node_degrees(g, 4)) == 20);
+  g.nodes[8].tensor_parallel->max_degree = 2;  // head: whole at 4, and fc1_0 with it
+  g.finalize("tied");
+  CHECK(tp_node_degrees(g, 4) == std::vector<int64_t>{1, 1, 4, 4, 1, 4, 4, 4, 1});
+  CHECK(tp_tied_bytes(g.tied_params[0], tp_node_degrees(g, 4)) == 80);
+  CHECK(tp_node_degrees(g, 2) == std::vector<int64_t>{1, 2, 2, 2, 1, 2, 2, 2, 2});
+  Cluster eight = test::make_cluster(1, 8);
+  CHECK(tp_degrees(g, eight) == std::vector<int64_t>{2, 4});
+}
+
+TEST_CASE("evaluate tp=4: a region whose max_degree 4 does not divide runs whole", "[tp][evaluate]") {
+  // Layer 0's region (fc1_0, act0, fc2_0) splits at most in two (a Llama attention with 2
+  // key-value heads, say); the rest in four.
+  Problem problem = transformer_problem(1, 4);
+  for (NodeIndex v : {1, 2, 3}) problem.graph.nodes[v].tensor_parallel->max_degree = 2;
+  problem.graph.finalize("tiny_transformer");
+  const Prediction one = evaluate(problem, single_replica_plan(problem, 1));
+  const Prediction four = evaluate(problem, single_replica_plan(problem, 4));
+  // Collectives over four devices at 100 B/s, 0.5 s latency: an all-reduce of 100 B
+  // 2 * 3/4 * 1 + 2 * 3 * 0.5 = 4.5 s, an all-gather 3/4 + 3 * 0.5 = 2.25 s.
+  // ln0 3; layer 0 whole, no collective: 12 + 4 + 12; ln1 3; fc1_1 12/4 + 4.5; act1 4/4;
+  // fc2_1 12/4 + 4.5; head 6/4 + 2.25.
+  CHECK(four.compute_s == Approx(3 + 28 + 3 + 7.5 + 1 + 7.5 + 3.75));
+  CHECK(four.tp_comm_s == Approx(4.5 + 4.5 + 2.25));
+  // Memory (sgd): parameters 10 + 400 + 400 + 10 + 100 + (20 + 95) + 50 = 1085 per rank
+  // against 1820, twice with the gradients; activations 100 per node, a quarter on layer 1's
+  // three split nodes (head keeps its whole): 900 -> 675.
+  CHECK(one.memory_bytes[0] - four.memory_bytes[0] == 2 * (1820 - 1085) + (900 - 675));
 }
 
 TEST_CASE("tp cost terms: split-time ratio, parameter bytes, degrees", "[tp][cost]") {
@@ -369,8 +427,10 @@ TEST_CASE("search: no tensor parallelism where its collectives cost more than it
 }
 
 TEST_CASE("search: tensor degrees follow the cluster, the graph and the options", "[tp][search]") {
+  // fc1 splits at most in two, fc2 in four: tp = 4 splits fc2 alone, 8 neither.
   Problem problem = big_layer_problem(1 << 20, 1 << 20, 1e-3);
-  problem.graph.nodes[2].tensor_parallel->max_degree = 2;
+  problem.graph.nodes[1].tensor_parallel->max_degree = 2;
+  problem.graph.nodes[2].tensor_parallel->max_degree = 4;
   problem.graph.finalize("big_layer");
   std::vector<int64_t> degrees;
   for (const SearchSpacePoint& p : search_space(problem, SearchOptions{}, nullptr)) {
@@ -378,12 +438,21 @@ TEST_CASE("search: tensor degrees follow the cluster, the graph and the options"
     CHECK(problem.cluster.devices_per_node % (p.mp * p.tp) == 0);
     if (p.tp > 1 && p.mode == MpMode::kPlacement) CHECK(p.mp == 1);
   }
-  CHECK(degrees == std::vector<int64_t>{1, 2});
+  CHECK(degrees == std::vector<int64_t>{1, 2, 4});
+  SearchOptions eight;
+  eight.tensor_degrees = {8};
+  CHECK(input_error_of([&] { search_space(problem, eight, nullptr); }) ==
+        "search options: tensor_degrees must list 1 or degrees that divide devices_per_node = 8 "
+        "and the max_degree of at least one node with tensor_parallel (here: 2, 4) (got 8)");
+  // tp = 4: fc1 runs whole, fc2 split (its time, its collective)
   SearchOptions four;
   four.tensor_degrees = {4};
-  CHECK(input_error_of([&] { search_space(problem, four, nullptr); }) ==
-        "search options: tensor_degrees must list 1 or degrees that divide devices_per_node = 8 "
-        "and every tensor_parallel node's max_degree (here: 2) (got 4)");
+  const SearchResult r = search(problem, four);
+  REQUIRE(!r.plans.empty());
+  for (const Plan& plan : r.plans) {
+    CHECK(plan.tp == 4);
+    CHECK_NOTHROW(plan.validate("plan", problem.graph, problem.cluster));
+  }
   SearchOptions dp_only;
   dp_only.dp_only = true;
   for (const SearchSpacePoint& p : search_space(problem, dp_only, nullptr)) CHECK(p.tp == 1);
@@ -414,4 +483,132 @@ TEST_CASE("search: planning time with tensor parallelism in the space", "[tp][se
   REQUIRE(!r.plans.empty());
   // Generous for sanitizer and debug builds; bench/bench_search.cc reports the release figure.
   CHECK(seconds < 20);
+}
+
+namespace {
+
+// A GPT-like chain at batch 8: embed (vocab_rowwise), `blocks` x [ln (whole), fc1 (colwise,
+// input gradient all-reduced), act (sharded), fc2 (rowwise, output all-reduced)], head
+// (colwise_gather), max_degree 8 everywhere, every edge and output 64 MiB. fc1 and fc2 hold
+// `block_bytes` / 2 each; embed and head 1 GB each.
+Graph gpt_like_graph(int blocks, int64_t block_bytes) {
+  constexpr int64_t kActivation = int64_t{64} << 20;
+  std::vector<test::NodeSpec> nodes;
+  nodes.push_back({"embed", 1e-3, 2e-3, 1'000'000'000, kActivation});
+  for (int i = 0; i < blocks; ++i) {
+    const std::string l = std::to_string(i);
+    nodes.push_back({"ln" + l, 1e-4, 2e-4, 1 << 16, kActivation});
+    nodes.push_back({"fc1_" + l, 10e-3, 20e-3, block_bytes / 2, kActivation});
+    nodes.push_back({"act" + l, 1e-3, 1e-3, 0, kActivation});
+    nodes.push_back({"fc2_" + l, 10e-3, 20e-3, block_bytes / 2, kActivation});
+  }
+  nodes.push_back({"head", 5e-3, 10e-3, 1'000'000'000, kActivation});
+  std::vector<test::EdgeSpec> edges;
+  for (NodeIndex v = 0; v + 1 < static_cast<NodeIndex>(nodes.size()); ++v) {
+    edges.push_back({v, v + 1, kActivation});
+  }
+  Graph g = test::make_graph(nodes, edges, 8, "gpt_like");
+  const auto with = [&](NodeIndex v, TpStyle style, bool params, bool activations) {
+    g.nodes[v].tensor_parallel = split(style, 8, params ? g.nodes[v].param_bytes : 0, activations);
+  };
+  with(0, TpStyle::kVocabRowwise, true, false);
+  g.nodes[0].tensor_parallel->forward_collective = TpCollective{Collective::kAllReduce, kActivation};
+  for (int i = 0; i < blocks; ++i) {
+    const NodeIndex b = 1 + 4 * i;
+    with(b + 1, TpStyle::kColwise, true, true);
+    g.nodes[b + 1].tensor_parallel->backward_collective = TpCollective{Collective::kAllReduce, kActivation};
+    with(b + 2, TpStyle::kSharded, false, true);
+    with(b + 3, TpStyle::kRowwise, true, true);
+    g.nodes[b + 3].tensor_parallel->forward_collective = TpCollective{Collective::kAllReduce, kActivation};
+  }
+  const auto head = static_cast<NodeIndex>(g.nodes.size() - 1);
+  with(head, TpStyle::kColwiseGather, true, false);
+  g.nodes[head].tensor_parallel->forward_collective = TpCollective{Collective::kAllGather, kActivation};
+  g.finalize("gpt_like");
+  return g;
+}
+
+// The stage boundaries' transfers of a pipeline plan by hand: per micro-batch and boundary one
+// 64 MiB tensor at the micro-batch, each of the tp ranks' copies over the link between the two
+// stages' first devices, sharing the inter-node link between nodes; M * 2 * their sum.
+double hand_transfer_s(const Cluster& cluster, const Plan& plan) {
+  const double bytes = double(int64_t{64} << 20) * plan.per_replica_batch / plan.num_microbatches / 8;
+  double sum_s = 0;
+  for (int32_t s = 0; s + 1 < plan.num_stages(); ++s) {
+    if (plan.device_of(s) == plan.device_of(s + 1)) continue;  // zbv's turn: one rank
+    const DeviceIndex a = plan.mesh[0][plan.device_of(s)], b = plan.mesh[0][plan.device_of(s + 1)];
+    const bool across = a / cluster.devices_per_node != b / cluster.devices_per_node;
+    const Link link = across ? cluster.inter_node : cluster.link(a, b);
+    sum_s += link.latency_s + bytes * (across ? plan.tp : 1) / link.bandwidth_bytes_per_s;
+  }
+  return static_cast<double>(plan.num_microbatches) * 2 * sum_s;
+}
+
+}  // namespace
+
+TEST_CASE("search: a model that fits only in a pipeline over two nodes gets one", "[tp][search]") {
+  // 200 GB of parameters under Adam (4 copies: 800 GB of state), every byte split by tensor
+  // parallelism: a node's 8 x 80 GB cannot hold it whichever way its devices divide it
+  // (800 / 8 = 100 GB per device), two nodes can (50 GB). Without sharding (Megatron-LM's
+  // tensor x pipeline x data parallelism).
+  Problem problem;
+  problem.graph = gpt_like_graph(16, 12'375'000'000);
+  problem.cluster = load_cluster("dgx-a100");
+  REQUIRE(problem.cluster.num_nodes == 4);
+  problem.job.optimizer = Optimizer::kAdam;
+  const int64_t per_node = problem.cluster.devices_per_node;
+  SearchOptions options;
+  options.shardings = {Sharding::kNone};
+  options.top_k = 3;
+  options.devices = 2 * per_node;
+  const SearchResult r = search(problem, options);
+  REQUIRE(!r.plans.empty());
+  for (const Plan& plan : r.plans) {
+    INFO("dp=" << plan.dp << " mp=" << plan.mp << " tp=" << plan.tp);
+    CHECK(plan.mode == MpMode::kPipeline);
+    CHECK(plan.mp * plan.tp == 2 * per_node);  // one replica of two whole nodes
+    CHECK_NOTHROW(plan.validate("plan", problem.graph, problem.cluster));
+    // Its mesh spans nodes 0 and 1, the stages node by node, every TP group on one node.
+    CHECK(plan.mesh[0].front() / per_node == 0);
+    CHECK(plan.mesh[0].back() / per_node == 1);
+    CHECK(std::is_sorted(plan.mesh[0].begin(), plan.mesh[0].end(),
+                         [&](DeviceIndex a, DeviceIndex b) { return a / per_node < b / per_node; }));
+    // The transfers between stages on two nodes are priced on the inter-node link (shared by
+    // the TP ranks' copies), the others on NVSwitch.
+    CHECK(plan.predicted.transfer_s == Approx(hand_transfer_s(problem.cluster, plan)).epsilon(1e-9));
+    Problem slower = problem;
+    slower.cluster.inter_node.bandwidth_bytes_per_s /= 4;
+    const double slower_s = evaluate(slower, plan).transfer_s;
+    CHECK(slower_s == Approx(hand_transfer_s(slower.cluster, plan)).epsilon(1e-9));
+    CHECK(slower_s > plan.predicted.transfer_s);
+  }
+  // On all four nodes the best plans' replicas are whole nodes too; on one node nothing fits.
+  options.devices = 0;
+  for (const Plan& plan : search(problem, options).plans) CHECK(plan.mp * plan.tp > per_node);
+  options.devices = per_node;
+  CHECK_THROWS_AS(search(problem, options), InfeasibleError);
+}
+
+TEST_CASE("evaluate: stage boundaries between nodes ride the inter-node link", "[tp][evaluate]") {
+  // Two nodes of 4 devices, 1 GB/s inside, 100 MB/s between: a 4-stage chain over devices
+  // 0, 1 | 4, 5 (tp = 1) or the TP groups 0, 2 | 4, 6 (tp = 2), one 1000-byte edge per cut.
+  Problem problem = transformer_problem(2, 4);
+  problem.cluster.intra_node = {1e9, 0};
+  problem.cluster.inter_node = {1e8, 0};
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 4, MpMode::kPipeline, 1,
+                              {0, 0, 1, 1, 2, 2, 3, 3, 3}, 1, Schedule::kGpipe);
+  for (Edge& e : problem.graph.edges) e.bytes = 1000;
+  problem.graph.finalize("tiny_transformer");
+  plan.graph_sha256 = graph_sha256(problem.graph);
+  plan.mesh = {{0, 1, 4, 5}};
+  // M * 2 * (1000 / 1e9 + 1000 / 1e8 + 1000 / 1e9)
+  CHECK(evaluate(problem, plan).transfer_s == Approx(2 * (1e-6 + 1e-5 + 1e-6)));
+  plan.tp = 2;
+  plan.world_size = 8;
+  plan.mesh = {{0, 2, 4, 6}};
+  // the two TP ranks' copies share the inter-node link: 1000 * 2 / 1e8
+  CHECK(evaluate(problem, plan).transfer_s == Approx(2 * (1e-6 + 2e-5 + 1e-6)));
+  CHECK(tp_stage_link(problem.cluster, 0, 4, 2).bandwidth_bytes_per_s == 5e7);
+  CHECK(tp_stage_link(problem.cluster, 0, 2, 2).bandwidth_bytes_per_s == 1e9);
+  CHECK(tp_stage_link(problem.cluster, 0, 4, 1).bandwidth_bytes_per_s == 1e8);
 }

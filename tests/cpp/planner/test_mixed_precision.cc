@@ -1,0 +1,133 @@
+// Mixed-precision training (Job::mixed_precision): an fp32 master copy and fp32 optimizer state
+// beside the graph's 16-bit parameters and gradients, in every memory formula of memory_cost.h
+// and in the optimizer step's bytes (optimizer_cost.h); absent, the numbers of before.
+#include "catch.h"
+#include "model_fixtures.h"
+#include "planner/evaluate.h"
+#include "planner/job.h"
+#include "planner/memory_cost.h"
+#include "planner/optimizer_cost.h"
+#include "planner/problem.h"
+
+using namespace hybridplan;
+using hybridplan::test::input_error_of;
+
+namespace {
+
+// Two nodes a (100 B of parameters) and b (200 B), profiled in float16 at batch 1; one node of
+// two devices, 100 B/s without latency, 100 B/s of memory bandwidth.
+Problem fp16_problem(Optimizer optimizer, bool mixed) {
+  Problem p;
+  p.graph = test::make_graph({{"a", 1, 2, 100, 10}, {"b", 1, 2, 200, 10}}, {{0, 1, 10}}, 1, "ab");
+  p.graph.profiled.dtype = "float16";
+  p.graph.finalize("ab");
+  p.cluster = test::make_cluster(1, 2, 100, 0);
+  p.cluster.device.memory_bandwidth_bytes_per_s = 100;
+  p.job.optimizer = optimizer;
+  p.job.mixed_precision = mixed;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: the optimizer's copies in every sharding variant", "[memory_cost]") {
+  // Adam in fp16 (r = 4 / 2): O = Os = 2 * (1 + 2) = 6 parameter bytes per parameter byte.
+  const OptimizerState mixed{Optimizer::kAdam, 2.0};
+  CHECK(mixed.copies() == 6);
+  CHECK(mixed.shard_copies() == 6);
+  ShardedState state;
+  // none: 2P + 6P = 8P, Megatron-LM's 16 bytes per fp16 parameter (2 + 2 + 4 + 4 + 4)
+  CHECK(parameter_state_bytes(2, mixed, state) == 16);
+  CHECK(parameter_state_bytes(100, mixed, state) == 800);
+  state.dp = 4;
+  state.largest_unit_bytes = 10;
+  state.sharding = Sharding::kZero2;  // P + 6 P/d + U
+  CHECK(parameter_state_bytes(100, mixed, state) == Approx(100 + 600.0 / 4 + 10));
+  state.sharding = Sharding::kZero3;  // 6 P/d + 2 U (collectives not overlapped)
+  CHECK(parameter_state_bytes(100, mixed, state) == Approx(600.0 / 4 + 20));
+  state.overlapped = true;  // + the prefetched unit
+  CHECK(parameter_state_bytes(100, mixed, state) == Approx(600.0 / 4 + 30));
+  state.sharding = Sharding::kZero2;
+  state.pipeline = true;  // 2P + 6 P/d
+  CHECK(parameter_state_bytes(100, mixed, state) == Approx(200 + 600.0 / 4));
+  // Without mixed precision: the formulas of before (O = k_opt, Os = 1 + k_opt).
+  const OptimizerState plain{Optimizer::kAdam};
+  CHECK(plain.copies() == 2);
+  CHECK(plain.shard_copies() == 3);
+  CHECK(parameter_state_bytes(100, plain, ShardedState{}) == 400);
+  CHECK(parameter_state_bytes(100, plain, state) == Approx(200 + 300.0 / 4));
+  // SGD in bf16: a master copy and nothing else, 2P + 2P.
+  CHECK(parameter_state_bytes(100, OptimizerState{Optimizer::kSgd, 2.0}, ShardedState{}) == 400);
+  // bytes the step touches per parameter byte: 3 + 2 k_opt, or 2 + 2 r (1 + k_opt)
+  CHECK(optimizer_bytes_touched_per_param_byte(plain) == 7);
+  CHECK(optimizer_bytes_touched_per_param_byte(mixed) == 14);  // 28 B per fp16 parameter
+  CHECK(optimizer_bytes_touched_per_param_byte(OptimizerState{Optimizer::kSgdMomentum, 2.0}) == 10);
+}
+
+TEST_CASE("mixed precision: r from the graph's dtype, refused on a 32-bit graph", "[memory_cost]") {
+  Problem p = fp16_problem(Optimizer::kAdam, true);
+  CHECK(optimizer_state(p.job, p.graph).master_ratio == 2);
+  p.graph.profiled.dtype = "bfloat16";
+  CHECK(optimizer_state(p.job, p.graph).master_ratio == 2);
+  p.graph.profiled.dtype = "float8_e4m3fn";
+  CHECK(optimizer_state(p.job, p.graph).master_ratio == 4);
+  p.graph.profiled.dtype = "16-bit";  // a config graph's other element sizes
+  CHECK(optimizer_state(p.job, p.graph).master_ratio == 2);
+  p.graph.profiled.dtype = "float32";
+  CHECK(input_error_of([&] { optimizer_state(p.job, p.graph); }) ==
+        "job: mixed_precision needs a graph profiled in a 16-bit dtype (float16, bfloat16): "
+        "graph \"ab\" has profiled.dtype \"float32\" (its parameters would be their own fp32 "
+        "master copy) (got true)");
+  CHECK(input_error_of([&] { p.validate(); }).rfind("problem (job): mixed_precision needs", 0) == 0);
+  CHECK_THROWS_AS(Evaluator(p), InputError);
+  p.graph.profiled.dtype = "posit16";
+  CHECK(input_error_of([&] { optimizer_state(p.job, p.graph); }) ==
+        "job: mixed_precision needs a graph profiled in a 16-bit dtype (float16, bfloat16): "
+        "graph \"ab\" has profiled.dtype \"posit16\" (an unknown dtype) (got true)");
+  p.job.mixed_precision = false;  // without it any dtype goes, as before
+  CHECK(optimizer_state(p.job, p.graph).master_ratio == 0);
+  CHECK_NOTHROW(p.validate());
+  CHECK(dtype_bytes("float64") == 8);
+  CHECK(dtype_bytes("12-bit") == std::nullopt);
+  CHECK(dtype_bytes("-bit") == std::nullopt);
+  CHECK(dtype_bytes("123-bit") == std::nullopt);
+}
+
+TEST_CASE("mixed precision: a job field, written only when true", "[job]") {
+  const Json base = Json::parse(R"({"schema_version": 1, "kind": "hybridplan.job"})");
+  CHECK(!job_from_json(base, "job.json").mixed_precision);
+  CHECK(!job_to_json(job_from_json(base, "job.json")).contains("mixed_precision"));
+  Json j = base;
+  j["mixed_precision"] = true;
+  const Job job = job_from_json(j, "job.json");
+  CHECK(job.mixed_precision);
+  CHECK(job_to_json(job)["mixed_precision"] == true);
+  j["mixed_precision"] = "fp16";
+  CHECK(input_error_of([&] { job_from_json(j, "job.json"); }) ==
+        "job.json: mixed_precision must be true or false (got \"fp16\")");
+}
+
+TEST_CASE("mixed precision: evaluate's memory and optimizer step, the all-reduce unchanged",
+          "[evaluate]") {
+  const Problem plain = fp16_problem(Optimizer::kAdam, false);
+  const Problem mixed = fp16_problem(Optimizer::kAdam, true);
+  const Plan dp2 = test::make_plan(plain.graph, plain.cluster, 2, 1, MpMode::kPlacement, 1, {0, 0});
+  const Prediction a = evaluate(plain, dp2);
+  const Prediction b = evaluate(mixed, dp2);
+  // memory: P (2 + 2) = 1200 B before, 2P + 6P = 2400 B with fp32 masters and moments
+  REQUIRE(a.memory_bytes.size() == 1);
+  CHECK(b.memory_bytes[0] - a.memory_bytes[0] == 2400 - 1200);
+  // optimizer: 300 B * 7 / 100 B/s = 21 s before, 300 * 14 / 100 = 42 s
+  CHECK(a.optimizer_s == Approx(21));
+  CHECK(b.optimizer_s == Approx(42));
+  // the gradients all-reduced are the graph's fp16 ones
+  CHECK(b.allreduce_s == a.allreduce_s);
+  CHECK(b.compute_s == a.compute_s);
+  // zero2 over the two replicas: P + 6 P/2 + b's 200 B = 1400 (before: P + 3 P/2 + 200 = 950)
+  Plan zero2 = dp2;
+  zero2.sharding = Sharding::kZero2;
+  CHECK(evaluate(mixed, zero2).memory_bytes[0] - b.memory_bytes[0] == 1400 - 2400);
+  CHECK(evaluate(plain, zero2).memory_bytes[0] - a.memory_bytes[0] == 950 - 1200);
+  // a sharded step updates half the bytes
+  CHECK(evaluate(mixed, zero2).optimizer_s == Approx(150.0 * 14 / 100));
+}
