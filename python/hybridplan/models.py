@@ -6,13 +6,16 @@ milliseconds on a CPU.
     biglstm      BigLSTM-style language model: embedding, 2 projected LSTMs, a large softmax
     transformer_lm  a causal transformer language model of torch's own TransformerEncoderLayers
                  (the cost model's second family: attention's shapes, many small matmuls)
+    llama_lm     a Hugging Face Llama decoder built from a config (rotary positions, grouped-
+                 query attention, SwiGLU): what tensor parallelism splits whole
     digits_cnn   a small CNN for scikit-learn's 8x8 handwritten digits (hybridplan.datasets):
                  the model time-to-accuracy is measured on, trained on real data to a target
 
 Every model is deterministic and trains the same under any split (the executor's tests compare
 against single-process training), so: no BatchNorm (GroupNorm instead), no dropout, no in-place
 ops, no data-dependent control flow (each forward is torch.fx symbolic_trace-able, except
-transformer_lm's torch layers, whose edges the profiler takes from hooks), and all sequence
+transformer_lm's torch layers and llama_lm's Hugging Face modules, whose edges the profiler takes
+from hooks), and all sequence
 models are batch_first so dim 0 of every input is the batch.
 
 Each model carries its own example data and loss:
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["BranchyCNN", "GnmtLstm", "BigLstm", "TransformerLM", "DigitsCNN", "branchy_cnn",
-           "gnmt_lstm", "biglstm", "transformer_lm", "digits_cnn", "MODELS", "get",
+           "gnmt_lstm", "biglstm", "transformer_lm", "llama_lm", "digits_cnn", "MODELS", "get",
            "loss_and_target"]
 
 
@@ -278,6 +281,33 @@ class TransformerLM(_TokenData, nn.Module):
         return self.head(self.norm(x))
 
 
+# ---- llama_lm ---------------------------------------------------------------------------------
+
+class LlamaLM(_TokenData, nn.Module):
+    """A Hugging Face Llama decoder (transformers' LlamaForCausalLM, built from a config, random
+    weights: nothing is downloaded) behind the built-in models' interface: token ids (B, T) in,
+    next-token logits (B, T, V) out. Rotary positions, RMSNorm, grouped-query attention
+    (`num_kv_heads` < `num_heads`), a SwiGLU MLP: the decoder family people train today."""
+
+    def __init__(self, vocab_size: int = 512, d_model: int = 96, num_heads: int = 4,
+                 num_kv_heads: int = 2, num_layers: int = 4, seq_len: int = 32,
+                 intermediate_size: int = 256):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+        config = LlamaConfig(vocab_size=vocab_size, hidden_size=d_model,
+                             intermediate_size=intermediate_size, num_hidden_layers=num_layers,
+                             num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                             max_position_embeddings=2 * seq_len, use_cache=False,
+                             attention_dropout=0.0, pad_token_id=0, bos_token_id=0,
+                             eos_token_id=0, tie_word_embeddings=False)
+        self.llama = LlamaForCausalLM(config)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.llama(input_ids=tokens).logits
+
+
 # ---- factories --------------------------------------------------------------------------------
 
 def _seeded(build: Callable[[], nn.Module], seed: int) -> nn.Module:
@@ -308,6 +338,12 @@ def transformer_lm(seed: int = 0, **kwargs) -> TransformerLM:
     return _seeded(lambda: TransformerLM(**kwargs), seed)
 
 
+def llama_lm(seed: int = 0, **kwargs) -> LlamaLM:
+    """Hugging Face Llama decoder from a config; kwargs: vocab_size, d_model, num_heads,
+    num_kv_heads, num_layers, seq_len, intermediate_size."""
+    return _seeded(lambda: LlamaLM(**kwargs), seed)
+
+
 def digits_cnn(seed: int = 0, **kwargs) -> DigitsCNN:
     """Small CNN for the 8x8 digits; kwargs: width, hidden, num_classes."""
     return _seeded(lambda: DigitsCNN(**kwargs), seed)
@@ -315,7 +351,7 @@ def digits_cnn(seed: int = 0, **kwargs) -> DigitsCNN:
 
 MODELS: Dict[str, Callable[..., nn.Module]] = {
     "branchy_cnn": branchy_cnn, "gnmt_lstm": gnmt_lstm, "biglstm": biglstm,
-    "transformer_lm": transformer_lm, "digits_cnn": digits_cnn}
+    "transformer_lm": transformer_lm, "llama_lm": llama_lm, "digits_cnn": digits_cnn}
 
 
 def loss_and_target(module: nn.Module, batch_size: int) -> Tuple[Optional[Callable], Any]:

@@ -294,3 +294,18 @@ def test_validate_runs_the_other_model_families(calibrated, tmp_path, name):
     for row in rows:
         assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
         assert max(row["measured_memory_bytes"]) > 0 and max(row["predicted_memory_bytes"]) > 0
+
+
+def test_select_plans_measures_a_tensor_parallel_plan_ranked_last():
+    """A CPU host ranks tensor-parallel plans late; the spread still measures one."""
+    def plan(mp, mode, schedule="none", m=1, tp=1):
+        p = {"dp": 2 // (mp * tp) or 1, "mp": mp, "mode": mode, "schedule": schedule,
+             "num_microbatches": m, "per_replica_batch": 8, "assignment": []}
+        if tp > 1:
+            p["tp"] = tp
+        return p
+    ranked = [plan(1, "placement"), plan(2, "pipeline", "1f1b", 2), plan(2, "pipeline", "gpipe", 2),
+              plan(2, "pipeline", "zbv", 2), plan(1, "placement", tp=2)]
+    chosen = validation.select_plans(ranked, 3)
+    assert chosen[0] is ranked[0] and ranked[-1] in chosen
+    assert [ranked.index(c) for c in chosen] == sorted(ranked.index(c) for c in chosen)

@@ -85,6 +85,9 @@ def select_plans(ranked: Sequence[dict], count: int) -> List[dict]:
     for p in ranked:
         if _family(p) not in families:
             families.append(_family(p))
+    # tensor-parallel families first (stable: rank order otherwise), so that a tensor-parallel
+    # plan, which a CPU host ranks late, is measured whatever the count
+    families.sort(key=lambda fam: 0 if fam.endswith("tp") else 1)
     for fam in families:
         take(first(lambda p: _family(p) == fam))
     for fam in families:
