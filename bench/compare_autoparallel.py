@@ -134,7 +134,7 @@ def interpret(mesh: list, params: dict, ops: dict = None) -> dict:
     'what'}; 'dp' None when it maps onto nothing we plan. HF GPT-2's Conv1D weights are
     [in, out]: Shard(1) (printed "S(1)") splits output features (column-wise), Shard(0) input
     features (row-wise); "R" is Replicate."""
-    weights = {f: p for f, p in params.items() if f.endswith(".weight") and ".h." in f"." + f}
+    weights = {f: p for f, p in params.items() if f.endswith(".weight") and ".h." in "." + f}
     dims = len(mesh)
     if dims == 1:
         shard0 = all(p[0].startswith("S(") for p in params.values())

@@ -67,9 +67,9 @@ class Table1Row:
     def d(self) -> int:
         return self.gpus // (self.t * self.p)
 
-    def config(self, param_bytes_per_param: int = 4) -> TransformerConfig:
+    def config(self) -> TransformerConfig:
         return TransformerConfig(f"gpt-{self.label}", self.layers, self.hidden, self.heads, SEQ,
-                                 VOCAB, param_bytes_per_param=param_bytes_per_param)
+                                 VOCAB)
 
 
 # Narayanan et al. 2021, Table 1 ("Weak-scaling throughput for GPT models ranging from 1 billion
@@ -132,9 +132,9 @@ _GRAPHS: dict = {}
 
 
 def graph_for(row: Table1Row, gemm_scale: float = 1.0) -> Graph:
-    """The model's graph: fp16, micro-batch unit 1, Megatron's vocab-parallel cross-entropy,
-    parameters counted at 4 bytes so the planner's Adam prices mixed precision's 16 bytes per
-    parameter (from_config's docstring, "Memory")."""
+    """The model's graph: fp16 (parameters at 2 bytes each), micro-batch unit 1, Megatron's
+    vocab-parallel cross-entropy. The fp32 master weights and optimizer state are the job's
+    (job_for: mixed_precision)."""
     key = (row.layers, row.hidden, row.heads, gemm_scale)
     if key not in _GRAPHS:
         _GRAPHS[key] = Graph.from_dict(
@@ -153,9 +153,13 @@ def cluster_for(gpus: int, link_scale: float = 1.0) -> Cluster:
 
 
 def job_for(global_batch: int) -> Job:
+    """The paper's global batch, fixed; mixed-precision Adam as Megatron-LM runs it (fp16
+    weights and gradients, fp32 master weights and moments: 16 bytes a parameter; docs/formats.md
+    Job)."""
     return Job.from_dict({"schema_version": 1, "kind": "hybridplan.job",
-                          "global_batch": global_batch, "optimizer": "adam"},
-                         f"global batch {global_batch}")
+                          "global_batch": global_batch, "optimizer": "adam",
+                          "mixed_precision": True},
+                         f"global batch {global_batch}, mixed-precision Adam")
 
 
 # ---- plans ------------------------------------------------------------------------------------

@@ -58,12 +58,10 @@ sequence tokens), L2 reuse, clocks under a whole model's power draw.
 `dtype_bytes`, the fp16 weights). The planner prices a node's parameter state as
 param_bytes x (2 + k_opt) (weights, gradients, and k_opt = 2 Adam moments: 4x), i.e. 8 bytes per
 fp16 parameter, while mixed-precision Adam as Megatron-LM runs it holds 16 (fp16 weights and
-gradients, fp32 master weights and two fp32 moments). Until the planner's Job can say "mixed
-precision", a caller that wants Megatron's 16 bytes passes `param_bytes_per_param=4` (4 x 4 =
-16 bytes), which also prices the data-parallel gradient all-reduce in fp32 (Megatron-LM's
-`--accumulate-allreduce-grads-in-fp32`) and the optimizer step's memory traffic exactly
-(7 x 4 = 28 bytes per parameter: read the fp16 gradient and the fp32 master, moments; write them
-and the fp16 copy). Activations (`saved_bytes`) follow Korthikanti et al. 2022 ("Reducing
+gradients, fp32 master weights and two fp32 moments): a job with `"mixed_precision": true`
+prices exactly that (docs/formats.md, Job), which the Megatron-LM reproduction uses.
+`param_bytes_per_param=4` remains as a knob (every parameter counted at fp32, its gradient
+all-reduce too). Activations (`saved_bytes`) follow Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", arXiv 2205.05198, section 4.1): per
 layer s b h (34 + 5 a s / h) bytes in fp16, of which s b h (24 + 5 a s / h) divide by the
 tensor-parallel degree (without sequence parallelism: layer norms, the inputs of qkv and fc1

@@ -29,8 +29,10 @@ Decided from the module's structure and a check, never from class names:
    one rank's narrowed parent still runs and the check passes (checked at that degree, or its
    largest divisor up to kMaxCheckedDegree): a projection feeding attention heads thus splits
    into whole (key-value) heads, found by trying, not from config attributes. A region whose
-   split sizes have no even common divisor is not split: `tp` must divide every split node's
-   max_degree, so one such node would forbid every even `tp` for the whole model.
+   split sizes have no even common divisor is not split: no even `tp` would divide its
+   max_degree, so under every even `tp` it would run whole anyway (a node whose max_degree `tp`
+   does not divide runs whole on every rank of its TP group; docs/tensor_parallel.md, "Which
+   nodes split").
 5. Embeddings (`vocab_rowwise`): a node holding one 2-D weight whose first input is one of the
    model's own integer inputs (token ids, not computed positions), with at least as many rows
    as columns, checked by simulating torch's vocabulary split (each rank looks up the ids in
@@ -631,7 +633,7 @@ def _max_degree(g: int, runs: Callable[[int], bool], check: Callable[[int], None
     whose _Refused is the candidate's refusal."""
     if g < 2 or g % 2:
         raise _Refused(f"its split sizes have no even common divisor (greatest common divisor "
-                       f"{g}): a split of it would forbid every even tensor-parallel degree")
+                       f"{g}): no even tensor-parallel degree would divide it, so it would always run whole")
     check(2)
     for d in _even_divisors_descending(g):
         if d == 2:
