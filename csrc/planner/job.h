@@ -45,7 +45,8 @@ struct Job {
   // OptimizerState prices it; the gradient all-reduce stays at the graph's dtype.
   bool mixed_precision = false;
   Convergence convergence;
-  std::vector<int64_t> num_microbatches;  // candidates for pipelines; empty: 1,2,4,...,batch
+  std::vector<int64_t> num_microbatches;  // candidates for pipelines; empty: 1,2,4,... dividing
+                                          // the batch, and the batch itself (search.cc)
 
   void validate(const std::string& source) const;
 };

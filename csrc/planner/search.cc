@@ -51,8 +51,11 @@ std::vector<int64_t> microbatch_counts(const Job& job, int64_t batch) {
       if (m >= 1 && m <= batch && batch % m == 0) out.push_back(m);
     return out;
   }
+  // Powers of two dividing the batch, and the batch itself: micro-batches of one sample
+  // (Megatron-LM's setting) where the batch is not a power of two (144 = 9 * 16).
   for (int64_t m = 1; m <= batch; m *= 2)
     if (batch % m == 0) out.push_back(m);
+  if (out.back() != batch) out.push_back(batch);
   return out;
 }
 

@@ -38,7 +38,9 @@ def test_factory_is_deterministic_and_leaves_global_rng_alone(name):
     assert not torch.equal(models.get(name, seed=1).state_dict()[na], pa)
 
 
-@pytest.mark.parametrize("name", NAMES)
+# Hugging Face modules are not torch.fx symbolic_trace-able (the profiler takes their edges from
+# hooks, see hybridplan.models' docstring)
+@pytest.mark.parametrize("name", sorted(set(NAMES) - {"llama_lm"}))
 def test_symbolic_trace_matches_eager(name):
     model = models.get(name)
     traced = torch.fx.symbolic_trace(model)

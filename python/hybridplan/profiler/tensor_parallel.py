@@ -1020,8 +1020,11 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
             continue
         tp = layout[name]
         in_bytes, out_bytes = analysis.trace.io_bytes.get(graph_node, (0, 0))
+        # a module's later calls ("name@1": ALBERT's one layer at every depth) hold no
+        # parameter bytes of their own: the graph charges them to the first call
         field_: Dict[str, Any] = {"style": tp.style, "max_degree": tp.max_degree,
-                                  "split_param_bytes": tp.split_param_bytes,
+                                  "split_param_bytes": (tp.split_param_bytes
+                                                        if graph_node == name else 0),
                                   "activation_split": tp.activation_split}
         for key, collective in (("forward_collective", tp.forward_collective),
                                 ("backward_collective", tp.backward_collective)):

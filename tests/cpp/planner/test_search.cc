@@ -151,10 +151,11 @@ TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
   problem.job = default_job();
   std::vector<std::string> skipped;
   const auto points = search_space(problem, SearchOptions{}, &skipped);
-  // mp=1 (dp=8) placement; mp=2 (dp=4) placement + pipeline M in {1,2,4} (12 = profiled batch,
-  // 8 does not divide it), GPipe for each and 1F1B for M >= 2 stages; mp=4 (dp=2) placement
-  // only: 3 nodes < 4 stages; no pipeline spanning both nodes (mp = 8) either.
-  REQUIRE(points.size() == 1 + 1 + 5 + 1);
+  // mp=1 (dp=8) placement; mp=2 (dp=4) placement + pipeline M in {1,2,4,12} (12 = profiled
+  // batch: the powers of two dividing it and itself), GPipe for each and 1F1B for M >= 2
+  // stages; mp=4 (dp=2) placement only: 3 nodes < 4 stages; no pipeline spanning both nodes
+  // (mp = 8) either.
+  REQUIRE(points.size() == 1 + 1 + 7 + 1);
   CHECK(points[0].dp == 8);
   CHECK(points[0].mp == 1);
   CHECK(points[2].mode == MpMode::kPipeline);
@@ -164,8 +165,10 @@ TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
   CHECK(points[4].schedule == Schedule::k1F1B);
   CHECK(points[6].num_microbatches == 4);
   CHECK(points[6].schedule == Schedule::k1F1B);
-  CHECK(points[7].mp == 4);
-  CHECK(points[7].per_replica_batch == 12);
+  CHECK(points[7].num_microbatches == 12);  // micro-batches of one sample
+  CHECK(points[8].schedule == Schedule::k1F1B);
+  CHECK(points[9].mp == 4);
+  CHECK(points[9].per_replica_batch == 12);
   REQUIRE(skipped.size() == 2);
   CHECK(skipped[0] == "dp=2 mp=4 pipeline: needs at least 4 nodes for 4 stages (graph has 3)");
   CHECK(skipped[1] == "pipelines spanning nodes: only mp <= 3 (64 at most; the graph has 3 "
