@@ -88,7 +88,9 @@ paper: build
 # Narayanan et al. 2021 (Megatron-LM, arXiv 2104.04473): Table 1, Figures 13 and 10 planned and
 # priced from each model's config (reproductions/megatron2021/results/).
 megatron: build
-	$(PYTHON) reproductions/megatron2021/reproduce.py
+	$(PYTHON) reproductions/megatron2021/reproduce.py --no-sensitivity
+	$(PYTHON) reproductions/megatron2021/reproduce.py --rows 1.7B 7.5B 18.4B 39.1B --no-figures \
+	  --out reproductions/megatron2021/results/sensitivity-subset
 
 # Time to accuracy on this machine: the batch-size trade-off trained to a target on real data,
 # and plans trained to it with torchrun, predicted against measured (out/time_to_accuracy/).
