@@ -126,9 +126,8 @@ TpCollectives tp_collectives(const Cluster& cluster, int64_t tp) {
                      "tp=" << tp << " does not divide devices_per_node=" << cluster.devices_per_node);
   if (cluster.intra_node_tp_allreduce) {  // calibrated as the executor runs them (cluster.h)
     const Link& link = *cluster.intra_node_tp_allreduce;
-    const double t = static_cast<double>(tp);
     out.all_reduce = ring_allreduce(tp, link.bandwidth_bytes_per_s, link.latency_s);
-    out.all_gather = {(t - 1) * link.latency_s, (t - 1) / t / link.bandwidth_bytes_per_s};
+    out.all_gather = ring_shard_collective(tp, link.bandwidth_bytes_per_s, link.latency_s);
     out.reduce_scatter = out.all_gather;
     return out;
   }

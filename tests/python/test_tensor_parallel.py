@@ -76,15 +76,20 @@ def gpt2():
     return GPT2LMHeadModel(config), _lm_batch, _lm_loss
 
 
-def llama():
+def _llama(layers, heads, kv_heads):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=2 * SEQ, use_cache=False, attention_dropout=0.0,
-                         pad_token_id=0, bos_token_id=0, eos_token_id=0)
+                         num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, max_position_embeddings=2 * SEQ,
+                         use_cache=False, attention_dropout=0.0, pad_token_id=0, bos_token_id=0,
+                         eos_token_id=0)
     return LlamaForCausalLM(config), _lm_batch, _lm_loss
+
+
+def llama():
+    return _llama(layers=2, heads=2, kv_heads=2)
 
 
 MODELS = {"encoder_stack": encoder_stack, "gpt2": gpt2, "llama": llama}
@@ -355,14 +360,7 @@ def test_equality_table(trained):
 def llama_gqa():
     """Llama with 4 query heads over 2 key-value heads: its attention splits at most in two
     (max_degree 2), its MLP, embedding and head in more."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2 * SEQ, use_cache=False, attention_dropout=0.0,
-                         pad_token_id=0, bos_token_id=0, eos_token_id=0)
-    return LlamaForCausalLM(config), _lm_batch, _lm_loss
+    return _llama(layers=1, heads=4, kv_heads=2)
 
 
 def test_split_nodes_is_the_planners_rule():
