@@ -24,6 +24,7 @@ struct PlanFlags {
   std::vector<std::string> shardings = {"none", "zero2", "zero3"};
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"};
   std::vector<int64_t> tensor_degrees;  // empty: every degree the graph and cluster allow
+  std::string sequence_parallel = "auto";
   RunScheduleOptions run;
 };
 
@@ -74,6 +75,7 @@ void run_plan(const PlanFlags& flags) {
   options.schedules.clear();
   for (const std::string& name : flags.schedules) options.schedules.push_back(*schedule_from_name(name));
   options.tensor_degrees = flags.tensor_degrees;  // search() checks them against graph and cluster
+  options.sequence_parallel = *sequence_parallel_search_from_name(flags.sequence_parallel);  // CLI11 checked
   if (flags.over_run) {
     run_over_run(flags, problem, options);
     return;
@@ -126,6 +128,12 @@ void add_plan_command(CLI::App& app) {
                   "at least one of the graph's nodes; the others run whole)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--sequence-parallel", flags->sequence_parallel,
+                  "Sequence parallelism on the tensor-parallel plans (docs/tensor_parallel.md "
+                  "\"Sequence parallelism\"): auto tries each with and without where the graph "
+                  "allows it, on only with (degrees that do not allow it are left out), off never")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->add_flag("--over-run", flags->over_run,
                 "Plan the whole run in phases as the job's critical batch grows (a "
                 "critical_batch trajectory); --out writes the schedule");

@@ -55,6 +55,7 @@ static std::string sharding_column(const Plan& p) {
 std::string plan_shape(const Plan& plan) {
   std::string s = "dp=" + std::to_string(plan.dp) + " x mp=" + std::to_string(plan.mp);
   if (plan.tp > 1) s += " x tp=" + std::to_string(plan.tp);
+  if (plan.sequence_parallel) s += " sp";
   if (plan.mp > 1) s += std::string(" ") + mode_name(plan.mode);
   if (plan.mode == MpMode::kPipeline) {
     s += std::string(" ") + schedule_name(plan.schedule) + " M=" + std::to_string(plan.num_microbatches);
@@ -90,7 +91,7 @@ void print_plan_table(std::ostream& os, const Problem& problem, const std::vecto
         format_seconds(q.bubble_s), format_bytes(static_cast<double>(peak_memory_bytes(q))),
         convergence ? fixed(q.epochs, 1) : "-",
         convergence ? format_seconds(q.time_to_train_s) : format_count(q.samples_per_s)};
-    if (tensor_parallel) row.insert(row.begin() + 3, std::to_string(p.tp));
+    if (tensor_parallel) row.insert(row.begin() + 3, std::to_string(p.tp) + (p.sequence_parallel ? " sp" : ""));
     table.add(row);
   }
   os << "graph " << problem.graph.name << " on cluster " << problem.cluster.name << " ("
@@ -126,7 +127,10 @@ void print_breakdown(std::ostream& os, const Problem& problem, const Plan& plan)
   table.add({"  bubble", format_seconds(q.bubble_s), "pipeline idle time (in compute)"});
   if (plan.tp > 1) {
     table.add({"  TP collectives", format_seconds(q.tp_comm_s),
-               "tensor-parallel all-reduces / all-gathers (in compute, critical path)"});
+               plan.sequence_parallel
+                   ? "tensor- and sequence-parallel all-reduces / all-gathers / reduce-scatters "
+                     "(in compute, critical path)"
+                   : "tensor-parallel all-reduces / all-gathers (in compute, critical path)"});
   }
   table.add({"samples/s", format_count(q.samples_per_s), "global batch / step"});
   if (has_convergence(problem)) {

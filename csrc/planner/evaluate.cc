@@ -28,8 +28,10 @@ Evaluator::Evaluator(const Problem& problem)
       optimizer_state_(hybridplan::optimizer_state(problem.job, problem.graph)),
       reverse_topo_(problem.graph.topo_order.rbegin(), problem.graph.topo_order.rend()) {}
 
-Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int64_t tp) const {
-  auto& slot = batch_costs_[{batch, slowdown, tp}];
+Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int64_t tp,
+                                              bool sequence_parallel) const {
+  sequence_parallel = sequence_parallel && tp > 1;
+  auto& slot = batch_costs_[{batch, slowdown, tp, sequence_parallel}];
   if (!slot) {
     slot = std::make_unique<BatchCosts>();
     slot->times = compute_.at_batch(batch);
@@ -37,7 +39,7 @@ Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int
     for (double& t : slot->times.backward_s) t *= slowdown;
     if (tp > 1) {  // split compute, then the collectives (not slowed: not compute)
       apply_tensor_parallel(problem_.graph, tp_collectives(problem_.cluster, tp), tp,
-                            batch_scale(problem_.graph, batch), slot->times);
+                            batch_scale(problem_.graph, batch), slot->times, sequence_parallel);
     }
   }
   return *slot;
@@ -49,12 +51,23 @@ const std::vector<int64_t>& Evaluator::node_degrees(int64_t tp) const {
   return it->second;
 }
 
-const NodeTimes& Evaluator::node_times(double batch, double slowdown, int64_t tp) const {
-  return batch_costs(batch, slowdown, tp).times;
+const std::vector<double>& Evaluator::activation_shares(int64_t tp, bool sequence_parallel) const {
+  const std::pair<int64_t, bool> key{tp, sequence_parallel && tp > 1};
+  auto it = activation_shares_.find(key);
+  if (it == activation_shares_.end()) {
+    it = activation_shares_.emplace(key, tp_activation_shares(problem_.graph, tp, key.second)).first;
+  }
+  return it->second;
 }
 
-const PlacementOrder& Evaluator::placement_order(double batch, double slowdown, int64_t tp) const {
-  BatchCosts& costs = batch_costs(batch, slowdown, tp);
+const NodeTimes& Evaluator::node_times(double batch, double slowdown, int64_t tp,
+                                       bool sequence_parallel) const {
+  return batch_costs(batch, slowdown, tp, sequence_parallel).times;
+}
+
+const PlacementOrder& Evaluator::placement_order(double batch, double slowdown, int64_t tp,
+                                                 bool sequence_parallel) const {
+  BatchCosts& costs = batch_costs(batch, slowdown, tp, sequence_parallel);
   if (!costs.order) costs.order = placement_priority_order(problem_.graph, costs.times);
   return *costs.order;
 }
@@ -108,10 +121,11 @@ double Evaluator::placement_compute(const Plan& plan, double slowdown, Predictio
     assignment = &serial_assignment_;
   }
   fill_local_links(problem_.cluster, plan.mesh[0], links_);
-  const NodeTimes& times_at_batch = with_recompute(plan, node_times(batch, slowdown, plan.tp));
+  const NodeTimes& times_at_batch =
+      with_recompute(plan, node_times(batch, slowdown, plan.tp, plan.sequence_parallel));
   const PlacementTimes times =
-      schedule_placement(graph, placement_order(batch, slowdown, plan.tp), *assignment, links_,
-                         times_at_batch, batch_scale(graph, batch), placement_);
+      schedule_placement(graph, placement_order(batch, slowdown, plan.tp, plan.sequence_parallel),
+                         *assignment, links_, times_at_batch, batch_scale(graph, batch), placement_);
   gradient_ready_s_.resize(graph.nodes.size());
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     gradient_ready_s_[v] = times.forward_s + placement_.backward_finish_s[v];
@@ -131,7 +145,7 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   const int64_t num_stages = plan.num_stages();
   const double microbatch = static_cast<double>(plan.per_replica_batch) /
                             static_cast<double>(plan.num_microbatches);
-  const NodeTimes& plain_times = node_times(microbatch, slowdown, plan.tp);
+  const NodeTimes& plain_times = node_times(microbatch, slowdown, plan.tp, plan.sequence_parallel);
   const NodeTimes& micro_times = with_recompute(plan, plain_times);
   const double action_s = problem_.cluster.runtime.action_s_for(schedule_name(plan.schedule));
   pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,
@@ -309,7 +323,8 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   const std::vector<NodeIndex>& ready_order =
       plan.mode == MpMode::kPipeline
           ? reverse_topo_
-          : placement_order(static_cast<double>(plan.per_replica_batch), out.compute_slowdown, plan.tp)
+          : placement_order(static_cast<double>(plan.per_replica_batch), out.compute_slowdown,
+                            plan.tp, plan.sequence_parallel)
                 .backward;
   for (NodeIndex v : ready_order) {
     buckets_[plan.device_of(plan.assignment[v])].add_gradient(
@@ -399,7 +414,8 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   }
   // Placement, mp = 1: a unit per node with parameters, in the order the replica runs them.
   const NodeTimes& times =
-      with_recompute(plan, node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp));
+      with_recompute(plan, node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp,
+                                      plan.sequence_parallel));
   const bool zero3 = plan.sharding == Sharding::kZero3;
   const AllReduceCost& gather = gather_cost_[0];
   const std::vector<int64_t>& degrees = node_degrees(plan.tp);
@@ -553,12 +569,14 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
   const bool multi_stage = pipeline && schedule_is_multi_stage(plan.schedule);
   const std::vector<int64_t>& degrees = node_degrees(plan.tp);
+  const std::vector<double>& shares = activation_shares(plan.tp, plan.sequence_parallel);
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const int32_t k = plan.assignment[v];
     largest_unit_bytes_[k] = std::max(largest_unit_bytes_[k],
                                       static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v])));
-    // a TP rank keeps its slice of a split activation (tensor_parallel_cost.h)
-    const double share = tp_activation_share(graph.nodes[v], degrees[v]);
+    // a TP rank keeps its slice of a split activation, and under sequence parallelism of a
+    // per-token node's (tensor_parallel_cost.h)
+    const double share = shares[v];
     double activations = share * scaled_bytes(graph.nodes[v].activation_bytes(), scale);
     if (plan.recomputes_selectively(v)) {  // it also keeps its costly ops' outputs
       const double saved = share * scaled_bytes(graph.nodes[v].selective_saved_bytes, scale);

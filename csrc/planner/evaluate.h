@@ -64,6 +64,11 @@
 //                     spanning nodes (allreduce_cost.h) is multiplied by t; the process count
 //                     per node (compute slowdown) counts every TP rank; a stage boundary
 //                     between nodes carries tp copies of the tensor on the node's link
+//   sequence par.   = a plan with sequence_parallel (tp > 1): tensor_parallel_cost.h
+//                     "Sequence parallelism": per_token nodes at sp_ratio(t) of their time and
+//                     1/t of their kept activations, every sequence_parallel node's listed
+//                     collectives on the TP group on the critical path (in tp_comm_s too),
+//                     replacing the TP collectives of its colwise / rowwise nodes
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
 //                     (with Job::mixed_precision, an fp32 master copy and fp32 optimizer state:
 //                     memory_cost.h OptimizerState, which optimizer_s streams too)
@@ -105,16 +110,22 @@ class Evaluator {
   BucketCaps bucket_caps;  // bucket_policy.h: DDP's
 
   // Node times at `batch` samples, multiplied by `slowdown`, under tensor-parallel degree `tp`
-  // (tensor_parallel_cost.h apply_tensor_parallel; cached per triple).
-  const NodeTimes& node_times(double batch, double slowdown = 1.0, int64_t tp = 1) const;
+  // and sequence parallelism on or off (tensor_parallel_cost.h apply_tensor_parallel; cached
+  // per quadruple). Pass a plan's tp and sequence_parallel together.
+  const NodeTimes& node_times(double batch, double slowdown = 1.0, int64_t tp = 1,
+                              bool sequence_parallel = false) const;
   // The degree each node runs at under tensor-parallel degree `tp` (tensor_parallel_cost.h
   // tp_node_degrees: tp where it splits, else 1; cached per tp).
   const std::vector<int64_t>& node_degrees(int64_t tp) const;
+  // The factor on each node's kept activations under (tp, sequence_parallel)
+  // (tensor_parallel_cost.h tp_activation_shares; cached).
+  const std::vector<double>& activation_shares(int64_t tp, bool sequence_parallel) const;
   // `times` with the plan's recomputed forwards added to their nodes' backward (the same
   // object when the plan recomputes nothing; else valid until the next call).
   const NodeTimes& with_recompute(const Plan& plan, const NodeTimes& times) const;
   // The placement priority order for those times (cached with them).
-  const PlacementOrder& placement_order(double batch, double slowdown = 1.0, int64_t tp = 1) const;
+  const PlacementOrder& placement_order(double batch, double slowdown = 1.0, int64_t tp = 1,
+                                        bool sequence_parallel = false) const;
   // The compute multiplier of the plan's process layout: Cluster runtime.slowdown of the number
   // of the plan's processes on its busiest node.
   double compute_slowdown(const Plan& plan) const;
@@ -137,7 +148,7 @@ class Evaluator {
     NodeTimes times;
     std::optional<PlacementOrder> order;
   };
-  BatchCosts& batch_costs(double batch, double slowdown, int64_t tp) const;
+  BatchCosts& batch_costs(double batch, double slowdown, int64_t tp, bool sequence_parallel) const;
   void check_shape(const Plan& plan) const;
   double placement_compute(const Plan& plan, double slowdown, Prediction& out) const;
   double pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const;
@@ -169,8 +180,9 @@ class Evaluator {
   ComputeModel compute_;
   OptimizerState optimizer_state_;
   std::vector<NodeIndex> reverse_topo_;
-  mutable std::map<std::tuple<double, double, int64_t>, std::unique_ptr<BatchCosts>> batch_costs_;
+  mutable std::map<std::tuple<double, double, int64_t, bool>, std::unique_ptr<BatchCosts>> batch_costs_;
   mutable std::map<int64_t, std::vector<int64_t>> node_degrees_;  // per tp
+  mutable std::map<std::pair<int64_t, bool>, std::vector<double>> activation_shares_;
 
   // Reused between calls.
   mutable LocalLinks links_;

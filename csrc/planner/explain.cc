@@ -39,6 +39,7 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
       << "\"\n";
   out << "  " << plan.world_size << " devices = dp " << plan.dp << " x mp " << plan.mp;
   if (plan.tp > 1) out << " x tp " << plan.tp;
+  if (plan.sequence_parallel) out << " sp";
   out << ", mode " << mode_name(plan.mode);
   if (pipeline) {
     out << " (" << schedule_name(plan.schedule) << ", " << plan.num_microbatches
@@ -60,6 +61,10 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   if (plan.tp > 1) {
     out << ", tensor parallel over groups of " << plan.tp
         << " consecutive devices (mesh entries are each group's first)";
+    if (plan.sequence_parallel) {
+      out << ", sequence parallel (the nodes between the TP regions run on 1/" << plan.tp
+          << " of the tokens)";
+    }
   }
   out << "\n  batch: " << plan.per_replica_batch << " per replica, " << plan.global_batch
       << " global\n";
@@ -127,6 +132,7 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
   if (plan.tp > 1) {
     out << "  TP collectives " << format_seconds(p.tp_comm_s)
         << (pipeline ? " on the busiest stage over its micro-batches" : " per step")
+        << (plan.sequence_parallel ? " (sequence parallelism's included)" : "")
         << " (inside compute, on the critical path)\n";
   }
   if (!p.compute_model.empty()) out << "  node times    " << p.compute_model << "\n";

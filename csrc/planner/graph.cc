@@ -116,6 +116,33 @@ std::vector<BatchTime> batch_times_from_json(const JsonReader& in, const Json& j
   return points;
 }
 
+// split_times of tensor_parallel or sequence_parallel at `path`: degrees >= 2 dividing
+// max_degree, strictly increasing, times finite and >= 0.
+void validate_split_times(const std::string& source, const std::string& path,
+                          const std::vector<TpSplitTime>& points, int64_t max_degree) {
+  for (size_t k = 0; k < points.size(); ++k) {
+    const std::string p = json_index_path(path + ".split_times", k);
+    const TpSplitTime& point = points[k];
+    if (point.degree < 2 || point.degree > max_degree || max_degree % point.degree != 0) {
+      throw_input_error(source, p + ".degree",
+                        "must be >= 2 and divide max_degree = " + std::to_string(max_degree),
+                        std::to_string(point.degree));
+    }
+    if (k > 0 && point.degree <= points[k - 1].degree) {
+      throw_input_error(source, p + ".degree",
+                        "must be greater than the previous entry's " +
+                            std::to_string(points[k - 1].degree) + " (strictly increasing)",
+                        std::to_string(point.degree));
+    }
+    for (const auto& [field, value] : {std::pair{"forward_s", point.forward_s}, {"backward_s", point.backward_s}}) {
+      if (!std::isfinite(value) || value < 0) {
+        throw_input_error(source, p + "." + field, "must be finite and >= 0", json_number_text(value));
+      }
+      check_seconds_at_most(source, p + "." + field, value);
+    }
+  }
+}
+
 // The rules of Node::tensor_parallel (docs/tensor_parallel.md "In the graph").
 void validate_tensor_parallel(const std::string& source, const std::string& node_path,
                               const Node& node) {
@@ -138,27 +165,53 @@ void validate_tensor_parallel(const std::string& source, const std::string& node
                                         {"backward_collective", &tp.backward_collective}}) {
     if (*collective) check_bytes(source, path + "." + key + ".bytes", (*collective)->bytes);
   }
-  for (size_t k = 0; k < tp.split_times.size(); ++k) {
-    const std::string p = json_index_path(path + ".split_times", k);
-    const TpSplitTime& point = tp.split_times[k];
-    if (point.degree < 2 || point.degree > tp.max_degree || tp.max_degree % point.degree != 0) {
-      throw_input_error(source, p + ".degree",
-                        "must be >= 2 and divide max_degree = " + std::to_string(tp.max_degree),
-                        std::to_string(point.degree));
-    }
-    if (k > 0 && point.degree <= tp.split_times[k - 1].degree) {
-      throw_input_error(source, p + ".degree",
-                        "must be greater than the previous entry's " +
-                            std::to_string(tp.split_times[k - 1].degree) + " (strictly increasing)",
-                        std::to_string(point.degree));
-    }
-    for (const auto& [field, value] : {std::pair{"forward_s", point.forward_s}, {"backward_s", point.backward_s}}) {
-      if (!std::isfinite(value) || value < 0) {
-        throw_input_error(source, p + "." + field, "must be finite and >= 0", json_number_text(value));
-      }
-      check_seconds_at_most(source, p + "." + field, value);
+  validate_split_times(source, path, tp.split_times, tp.max_degree);
+}
+
+// The rules of Node::sequence_parallel (docs/tensor_parallel.md "Sequence parallelism").
+void validate_sequence_parallel(const std::string& source, const std::string& node_path,
+                                const Node& node) {
+  const SequenceParallel& sp = *node.sequence_parallel;
+  const std::string path = node_path + ".sequence_parallel";
+  const std::string role = std::string("\"") + sp_role_name(sp.role) + "\"";
+  if (sp.max_degree < 2) {
+    throw_input_error(source, path + ".max_degree",
+                      "must be >= 2 (the sequence splits over at least two TP ranks)",
+                      std::to_string(sp.max_degree));
+  }
+  check_device_count(source, path + ".max_degree", sp.max_degree);
+  const bool split_role = sp.role == SpRole::kColwise || sp.role == SpRole::kRowwise;
+  if (split_role && !node.tensor_parallel) {
+    throw_input_error(source, path + ".role",
+                      "must be \"per_token\" or \"gather\" for a node without tensor_parallel "
+                      "(\"colwise\" and \"rowwise\" replace a split node's TP collectives)",
+                      role);
+  }
+  if (split_role && node.tensor_parallel->style == TpStyle::kSharded) {
+    throw_input_error(source, path + ".role",
+                      "must not be \"colwise\" or \"rowwise\" for tensor_parallel style "
+                      "\"sharded\" (it runs between the split nodes, inside the TP region)",
+                      role);
+  }
+  if (!split_role && node.tensor_parallel) {
+    throw_input_error(source, path + ".role",
+                      "must be \"colwise\" or \"rowwise\" for a node with tensor_parallel "
+                      "(\"per_token\" and \"gather\" nodes run outside the TP region)",
+                      role);
+  }
+  for (const auto& [key, list] : {std::pair{"forward_collectives", &sp.forward_collectives},
+                                  {"backward_collectives", &sp.backward_collectives}}) {
+    for (size_t k = 0; k < list->size(); ++k) {
+      check_bytes(source, json_index_path(path + "." + key, k) + ".bytes", (*list)[k].bytes);
     }
   }
+  if (!sp.split_times.empty() && sp.role != SpRole::kPerToken) {
+    throw_input_error(source, path + ".split_times",
+                      "must be absent for role " + role +
+                          " (only a \"per_token\" node runs on a share of the tokens)",
+                      std::to_string(sp.split_times.size()) + " entries");
+  }
+  validate_split_times(source, path, sp.split_times, sp.max_degree);
 }
 
 TpCollective tp_collective_from_json(const JsonReader& in, const Json& j, const std::string& path) {
@@ -169,7 +222,35 @@ TpCollective tp_collective_from_json(const JsonReader& in, const Json& j, const 
   if (!kind) in.fail(path + ".op", "must be \"all_reduce\", \"all_gather\" or \"reduce_scatter\"", op);
   c.op = *kind;
   c.bytes = in.field_int(j, path, "bytes");
+  if (const Json* fixed = in.optional(j, "fixed_bytes")) c.fixed_bytes = in.boolean(*fixed, path + ".fixed_bytes");
   return c;
+}
+
+std::vector<TpSplitTime> split_times_from_json(const JsonReader& in, const Json& j,
+                                               const std::string& path) {
+  in.array(j, path);
+  std::vector<TpSplitTime> points;
+  for (size_t k = 0; k < j.size(); ++k) {
+    const std::string p = json_index_path(path, k);
+    const Json& jp = in.object(j[k], p);
+    points.push_back({in.field_int(jp, p, "degree"), in.field_number(jp, p, "forward_s"),
+                      in.field_number(jp, p, "backward_s")});
+  }
+  return points;
+}
+
+Json split_times_to_json(const std::vector<TpSplitTime>& points) {
+  Json out = Json::array();
+  for (const TpSplitTime& p : points) {
+    out.push_back({{"degree", p.degree}, {"forward_s", p.forward_s}, {"backward_s", p.backward_s}});
+  }
+  return out;
+}
+
+Json tp_collective_to_json(const TpCollective& c) {
+  Json j = {{"op", tp_collective_name(c.op)}, {"bytes", c.bytes}};
+  if (c.fixed_bytes) j["fixed_bytes"] = true;  // absent: scaled with the batch
+  return j;
 }
 
 TensorParallel tensor_parallel_from_json(const JsonReader& in, const Json& j, const std::string& path) {
@@ -193,14 +274,7 @@ TensorParallel tensor_parallel_from_json(const JsonReader& in, const Json& j, co
     tp.backward_collective = tp_collective_from_json(in, *c, path + ".backward_collective");
   }
   if (const Json* times = in.optional(j, "split_times")) {
-    const std::string times_path = path + ".split_times";
-    in.array(*times, times_path);
-    for (size_t k = 0; k < times->size(); ++k) {
-      const std::string p = json_index_path(times_path, k);
-      const Json& jp = in.object((*times)[k], p);
-      tp.split_times.push_back({in.field_int(jp, p, "degree"), in.field_number(jp, p, "forward_s"),
-                                in.field_number(jp, p, "backward_s")});
-    }
+    tp.split_times = split_times_from_json(in, *times, path + ".split_times");
   }
   return tp;
 }
@@ -211,20 +285,50 @@ Json tensor_parallel_to_json(const TensorParallel& tp) {
             {"split_param_bytes", tp.split_param_bytes},
             {"activation_split", tp.activation_split}};
   if (tp.forward_collective) {
-    j["forward_collective"] = {{"op", tp_collective_name(tp.forward_collective->op)},
-                               {"bytes", tp.forward_collective->bytes}};
+    j["forward_collective"] = tp_collective_to_json(*tp.forward_collective);
   }
   if (tp.backward_collective) {
-    j["backward_collective"] = {{"op", tp_collective_name(tp.backward_collective->op)},
-                                {"bytes", tp.backward_collective->bytes}};
+    j["backward_collective"] = tp_collective_to_json(*tp.backward_collective);
   }
-  if (!tp.split_times.empty()) {
-    Json points = Json::array();
-    for (const TpSplitTime& p : tp.split_times) {
-      points.push_back({{"degree", p.degree}, {"forward_s", p.forward_s}, {"backward_s", p.backward_s}});
+  if (!tp.split_times.empty()) j["split_times"] = split_times_to_json(tp.split_times);
+  return j;
+}
+
+SequenceParallel sequence_parallel_from_json(const JsonReader& in, const Json& j,
+                                             const std::string& path) {
+  in.object(j, path);
+  SequenceParallel sp;
+  const Json& role = in.required(j, path, "role");
+  const std::optional<SpRole> kind = sp_role_from_name(in.string(role, path + ".role"));
+  if (!kind) in.fail(path + ".role", "must be \"per_token\", \"gather\", \"colwise\" or \"rowwise\"", role);
+  sp.role = *kind;
+  sp.max_degree = in.field_int(j, path, "max_degree");
+  for (const auto& [key, list] : {std::pair{"forward_collectives", &sp.forward_collectives},
+                                  {"backward_collectives", &sp.backward_collectives}}) {
+    if (const Json* c = in.optional(j, key)) {
+      const std::string list_path = path + "." + key;
+      in.array(*c, list_path);
+      for (size_t k = 0; k < c->size(); ++k) {
+        list->push_back(tp_collective_from_json(in, (*c)[k], json_index_path(list_path, k)));
+      }
     }
-    j["split_times"] = std::move(points);
   }
+  if (const Json* times = in.optional(j, "split_times")) {
+    sp.split_times = split_times_from_json(in, *times, path + ".split_times");
+  }
+  return sp;
+}
+
+// Canonical: the collective lists always (empty when none), split_times when measured.
+Json sequence_parallel_to_json(const SequenceParallel& sp) {
+  Json j = {{"role", sp_role_name(sp.role)}, {"max_degree", sp.max_degree}};
+  for (const auto& [key, list] : {std::pair{"forward_collectives", &sp.forward_collectives},
+                                  {"backward_collectives", &sp.backward_collectives}}) {
+    Json out = Json::array();
+    for (const TpCollective& c : *list) out.push_back(tp_collective_to_json(c));
+    j[key] = std::move(out);
+  }
+  if (!sp.split_times.empty()) j["split_times"] = split_times_to_json(sp.split_times);
   return j;
 }
 
@@ -245,6 +349,23 @@ std::optional<TpStyle> tp_style_from_name(const std::string& name) {
   for (TpStyle s : {TpStyle::kColwise, TpStyle::kRowwise, TpStyle::kSharded, TpStyle::kVocabRowwise,
                     TpStyle::kColwiseGather}) {
     if (name == tp_style_name(s)) return s;
+  }
+  return std::nullopt;
+}
+
+const char* sp_role_name(SpRole role) {
+  switch (role) {
+    case SpRole::kPerToken: return "per_token";
+    case SpRole::kGather: return "gather";
+    case SpRole::kColwise: return "colwise";
+    case SpRole::kRowwise: return "rowwise";
+  }
+  return "per_token";
+}
+
+std::optional<SpRole> sp_role_from_name(const std::string& name) {
+  for (SpRole r : {SpRole::kPerToken, SpRole::kGather, SpRole::kColwise, SpRole::kRowwise}) {
+    if (name == sp_role_name(r)) return r;
   }
   return std::nullopt;
 }
@@ -289,6 +410,13 @@ bool Graph::has_tensor_parallel() const {
   return false;
 }
 
+bool Graph::has_sequence_parallel() const {
+  for (const Node& node : nodes) {
+    if (node.sequence_parallel) return true;
+  }
+  return false;
+}
+
 void Graph::validate(const std::string& source) const {
   if (name.empty()) throw_input_error(source, "name", "must be a non-empty string", "\"\"");
   check_batch_size(source, "profiled.batch_size", profiled.batch_size);
@@ -325,6 +453,7 @@ void Graph::validate(const std::string& source) const {
     }
     validate_batch_times(source, path, node.batch_times, profiled.batch_size);
     if (node.tensor_parallel) validate_tensor_parallel(source, path, node);
+    if (node.sequence_parallel) validate_sequence_parallel(source, path, node);
   }
   for (size_t t = 0; t < tied_params.size(); ++t) {
     const std::string path = json_index_path("tied_params", t);
@@ -478,6 +607,9 @@ Graph graph_from_json(const Json& j, const std::string& source) {
     if (const Json* t = in.optional(jn, "tensor_parallel")) {
       node.tensor_parallel = tensor_parallel_from_json(in, *t, path + ".tensor_parallel");
     }
+    if (const Json* sp = in.optional(jn, "sequence_parallel")) {
+      node.sequence_parallel = sequence_parallel_from_json(in, *sp, path + ".sequence_parallel");
+    }
     const auto [it, fresh] = index_of.emplace(node.id, static_cast<NodeIndex>(i));
     if (!fresh) {
       in.fail(path + ".id", "must be unique (also nodes[" + std::to_string(it->second) + "])",
@@ -553,6 +685,7 @@ Json graph_to_json(const Graph& g) {
     if (!n.cut_before) jn["cut_before"] = false;
     // absent when not set, so graphs without tensor parallelism keep their hash
     if (n.tensor_parallel) jn["tensor_parallel"] = tensor_parallel_to_json(*n.tensor_parallel);
+    if (n.sequence_parallel) jn["sequence_parallel"] = sequence_parallel_to_json(*n.sequence_parallel);
     nodes.push_back(std::move(jn));
   }
   Json edges = Json::array();

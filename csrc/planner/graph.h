@@ -40,6 +40,10 @@ std::optional<Collective> tp_collective_from_name(const std::string& name);
 struct TpCollective {
   Collective op = Collective::kAllReduce;
   int64_t bytes = 0;
+  // JSON "fixed_bytes" (optional, absent = false, written only when true): `bytes` do not scale
+  // with the batch (a parameter gradient's all-reduce, as sequence parallelism's per-token nodes
+  // with parameters run one).
+  bool fixed_bytes = false;
 };
 
 // A node's forward and backward at the profiled batch as one rank of a split of `degree` runs it.
@@ -60,6 +64,35 @@ struct TensorParallel {
   std::optional<TpCollective> forward_collective;
   std::optional<TpCollective> backward_collective;
   // Degrees >= 2, strictly increasing, each dividing max_degree; empty: none measured.
+  std::vector<TpSplitTime> split_times;
+};
+
+// How sequence parallelism (Megatron-LM's, Korthikanti et al. 2022, arXiv 2205.05198;
+// docs/tensor_parallel.md "Sequence parallelism") treats a node: JSON names "per_token",
+// "gather", "colwise", "rowwise".
+//   per_token  runs on each TP rank's 1/t of the tokens (a norm, a dropout between the TP
+//              regions): its time and kept activations shrink
+//   gather     runs whole on the gathered sequence (torch's MultiheadAttention node): unchanged
+//              but for its collectives
+//   colwise,   a TP-split node (tensor_parallel) at the SP region's edge: its TP collectives are
+//   rowwise    replaced by the SP ones (colwise: all-gather its input, reduce-scatter its input
+//              gradient; rowwise: reduce-scatter its output, all-gather its output gradient)
+enum class SpRole { kPerToken, kGather, kColwise, kRowwise };
+const char* sp_role_name(SpRole role);
+std::optional<SpRole> sp_role_from_name(const std::string& name);
+
+// Node::sequence_parallel: what the node does under a plan with sequence parallelism on.
+struct SequenceParallel {
+  SpRole role = SpRole::kPerToken;
+  // >= 2: sequence parallelism at degree tp needs tp to divide it (the sequence length's
+  // divisor the profiler found)
+  int64_t max_degree = 2;
+  // The collectives the node runs on its TP group under sequence parallelism, after its forward
+  // or backward, each with the full tensor's bytes at the profiled batch (as TpCollective).
+  std::vector<TpCollective> forward_collectives;
+  std::vector<TpCollective> backward_collectives;
+  // per_token only: the node's forward and backward at the profiled batch as one rank of `degree`
+  // runs it (1/degree of the tokens); degrees >= 2, strictly increasing, dividing max_degree.
   std::vector<TpSplitTime> split_times;
 };
 
@@ -96,6 +129,9 @@ struct Node {
   bool cut_before = true;
   // Optional (JSON "tensor_parallel"; absent: the node runs whole on every rank of its TP group).
   std::optional<TensorParallel> tensor_parallel;
+  // Optional (JSON "sequence_parallel"; absent: sequence parallelism leaves the node as tensor
+  // parallelism has it).
+  std::optional<SequenceParallel> sequence_parallel;
 };
 
 struct Edge {
@@ -149,6 +185,8 @@ struct Graph {
 
   // Whether any node carries tensor_parallel (a plan with tp > 1 needs one).
   bool has_tensor_parallel() const;
+  // Whether any node carries sequence_parallel (a plan with sequence_parallel needs one).
+  bool has_sequence_parallel() const;
 
   // Checks every field and the DAG property; throws InputError naming `source` and the JSON path.
   void validate(const std::string& source) const;

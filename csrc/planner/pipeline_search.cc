@@ -55,7 +55,8 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   const double m = static_cast<double>(base.num_microbatches);
   const double microbatch = static_cast<double>(base.per_replica_batch) / m;
   const double micro_scale = batch_scale(g, microbatch);
-  const NodeTimes& micro = evaluator.node_times(microbatch, evaluator.compute_slowdown(base), base.tp);
+  const NodeTimes& micro = evaluator.node_times(microbatch, evaluator.compute_slowdown(base), base.tp,
+                                                base.sequence_parallel);
   // The stage's parameter state per parameter byte under the plan's sharding (memory_cost.h).
   ShardedState sharded;
   sharded.sharding = base.sharding;
@@ -64,6 +65,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   const double state_copies = parameter_state_bytes(1.0, evaluator.optimizer_state(), sharded);
 
   const std::vector<int64_t>& degrees = evaluator.node_degrees(base.tp);
+  const std::vector<double>& shares = evaluator.activation_shares(base.tp, base.sequence_parallel);
   std::vector<int64_t> position(n);
   for (int64_t p = 0; p < n; ++p) position[g.topo_order[p]] = p;
   // cut_bytes(p) by a difference array: node u at q with last consumer at L crosses (q, L].
@@ -101,7 +103,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
         c.prefix_static_bytes[p] + static_cast<double>(tp_param_bytes(node, degrees[v])) * state_copies;
     c.prefix_activation_bytes[p + 1] =
         c.prefix_activation_bytes[p] +
-        tp_activation_share(node, degrees[v]) * scaled_bytes(node.activation_bytes(), micro_scale);
+        shares[v] * scaled_bytes(node.activation_bytes(), micro_scale);
   }
   c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
   for (int l = 0; l + 1 < k; ++l) {

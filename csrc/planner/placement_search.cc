@@ -31,14 +31,15 @@ struct NodeCosts {
   NodeCosts(const Evaluator& evaluator, const Plan& base) {
     const Graph& g = evaluator.problem().graph;
     const auto batch = static_cast<double>(base.per_replica_batch);
-    const NodeTimes& times = evaluator.node_times(batch, evaluator.compute_slowdown(base), base.tp);
+    const NodeTimes& times =
+        evaluator.node_times(batch, evaluator.compute_slowdown(base), base.tp, base.sequence_parallel);
     forward_s = times.forward_s;
     backward_s = times.backward_s;
     const double scale = batch_scale(g, batch);
     const std::vector<int64_t>& degrees = evaluator.node_degrees(base.tp);
+    const std::vector<double>& shares = evaluator.activation_shares(base.tp, base.sequence_parallel);
     for (size_t v = 0; v < g.nodes.size(); ++v) {
-      activation_bytes.push_back(tp_activation_share(g.nodes[v], degrees[v]) *
-                                 scaled_bytes(g.nodes[v].activation_bytes(), scale));
+      activation_bytes.push_back(shares[v] * scaled_bytes(g.nodes[v].activation_bytes(), scale));
       param_bytes.push_back(tp_param_bytes(g.nodes[v], degrees[v]));
       total_forward_s += forward_s[v];
       total_backward_s += backward_s[v];
@@ -260,7 +261,8 @@ PlacementOutcome heuristic_placement(const Evaluator& evaluator, const Plan& bas
   consider(std::vector<int32_t>(g.nodes.size(), 0));
   if (mp > 1) {
     const PlacementOrder& order = evaluator.placement_order(
-        static_cast<double>(base.per_replica_batch), evaluator.compute_slowdown(base), base.tp);
+        static_cast<double>(base.per_replica_batch), evaluator.compute_slowdown(base), base.tp,
+        base.sequence_parallel);
     consider(earliest_finish_assignment(g, c, order, links, mp, capacity, opt));
     for (const bool by_memory : {false, true}) {
       if (auto a = contiguous_assignment(g, c, mp, by_memory, capacity, opt)) consider(std::move(*a));

@@ -259,6 +259,21 @@ void Plan::validate_structure(const std::string& source) const {
                         got);
     }
   }
+  if (sequence_parallel && tp <= 1) {
+    throw_input_error(source, "sequence_parallel",
+                      "must be false with tp = " + str(tp) +
+                          " (sequence parallelism splits the tokens over a TP group)",
+                      "true");
+  }
+  if (sequence_parallel && mode == MpMode::kPipeline) {
+    // The Python executor splits the sequence between a module's blocks; a pipeline stage is
+    // a graph torch.export traced, with the sequence length as a literal in its operations
+    // (docs/tensor_parallel.md "Sequence parallelism").
+    throw_input_error(source, "sequence_parallel",
+                      "must be false for a pipeline plan (mode pipeline): sequence "
+                      "parallelism is applied to placement plans only",
+                      "true");
+  }
   if (tp > 1 && mode == MpMode::kPlacement && mp != 1) {
     throw_input_error(source, "tp",
                       "must be 1 for a placement plan with mp = " + str(mp) +
@@ -454,6 +469,11 @@ void Plan::validate_fit(const std::string& source, const Graph& graph, const Clu
                         str(tp));
     }
   }
+  if (sequence_parallel) {  // tp > 1 (validate_structure)
+    if (const std::optional<std::string> rule = sequence_parallel_refusal(graph, tp)) {
+      throw_input_error(source, "sequence_parallel", *rule, "true");
+    }
+  }
   if (world_size > cluster.num_devices()) {
     throw_input_error(source, "world_size",
                       "exceeds the cluster's " + str(cluster.num_devices()) + " devices",
@@ -529,6 +549,9 @@ Plan plan_from_json(const Json& j, const std::string& source) {
   p.dp = in.field_int(j, "", "dp");
   p.mp = in.field_int(j, "", "mp");
   if (in.optional(j, "tp")) p.tp = in.field_int(j, "", "tp");
+  if (const Json* sp = in.optional(j, "sequence_parallel")) {
+    p.sequence_parallel = in.boolean(*sp, "sequence_parallel");
+  }
   p.mode = mode_from_json(in, in.required(j, "", "mode"));
   p.per_replica_batch = in.field_int(j, "", "per_replica_batch");
   p.global_batch = in.field_int(j, "", "global_batch");
@@ -685,6 +708,7 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
   if (p.sharding != Sharding::kNone) j["sharding"] = sharding_name(p.sharding);  // absent: none
   if (p.virtual_stages != 1) j["virtual_stages"] = p.virtual_stages;              // absent: 1
   if (p.tp != 1) j["tp"] = p.tp;                                                  // absent: 1
+  if (p.sequence_parallel) j["sequence_parallel"] = true;                         // absent: false
   if (p.dp_shard != 0 && p.dp_shard != p.dp) j["dp_shard"] = p.dp_shard;          // absent: dp
   if (!p.device_mapping_note.empty()) j["device_mapping"] = p.device_mapping_note;
   return j;

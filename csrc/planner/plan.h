@@ -78,6 +78,11 @@ struct Plan {
   // local devices (placement) or pipeline ranks is a group of tp consecutive devices of one
   // node, mesh[r][k] its first (a multiple of tp), splitting the nodes with tensor_parallel.
   int64_t tp = 1;
+  // Sequence parallelism (JSON "sequence_parallel", absent = false, written only when true;
+  // docs/tensor_parallel.md "Sequence parallelism"): the TP group also splits the tokens of the
+  // nodes between its regions (graph.h SequenceParallel). Needs tp > 1 and a graph whose nodes
+  // allow it at tp (tensor_parallel_cost.h sequence_parallel_refusal).
+  bool sequence_parallel = false;
   MpMode mode = MpMode::kPlacement;
   int64_t per_replica_batch = 1;
   int64_t global_batch = 1;
@@ -149,7 +154,9 @@ struct Plan {
   // within the cluster, one assignment entry per node in graph order, pipeline stages never
   // decreasing along an edge and none empty; with tp > 1, tp dividing devices_per_node and at
   // least one node splitting at tp (tensor_parallel_cost.h tp_split_mask: tp divides its
-  // max_degree; the others run whole). Evaluator::evaluate runs validate_structure and this
+  // max_degree; the others run whole); with sequence_parallel, the graph's nodes allowing it
+  // at tp (tensor_parallel_cost.h sequence_parallel_refusal). Evaluator::evaluate runs
+  // validate_structure and this
   // (a searched plan is not hashed per candidate).
   void validate_fit(const std::string& source, const Graph& graph, const Cluster& cluster) const;
 

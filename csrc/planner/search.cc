@@ -37,6 +37,7 @@ std::string describe(const SearchSpacePoint& p) {
   std::ostringstream os;
   os << "dp=" << p.dp << " mp=" << p.mp;
   if (p.tp > 1) os << " tp=" << p.tp;
+  if (p.sequence_parallel) os << " sp";
   os << " " << mode_name(p.mode);
   if (p.mode == MpMode::kPipeline)
     os << " (" << schedule_name(p.schedule) << ", " << p.num_microbatches << " micro-batches)";
@@ -60,6 +61,23 @@ std::vector<int64_t> microbatch_counts(const Job& job, int64_t batch) {
 }
 
 }  // namespace
+
+const char* sequence_parallel_search_name(SequenceParallelSearch s) {
+  switch (s) {
+    case SequenceParallelSearch::kAuto: return "auto";
+    case SequenceParallelSearch::kOff: return "off";
+    case SequenceParallelSearch::kOn: return "on";
+  }
+  return "auto";
+}
+
+std::optional<SequenceParallelSearch> sequence_parallel_search_from_name(const std::string& name) {
+  for (SequenceParallelSearch s :
+       {SequenceParallelSearch::kAuto, SequenceParallelSearch::kOff, SequenceParallelSearch::kOn}) {
+    if (name == sequence_parallel_search_name(s)) return s;
+  }
+  return std::nullopt;
+}
 
 namespace {
 
@@ -90,6 +108,39 @@ std::vector<int64_t> search_tensor_degrees(const Problem& problem, const SearchO
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Per tensor-parallel degree of the space: the sequence-parallel settings its points take
+// (SearchOptions::sequence_parallel; tp = 1: off). Throws InputError for kOn when no degree > 1
+// allows it.
+std::map<int64_t, std::vector<bool>> search_sequence_parallel(const Problem& problem,
+                                                              const SearchOptions& options,
+                                                              const std::vector<int64_t>& degrees) {
+  std::map<int64_t, std::vector<bool>> out;
+  bool any = false;
+  std::string why;  // the first refusal, for kOn's message
+  for (int64_t tp : degrees) {
+    std::vector<bool>& settings = out[tp];
+    const std::optional<std::string> refusal =
+        tp > 1 ? sequence_parallel_refusal(problem.graph, tp) : std::optional<std::string>("tp = 1");
+    if (tp > 1 && refusal && why.empty()) why = "tp = " + str(tp) + ": sequence_parallel " + *refusal;
+    const bool allowed = !refusal && options.sequence_parallel != SequenceParallelSearch::kOff;
+    any = any || allowed;
+    if (!allowed) {
+      if (tp == 1 || options.sequence_parallel != SequenceParallelSearch::kOn) settings = {false};
+      continue;  // kOn: the degree is left out
+    }
+    if (options.sequence_parallel == SequenceParallelSearch::kAuto) settings.push_back(false);
+    settings.push_back(true);
+  }
+  if (options.sequence_parallel == SequenceParallelSearch::kOn && !any && !options.dp_only) {
+    throw_input_error(kSource, "sequence_parallel",
+                      "must be \"auto\" or \"off\": no tensor-parallel degree of the space "
+                      "allows sequence parallelism (" +
+                          (why.empty() ? std::string("no degree > 1") : why) + ")",
+                      "\"on\"");
+  }
   return out;
 }
 
@@ -138,8 +189,26 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
   const int64_t spanning_max_mp = std::min({kMaxSpanningStages, n, stage_starts + 1});
   bool said_spanning = false;
   std::vector<SearchSpacePoint> points;
-  for (const int64_t tp : search_tensor_degrees(problem, options)) {
+  const std::vector<int64_t> degrees = search_tensor_degrees(problem, options);
+  const std::map<int64_t, std::vector<bool>> sp_settings =
+      search_sequence_parallel(problem, options, degrees);
+  for (const int64_t tp : degrees) {
     if (options.dp_only && tp > 1) break;
+    const std::vector<bool>& settings = sp_settings.at(tp);
+    if (settings.empty()) {
+      skip("tp=" + str(tp) + ": left out with sequence parallelism on: sequence_parallel " +
+           sequence_parallel_refusal(graph, tp).value_or(""));
+      continue;
+    }
+    // every point of the degree, in each of its sequence-parallel settings (off first);
+    // pipelines without (Plan::validate_structure: sequence parallelism is placement only)
+    const auto push = [&](SearchSpacePoint p) {
+      for (const bool sp : settings) {
+        if (sp && p.mode == MpMode::kPipeline) continue;
+        p.sequence_parallel = sp;
+        points.push_back(p);
+      }
+    };
     for (int64_t mp = 1; mp * tp <= devices; ++mp) {
       // a replica's mp * tp devices: part of one node, or (a pipeline only) whole nodes
       const bool spans = mp * tp > per_node;
@@ -193,7 +262,7 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
         // tensor parallelism splits a placement replica only on one device per rank (Plan
         // rules); one process drives a placement replica, inside one node
         if (mp == 1 || (options.placement && !serial_devices && tp == 1 && !spans)) {
-          points.push_back(p);
+          push(p);
         }
         if (!pipeline_ok) continue;
         const auto counts = microbatch_counts(problem.job, batch);
@@ -215,7 +284,7 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
             if (multi && s != Schedule::kZBV && m % rounds != 0) continue;  // torch's rounds
             p.schedule = s;
             p.virtual_stages = multi ? 2 : 1;
-            points.push_back(p);
+            push(p);
           }
         }
       }
@@ -238,6 +307,7 @@ Plan skeleton_with_mapping(const Problem& problem, const SearchSpacePoint& point
   plan.dp = point.dp;
   plan.mp = point.mp;
   plan.tp = point.tp;
+  plan.sequence_parallel = point.sequence_parallel;
   plan.mode = point.mode;
   plan.schedule = point.schedule;
   plan.virtual_stages = point.virtual_stages;
@@ -271,10 +341,14 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   if (plan.mode == MpMode::kPipeline) {
     const auto m = static_cast<double>(plan.num_microbatches);
     const double micro = static_cast<double>(plan.per_replica_batch) / m;
-    compute_s = evaluator.node_times(micro, slowdown, plan.tp).total_s() * m / static_cast<double>(plan.mp) +
+    compute_s = evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel).total_s() * m /
+                    static_cast<double>(plan.mp) +
                 2 * m * cluster.runtime.action_s_for(schedule_name(plan.schedule));
   } else if (evaluator.serial_replica_devices()) {
-    compute_s = evaluator.node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp).total_s();
+    compute_s = evaluator
+                    .node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp,
+                                plan.sequence_parallel)
+                    .total_s();
   } else {
     compute_s = placement_lower_bound_s(evaluator, plan);
   }
@@ -449,7 +523,8 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
     const SearchSpacePoint& point = points[index];
     Plan plan = std::move(skeletons[index]);
     const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
-                             (point.tp > 1 ? " tp=" + str(point.tp) : "") + " " + mode_name(point.mode);
+                             (point.tp > 1 ? " tp=" + str(point.tp) : "") +
+                             (point.sequence_parallel ? " sp" : "") + " " + mode_name(point.mode);
     if (point.mode == MpMode::kPlacement) {
       PlacementOutcome o = search_placement(evaluator, plan, placement_options);
       result.candidates_evaluated += o.evaluations;

@@ -4,6 +4,7 @@
 // after the data-parallel sharding kinds (SearchOptions::shardings) were tried on it.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,15 @@
 #include "planner/problem.h"
 
 namespace hybridplan {
+
+// Whether the search gives its tensor-parallel points sequence parallelism (Plan::
+// sequence_parallel): kAuto tries each point with tp > 1 whose degree allows it
+// (tensor_parallel_cost.h sequence_parallel_refusal) both without and with; kOff never; kOn
+// only with it, leaving out the points with tp > 1 whose degree does not allow it (points with
+// tp = 1 stay: SearchOptions::tensor_degrees decides those).
+enum class SequenceParallelSearch { kAuto, kOff, kOn };
+const char* sequence_parallel_search_name(SequenceParallelSearch s);  // "auto" | "off" | "on"
+std::optional<SequenceParallelSearch> sequence_parallel_search_from_name(const std::string& name);
 
 struct SearchOptions {
   int64_t devices = 0;  // 0: the whole cluster
@@ -34,6 +44,9 @@ struct SearchOptions {
   // graph and cluster allow (tensor_parallel_cost.h tp_degrees). A listed degree other than 1
   // must be one of those (InputError otherwise). {1}: no tensor parallelism; {4}: only tp = 4.
   std::vector<int64_t> tensor_degrees;
+  // Sequence parallelism on the points with tp > 1 (above). kOn with no degree > 1 of the space
+  // allowing it: InputError.
+  SequenceParallelSearch sequence_parallel = SequenceParallelSearch::kAuto;
 };
 
 struct SearchResult {
@@ -49,6 +62,7 @@ struct SearchSpacePoint {
   int64_t dp = 1;
   int64_t mp = 1;
   int64_t tp = 1;
+  bool sequence_parallel = false;  // only with tp > 1
   MpMode mode = MpMode::kPlacement;
   Schedule schedule = Schedule::kNone;
   int64_t virtual_stages = 1;
@@ -71,7 +85,9 @@ struct SearchSpacePoint {
 // (job.num_microbatches, else 1, 2, 4, ...) with M dividing the batch, 1F1B only for M >= mp
 // (torch.distributed.pipelining's Schedule1F1B requires it), the multi-stage schedules with 2
 // stages per rank where the graph has 2 mp nodes and 2 mp - 1 places where a stage may begin,
-// and M a multiple of torch's rounds max(1, M / mp) for the interleaved ones.
+// and M a multiple of torch's rounds max(1, M / mp) for the interleaved ones. Each point with
+// tp > 1 comes without and then with sequence parallelism where options.sequence_parallel and
+// the graph allow (SequenceParallelSearch), so ties go to the plan without.
 // Why a dp/mp/M was left out goes to `skipped` (may be null). Throws InputError on bad options.
 std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
                                            std::vector<std::string>* skipped);

@@ -8,11 +8,13 @@
 
 namespace hybridplan {
 
-double tp_time_ratio(const Node& node, int64_t tp, bool backward) {
-  if (tp <= 1 || !node.tensor_parallel) return 1.0;
+namespace {
+
+// ratio(t) of the header from measured split times (tensor_parallel's or sequence_parallel's).
+double split_time_ratio(const Node& node, const std::vector<TpSplitTime>& points, int64_t tp,
+                        bool backward) {
   const auto t = static_cast<double>(tp);
   const double whole_s = backward ? node.backward_s : node.forward_s;
-  const std::vector<TpSplitTime>& points = node.tensor_parallel->split_times;
   if (points.empty() || whole_s <= 0) return 1.0 / t;
   const auto ratio_at = [&](const TpSplitTime& p) {
     return (backward ? p.backward_s : p.forward_s) / whole_s;
@@ -30,6 +32,22 @@ double tp_time_ratio(const Node& node, int64_t tp, bool backward) {
   }
   const TpSplitTime& last = points.back();
   return ratio_at(last) * static_cast<double>(last.degree) / t;
+}
+
+bool per_token(const Node& node) {
+  return node.sequence_parallel && node.sequence_parallel->role == SpRole::kPerToken;
+}
+
+}  // namespace
+
+double tp_time_ratio(const Node& node, int64_t tp, bool backward) {
+  if (tp <= 1 || !node.tensor_parallel) return 1.0;
+  return split_time_ratio(node, node.tensor_parallel->split_times, tp, backward);
+}
+
+double sp_time_ratio(const Node& node, int64_t tp, bool backward) {
+  if (tp <= 1 || !per_token(node)) return 1.0;
+  return split_time_ratio(node, node.sequence_parallel->split_times, tp, backward);
 }
 
 int64_t tp_param_bytes(const Node& node, int64_t tp) {
@@ -155,23 +173,89 @@ Link tp_stage_link(const Cluster& cluster, DeviceIndex from, DeviceIndex to, int
 }
 
 void apply_tensor_parallel(const Graph& graph, const TpCollectives& collectives, int64_t tp,
-                           double batch_scale, NodeTimes& times) {
+                           double batch_scale, NodeTimes& times, bool sequence_parallel) {
   if (tp <= 1) return;
   const size_t n = graph.nodes.size();
   times.forward_comm_s.assign(n, 0.0);
   times.backward_comm_s.assign(n, 0.0);
-  const auto comm_s = [&](const std::optional<TpCollective>& c) {
-    return c ? collectives.of(c->op).time_s(scaled_bytes(c->bytes, batch_scale)) : 0.0;
+  const auto one_s = [&](const TpCollective& c) {
+    const double bytes = c.fixed_bytes ? static_cast<double>(c.bytes) : scaled_bytes(c.bytes, batch_scale);
+    return collectives.of(c.op).time_s(bytes);
+  };
+  const auto comm_s = [&](const std::optional<TpCollective>& c) { return c ? one_s(*c) : 0.0; };
+  const auto list_s = [&](const std::vector<TpCollective>& list) {
+    double sum = 0;
+    for (const TpCollective& c : list) sum += one_s(c);
+    return sum;
   };
   const std::vector<uint8_t> splits = tp_split_mask(graph, tp);
   for (size_t v = 0; v < n; ++v) {
     const Node& node = graph.nodes[v];
-    if (!splits[v]) continue;  // runs whole: its own time, no collective
-    times.forward_comm_s[v] = comm_s(node.tensor_parallel->forward_collective);
-    times.backward_comm_s[v] = comm_s(node.tensor_parallel->backward_collective);
-    times.forward_s[v] = times.forward_s[v] * tp_time_ratio(node, tp, false) + times.forward_comm_s[v];
-    times.backward_s[v] = times.backward_s[v] * tp_time_ratio(node, tp, true) + times.backward_comm_s[v];
+    const SequenceParallel* sp = sequence_parallel && node.sequence_parallel ? &*node.sequence_parallel : nullptr;
+    double forward_ratio = 1, backward_ratio = 1;
+    if (splits[v]) {
+      forward_ratio = tp_time_ratio(node, tp, false);
+      backward_ratio = tp_time_ratio(node, tp, true);
+      if (sp == nullptr) {
+        times.forward_comm_s[v] = comm_s(node.tensor_parallel->forward_collective);
+        times.backward_comm_s[v] = comm_s(node.tensor_parallel->backward_collective);
+      }
+    } else if (sp == nullptr) {
+      continue;  // runs whole: its own time, no collective
+    } else {  // per_token or gather (Plan::validate_fit: every colwise / rowwise one splits)
+      forward_ratio = sp_time_ratio(node, tp, false);
+      backward_ratio = sp_time_ratio(node, tp, true);
+    }
+    if (sp != nullptr) {  // its sequence-parallel collectives, in place of any TP one
+      times.forward_comm_s[v] = list_s(sp->forward_collectives);
+      times.backward_comm_s[v] = list_s(sp->backward_collectives);
+    }
+    times.forward_s[v] = times.forward_s[v] * forward_ratio + times.forward_comm_s[v];
+    times.backward_s[v] = times.backward_s[v] * backward_ratio + times.backward_comm_s[v];
   }
+}
+
+std::optional<std::string> sequence_parallel_refusal(const Graph& graph, int64_t tp) {
+  const auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+  if (tp <= 1) {
+    return std::optional<std::string>(
+        "must be false with tp = 1 (sequence parallelism splits the tokens over a TP group)");
+  }
+  if (!graph.has_sequence_parallel()) {
+    return "must be false: graph " + quoted(graph.name) +
+           " has no node with sequence_parallel (profile it again with sequence parallelism "
+           "detection)";
+  }
+  const std::vector<uint8_t> splits = tp_split_mask(graph, tp);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    const Node& node = graph.nodes[v];
+    if (!node.sequence_parallel) continue;
+    const SequenceParallel& sp = *node.sequence_parallel;
+    if (sp.max_degree % tp != 0) {
+      return "must be false with tp = " + std::to_string(tp) + ": it does not divide node " +
+             quoted(node.name) + "'s sequence_parallel.max_degree " + std::to_string(sp.max_degree) +
+             " (every node with sequence_parallel splits its tokens over the TP group)";
+    }
+    if ((sp.role == SpRole::kColwise || sp.role == SpRole::kRowwise) && !splits[v]) {
+      return "must be false with tp = " + std::to_string(tp) + ": node " + quoted(node.name) +
+             " (sequence_parallel role " + quoted(sp_role_name(sp.role)) +
+             ") runs whole at this tp (tensor_parallel.max_degree " +
+             std::to_string(node.tensor_parallel->max_degree) +
+             "; a tied group splits only where all its nodes do), so it cannot enter or leave "
+             "the sequence-parallel region";
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<double> tp_activation_shares(const Graph& graph, int64_t tp, bool sequence_parallel) {
+  const std::vector<int64_t> degrees = tp_node_degrees(graph, tp);
+  std::vector<double> out(graph.nodes.size(), 1.0);
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    out[v] = tp_activation_share(graph.nodes[v], degrees[v]);
+    if (sequence_parallel && tp > 1 && per_token(graph.nodes[v])) out[v] = 1.0 / static_cast<double>(tp);
+  }
+  return out;
 }
 
 }  // namespace hybridplan

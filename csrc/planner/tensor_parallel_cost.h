@@ -26,8 +26,33 @@
 //                and with them the gradients, the optimizer state and the DP all-reduce bytes;
 //                kept activations (saved_bytes or output_bytes, selective_saved_bytes) / t where
 //                activation_split
+//
+// Sequence parallelism (Plan::sequence_parallel, with tp > 1; graph.h SequenceParallel;
+// docs/tensor_parallel.md "Sequence parallelism"): Megatron-LM's split of the tokens between
+// the TP regions over the same TP group (Korthikanti et al. 2022, arXiv 2205.05198). With it on,
+// every node with sequence_parallel, by its role, at t = tp:
+//
+//   per_token    time forward_s(b) * sp_ratio_f(t), backward_s(b) * sp_ratio_b(t), sp_ratio(t)
+//                from sequence_parallel.split_times exactly as ratio(t) above from
+//                tensor_parallel.split_times (none measured: 1 / t); kept activations / t
+//   gather       time unchanged (it runs whole on the gathered sequence)
+//   colwise,     the TP split's time (above); its tensor_parallel forward_collective /
+//   rowwise      backward_collective are not run: the lists below replace them
+//   all roles    + the sum of forward_collectives after the forward and of
+//                backward_collectives after the backward, each priced as the TP collectives
+//                above (the same TP group, bytes(b) = bytes * b / profiled.batch_size):
+//                  all_gather, reduce_scatter    (t-1)/t * bytes / bw +  (t-1) * alpha
+//                  all_reduce                   2(t-1)/t * bytes / bw + 2(t-1) * alpha
+//                (a collective with fixed_bytes, a parameter gradient's: bytes, whatever b),
+//                on the critical path (inside forward_s / backward_s, and forward_comm_s /
+//                backward_comm_s like the TP collectives; Prediction::tp_comm_s counts them)
+//
+// Everything else (nodes without sequence_parallel, parameters, stage boundaries) is as under
+// tensor parallelism alone.
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "planner/allreduce_cost.h"
@@ -94,8 +119,27 @@ Link tp_stage_link(const Cluster& cluster, DeviceIndex from, DeviceIndex to, int
 // Applies the time and collective terms to node times at the batch of `batch_scale`
 // (compute_cost.h batch_scale): the nodes that split at tp (tp_split_mask) get the split time
 // plus the collective in forward_s / backward_s, and times.forward_comm_s / backward_comm_s
-// receive the collectives alone (0 for the nodes that run whole). No-op for tp = 1.
+// receive the collectives alone (0 for the nodes that run whole). With `sequence_parallel`
+// (a plan that sequence_parallel_refusal accepts), the nodes with sequence_parallel get the
+// terms of "Sequence parallelism" above instead. No-op for tp = 1.
 void apply_tensor_parallel(const Graph& graph, const TpCollectives& collectives, int64_t tp,
-                           double batch_scale, NodeTimes& times);
+                           double batch_scale, NodeTimes& times, bool sequence_parallel = false);
+
+// ---- sequence parallelism ----
+
+// Why a plan with tp (> 1) may not turn sequence parallelism on for `graph`, as Plan::
+// validate_fit's rule text ("must be false: ..."); nullopt when it may: the graph has a node
+// with sequence_parallel, tp divides every such node's max_degree, and every "colwise" /
+// "rowwise" one splits at tp (tp_split_mask; its TP collectives are what SP replaces).
+std::optional<std::string> sequence_parallel_refusal(const Graph& graph, int64_t tp);
+
+// sp_ratio(t) above of a "per_token" node's backward (`backward`) or forward at degree tp; 1 for
+// any other node or tp <= 1.
+double sp_time_ratio(const Node& node, int64_t tp, bool backward);
+
+// The factor on the kept activations of each node under (tp, sequence_parallel):
+// tp_activation_share at its tp_node_degrees degree, and 1 / tp for a "per_token" node under
+// sequence parallelism. What memory_cost.h's activations are multiplied by.
+std::vector<double> tp_activation_shares(const Graph& graph, int64_t tp, bool sequence_parallel);
 
 }  // namespace hybridplan

@@ -102,7 +102,8 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
                          bool placement, bool pipeline, bool dp_only,
                          int exact_placement_max_nodes, const std::vector<std::string>& shardings,
                          const std::vector<std::string>& schedules,
-                         const std::vector<int64_t>& tensor_degrees) {
+                         const std::vector<int64_t>& tensor_degrees,
+                         const std::string& sequence_parallel) {
   const Problem problem = make_problem(graph_text, cluster_text, job_text);
   SearchOptions options;
   options.devices = devices;
@@ -129,6 +130,12 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
     options.schedules.push_back(*kind);
   }
   options.tensor_degrees = tensor_degrees;
+  const std::optional<SequenceParallelSearch> sp = sequence_parallel_search_from_name(sequence_parallel);
+  if (!sp) {
+    throw InputError("sequence_parallel must be \"auto\", \"on\" or \"off\" (got \"" +
+                     sequence_parallel + "\")");
+  }
+  options.sequence_parallel = *sp;
   SearchResult result;
   {
     // Searches on big clusters take seconds; let other Python threads (tqdm, servers) run.
@@ -205,10 +212,12 @@ void bind_planner(py::module_& m) {
         py::arg("shardings") = std::vector<std::string>{"none", "zero2", "zero3"},
         py::arg("schedules") =
             std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"},
-        py::arg("tensor_degrees") = std::vector<int64_t>{},
+        py::arg("tensor_degrees") = std::vector<int64_t>{}, py::arg("sequence_parallel") = "auto",
         "Top-K plans: JSON text {plans, candidates_evaluated, notes, infeasible}. "
         "tensor_degrees: the tensor-parallel degrees allowed (empty: 1 and every degree the "
-        "graph and cluster allow). Raises InfeasibleError when no candidate fits.");
+        "graph and cluster allow). sequence_parallel: \"auto\" (tensor-parallel plans with and "
+        "without where the graph allows), \"on\" or \"off\" (search.h "
+        "SequenceParallelSearch). Raises InfeasibleError when no candidate fits.");
   m.def(
       "rank_passes",
       [](const std::string& schedule, int64_t num_stages, int64_t num_microbatches,

@@ -479,7 +479,8 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
            exact_placement_max_nodes: Optional[int] = None,
            shardings: Sequence[str] = SHARDINGS,
            schedules: Sequence[str] = SCHEDULES,
-           tensor_degrees: Optional[Sequence[int]] = None) -> SearchResult:
+           tensor_degrees: Optional[Sequence[int]] = None,
+           sequence_parallel: str = "auto") -> SearchResult:
     """Searches dp x mp x tp x mode x micro-batches x sharding x device mapping on `devices`
     devices of `cluster` (all of them when None). `dp_only` restricts to mp = 1, the pure
     data-parallel baseline; `shardings` are the data-parallel sharding kinds a plan may take
@@ -487,7 +488,9 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
     pipeline plan may take (docs/schedules.md); `tensor_degrees` the tensor-parallel degrees
     (docs/tensor_parallel.md; None: 1 and every degree the graph and cluster allow, [1]: no
     tensor parallelism, [4]: only tp = 4; a degree the graph or cluster does not allow raises
-    ValueError);
+    ValueError); `sequence_parallel` whether tensor-parallel placement plans split the
+    sequence too (docs/tensor_parallel.md "Sequence parallelism": "auto" tries both, "on" only
+    with, "off" never);
     placements of graphs with more nodes than `exact_placement_max_nodes` (default: the C++
     SearchOptions default) are heuristic, with the gap in `notes`. Raises InfeasibleError when
     nothing fits."""
@@ -505,18 +508,20 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
                                pipeline=pipeline, dp_only=bool(dp_only),
                                shardings=_shardings(shardings),
                                schedules=_schedules(schedules), tensor_degrees=degrees,
-                               **exact))
+                               sequence_parallel=str(sequence_parallel), **exact))
     plans = [Plan(json.dumps(p, sort_keys=True, separators=(",", ":")), _validated=True)
              for p in out["plans"]]
     return SearchResult(plans, out["candidates_evaluated"], out["notes"], out["infeasible"])
 
 
 def plan(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 1,
-         modes: Sequence[str] = MODES, tensor_degrees: Optional[Sequence[int]] = None):
+         modes: Sequence[str] = MODES, tensor_degrees: Optional[Sequence[int]] = None,
+         sequence_parallel: str = "auto"):
     """The best Plan for training `graph` on `cluster` (a Cluster, path or preset name); with
-    top_k > 1 the best `top_k` plans, best first. `tensor_degrees` as search()'s."""
+    top_k > 1 the best `top_k` plans, best first. `tensor_degrees` and `sequence_parallel` as
+    search()'s."""
     result = search(graph, cluster, job, devices=devices, top_k=top_k, modes=modes,
-                    tensor_degrees=tensor_degrees)
+                    tensor_degrees=tensor_degrees, sequence_parallel=sequence_parallel)
     return result.plans[0] if top_k == 1 else result.plans
 
 

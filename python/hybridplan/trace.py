@@ -134,10 +134,10 @@ def _thread_names(plan: dict, ranks: int) -> Dict[int, str]:
 def plan_kind(plan: dict) -> str:
     """What a plan (dict) runs, in a few words: "dp b=32", "placement b=8 zero2",
     "1f1b M=4 b=32 recompute", "dp b=32 selective recompute", "tp2 b=32" (tensor parallel,
-    mp = 1), "1f1b M=4 tp2 b=32" (the rows of `hybridplan validate` and the traces' names)."""
+    mp = 1), "tp2 sp b=32" (with sequence parallelism), "1f1b M=4 tp2 b=32" (the rows of `hybridplan validate` and the traces' names)."""
     tp = int(plan.get("tp", 1))
     if plan["mp"] == 1:
-        kind = "dp" if tp == 1 else f"tp{tp}"
+        kind = "dp" if tp == 1 else f"tp{tp}" + (" sp" if plan.get("sequence_parallel") else "")
     elif plan["mode"] == "placement":
         kind = "placement"
     else:

@@ -8,6 +8,7 @@ LlamaForCausalLM from tiny configs, under each composition:
     dp.tp     placement dp=2 x tp=2 (FSDP2 replicate)     4 ranks
     dp.tp+z2  / +z3: sharded over the dp dimension        4 ranks
     pp.tp     pipeline 1F1B mp=2 x tp=2                   4 ranks
+    +sp       with sequence parallelism (tp+sp, tp+sp+rc: 2 ranks; dp.tp+sp+z3: 4 ranks)
 
 The splits are the profiler's (detect_layout, which apply() calls on the module). A TP run's
 consolidated checkpoint resumes under a non-TP plan and back, training on equal to one process.
@@ -92,7 +93,14 @@ def llama():
     return _llama(layers=2, heads=2, kv_heads=2)
 
 
-MODELS = {"encoder_stack": encoder_stack, "gpt2": gpt2, "llama": llama}
+def llama_gqa_pipe():
+    """Llama with grouped-query attention (4 query heads over 2 key-value heads), two layers:
+    a pipeline stage traced at one TP rank's shapes (repeat_kv's literal head count)."""
+    return _llama(layers=2, heads=4, kv_heads=2)
+
+
+MODELS = {"encoder_stack": encoder_stack, "gpt2": gpt2, "llama": llama,
+          "llama_gqa": llama_gqa_pipe}
 # composition -> (mode, dp, mp, sharding, recompute); ranks = dp * mp * 2
 COMPOSITIONS = {
     "tp": ("placement", 1, 1, "none", False),
@@ -101,11 +109,16 @@ COMPOSITIONS = {
     "dp.tp+z2": ("placement", 2, 1, "zero2", False),
     "dp.tp+z3": ("placement", 2, 1, "zero3", False),
     "pp.tp": ("pipeline", 1, 2, "none", False),
+    # "+sp": sequence parallelism (the plan's "sequence_parallel")
+    "tp+sp": ("placement", 1, 1, "none", False),
+    "tp+sp+rc": ("placement", 1, 1, "none", True),
+    "dp.tp+sp+z3": ("placement", 2, 1, "zero3", False),
 }
 TP = 2
 CASES = [(m, c) for m in MODELS for c in ("tp", "dp.tp", "pp.tp")] + [
     ("llama", "tp+rc"), ("encoder_stack", "tp+rc"), ("gpt2", "dp.tp+z2"),
-    ("llama", "dp.tp+z3")]
+    ("llama", "dp.tp+z3"), ("encoder_stack", "tp+sp"), ("llama", "tp+sp"),
+    ("encoder_stack", "tp+sp+rc"), ("llama", "dp.tp+sp+z3")]
 
 
 def call(model, inputs):
@@ -139,6 +152,8 @@ def plan_for(name, composition, tp=TP):
         plan["assignment"] = [dict(a, recompute=True) for a in plan["assignment"]]
     if sharding != "none":
         plan["sharding"] = sharding
+    if "+sp" in composition:
+        plan["sequence_parallel"] = True
     return with_tp(plan, tp) if tp > 1 else plan
 
 
@@ -162,12 +177,21 @@ def train_cases(cases, out_dir):
         global_batch = plan["dp"] * BATCH
         hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=sgd, timeout_s=120,
                               example_inputs=share(batch(global_batch, 100)[0], plan["dp"], 0))
+        tokens = []  # sequence parallelism: the tokens each per-token node runs on
+        sequence = getattr(hp, "_tp_sequence", None)
+        hooks = [hp.module.get_submodule(n).register_forward_hook(
+                     lambda m, a, out: tokens.append(  # (a DTensor's: its local shard)
+                         getattr(a[0], "_local_tensor", a[0]).shape[1]))
+                 for n, role in (sequence.roles.items() if sequence else ())
+                 if role == "per_token"]
         for step in range(STEPS):
             hp.step(*hp.shard(*batch(global_batch, 100 + step)))
+        for h in hooks:
+            h.remove()
         split = sorted({n.rsplit(".", 1)[0] for n, p in hp.module.named_parameters()
                         if isinstance(p, DTensor) and p.device_mesh.ndim >= 1
                         and "Shard" in str(p.placements)})
-        result = {"state": hp.state_dict(), "split": split}
+        result = {"state": hp.state_dict(), "split": split, "tokens": sorted(set(tokens))}
         hp.close()
         torch.save(result, os.path.join(out_dir, f"{name}-{composition}.rank{dist.get_rank()}.pt"))
     destroy_groups()
@@ -337,6 +361,8 @@ def test_tensor_parallel_trains_like_one_process(trained, name, composition):
     assert any(not torch.equal(expected[k], initial[k]) for k in initial)  # it trained
     for out in outs:
         assert out["split"], f"{name}-{composition}: no parameter was split"
+        # with sequence parallelism every per-token node ran on 1/tp of the sequence
+        assert out["tokens"] == ([SEQ // TP] if "+sp" in composition else [])
         assert list(out["state"]) == list(expected)
         for key, want in expected.items():
             assert torch.allclose(out["state"][key], want, rtol=1e-4, atol=1e-6), (
@@ -447,3 +473,47 @@ def test_a_node_tp_does_not_divide_runs_whole_and_trains_like_one_process(tmp_pa
         for key, want in expected.items():
             assert torch.allclose(out["state"][key], want, rtol=1e-4, atol=1e-6), (
                 f"{key} differs by {(out['state'][key] - want).abs().max().item():.3g}")
+
+
+# ---- sequence parallelism: where it applies ---------------------------------------------------
+
+def _sequence_layout(name, tp=TP):
+    from hybridplan.executor import tensor_parallel as etp
+
+    model, batch, _ = MODELS[name]()
+    example = batch(BATCH, 0)[0]
+    layout = etp.detect(model, None, example)
+    return model, etp.detect_sequence(model, layout, tp, None, example, source="p.json")
+
+
+def test_sequence_parallel_roles_come_from_the_check():
+    """Llama: norms per token, the attention and MLP gather at their parent's inputs (their
+    glue reads the input's shape), the blocks between; torch's encoder layer: its
+    MultiheadAttention (left whole) gathers and chunks its output again, linear1 gathers."""
+    pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
+    _, sp = _sequence_layout("llama")
+    assert sp.blocks == ["model.layers.0", "model.layers.1"] and sp.max_degree == SEQ
+    layer = "model.layers.0"
+    assert sp.roles[f"{layer}.input_layernorm"] == "per_token"
+    assert sp.roles[f"{layer}.self_attn.q_proj"] == "colwise"
+    assert sp.roles[f"{layer}.self_attn.o_proj"] == "rowwise"
+    assert sp.gather_at[f"{layer}.self_attn.k_proj"] == f"{layer}.self_attn"
+    assert sp.gather_at[f"{layer}.mlp.up_proj"] == f"{layer}.mlp"
+    assert sp.inputs[f"{layer}.self_attn"].keywords == ("hidden_states",)
+    _, sp = _sequence_layout("encoder_stack")
+    assert sp.roles["layers.1.self_attn"] == "gather"
+    assert sp.inputs["layers.1.self_attn"].positions == (0, 1, 2)  # query, key, value
+    assert sp.roles["layers.1.linear1"] == "colwise" and "layers.1.linear1" not in sp.gather_at
+    assert sp.roles["layers.1.norm2"] == "per_token"
+
+
+def test_sequence_parallel_is_refused_where_glue_needs_the_whole_sequence():
+    """GPT-2's attention is left whole (its fused c_attn does not split), and the attention
+    core between c_attn and c_proj is code, not a node: it would see one rank's tokens. The
+    refusal names the node whose input shows it, and the plan."""
+    pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
+    with pytest.raises(ValueError, match=r"p\.json: sequence_parallel does not apply to "
+                                         r"GPT2LMHeadModel at tp=2: .*attn\.c_proj"):
+        _sequence_layout("gpt2")
+    with pytest.raises(ValueError, match="sequence length 6 .* not divisible by 4"):
+        _sequence_layout("llama", tp=4)

@@ -251,6 +251,25 @@ def test_profile_writes_the_fields_and_they_round_trip():
         else:
             assert "tensor_parallel" not in back[name], name
 
+    # sequence parallelism (profiler/sequence_parallel.py): roles and the collectives as the
+    # executor runs them; the attention gathers once at its parent, carried by q_proj
+    sp = {name: node["sequence_parallel"] for name, node in nodes.items()
+          if "sequence_parallel" in node}
+    assert sp["model.layers.0.input_layernorm"]["role"] == "per_token"
+    assert sp["model.layers.0.input_layernorm"]["max_degree"] == seq
+    assert sp["model.layers.0.input_layernorm"]["backward_collectives"] == [
+        {"op": "all_reduce", "bytes": hidden * F32, "fixed_bytes": True},  # the norm's weight
+        {"op": "all_gather", "bytes": activation}]  # the first block's input gradient
+    assert sp["model.layers.0.self_attn.q_proj"]["forward_collectives"] == [
+        {"op": "all_gather", "bytes": activation}]
+    assert "forward_collectives" not in sp["model.layers.0.self_attn.k_proj"]
+    assert sp["model.layers.0.self_attn.o_proj"]["forward_collectives"] == [
+        {"op": "reduce_scatter", "bytes": activation}]
+    assert sp["model.layers.1.mlp.down_proj"]["forward_collectives"][-1] == \
+        {"op": "all_gather", "bytes": activation}  # the last block's output gathered
+    assert not any(n.startswith("lm_head") or "embed" in n or n == "model.norm" for n in sp)
+    assert {n: v for n, v in back.items() if "sequence_parallel" in v}.keys() == sp.keys()
+
     plain = profile_dict(model, inputs, warmup=0, repeats=1, batch_sizes=(), verbose=False,
                          tensor_parallel=False)
-    assert not any("tensor_parallel" in n for n in plain["nodes"])
+    assert not any("tensor_parallel" in n or "sequence_parallel" in n for n in plain["nodes"])

@@ -309,3 +309,7 @@ def test_select_plans_measures_a_tensor_parallel_plan_ranked_last():
     chosen = validation.select_plans(ranked, 3)
     assert chosen[0] is ranked[0] and ranked[-1] in chosen
     assert [ranked.index(c) for c in chosen] == sorted(ranked.index(c) for c in chosen)
+    # with sequence parallelism: a family of its own, measured too
+    ranked.append(dict(plan(1, "placement", tp=2), sequence_parallel=True))
+    chosen = validation.select_plans(ranked, 3)
+    assert chosen[0] is ranked[0] and ranked[-2] in chosen and ranked[-1] in chosen

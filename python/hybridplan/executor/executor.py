@@ -317,10 +317,15 @@ def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int
         _first_microbatch(spec, example_inputs, batch_dim)
 
 
-def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int
-         ) -> stage_split.StageCut:
-    """The plan's stages (pipeline mode): the export-based cut at one micro-batch."""
+def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int,
+         tp_styles: Optional[Dict[str, str]] = None) -> stage_split.StageCut:
+    """The plan's stages (pipeline mode): the export-based cut at one micro-batch; with
+    tensor parallelism, of a copy holding this TP rank's shards (tensor_parallel.
+    narrowed_for_export: the traced stages record the sizes the rank runs)."""
     args, kwargs = _first_microbatch(spec, example_inputs, batch_dim)
+    if spec.tp > 1 and tp_styles:
+        module = tensor_parallel.narrowed_for_export(
+            module, tp_styles, spec.tp_rank_of(dist.get_rank()), spec.tp)
     return stage_split.split(module, args, kwargs, spec.assignment, spec.num_stages, spec.source)
 
 
@@ -342,10 +347,11 @@ class AppliedPlan:
                  aliases: Optional[Dict[str, str]] = None,
                  resumed: Optional[Dict[str, Any]] = None, resumed_from: str = "",
                  plan_json: str = "", tp_styles: Optional[Dict[str, str]] = None,
-                 tp_kinds: Optional[Dict[str, str]] = None):
+                 tp_kinds: Optional[Dict[str, str]] = None, tp_sequence: Any = None):
         self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
         # tensor parallelism (tp > 1): node -> style, node module -> weight kind (apply())
         self._tp_styles, self._tp_kinds = tp_styles or {}, tp_kinds or {}
+        self._tp_sequence = tp_sequence  # sequence parallelism's SpLayout, or None
         self._plan_dict = plan_dict  # the plan as applied: switch_advice() evaluates it
         self.rank = dist.get_rank()
         self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
@@ -410,7 +416,8 @@ class AppliedPlan:
             tp_groups = self._new_groups([spec.tp_group_ranks(r) for r in range(spec.dp)])
             mesh = self._tp_mesh(ddp_group, tp_groups[self.replica], 0)
             tensor_parallel.parallelize(self.original, self._tp_styles, self._tp_kinds,
-                                        tensor_parallel.tp_dim(mesh))
+                                        tensor_parallel.tp_dim(mesh),
+                                        sequence=self._tp_sequence)
             self.ddp = None
             if spec.dp > 1 and spec.sharding != "none":
                 self.shard_units = sharding.shard_placement(
@@ -962,6 +969,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     resumed, plan_dict, resumed_from = None, None, ""
     tp_styles: Dict[str, str] = {}
     tp_kinds: Dict[str, str] = {}
+    tp_sequence = None
     signature = param_signature(module)  # before the cut, which may copy tied parameters
     aliases = checkpoint.parameter_aliases(module)  # likewise
     versions = rank_agreement.local_versions()
@@ -972,10 +980,18 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay, optimizer)
         if spec.tp > 1:  # the profiler's one definition of what splits, on this module
-            tp_styles = tensor_parallel.check_layout(
-                tensor_parallel.detect(module, spec.assignment, example_inputs, spec.source),
-                spec.tp, spec.source)
+            tp_layout = tensor_parallel.detect(module, spec.assignment, example_inputs,
+                                               spec.source)
+            tp_styles = tensor_parallel.check_layout(tp_layout, spec.tp, spec.source)
             tp_kinds = tensor_parallel.weight_kinds(module, tp_styles)
+            if spec.sequence_parallel:
+                if spec.mode == "pipeline":
+                    raise ValueError(
+                        f"{spec.source}: sequence_parallel with a pipeline (mp={spec.mp}) is "
+                        "not applied: a pipeline stage is a traced graph with no blocks to "
+                        "split the sequence between; plan it with sequence_parallel off")
+                tp_sequence = tensor_parallel.detect_sequence(
+                    module, tp_layout, spec.tp, spec.assignment, example_inputs, spec.source)
         if resume_from is not None:
             resumed, resumed_from = sharded_checkpoint.resolve(resume_from, checkpoint_dir)
             if resumed is not None:
@@ -989,14 +1005,15 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             module.load_state_dict(resumed["model"])
     if spec.mode == "pipeline":  # the cut can fail too (stages not contiguous, export)
         try:
-            cut = _cut(spec, module, example_inputs, batch_dim)
+            cut = _cut(spec, module, example_inputs, batch_dim, tp_styles)
         except ValueError as e:
             error = str(e)
         agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions))
     hp = AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
                      batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
                      aliases=aliases, resumed=resumed, resumed_from=resumed_from,
-                     plan_json=plan_json, tp_styles=tp_styles, tp_kinds=tp_kinds)
+                     plan_json=plan_json, tp_styles=tp_styles, tp_kinds=tp_kinds,
+                     tp_sequence=tp_sequence)
     hp.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
     hp._adapt = hp._switch_options["adapt"] = adapt
     hp._adapt_state = {"checked": hp.step_count, "switched": hp.step_count}

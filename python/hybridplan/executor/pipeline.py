@@ -172,7 +172,7 @@ class PipelineRunner:
             if tensor_parallel is not None:  # its node modules split over the TP group
                 styles, kinds, tp_mesh = tensor_parallel
                 _tp.parallelize(module, styles, kinds, _tp.tp_dim(tp_mesh),
-                                module_name_of=original_name)
+                                module_name_of=original_name, local=True)
             has_params = any(p.requires_grad for p in module.parameters())
             wrapped = module
             if dp > 1 and has_params and tensor_parallel is not None:  # over the dp dimension

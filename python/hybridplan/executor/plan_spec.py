@@ -92,6 +92,7 @@ class PlanSpec:
     graph_sha256: str
     predicted_step_s: float
     tp: int = 1                  # tensor-parallel degree (docs/tensor_parallel.md)
+    sequence_parallel: bool = False  # with tp > 1: norms and dropout on 1/tp of the sequence
 
     @property
     def global_batch(self) -> int:
@@ -197,4 +198,4 @@ def parse_plan(plan: Any) -> PlanSpec:
                              or max(1, d["dp"] * d["mp"] * int(d.get("tp", 1)))),
         graph_sha256=str(graph["sha256"]),
         predicted_step_s=float(predicted.get("step_s", float("nan"))),
-        tp=int(d.get("tp", 1)))
+        tp=int(d.get("tp", 1)), sequence_parallel=bool(d.get("sequence_parallel", False)))

@@ -41,10 +41,11 @@ Compositions (executor.AppliedPlan builds the meshes):
     in torch 2.13), which state_dict, checkpoints and the optimizer's names depend on.
   - pipeline: each stage module is parallelized over its TP group's mesh before it is wrapped
     in a PipelineStage (its inputs and outputs are plain, replicated tensors), and replicated
-    over its stage's DP group likewise. A stage is a graph traced by torch.export at the whole
-    model's shapes: a region between a colwise and a rowwise node whose operations fix a
-    feature size (a view to a literal number of heads) cannot run on a slice there; the split
-    then fails at its first forward with the shape error.
+    over its stage's DP group likewise. A stage is a graph traced by torch.export, which
+    records sizes as literal numbers (Llama's repeat_kv expands to a number of key-value
+    heads): each TP rank therefore traces a copy whose column-wise and row-wise nodes already
+    hold its shard (narrowed_for_export), so the graph records the sizes that rank runs, and
+    the shards are wrapped as DTensors as they are (parallelize(..., local=True)).
   - recompute: applied to the node modules before they are parallelized; the recomputed
     forward runs between the style's input and output hooks, on the same DTensors.
 
@@ -55,6 +56,7 @@ checkpoints move between TP and non-TP plans.
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
@@ -174,15 +176,26 @@ def weight_kinds(module: nn.Module, styles: Mapping[str, str]) -> Dict[str, str]
 
 
 def _distribute_params(module: nn.Module, mesh: Any, placements: Dict[str, Any],
-                       src_data_rank: Optional[int]) -> None:
+                       src_data_rank: Optional[int], local: bool = False) -> None:
     """Replaces each parameter `name` of `module` by a DTensor parameter laid out as
-    placements[name] over `mesh`."""
-    from torch.distributed.tensor import distribute_tensor
+    placements[name] over `mesh`. `local`: the module's parameters are already this rank's
+    shards (narrowed_for_export), wrapped as they are with the whole tensor's shape."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     for name, param in list(module.named_parameters(recurse=False)):
-        module.register_parameter(name, nn.Parameter(
-            distribute_tensor(param, mesh, [placements[name]], src_data_rank=src_data_rank),
-            requires_grad=param.requires_grad))
+        placement = placements[name]
+        if local:
+            shape = list(param.shape)
+            if isinstance(placement, Shard):
+                shape[placement.dim] *= mesh.size()
+            stride = [1] * len(shape)
+            for i in range(len(shape) - 2, -1, -1):
+                stride[i] = stride[i + 1] * shape[i + 1]
+            value = DTensor.from_local(param.detach(), mesh, [placement], run_check=False,
+                                       shape=torch.Size(shape), stride=tuple(stride))
+        else:
+            value = distribute_tensor(param, mesh, [placement], src_data_rank=src_data_rank)
+        module.register_parameter(name, nn.Parameter(value, requires_grad=param.requires_grad))
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,24 +218,25 @@ def _style_classes():
         placements = {"weight": weight, "bias": bias}
         return distribute_module(
             module, mesh,
-            lambda _name, mod, m: _distribute_params(mod, m, placements, style.src_data_rank),
+            lambda _name, mod, m: _distribute_params(mod, m, placements, style.src_data_rank,
+                                                     style.local),
             functools.partial(style._prepare_input_fn, style.input_layouts,
                               style.desired_input_layouts),
             functools.partial(style._prepare_output_fn, style.output_layouts,
                               style.use_local_output))
 
     class ColwiseByKind(ColwiseParallel):
-        def __init__(self, kind: str, **kwargs: Any):
+        def __init__(self, kind: str, local: bool = False, **kwargs: Any):
             super().__init__(**kwargs)
-            self.kind = kind
+            self.kind, self.local = kind, local
 
         def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
             return apply(self, colwise, module, device_mesh)
 
     class RowwiseByKind(RowwiseParallel):
-        def __init__(self, kind: str, **kwargs: Any):
+        def __init__(self, kind: str, local: bool = False, **kwargs: Any):
             super().__init__(**kwargs)
-            self.kind = kind
+            self.kind, self.local = kind, local
             # torch sets these in _apply by the module's class: a linear layer's input arrives
             # sharded on its last dimension, an embedding's indices whole
             self.desired_input_layouts = (Replicate(),) if kind == EMBEDDING else (Shard(-1),)
@@ -233,27 +247,40 @@ def _style_classes():
     return ColwiseByKind, RowwiseByKind
 
 
-def parallel_style(style: str, kind: str) -> Any:
+def parallel_style(style: str, kind: str, sequence: str = "", local: bool = False) -> Any:
     """The torch ParallelStyle of a layout style for a module of weight kind `kind` (None for
-    "sharded": nothing to split)."""
-    from torch.distributed.tensor import Replicate
+    "sharded": nothing to split). `sequence` (sequence parallelism, sequence_parallelize):
+    "gather" for a column-wise node that all-gathers its input over the sequence itself,
+    "scatter" for a row-wise node that reduce-scatters its output over the sequence. `local`:
+    a column-wise or row-wise module that already holds this rank's shard
+    (narrowed_for_export)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from ..profiler.sequence_parallel import SEQUENCE_DIM
 
     if style == "sharded":
         return None
     colwise, rowwise = _style_classes()
     if style == "colwise":
-        return colwise(kind, use_local_output=True)
+        if sequence == "gather":
+            return colwise(kind, local, input_layouts=Shard(SEQUENCE_DIM),
+                           use_local_output=True)
+        return colwise(kind, local, use_local_output=True)
     if style == "colwise_gather":
         return colwise(kind, output_layouts=Replicate(), use_local_output=True)
     if style == "rowwise":
-        return rowwise(kind, use_local_output=True)
+        if sequence == "scatter":
+            return rowwise(kind, local, output_layouts=Shard(SEQUENCE_DIM),
+                           use_local_output=True)
+        return rowwise(kind, local, use_local_output=True)
     if style == "vocab_rowwise":
         return rowwise(kind, input_layouts=Replicate(), use_local_output=True)
     raise ValueError(f"tensor_parallel.style must be one of {STYLES} (got {style!r})")
 
 
 def parallelize(module: nn.Module, styles: Mapping[str, str], kinds: Mapping[str, str],
-                tp_mesh: Any, module_name_of=None) -> List[str]:
+                tp_mesh: Any, module_name_of=None, sequence: Any = None,
+                local: bool = False) -> List[str]:
     """Splits the nodes of `module` that `styles` names over `tp_mesh` (1-D); returns the
     qualified names of the submodules split. `kinds`: node module name -> weight_kind (from the
     original module). `module_name_of(qualified name)` -> the node module name a submodule of
@@ -261,7 +288,10 @@ def parallelize(module: nn.Module, styles: Mapping[str, str], kinds: Mapping[str
     original_name; default: the name itself); a node absent from `module` (on another stage) is
     skipped. Parameters tied across split modules stay tied: each module registers its own
     DTensor, so the copies are made one again (ValueError where the split lays them out
-    differently, or splits one copy and not another)."""
+    differently, or splits one copy and not another). `sequence`: the SpLayout of sequence
+    parallelism (detect_sequence), applied with the split (sequence_parallelize). `local`: the
+    column-wise and row-wise modules hold this rank's shards already (a pipeline stage cut
+    from narrowed_for_export's copy)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     module_name_of = module_name_of or (lambda qualified: qualified)
@@ -278,7 +308,10 @@ def parallelize(module: nn.Module, styles: Mapping[str, str], kinds: Mapping[str
         if qualified and style is not None and style != "sharded" \
                 and any(True for _ in sub.parameters(recurse=False)):
             # (a pipeline stage keeps an empty module where a node's parameters moved away)
-            plan[qualified] = parallel_style(style, kinds[name])
+            plan[qualified] = parallel_style(style, kinds[name],
+                                             _sequence_role(sequence, name, style),
+                                             local and _narrowed_in_export(style,
+                                                                           kinds[name]))
     # every tensor registered under several (module, attribute) names, before the split
     tied: Dict[int, List[tuple]] = {}
     for qualified, sub in module.named_modules(remove_duplicate=False):
@@ -287,9 +320,135 @@ def parallelize(module: nn.Module, styles: Mapping[str, str], kinds: Mapping[str
                 tied.setdefault(id(param), []).append((qualified, attr))
     if plan:
         parallelize_module(module, tp_mesh, plan)
+    if sequence is not None:
+        sequence_parallelize(module, sequence, tp_mesh)
     for holders in (h for h in tied.values() if len(h) > 1):
         _retie(module, holders)
     return list(plan)
+
+
+def narrowed_for_export(module: nn.Module, styles: Mapping[str, str], rank: int,
+                        tp: int) -> nn.Module:
+    """A copy of `module` whose column-wise and row-wise nodes (of `styles`, those that split)
+    hold TP rank `rank`'s shard at degree `tp`, for torch.export to trace a pipeline stage at
+    the shapes that rank runs (_narrowed_in_export says which nodes): the operations between a
+    column-wise and a row-wise node then record the rank's sizes (Llama's repeat_kv expands to a literal number of key-value
+    heads, which at the whole model's shapes would not match a rank's heads). The narrowing is
+    the split check's (profiler.tensor_parallel._narrow_linear: weights, biases and the
+    in/out feature attributes); row-wise biases stay whole (RowwiseParallel keeps them
+    replicated). parallelize(..., local=True) then wraps the shards as DTensors."""
+    from ..profiler.tensor_parallel import _as_linear, _narrow_linear
+
+    shapes = {}
+    for node, style in styles.items():
+        name = block_list.module_name(node)
+        if (style in ("colwise", "rowwise") and name not in shapes
+                and _narrowed_in_export(style, weight_kind(module.get_submodule(name), name))):
+            shape = _as_linear(module.get_submodule(name))
+            if shape is None:
+                raise ValueError(f"tensor parallelism: node {name!r} ({style}) is not a "
+                                 f"linear layer")
+            shapes[name] = (shape, style)
+    copy_ = copy.deepcopy(module)
+    for name, (shape, style) in shapes.items():
+        _narrow_linear(copy_.get_submodule(name), shape, style, rank, tp)
+    return copy_
+
+
+def _narrowed_in_export(style: str, kind: str) -> bool:
+    """Whether narrowed_for_export narrows a node of `style` and weight kind `kind`: the
+    column-wise and row-wise nn.Linear nodes. Not Hugging Face's Conv1D: its forward views its
+    output to its `nf` attribute, a literal in the traced graph, and a split module's forward
+    runs on DTensors of the whole shapes (GPT-2's MLP then stays traced whole, as its glue
+    fixes no size)."""
+    return style in ("colwise", "rowwise") and kind == LINEAR
+
+
+def _sequence_role(sequence: Any, name: str, style: str) -> str:
+    """parallel_style's `sequence` for node `name` under SpLayout `sequence` (or None)."""
+    if sequence is None or name not in sequence.roles:
+        return ""
+    if style == "rowwise":
+        return "scatter"
+    if style == "colwise" and name not in sequence.gather_at:
+        return "gather"
+    return ""
+
+
+def detect_sequence(module: nn.Module, layout: Mapping[str, Any], tp: int,
+                    node_names: Optional[Iterable[str]], example_inputs: Any,
+                    source: str = "plan") -> Any:
+    """The SpLayout of sequence parallelism on `module` at degree `tp` (profiler.
+    sequence_parallel.detect_sequence_parallel, the one definition, checked at `tp` on
+    `example_inputs`), for a plan with "sequence_parallel": the nodes of `layout` that split at
+    `tp` (split_nodes). ValueError naming the plan and why where it does not apply."""
+    from ..profiler.sequence_parallel import detect_sequence_parallel
+
+    split = {n: layout[n] for n in split_nodes(layout, tp)}
+    with torch.random.fork_rng(devices=[]):
+        sp = detect_sequence_parallel(module, split, example_inputs=example_inputs, degree=tp,
+                                      node_names=node_names)
+    if sp.refused:
+        raise ValueError(f"{source}: sequence_parallel does not apply to "
+                         f"{type(module).__name__} at tp={tp}: {sp.refused} "
+                         f"(profiler.sequence_parallel)")
+    return sp
+
+
+def sequence_parallelize(module: nn.Module, sequence: Any, tp_mesh: Any) -> None:
+    """Sequence parallelism (profiler.sequence_parallel's module doc) on a module whose split
+    nodes parallelize() has styled with `sequence` (row-wise outputs reduce-scattered over the
+    sequence, column-wise inputs all-gathered), with torch's styles: the first block's hidden
+    states cut to this rank's chunk of the sequence (PrepareModuleInput, Replicate -> Shard:
+    nothing moves forward, the gradient is all-gathered), the last block's output all-gathered
+    (PrepareModuleOutput), the inputs of region parents and gather nodes all-gathered and the
+    gather nodes' outputs chunked again, and the per-token nodes that hold parameters
+    SequenceParallel (their parameters replicated DTensors, whose gradients DTensor sums over
+    the TP group). Parameter-free per-token nodes just run on the local chunk."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (PrepareModuleInput, PrepareModuleOutput,
+                                                   SequenceParallel, parallelize_module)
+
+    from ..profiler.sequence_parallel import SEQUENCE_DIM
+
+    seq, whole = Shard(SEQUENCE_DIM), Replicate()
+
+    def inputs(where, src, dst):
+        return PrepareModuleInput(
+            input_layouts=tuple(src if i in where.positions else None
+                                for i in range(where.count)),
+            desired_input_layouts=tuple(dst if i in where.positions else None
+                                        for i in range(where.count)),
+            input_kwarg_layouts={k: src for k in where.keywords} if where.keywords else None,
+            desired_input_kwarg_layouts={k: dst for k in where.keywords} or None,
+            use_local_output=True)
+
+    def outputs(where, src, dst):
+        if where.whole:
+            return PrepareModuleOutput(output_layouts=src, desired_output_layouts=dst,
+                                       use_local_output=True)
+        return PrepareModuleOutput(
+            output_layouts=tuple(src if i in where.positions else None
+                                 for i in range(where.count)),
+            desired_output_layouts=tuple(dst if i in where.positions else None
+                                         for i in range(where.count)),
+            use_local_output=True)
+
+    def apply(name, style):
+        parallelize_module(module.get_submodule(name), tp_mesh, style)
+
+    for name, where in sequence.inputs.items():
+        if sequence.roles.get(name) == "colwise":
+            continue  # its ColwiseParallel gathers (parallel_style)
+        apply(name, inputs(where, seq, whole))  # region parents and gather nodes
+    for name, where in sequence.outputs.items():
+        apply(name, outputs(where, whole, seq))
+    for name, role in sequence.roles.items():
+        if role == "per_token" and any(True for _ in
+                                       module.get_submodule(name).parameters(recurse=False)):
+            apply(name, SequenceParallel(sequence_dim=SEQUENCE_DIM, use_local_output=True))
+    apply(sequence.blocks[0], inputs(sequence.entry, whole, seq))
+    apply(sequence.blocks[-1], outputs(sequence.exit, seq, whole))
 
 
 def _retie(module: nn.Module, holders: List[tuple]) -> None:

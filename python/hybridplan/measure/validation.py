@@ -59,6 +59,8 @@ TERMS = ("step_s", "compute_s", "allreduce_s", "optimizer_s", "overhead_s")
 
 def _family(plan: dict) -> str:
     if int(plan.get("tp", 1)) > 1:
+        if plan.get("sequence_parallel"):
+            return "sp tp"  # (placement only)
         return "tp" if plan["mp"] == 1 else f"{plan['schedule']} tp"
     if plan["mp"] == 1:
         return "dp"
@@ -67,7 +69,8 @@ def _family(plan: dict) -> str:
 
 def select_plans(ranked: Sequence[dict], count: int) -> List[dict]:
     """The best plan, then a spread across the ranking: the best of each family (DP, placement,
-    each schedule, tensor parallel alone or under each schedule), then each pipeline family's fewest and most micro-batches (the model's
+    each schedule, tensor parallel alone, with sequence parallelism or under each schedule),
+    then each pipeline family's fewest and most micro-batches (the model's
     extremes: bubbles vs per-call costs), then every other distinct kind in rank order, then the
     next best, until `count` plans; returned in rank order."""
     ranked = list(ranked)
@@ -92,7 +95,7 @@ def select_plans(ranked: Sequence[dict], count: int) -> List[dict]:
         take(first(lambda p: _family(p) == fam))
     for fam in families:
         ms = sorted({p["num_microbatches"] for p in ranked if _family(p) == fam})
-        if fam in ("dp", "placement", "tp") or len(ms) < 2:
+        if fam in ("dp", "placement", "tp", "sp tp") or len(ms) < 2:
             continue
         for m in (ms[0], ms[-1]):
             take(first(lambda p: _family(p) == fam and p["num_microbatches"] == m))

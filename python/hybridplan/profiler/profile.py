@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from .. import _C
-from . import block_list, block_timing, dataflow, stage_split, tensor_parallel
+from . import (block_list, block_timing, dataflow, sequence_parallel, stage_split,
+               tensor_parallel)
 
 __all__ = ["profile", "profile_dict"]
 
@@ -253,17 +254,30 @@ def _add_pipeline_split(graph, module, flow, args, kwargs, log) -> None:
 
 def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s, clock,
                          warmup, repeats, log) -> None:
-    """Nodes' "tensor_parallel" objects (docs/tensor_parallel.md), at the profiled batch."""
+    """Nodes' "tensor_parallel" and "sequence_parallel" objects (docs/tensor_parallel.md), at
+    the profiled batch. Sequence parallelism is checked at degree 2 (the plan's degree is
+    checked again where a plan is applied)."""
     import time
 
     started = time.monotonic()
-    fields = tensor_parallel.graph_fields(module, nodes, call, flow.order, forward_s,
-                                          backward_s, clock, warmup, repeats)
+    fields, layout = tensor_parallel.graph_fields(module, nodes, call, flow.order, forward_s,
+                                                  backward_s, clock, warmup, repeats)
     for node in graph["nodes"]:
         if node["name"] in fields:
             node["tensor_parallel"] = fields[node["name"]]
+    sp_note = ""
+    if fields:
+        sp = sequence_parallel.detect_sequence_parallel(
+            module, {n: t for n, t in layout.items() if t.max_degree % 2 == 0}, degree=2,
+            node_names=list(nodes), call=call)
+        sp_fields = sequence_parallel.graph_fields(sp, nodes, flow.order)
+        for node in graph["nodes"]:
+            if node["name"] in sp_fields:
+                node["sequence_parallel"] = sp_fields[node["name"]]
+        sp_note = (f"; sequence parallelism: {len(sp_fields)} nodes" if not sp.refused
+                   else f"; no sequence parallelism: {sp.refused}")
     log(f"profile {graph['name']}: tensor parallelism splits {len(fields)} of "
-        f"{len(graph['nodes'])} nodes ({time.monotonic() - started:.1f} s)")
+        f"{len(graph['nodes'])} nodes{sp_note} ({time.monotonic() - started:.1f} s)")
 
 
 def _edges(module, nodes, flow, inputs, kwargs) -> Tuple[Dict[dataflow.EdgeKey, int], str]:

@@ -969,10 +969,10 @@ kTimedDegrees = (2, 4, 8)
 def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
                  call: Tuple[Tuple[Any, ...], Dict[str, Any]], graph_nodes: Sequence[str],
                  forward_s: Dict[str, float], backward_s: Dict[str, float], clock: str,
-                 warmup: int, repeats: int) -> Dict[str, Dict[str, Any]]:
-    """{graph node: its "tensor_parallel" object (docs/tensor_parallel.md)} for the nodes the
-    layout (detect_layout on `nodes` and the example `call`) splits; a node module called more
-    than once gets one per call (`graph_nodes`, block_list.call_name).
+                 warmup: int, repeats: int) -> Tuple[Dict[str, Dict[str, Any]], Layout]:
+    """({graph node: its "tensor_parallel" object (docs/tensor_parallel.md)}, the layout) for
+    the nodes the layout (detect_layout on `nodes` and the example `call`) splits; a node
+    module called more than once gets one per call (`graph_nodes`, block_list.call_name).
 
     Collective bytes are the node's input or output bytes at the profiled batch, per call.
     `split_times` per degree in kTimedDegrees up to max_degree: the node's profiled
@@ -985,7 +985,7 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
     analysis = _analyse(module, list(nodes), None, call=call)
     layout = analysis.layout
     if not layout:
-        return {}
+        return {}, layout
     warmup, repeats = min(warmup, 2), max(1, min(repeats, 3))
     ratios: Dict[str, Dict[int, Tuple[float, float]]] = {}  # node -> degree -> (fwd, bwd)
     for parent, region in layout.regions.items():
@@ -1037,7 +1037,7 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
         if split:
             field_["split_times"] = split
         fields[graph_node] = field_
-    return fields
+    return fields, layout
 
 
 def _ratios(timed: Dict[int, Tuple[Dict[str, float], Dict[str, float]]], node: str,

@@ -103,6 +103,38 @@ inline Plan make_plan(const Graph& graph, const Cluster& cluster, int64_t dp, in
 }
 
 // A fresh directory per test process under the system temp directory.
+// A node's tensor_parallel object: its style, max degree, split parameter bytes and whether
+// its kept activations divide by the degree (no collectives, no split times).
+inline TensorParallel tp_split(TpStyle style, int64_t max_degree, int64_t split_param_bytes,
+                               bool activation_split) {
+  TensorParallel tp;
+  tp.style = style;
+  tp.max_degree = max_degree;
+  tp.split_param_bytes = split_param_bytes;
+  tp.activation_split = activation_split;
+  return tp;
+}
+
+// bench_search's tensor-parallel chain: 1000 nodes, every fourth a colwise split of
+// max_degree 8 (1 MiB split, a 4 MiB input-gradient all-reduce); 4 MiB activations.
+inline Graph tp_chain_graph() {
+  std::vector<NodeSpec> nodes;
+  std::vector<EdgeSpec> edges;
+  for (int i = 0; i < 1000; ++i) {
+    nodes.push_back({"layer" + std::to_string(i), 1e-3 * (1 + i % 3), 2e-3 * (1 + i % 3),
+                     int64_t{1} << 20, int64_t{1} << 22});
+    if (i > 0) edges.push_back({i - 1, i, int64_t{1} << 22});
+  }
+  Graph graph = make_graph(nodes, edges, 32, "chain1000");
+  for (int i = 0; i < 1000; i += 4) {
+    TensorParallel tp = tp_split(TpStyle::kColwise, 8, int64_t{1} << 20, true);
+    tp.backward_collective = TpCollective{Collective::kAllReduce, int64_t{1} << 22};
+    graph.nodes[i].tensor_parallel = tp;
+  }
+  graph.finalize("chain1000");
+  return graph;
+}
+
 inline std::filesystem::path scratch_dir() {
   static const std::filesystem::path dir = [] {
     auto d = std::filesystem::temp_directory_path() /

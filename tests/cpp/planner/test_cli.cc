@@ -329,6 +329,67 @@ TEST_CASE("cli: bad input exits 2 naming the file, JSON path and rule") {
   CHECK_THAT(wrong_graph.output, Contains("good.json"));
 }
 
+TEST_CASE("cli plan --sequence-parallel: searched, written, explained") {
+  const fs::path dir = temp_dir("sp");
+  const std::string cluster = four_device_cluster(dir);
+  // ln (per-token) -> fc1 (colwise) -> fc2 (rowwise) -> head (gathers), all splitting in two
+  Graph g = test::make_graph({{"ln", 1e-3, 2e-3, 1024, 1 << 20},
+                              {"fc1", 4e-3, 8e-3, 1 << 20, 1 << 20},
+                              {"fc2", 4e-3, 8e-3, 1 << 20, 1 << 20},
+                              {"head", 1e-3, 2e-3, 1024, 1 << 20}},
+                             {{0, 1, 1 << 20}, {1, 2, 1 << 20}, {2, 3, 1 << 20}}, 8, "sp_chain");
+  const auto sp = [](SpRole role, std::vector<TpCollective> forward, std::vector<TpCollective> backward) {
+    SequenceParallel s;
+    s.role = role;
+    s.max_degree = 2;
+    s.forward_collectives = std::move(forward);
+    s.backward_collectives = std::move(backward);
+    return s;
+  };
+  const TpCollective gather{Collective::kAllGather, 1 << 20}, scatter{Collective::kReduceScatter, 1 << 20};
+  for (const NodeIndex v : {1, 2}) {
+    TensorParallel tp;
+    tp.style = v == 1 ? TpStyle::kColwise : TpStyle::kRowwise;
+    tp.max_degree = 2;
+    tp.split_param_bytes = 1 << 20;
+    tp.activation_split = true;
+    (v == 1 ? tp.backward_collective : tp.forward_collective) = TpCollective{Collective::kAllReduce, 1 << 20};
+    g.nodes[v].tensor_parallel = tp;
+  }
+  g.nodes[0].sequence_parallel = sp(SpRole::kPerToken, {}, {{Collective::kAllReduce, 1024}});
+  g.nodes[1].sequence_parallel = sp(SpRole::kColwise, {gather}, {scatter});
+  g.nodes[2].sequence_parallel = sp(SpRole::kRowwise, {scatter}, {gather});
+  g.nodes[3].sequence_parallel = sp(SpRole::kGather, {gather}, {scatter});
+  g.finalize("sp_chain");
+  const std::string graph = (dir / "sp.json").string();
+  save_graph(g, graph);
+  const std::string out = (dir / "plan.json").string();
+
+  const CliResult on = run_cli({"plan", "--graph", graph, "--cluster", cluster, "--tp", "2",
+                                "--sequence-parallel", "on", "--out", out});
+  INFO(on.output);
+  REQUIRE(on.status == 0);
+  CHECK_THAT(on.output, Contains("2 sp"));
+  CHECK(read_json_file(out)["sequence_parallel"] == true);
+  const CliResult json = run_cli({"plan", "--graph", graph, "--cluster", cluster, "--tp", "2",
+                                  "--sequence-parallel", "off", "--json"});
+  REQUIRE(json.status == 0);
+  for (const Json& p : Json::parse(json.output)) CHECK(!p.contains("sequence_parallel"));
+  const CliResult eval = run_cli({"evaluate", "--graph", graph, "--cluster", cluster, "--plan", out});
+  CHECK(eval.status == 0);
+  CHECK_THAT(eval.output, Contains("x tp=2 sp") && Contains("sequence-parallel"));
+  const CliResult text = run_cli({"explain", out, "--graph", graph, "--cluster", cluster});
+  CHECK(text.status == 0);
+  CHECK_THAT(text.output, Contains("x tp 2 sp") && Contains("sequence parallel"));
+
+  const CliResult bad = run_cli({"plan", "--graph", graph, "--cluster", cluster, "--sequence-parallel", "maybe"});
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.output, Contains("--sequence-parallel"));
+  const CliResult none = run_cli({"plan", "--graph", kGraph, "--cluster", cluster, "--sequence-parallel", "on"});
+  CHECK(none.status == 2);
+  CHECK_THAT(none.output, Contains("sequence_parallel must be \"auto\" or \"off\""));
+}
+
 TEST_CASE("cli: infeasible exits 3 saying what does not fit; --out is left alone") {
   const fs::path dir = temp_dir("infeasible");
   const std::string tiny_memory = four_device_cluster(dir, 1000000);  // 1 MB per device
@@ -401,7 +462,8 @@ TEST_CASE("cli sweep: exit 3 when nothing fits on any device count") {
 // The documented flags (docs/design.md "Interfaces"): renaming one breaks users' scripts.
 TEST_CASE("cli: documented flags are accepted") {
   const std::map<std::string, std::vector<std::string>> flags = {
-      {"plan", {"--graph", "--cluster", "--job", "--devices", "--top", "--out", "--json"}},
+      {"plan", {"--graph", "--cluster", "--job", "--devices", "--top", "--out", "--json", "--tp",
+                "--sequence-parallel"}},
       {"evaluate", {"--graph", "--cluster", "--job", "--plan", "--json"}},
       {"explain", {"--graph", "--cluster", "--job"}},
       {"sweep", {"--graph", "--cluster", "--job", "--max-devices", "--csv", "--plot", "--json"}},

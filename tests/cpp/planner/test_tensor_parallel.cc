@@ -18,16 +18,6 @@ using hybridplan::test::input_error_of;
 
 namespace {
 
-TensorParallel split(TpStyle style, int64_t max_degree, int64_t split_param_bytes,
-                     bool activation_split) {
-  TensorParallel tp;
-  tp.style = style;
-  tp.max_degree = max_degree;
-  tp.split_param_bytes = split_param_bytes;
-  tp.activation_split = activation_split;
-  return tp;
-}
-
 // A two-layer transformer in miniature, profiled at batch 1, every edge and output 100 bytes:
 // per layer i a layer norm ln<i> (1 s / 2 s, 10 B, not split), fc1<i> (colwise, 4 s / 8 s,
 // 400 B all split, its input gradient all-reduced: 100 B), act<i> (sharded, 2 s / 2 s), fc2<i>
@@ -48,16 +38,16 @@ Graph transformer_graph() {
   for (NodeIndex v = 0; v + 1 < static_cast<NodeIndex>(nodes.size()); ++v) edges.push_back({v, v + 1, 100});
   Graph g = test::make_graph(nodes, edges, 1, "tiny_transformer");
   for (int i = 0; i < 2; ++i) {
-    TensorParallel fc1 = split(TpStyle::kColwise, 4, 400, true);
+    TensorParallel fc1 = test::tp_split(TpStyle::kColwise, 4, 400, true);
     fc1.backward_collective = TpCollective{Collective::kAllReduce, 100};
     if (i == 0) fc1.split_times = {{2, 3, 5}};
     g.nodes[4 * i + 1].tensor_parallel = fc1;
-    g.nodes[4 * i + 2].tensor_parallel = split(TpStyle::kSharded, 4, 0, true);
-    TensorParallel fc2 = split(TpStyle::kRowwise, 4, 380, true);
+    g.nodes[4 * i + 2].tensor_parallel = test::tp_split(TpStyle::kSharded, 4, 0, true);
+    TensorParallel fc2 = test::tp_split(TpStyle::kRowwise, 4, 380, true);
     fc2.forward_collective = TpCollective{Collective::kAllReduce, 100};
     g.nodes[4 * i + 3].tensor_parallel = fc2;
   }
-  TensorParallel head = split(TpStyle::kColwiseGather, 4, 200, false);
+  TensorParallel head = test::tp_split(TpStyle::kColwiseGather, 4, 200, false);
   head.forward_collective = TpCollective{Collective::kAllGather, 100};
   g.nodes[8].tensor_parallel = head;
   g.finalize("tiny_transformer");
@@ -265,7 +255,7 @@ TEST_CASE("tp cost terms: split-time ratio, parameter bytes, degrees", "[tp][cos
   node.backward_s = 20;
   node.param_bytes = 1000;
   CHECK(tp_time_ratio(node, 4, false) == 1);  // not split
-  node.tensor_parallel = split(TpStyle::kColwise, 16, 900, true);
+  node.tensor_parallel = test::tp_split(TpStyle::kColwise, 16, 900, true);
   CHECK(tp_time_ratio(node, 1, false) == 1);
   CHECK(tp_time_ratio(node, 4, false) == Approx(0.25));  // nothing measured: 1/t
   node.tensor_parallel->split_times = {{2, 6, 12}, {8, 2, 5}};
@@ -378,9 +368,9 @@ Problem big_layer_problem(int64_t param_bytes, int64_t collective_bytes, double 
                               {"fc1", layer_s, 2 * layer_s, param_bytes, 1 << 20},
                               {"fc2", layer_s, 2 * layer_s, param_bytes, 1 << 20}},
                              {{0, 1, 1 << 20}, {1, 2, 1 << 20}}, 8, "big_layer");
-  TensorParallel fc1 = split(TpStyle::kColwise, 8, param_bytes, true);
+  TensorParallel fc1 = test::tp_split(TpStyle::kColwise, 8, param_bytes, true);
   fc1.backward_collective = TpCollective{Collective::kAllReduce, collective_bytes};
-  TensorParallel fc2 = split(TpStyle::kRowwise, 8, param_bytes, true);
+  TensorParallel fc2 = test::tp_split(TpStyle::kRowwise, 8, param_bytes, true);
   fc2.forward_collective = TpCollective{Collective::kAllReduce, collective_bytes};
   p.graph.nodes[1].tensor_parallel = fc1;
   p.graph.nodes[2].tensor_parallel = fc2;
@@ -460,21 +450,8 @@ TEST_CASE("search: tensor degrees follow the cluster, the graph and the options"
 
 TEST_CASE("search: planning time with tensor parallelism in the space", "[tp][search]") {
   // 1000 nodes on 512 DGX-1-like nodes (4096 devices): every fourth node splits (max_degree 8).
-  std::vector<test::NodeSpec> nodes;
-  std::vector<test::EdgeSpec> edges;
-  for (int i = 0; i < 1000; ++i) {
-    nodes.push_back({"layer" + std::to_string(i), 1e-3 * (1 + i % 3), 2e-3 * (1 + i % 3),
-                     int64_t{1} << 20, int64_t{1} << 22});
-    if (i > 0) edges.push_back({i - 1, i, int64_t{1} << 22});
-  }
   Problem problem;
-  problem.graph = test::make_graph(nodes, edges, 32, "chain1000");
-  for (int i = 0; i < 1000; i += 4) {
-    TensorParallel tp = split(TpStyle::kColwise, 8, int64_t{1} << 20, true);
-    tp.backward_collective = TpCollective{Collective::kAllReduce, int64_t{1} << 22};
-    problem.graph.nodes[i].tensor_parallel = tp;
-  }
-  problem.graph.finalize("chain1000");
+  problem.graph = test::tp_chain_graph();
   problem.cluster = load_cluster("dgx1-v100");
   problem.cluster.num_nodes = 512;
   const auto start = std::chrono::steady_clock::now();
@@ -509,7 +486,7 @@ Graph gpt_like_graph(int blocks, int64_t block_bytes) {
   }
   Graph g = test::make_graph(nodes, edges, 8, "gpt_like");
   const auto with = [&](NodeIndex v, TpStyle style, bool params, bool activations) {
-    g.nodes[v].tensor_parallel = split(style, 8, params ? g.nodes[v].param_bytes : 0, activations);
+    g.nodes[v].tensor_parallel = test::tp_split(style, 8, params ? g.nodes[v].param_bytes : 0, activations);
   };
   with(0, TpStyle::kVocabRowwise, true, false);
   g.nodes[0].tensor_parallel->forward_collective = TpCollective{Collective::kAllReduce, kActivation};

@@ -1,0 +1,471 @@
+"""Sequence parallelism (docs/tensor_parallel.md "Sequence parallelism"; Korthikanti et al.,
+"Reducing Activation Recomputation in Large Transformer Models", 2022): under tensor
+parallelism the nodes between the split regions (layer norms, dropout, the residual adds)
+otherwise run whole on every rank of the TP group, on the same tokens. With sequence
+parallelism each rank runs them on its 1/t of the sequence: a column-wise layer all-gathers
+the sequence before it, a row-wise layer reduce-scatters its output over the sequence instead
+of all-reducing it, and the activations those nodes keep divide by t. One definition, used by
+the profiler (graph field "sequence_parallel") and the executor (which applies it):
+
+    sp = detect_sequence_parallel(model, layout, example_inputs=batch, degree=2)
+    sp.roles["model.layers.0.input_layernorm"]      # "per_token"
+    sp.refused                                      # why it does not apply, or ""
+
+Decided from the module's structure and a check, never from class names:
+
+1. The region: the blocks are consecutive children of one nn.ModuleList / nn.Sequential
+   (the container holding the most children with split column-wise or row-wise nodes), from
+   its first such child to its last. The sequence is split along dimension 1 of the
+   activations entering the first block (its inputs shaped like its output: the hidden
+   states), whose size is the graph's max_degree (a plan's tp must divide it). Before the
+   first block and after the last nothing changes (embeddings, the final norm and the LM head
+   see the whole sequence: the first block's input is chunked, which moves nothing forward,
+   and the last block's output all-gathered).
+2. Each node of the region gets a role:
+       colwise    a split column-wise node: its input is all-gathered over the sequence
+       rowwise    a split row-wise node: its output is reduce-scattered over the sequence
+       per_token  a node that computes each token from that token alone (norms, dropout,
+                  linear layers left whole): runs on the rank's tokens; parameters it holds
+                  stay whole on every rank (torch's SequenceParallel style), their gradients
+                  summed over the TP group
+       gather     any other node (an attention left whole, nn.MultiheadAttention): its
+                  sequence inputs are all-gathered, it runs whole, its sequence outputs are
+                  chunked again
+   and the nodes between a column-wise and a row-wise node (style "sharded") run on the
+   rank's features of the whole sequence, as without sequence parallelism.
+3. The check, by simulation on this one process at `degree`: the module runs once whole
+   (the reference) and once per rank r with the first block's hidden states cut to the r-th
+   chunk of the sequence. Every node's inputs must then be either the reference's (not split)
+   or the r-th chunk of the reference's (split by sequence); a column-wise or gather node gets
+   the reference's whole inputs (what the all-gather returns), a row-wise or gather node's
+   output is replaced by the r-th chunk of the reference's (what the reduce-scatter returns),
+   and a node whose output on the chunk is the chunk of its reference output is per-token. The
+   last block's output must be the r-th chunk of the reference's, and the module's output the
+   reference's. Code between the nodes that needs the whole sequence (GPT-2's attention core
+   between its whole c_attn and c_proj, a mask built from the hidden states' length) shows up
+   as a node input that is neither: sequence parallelism is refused, with the node named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from . import block_list
+from .dataflow import tensors_in
+from .tensor_parallel import (Layout, _call_of, _close, _detached, _eval_with_grad,
+                              _float_inputs, _float_view, _fresh, _nbytes)
+
+SEQUENCE_DIM = 1
+ROLES = ("colwise", "rowwise", "per_token", "gather")
+
+
+@dataclass
+class Where:
+    """Which top-level inputs (positions, keyword names) or outputs (positions of a tuple
+    output; () with `whole` for a tensor output) of a module hold the sequence."""
+    positions: Tuple[int, ...] = ()
+    keywords: Tuple[str, ...] = ()
+    count: int = 0  # positional inputs / outputs the call had (torch's layouts match them)
+    whole: bool = False  # a single tensor output (not a tuple)
+
+
+@dataclass
+class SpLayout:
+    """detect_sequence_parallel's result (see the module doc). `refused` non-empty: sequence
+    parallelism does not apply, and says why; the other fields are then empty."""
+    degree: int = 0                          # the degree the check ran at
+    max_degree: int = 0                      # the sequence length: tp must divide it
+    container: str = ""
+    blocks: List[str] = field(default_factory=list)
+    entry: Where = field(default_factory=Where)   # the first block's inputs chunked
+    exit: Where = field(default_factory=Where)    # the last block's outputs gathered
+    roles: Dict[str, str] = field(default_factory=dict)        # node module -> role
+    inputs: Dict[str, Where] = field(default_factory=dict)     # gather/colwise node -> inputs
+    outputs: Dict[str, Where] = field(default_factory=dict)    # gather node -> outputs
+    io_bytes: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # node -> (seq in, out)
+    # column-wise node -> the region parent whose inputs are all-gathered for it (absent: the
+    # node's own input is); `inputs` holds those parents' sequence inputs too
+    gather_at: Dict[str, str] = field(default_factory=dict)
+    entry_bytes: int = 0
+    exit_bytes: int = 0
+    refused: str = ""
+
+
+class _Refused(Exception):
+    pass
+
+
+def detect_sequence_parallel(module: nn.Module, layout: Layout, example_inputs: Any = None,
+                             degree: int = 2, node_names: Optional[Sequence[str]] = None,
+                             call: Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]] = None
+                             ) -> SpLayout:
+    """Where sequence parallelism applies in `module` whose tensor-parallel layout (at the
+    plan's degree: only the nodes that split) is `layout`, checked at `degree` (module doc).
+    `example_inputs` (or `call`, (args, kwargs)): one batch. Never raises for a module it does
+    not apply to: SpLayout.refused says why."""
+    args, kwargs = call if call is not None else _call_of(example_inputs)
+    nodes = block_list.select_nodes(module)
+    if node_names is not None:
+        wanted = {block_list.module_name(n) for n in node_names}
+        nodes = {n: m for n, m in nodes.items() if n in wanted}
+    try:
+        return _detect(module, layout, nodes, args, kwargs, degree)
+    except _Refused as why:
+        return SpLayout(degree=degree, refused=str(why))
+
+
+def _blocks(module: nn.Module, layout: Layout) -> Tuple[str, List[str]]:
+    split = [n for n, tp in layout.items()
+             if getattr(tp, "style", tp) in ("colwise", "rowwise")]
+    if not split:
+        raise _Refused("no node splits column-wise or row-wise: nothing to split the sequence "
+                       "between")
+    best: Tuple[int, str, List[str]] = (0, "", [])
+    for name, mod in module.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = [f"{name}.{c}" if name else c for c, _ in mod.named_children()]
+        holding = [i for i, c in enumerate(children)
+                   if any(n == c or n.startswith(c + ".") for n in split)]
+        if len(holding) > best[0]:
+            best = (len(holding), name, children[holding[0]:holding[-1] + 1])
+    if not best[0]:
+        raise _Refused("the split nodes are not inside the children of an nn.ModuleList or "
+                       "nn.Sequential (the repeated blocks sequence parallelism runs between)")
+    outside = [n for n in split if not any(n == b or n.startswith(b + ".") for b in best[2])]
+    if outside:
+        raise _Refused(f"split nodes outside the blocks of {best[1] or 'the root'}: "
+                       f"{', '.join(outside[:3])}")
+    return best[1], best[2]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to rounding, or exactly (masks hold infinities, which _close cannot compare)."""
+    return torch.equal(a, b) or _close(a, b)
+
+
+def _chunk(t: torch.Tensor, rank: int, degree: int) -> torch.Tensor:
+    return t.chunk(degree, dim=SEQUENCE_DIM)[rank]
+
+
+def _top_level(args: Tuple[Any, ...], kwargs: Dict[str, Any]):
+    """(("pos", i) or ("kw", name), tensor) for the top-level tensor inputs of a call."""
+    out = [(("pos", i), a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    out += [(("kw", k), v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _outputs(value: Any) -> List[Tuple[int, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        return [(-1, value)]
+    if isinstance(value, tuple):
+        return [(i, v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _replace_outputs(value: Any, new: Dict[int, torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return new.get(-1, value)
+    if isinstance(value, tuple):
+        return tuple(new.get(i, v) for i, v in enumerate(value))
+    return value
+
+
+def _is_sequence(ref: torch.Tensor, length: int) -> bool:
+    return ref.dim() > SEQUENCE_DIM and ref.shape[SEQUENCE_DIM] == length
+
+
+def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
+    container, blocks = _blocks(module, layout)
+    in_blocks = {n: m for n, m in nodes.items()
+                 if any(n.startswith(b + ".") for b in blocks)}
+    styles = {n: getattr(tp, "style", tp) for n, tp in layout.items()}
+    view = _float_view(module)
+    args, kwargs = _float_inputs(_fresh(args), view), _float_inputs(_fresh(kwargs), view)
+    first, last = view.get_submodule(blocks[0]), view.get_submodule(blocks[-1])
+    members = {n: view.get_submodule(n) for n in in_blocks}
+    ref_parents = {getattr(tp, "region", "") for n, tp in layout.items()
+                   if styles[n] in ("colwise", "rowwise")}
+    ref_parents = {p for p in ref_parents if p and p not in members
+                   and any(p.startswith(b + ".") for b in blocks)}
+    members.update({p: view.get_submodule(p) for p in sorted(ref_parents)})
+
+    # the reference: every region node's first call, the first block's inputs, the last
+    # block's output
+    ref: Dict[str, Tuple[Tuple[Any, ...], Dict[str, Any], Any]] = {}
+    calls: Dict[str, int] = {}
+    block_io: Dict[str, Any] = {}
+
+    def record(name):
+        def hook(mod, a, kw, out):
+            calls[name] = calls.get(name, 0) + 1
+            if name not in ref:
+                ref[name] = (_detached(a), _detached(kw), _detached(out))
+        return hook
+
+    handles = [m.register_forward_hook(record(n), with_kwargs=True) for n, m in members.items()]
+    handles.append(first.register_forward_pre_hook(
+        lambda m, a, kw: block_io.setdefault("in", (_detached(a), _detached(kw))),
+        with_kwargs=True))
+    handles.append(last.register_forward_hook(
+        lambda m, a, out: block_io.setdefault("out", _detached(out))))
+    try:
+        with torch.random.fork_rng(devices=[]), _eval_with_grad(view):
+            reference = view(*_fresh(args), **_fresh(kwargs))
+    finally:
+        for h in handles:
+            h.remove()
+    ref_parents = {p for p in ref_parents if p in ref}
+    twice = [n for n, c in calls.items() if c > 1]
+    if twice:
+        raise _Refused(f"node {twice[0]} runs more than once in a forward (a module used "
+                       "again across blocks): its calls would need several layouts")
+    if "in" not in block_io or "out" not in block_io:
+        raise _Refused(f"block {blocks[0]} or {blocks[-1]} does not run in the forward")
+    out_tensors = _outputs(block_io["out"])
+    if not out_tensors:
+        raise _Refused(f"block {blocks[-1]} returns no tensor")
+    hidden = out_tensors[0][1]
+    if hidden.dim() <= SEQUENCE_DIM:
+        raise _Refused(f"block {blocks[-1]}'s output has no sequence dimension "
+                       f"{SEQUENCE_DIM} (shape {list(hidden.shape)})")
+    length = int(hidden.shape[SEQUENCE_DIM])
+    if length % degree:
+        raise _Refused(f"the sequence length {length} (dimension {SEQUENCE_DIM} of the hidden "
+                       f"states) is not divisible by {degree}")
+    entry_args = [(key, t) for key, t in _top_level(*block_io["in"])
+                  if tuple(t.shape) == tuple(hidden.shape) and t.is_floating_point()]
+    if not entry_args:
+        raise _Refused(f"block {blocks[0]} takes no input shaped like its hidden states "
+                       f"{list(hidden.shape)}")
+    exits = [i for i, t in _outputs(block_io["out"]) if tuple(t.shape) == tuple(hidden.shape)]
+    result = SpLayout(degree=degree, max_degree=length, container=container, blocks=blocks)
+    result.entry = Where(tuple(k[1] for k, _ in entry_args if k[0] == "pos"),
+                         tuple(k[1] for k, _ in entry_args if k[0] == "kw"),
+                         len(block_io["in"][0]))
+    result.exit = Where(tuple(i for i in exits if i >= 0), (),
+                        len(block_io["out"]) if isinstance(block_io["out"], tuple) else 1,
+                        whole=isinstance(block_io["out"], torch.Tensor))
+    result.entry_bytes = sum(_nbytes(t) for _, t in entry_args)
+    result.exit_bytes = sum(_nbytes(t) for i, t in _outputs(block_io["out"]) if i in exits)
+
+    ran = [n for n in members if n in ref]
+    roles: Dict[str, str] = {}
+    for n in ran:
+        style = styles.get(n)
+        if style in ("colwise", "rowwise"):
+            roles[n] = style
+        elif style is None:
+            roles[n] = "per_token"  # until a rank shows otherwise
+    # where a split region gathers the sequence: at its parent's inputs where the parent is
+    # inside a block (the glue between its column-wise and row-wise nodes reads the shapes of
+    # the parent's input: LlamaAttention's view into heads), else at each column-wise node
+    for n in ran:
+        parent = getattr(layout[n], "region", "") if roles.get(n) == "colwise" else ""
+        if parent in ref_parents:
+            result.gather_at[n] = parent
+            roles[parent] = "region"
+    seq_in: Dict[str, Where] = {}
+
+    for rank in range(degree):
+        _simulate(view, members, ref, roles, seq_in, result, first, last, block_io,
+                  entry_args, reference, args, kwargs, rank, degree, length)
+
+    result.roles = {n: roles[n] for n in ran if roles.get(n) in ROLES and n in nodes}
+    for parent in sorted(ref_parents):
+        a, kw, _ = ref[parent]
+        where = seq_in.get(parent, Where())
+        result.inputs[parent] = where
+        result.io_bytes[parent] = (_seq_bytes(a, kw, where), 0)
+    for n, role in result.roles.items():
+        a, kw, out = ref[n]
+        where = seq_in.get(n, Where())
+        if role in ("colwise", "gather"):
+            result.inputs[n] = where
+        if role == "gather":
+            seq_outs = [i for i, t in _outputs(out) if _is_sequence(t, length)]
+            result.outputs[n] = Where(tuple(i for i in seq_outs if i >= 0), (),
+                                      len(out) if isinstance(out, tuple) else 1,
+                                      whole=isinstance(out, torch.Tensor))
+        in_bytes = _seq_bytes(a, kw, where)
+        out_bytes = sum(_nbytes(t) for _, t in _outputs(out) if _is_sequence(t, length))
+        result.io_bytes[n] = (in_bytes, out_bytes)
+    return result
+
+
+def _seq_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], where: Where) -> int:
+    return sum(_nbytes(t) for key, t in _top_level(args, kwargs)
+               if (key[0] == "pos" and key[1] in where.positions)
+               or (key[0] == "kw" and key[1] in where.keywords))
+
+
+def _simulate(view, members, ref, roles, seq_in, result, first, last, block_io, entry_args,
+              reference, args, kwargs, rank, degree, length) -> None:
+    """One rank's run (module doc, step 3); refines `roles` (per_token -> gather) and records
+    each node's sequence inputs in `seq_in`. Raises _Refused."""
+    handles = []
+
+    def entry(mod, a, kw):
+        a, kw = list(a), dict(kw)
+        for (kind, key), t in entry_args:
+            if kind == "pos":
+                a[key] = _chunk(a[key], rank, degree)
+            else:
+                kw[key] = _chunk(kw[key], rank, degree)
+        return tuple(a), kw
+
+    def check_inputs(name):
+        def hook(mod, a, kw):
+            ra, rkw, _ = ref[name]
+            local = dict(_top_level(a, kw))
+            positions, keywords = [], []
+            for key, r in _top_level(ra, rkw):
+                t = local.get(key)
+                if t is None:
+                    raise _Refused(f"node {name} is called with other inputs when the sequence "
+                                   f"is split")
+                if tuple(t.shape) == tuple(r.shape) and _same(t, r):
+                    continue
+                if _is_sequence(r, length) and _close(t, _chunk(r, rank, degree)):
+                    (positions if key[0] == "pos" else keywords).append(key[1])
+                    continue
+                raise _Refused(
+                    f"the input {key[1]!r} of node {name} is neither the whole value nor this "
+                    f"rank's share of the sequence when the sequence is split (shape "
+                    f"{list(t.shape)}, whole {list(r.shape)}): code before it needs the whole "
+                    f"sequence")
+            where = Where(tuple(positions), tuple(keywords), len(ra))
+            old = seq_in.setdefault(name, where)
+            if (old.positions, old.keywords) != (where.positions, where.keywords):
+                raise _Refused(f"node {name}'s sequence inputs differ between ranks")
+            if roles.get(name) in ("colwise", "gather", "region"):
+                # the all-gather returns the whole inputs (a node without sequence inputs
+                # runs whole as it did)
+                return _fresh(ra), _fresh(rkw)
+            return None
+        return hook
+
+    def check_output(name):
+        def hook(mod, a, kw, out):
+            _, _, rout = ref[name]
+            role = roles.get(name)
+            if role is None:  # "sharded": the features of the whole sequence, as it was
+                return None
+            chunked = {i: (_chunk(r, rank, degree) if _is_sequence(r, length) else r)
+                       for i, r in _outputs(rout)}
+            seq = seq_in.get(name, Where())
+            if role in ("per_token", "whole") and not (seq.positions or seq.keywords):
+                roles[name] = "whole"  # no sequence input: it runs whole, as it did
+                return None
+            if role == "per_token":
+                ok = all(i in chunked and tuple(t.shape) == tuple(chunked[i].shape)
+                         and _close(t, chunked[i]) for i, t in _outputs(out))
+                if ok:
+                    return None
+                roles[name] = "gather"
+            if role in ("colwise", "region"):
+                return None  # its output runs on into the region, whole as the reference's
+            return _replace_outputs(out, {i: t.clone() for i, t in chunked.items()})
+        return hook
+
+    handles.append(first.register_forward_pre_hook(entry, with_kwargs=True))
+    for name, mod in members.items():
+        if name in ref and name in roles and name not in result.gather_at:
+            handles.append(mod.register_forward_pre_hook(check_inputs(name), with_kwargs=True))
+            handles.append(mod.register_forward_hook(check_output(name), with_kwargs=True))
+    gathered: List[Any] = []
+
+    def leave(mod, a, out):
+        rout = block_io["out"]
+        new = {}
+        for i, t in _outputs(out):
+            r = dict(_outputs(rout)).get(i)
+            if r is None:
+                continue
+            if tuple(r.shape) == tuple(t.shape) and _same(t, r):
+                continue
+            if not (_is_sequence(r, length) and _close(t, _chunk(r, rank, degree))):
+                raise _Refused(f"the output of block {result.blocks[-1]} is not this rank's "
+                               f"share of the sequence when the sequence is split")
+            new[i] = r.clone()
+        gathered.append(True)
+        return _replace_outputs(out, new)
+
+    handles.append(last.register_forward_hook(leave))
+    try:
+        with torch.random.fork_rng(devices=[]), _eval_with_grad(view):
+            try:
+                output = view(*_fresh(args), **_fresh(kwargs))
+            except _Refused:
+                raise
+            except Exception as exc:
+                raise _Refused(f"the forward fails with the sequence split: "
+                               f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+                               ) from None
+    finally:
+        for h in handles:
+            h.remove()
+    if not gathered:
+        raise _Refused(f"block {result.blocks[-1]} did not run")
+    got, want = tensors_in(output), tensors_in(reference)
+    if len(got) != len(want) or not all(g.shape == w.shape and _close(g, w)
+                                        for g, w in zip(got, want)):
+        raise _Refused("the module's output changes when the sequence is split between its "
+                       "blocks (code between the blocks needs the whole sequence)")
+
+
+def graph_fields(sp: SpLayout, nodes: Dict[str, nn.Module], graph_nodes: Sequence[str]
+                 ) -> Dict[str, Dict[str, Any]]:
+    """{graph node: its "sequence_parallel" object (docs/formats.md)}: role, max_degree and the
+    collectives the executor runs for it under sequence parallelism, at the profiled batch
+    (bytes of the whole tensors; "fixed_bytes": a parameter gradient's, not scaled by the
+    batch). The first region node in execution order carries the entry's backward all-gather,
+    the last the exit's forward all-gather."""
+    if sp.refused:
+        return {}
+    order = [g for g in graph_nodes if block_list.module_name(g) in sp.roles]
+    fields: Dict[str, Dict[str, Any]] = {}
+    gathered: set = set()  # region parents whose all-gather a node already carries
+    for g in order:
+        name = block_list.module_name(g)
+        role = sp.roles[name]
+        in_b, out_b = sp.io_bytes.get(name, (0, 0))
+        fwd: List[Dict[str, Any]] = []
+        bwd: List[Dict[str, Any]] = []
+        parent = sp.gather_at.get(name)
+        if role == "colwise" and parent is not None:
+            # the region's parent gathers once for all its column-wise nodes: the first
+            # carries it (and the reduce-scatter of the summed input gradient)
+            if parent not in gathered:
+                gathered.add(parent)
+                in_b = sp.io_bytes.get(parent, (0, 0))[0]
+                fwd.append({"op": "all_gather", "bytes": in_b})
+                bwd.append({"op": "reduce_scatter", "bytes": in_b})
+        elif role == "colwise":  # all-gather the input; its gradient reduce-scattered
+            fwd.append({"op": "all_gather", "bytes": in_b})
+            bwd.append({"op": "reduce_scatter", "bytes": in_b})
+        elif role == "rowwise":  # reduce-scatter the output; its gradient all-gathered
+            fwd.append({"op": "reduce_scatter", "bytes": out_b})
+            bwd.append({"op": "all_gather", "bytes": out_b})
+        elif role == "gather":  # all-gather the inputs; the outputs' gradients all-gathered
+            fwd.append({"op": "all_gather", "bytes": in_b})
+            bwd.append({"op": "all_gather", "bytes": out_b})
+        elif g == block_list.module_name(g):  # per_token, its first call: parameters' grads
+            params = sum(p.numel() * p.element_size() for p in nodes[name].parameters())
+            if params:
+                bwd.append({"op": "all_reduce", "bytes": params, "fixed_bytes": True})
+        if g == order[0]:
+            bwd.append({"op": "all_gather", "bytes": sp.entry_bytes})
+        if g == order[-1]:
+            fwd.append({"op": "all_gather", "bytes": sp.exit_bytes})
+        field_: Dict[str, Any] = {"role": role, "max_degree": sp.max_degree}
+        if fwd:
+            field_["forward_collectives"] = fwd
+        if bwd:
+            field_["backward_collectives"] = bwd
+        fields[g] = field_
+    return fields
