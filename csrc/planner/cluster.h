@@ -57,6 +57,9 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter };
 //                 memory-bound update of the bytes (optimizer_cost.h)
 //   sharded_optimizer_tensor_s  the same for a sharded parameter (a DTensor shard: every op of
 //                 the update goes through DTensor's dispatch); unset (0): optimizer_tensor_s
+//   selective_op_s  per aten op of a node recomputed selectively, per forward+backward:
+//                 torch's selective activation checkpointing is a Python dispatch mode that sees
+//                 every op of the forward and again of the recompute (Node::selective_ops)
 //   shared_host_slowdown[k]: compute time multiplier when k processes of the job compute on one
 //                 node at once (CPU ranks share cores, caches and memory bandwidth; GPUs: 1)
 struct Runtime {
@@ -64,6 +67,7 @@ struct Runtime {
   double action_s = 0;
   double optimizer_tensor_s = 0;
   double sharded_optimizer_tensor_s = 0;
+  double selective_op_s = 0;
   std::vector<std::pair<std::string, double>> schedule_action_s;  // (schedule name, seconds)
   std::vector<std::pair<int64_t, double>> shared_host_slowdown;  // (processes, factor), k ascending
 

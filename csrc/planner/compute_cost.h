@@ -57,6 +57,17 @@ inline double weight_backward_s(const Node& node, double backward_s) {
   return node.param_bytes > 0 ? 0.5 * backward_s : 0.0;
 }
 
+// What selective recompute adds to a node's backward beyond running its cheap ops again
+// (Node::selective_recompute_fraction of its forward): torch's policy is a Python dispatch
+// mode that sees each of the node's aten ops in the forward and again in the recompute,
+//   selective_ops * runtime.selective_op_s
+// per forward+backward (per micro-batch; the ops do not grow with the batch). 0 where either
+// was not measured.
+inline double selective_dispatch_s(const Node& node, const Runtime& runtime) {
+  return node.selective_ops > 0 ? static_cast<double>(node.selective_ops) * runtime.selective_op_s
+                                : 0.0;
+}
+
 struct NodeTimes {
   double batch = 0;
   std::vector<double> forward_s;

@@ -83,6 +83,10 @@ const NodeTimes& Evaluator::with_recompute(const Plan& plan, const NodeTimes& ti
                              : plan.recomputes(v) ? 1.0 : 0.0;
     if (share == 0) continue;
     recompute_times_.backward_s[v] += share * recompute_times_.forward_s[v];
+    if (plan.recomputes_selectively(v)) {
+      recompute_times_.backward_s[v] +=
+          selective_dispatch_s(problem_.graph.nodes[v], problem_.cluster.runtime);
+    }
     if (tp_comm) recompute_times_.backward_comm_s[v] += share * recompute_times_.forward_comm_s[v];
   }
   return recompute_times_;

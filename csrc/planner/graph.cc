@@ -596,6 +596,10 @@ Graph graph_from_json(const Json& j, const std::string& source) {
         in.fail(path + ".selective_recompute_fraction", "must be in [0, 1]", *again);
       }
     }
+    if (const Json* ops = in.optional(jn, "selective_ops")) {
+      node.selective_ops = in.integer(*ops, path + ".selective_ops");
+      if (node.selective_ops < 0) in.fail(path + ".selective_ops", "must be >= 0", *ops);
+    }
     if (const Json* t = in.optional(jn, "param_tensors")) {
       node.param_tensors = in.integer(*t, path + ".param_tensors");
       if (node.param_tensors < 0) in.fail(path + ".param_tensors", "must be >= 0", *t);
@@ -673,6 +677,7 @@ Json graph_to_json(const Graph& g) {
       jn["selective_saved_bytes"] = n.selective_saved_bytes;
       jn["selective_recompute_fraction"] = n.selective_recompute_fraction;
     }
+    if (n.selective_ops >= 0) jn["selective_ops"] = n.selective_ops;
     if (n.param_tensors >= 0) jn["param_tensors"] = n.param_tensors;
     if (!n.batch_times.empty()) {
       Json points = Json::array();

@@ -120,6 +120,9 @@ struct Node {
   // selective_recompute_fraction (0..1) of the node's forward time again before its backward.
   int64_t selective_saved_bytes = -1;
   double selective_recompute_fraction = -1;
+  // Optional (-1 = not counted): the aten ops the node's forward dispatches; selective
+  // recompute's dispatch mode costs Cluster runtime.selective_op_s per op (evaluate.h).
+  int64_t selective_ops = -1;
   bool has_selective() const { return selective_saved_bytes >= 0; }
   // Optional: times at other batch sizes, batch_size strictly increasing, never the profiled one
   // (that is forward_s/backward_s). Empty: only the profiled batch was measured.

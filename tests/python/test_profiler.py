@@ -623,6 +623,11 @@ def test_selective_recompute_keeps_the_matmul_outputs_and_reruns_the_rest():
     assert 0 <= nodes["fc"]["selective_recompute_fraction"] < 1
     assert nodes["norm"]["selective_saved_bytes"] == 0
     assert nodes["norm"]["selective_recompute_fraction"] == 1.0  # relu (before it) and the norm
-    assert "selective_saved_bytes" not in nodes["rnn"]
+    # the aten ops each forward dispatches (selective recompute's policy sees each twice):
+    # the Linear's addmm (and its view/transpose glue), relu + layer norm
+    assert 1 <= nodes["fc"]["selective_ops"] <= 6 and 2 <= nodes["norm"]["selective_ops"] <= 6
+    assert "selective_saved_bytes" not in nodes["rnn"] and "selective_ops" not in nodes["rnn"]
     from hybridplan.planner import Graph
     assert Graph.from_dict(graph).to_dict()["nodes"][0]["selective_saved_bytes"] == 2560
+    assert Graph.from_dict(graph).to_dict()["nodes"][0]["selective_ops"] == \
+        nodes["fc"]["selective_ops"]

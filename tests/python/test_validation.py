@@ -165,6 +165,11 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     tensors = cluster["measured"]["fits"]["optimizer_tensors"]
     assert [x for x, _ in tensors["points"]] == [16, 64, 256]
     assert runtime["optimizer_tensor_s"] == (tensors["beta"] if tensors["resolved"] else 0.0)
+    # selective recompute's dispatch per op: the slope over the three chains (never negative)
+    ops = cluster["measured"]["fits"]["selective_ops"]
+    assert len(ops["points"]) == 3 and ops["points"][0][0] < ops["points"][-1][0]
+    assert runtime.get("selective_op_s", 0.0) == (max(0.0, ops["beta"]) if ops["resolved"]
+                                                  else 0.0)
     # the graph is the --model's profile at --batch: compute factors are relative to it
     assert runtime["shared_host_slowdown"][0][0] == 1 and runtime["shared_host_slowdown"][0][1] > 0
     shared = cluster["measured"]["shared_host"]

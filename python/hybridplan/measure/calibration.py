@@ -66,6 +66,11 @@ What is measured (every fit by least squares, its points and residuals under "me
                                touched per parameter byte, optimizer_cost.h) / its time
   runtime.optimizer_tensor_s   the slope of SGD-momentum step times over 16, 64 and 256 small
                                parameters (torch.optim's per-tensor loop; fit "optimizer_tensors")
+  runtime.selective_op_s       selective recompute's cost per aten op beyond running it again
+                               (torch's policy is a Python dispatch mode): the slope of
+                               (selective - full recompute) forward+backward time of a Linear
+                               and 16, 64, 256 elementwise ops on a tiny tensor (fit
+                               "selective_ops")
   device.*, type, collectives  as the probe (python/hybridplan/measure/probe.py); "cpu" and Gloo
                                on CPU
 
@@ -470,6 +475,67 @@ def _optimizer_tensor_times(device, warmup: int, repeats: int, world: int = 0
     return out
 
 
+# Elementwise ops in the chains timed for runtime.selective_op_s.
+kSelectiveChainOps = (16, 64, 256)
+
+
+class _OpChain(nn.Module):
+    """A Linear and `n` cheap elementwise ops on a tiny tensor: its time is the ops' dispatch."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n, self.linear = n, nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.linear(x)
+        for _ in range(self.n):
+            x = x * 1.001
+        return x
+
+
+def _count_ops(module: nn.Module, x: torch.Tensor) -> int:
+    """The aten ops `module`'s forward dispatches (what a dispatch mode sees: the profiler's
+    block_timing.selective_recompute counts a node's the same way)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        module(x)
+    return Count.ops
+
+
+def _selective_op_s(device, warmup: int, repeats: int, fits: Dict[str, dict]) -> float:
+    """runtime.selective_op_s: what torch's selective activation checkpointing adds per aten op
+    beyond running the op again (its dispatch mode sees every op of the forward, records or
+    caches its output, and sees it again in the recompute): the slope over kSelectiveChainOps
+    of (selective - full recompute) forward+backward time of an _OpChain, under the executor's
+    own recompute() (full recompute runs the same ops again without the mode; the chain's ops
+    are the cheap kind selective recompute also runs again). Fit "selective_ops"; 0 where
+    unresolved (no measurable cost)."""
+    from ..executor.recompute import FULL, SELECTIVE, recompute
+
+    points = []
+    for n in kSelectiveChainOps:
+        x = torch.randn(4, 8, device=device)
+        times = {}
+        for kind in (FULL, SELECTIVE):
+            chain = _OpChain(n).to(device)
+            recompute(chain, kind)
+
+            def step(chain=chain):
+                chain(x).sum().backward()
+            times[kind] = median_slowest(timed_samples(step, device, warmup, repeats), device)
+        points.append((_count_ops(_OpChain(n).to(device), x), times[SELECTIVE] - times[FULL]))
+    fit = fit_line([n for n, _ in points], [t for _, t in points], relative=False)
+    fits["selective_ops"] = fit.to_dict()
+    return max(0.0, fit.beta) if fit.resolved else 0.0
+
+
 # The sharded units' parameter bytes (one square Linear without bias each) and their count.
 kShardUnitBytes = (4 << 10, 1 << 20, 4 << 20)
 kShardUnits = 6
@@ -734,6 +800,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     fits: Dict[str, dict] = {}
     intra = _intra_node_link(env, device, graph, warmup, repeats, fits)
     optimizer_tensor_s = _optimizer_tensor_s(device, warmup, repeats, fits)
+    selective_op_s = _selective_op_s(device, warmup, repeats, fits)
     sharded_optimizer_tensor_s = 0.0
     if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
         intra.update(_shard_links(device, env.world_size, warmup, repeats, fits))
@@ -769,6 +836,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         "runtime": {"step_s": executor["step_s"], "action_s": 0.0,
                     "optimizer_tensor_s": optimizer_tensor_s,
                     "sharded_optimizer_tensor_s": sharded_optimizer_tensor_s,
+                    "selective_op_s": selective_op_s,
                     "shared_host_slowdown": slowdown_table},
     }
     measured = {"fits": fits, "tiny_compute_s": executor["tiny_compute_s"],

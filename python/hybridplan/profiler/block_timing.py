@@ -339,7 +339,10 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
     checkpointing, keeping the outputs of recompute.SAVED_OPS) would keep and run again:
     {"selective_saved_bytes": bytes of the outputs of the saved ops (each storage once),
      "selective_recompute_fraction": the share of the node's forward time spent in the other
-     ops, which run again before its backward}. Measured from the aten ops the forward runs
+     ops, which run again before its backward,
+     "selective_ops": the aten ops its forward dispatches, each of which the policy's dispatch
+     mode sees in the forward and again in the recompute (the cluster's
+     runtime.selective_op_s prices that per op)}. Measured from the aten ops the forward runs
     (a dispatch mode times each: the fastest of `repeats` forwards, op by op; profile passes
     its own repeats, at most 3), charged like FLOPs (count_flops): a functional op between nodes goes to the next node. RNN nodes, whose
     fused kernels the mode cannot see into, are left out (the planner then offers them full
@@ -410,11 +413,13 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
     total: Dict[str, float] = {}
     again: Dict[str, float] = {}
     kept: Dict[str, Dict[int, int]] = {}
+    count: Dict[str, int] = {}
     for i, (saved, _, storages) in enumerate(ops):
         node = owner[i]
         if not node:
             continue
         total[node] = total.get(node, 0.0) + took[i]
+        count[node] = count.get(node, 0) + 1
         if saved:
             kept.setdefault(node, {}).update(storages)
         else:
@@ -427,7 +432,8 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
             continue
         out[node] = {"selective_saved_bytes": int(sum(kept.get(node, {}).values())),
                      "selective_recompute_fraction": (again.get(node, 0.0) / t) if t > 0
-                     else 0.0}
+                     else 0.0,
+                     "selective_ops": count.get(node, 0)}
     return out
 
 

@@ -559,6 +559,41 @@ TEST_CASE("evaluate: a selectively recomputed node keeps its inputs and its cost
   REQUIRE(evaluate(two, staged).memory_bytes == std::vector<int64_t>{450, 570});
 }
 
+TEST_CASE("evaluate: selective recompute's dispatch costs runtime.selective_op_s per op of the "
+          "node, per micro-batch", "[evaluate][recompute]") {
+  Problem problem = diamond_problem();
+  for (int v : {0, 1, 3}) {
+    problem.graph.nodes[v].selective_saved_bytes = 300;
+    problem.graph.nodes[v].selective_recompute_fraction = 0.25;
+  }
+  problem.graph.nodes[0].selective_ops = 4;
+  problem.graph.nodes[1].selective_ops = 10;
+  problem.graph.nodes[2].selective_ops = 1000;  // not recomputed: no cost
+  problem.graph.finalize("diamond");
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 1, MpMode::kPlacement, 1,
+                              {0, 0, 0, 0});
+  plan.recompute = {kRecomputeSelective, kRecomputeSelective, 0, kRecomputeSelective};
+  const double without = evaluate(problem, plan).compute_s;
+  problem.cluster.runtime.selective_op_s = 0.5;
+  // one device: a (4 ops) and b (10 ops) add to the sum; d was not counted (-1)
+  REQUIRE(evaluate(problem, plan).compute_s == Approx(without + 0.5 * (4 + 10)));
+  // round trip: the node's count and the cluster's cost per op
+  REQUIRE(graph_from_json(graph_to_json(problem.graph), "g").nodes[1].selective_ops == 10);
+  REQUIRE(graph_from_json(graph_to_json(problem.graph), "g").nodes[3].selective_ops == -1);
+  REQUIRE(cluster_from_json(cluster_to_json(problem.cluster), "c").runtime.selective_op_s == 0.5);
+  // a pipeline stage pays it for every micro-batch
+  Problem two = two_stage_problem();
+  two.graph.nodes[1].selective_saved_bytes = 20;
+  two.graph.nodes[1].selective_recompute_fraction = 0.5;
+  two.graph.nodes[1].selective_ops = 6;
+  two.graph.finalize("ab");
+  Plan staged = two_stage_plan(two);
+  staged.recompute = {0, kRecomputeSelective};
+  const double staged_without = evaluate(two, staged).step_s;
+  two.cluster.runtime.selective_op_s = 0.25;
+  REQUIRE(evaluate(two, staged).step_s > staged_without);
+}
+
 TEST_CASE("evaluate: sharded data parallelism gathers and reduce-scatters each unit and holds shards",
           "[evaluate][sharding]") {
   Problem problem = diamond_problem();  // a holds 100 B of parameters, c 200 B: P = 300 B
