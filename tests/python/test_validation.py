@@ -223,13 +223,16 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
     # selectively (the profile measured every node's selective recompute)
     plain = [r for r in rows if not r["kind"].endswith(" recompute")]
     recomputed = [r for r in rows if r["kind"].endswith(" recompute")]
+    # with the policy's dispatch priced per op (runtime.selective_op_s, docs/recompute.md) a
+    # selective plan may cost more than full recompute on a CPU host, as measured there
+    dispatch_s = json.loads(calibrated.read_text())["runtime"].get("selective_op_s", 0.0)
     assert len(plain) == 3 and len(rows) == 3 + 2 * len({r["mode"] for r in plain})
     for row in recomputed:
         base = next(r for r in plain if r["mode"] == row["mode"])
         selective = row["kind"].endswith(" selective recompute")
         assert row["kind"] == base["kind"] + (" selective" if selective else "") + " recompute"
         assert row["predicted"]["compute_s"] > base["predicted"]["compute_s"]
-        if selective:  # it runs less again than full recompute of the same plan
+        if selective and not dispatch_s:  # it runs less again than full recompute
             full = next(r for r in recomputed if r["kind"] == base["kind"] + " recompute")
             assert row["predicted"]["compute_s"] < full["predicted"]["compute_s"]
     for row in rows:
