@@ -61,8 +61,9 @@
 //                     scaled), on the device of the first node in topological order.
 // Measured against torch.profiler's memory timeline by `hybridplan validate` (peak memory per
 // rank, predicted beside measured). Not modelled: allocator fragmentation, DDP's gradient buckets (another copy of the gradients without
-// gradient_as_bucket_view). The search's partition check uses the first two terms only (a
-// relaxation: evaluate() decides feasibility).
+// gradient_as_bucket_view). The search's pipeline partition (pipeline_search.h) checks every
+// term per stage, each stage with its own recompute; a rank of several stages is checked stage
+// by stage against its share of the memory (evaluate() decides feasibility).
 #pragma once
 #include <cstdint>
 #include <string>

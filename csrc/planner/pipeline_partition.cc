@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 #include "common/error.h"
+#include "planner/plan.h"
 
 namespace hybridplan {
 
@@ -40,12 +43,94 @@ double PartitionCosts::stage_s(int stage, int64_t first, int64_t end) const {
   return t;
 }
 
+double PartitionCosts::workspace_max(int64_t first, int64_t end) const {
+  if (workspace_bytes.empty()) return 0.0;
+  double most = 0;
+  for (int64_t p = first; p < end; ++p) most = std::max(most, workspace_bytes[p]);
+  return most;
+}
+
+namespace {
+
+double between(const std::vector<double>& prefix, int64_t first, int64_t end) {
+  return prefix.empty() ? 0.0 : prefix[end] - prefix[first];
+}
+
+// The bytes of stage s on [first, end) besides its activations: static (tied copies included),
+// workspace, receive buffers and the first and last stages' batch and output.
+double fixed_bytes(const PartitionCosts& c, int stage, int64_t first, int64_t end, double workspace) {
+  const int k = c.num_stages();
+  double bytes = c.prefix_static_bytes[end] - c.prefix_static_bytes[first] + workspace;
+  for (const PartitionCosts::TiedCopy& tied : c.tied_copies) {
+    const auto inside = [&](int64_t p) { return first <= p && p < end; };
+    if (tied.positions.empty() || inside(tied.positions.front())) continue;
+    if (std::any_of(tied.positions.begin() + 1, tied.positions.end(), inside)) bytes += tied.bytes;
+  }
+  if (!c.receive_bytes.empty()) {
+    if (stage > 0) bytes += c.receive_bytes[first];
+    if (stage + 1 < k) bytes += c.receive_bytes[end];
+  }
+  if (stage == 0) bytes += c.first_stage_bytes;
+  if (stage + 1 == k) bytes += c.activation_multiplier[stage] * c.last_stage_bytes;
+  return bytes;
+}
+
+bool selective_allowed(const PartitionCosts& c, int64_t first, int64_t end) {
+  return !c.prefix_selective_recompute_s.empty() && !c.prefix_unselective.empty() &&
+         c.prefix_unselective[end] == c.prefix_unselective[first];
+}
+
+}  // namespace
+
+double PartitionCosts::stage_bytes(int stage, int64_t first, int64_t end, StageRecompute r,
+                                   double workspace) const {
+  const double act = between(prefix_activation_bytes, first, end);
+  double kept = act, rebuilt = 0;
+  if (r == kRecomputeFull) {
+    kept = 0;
+    rebuilt = act;
+  } else if (r == kRecomputeSelective) {
+    kept = between(prefix_selective_kept_bytes, first, end);
+    rebuilt = between(prefix_selective_rebuilt_bytes, first, end);
+  }
+  return fixed_bytes(*this, stage, first, end, workspace) + activation_multiplier[stage] * kept +
+         rebuilt;
+}
+
+double PartitionCosts::stage_bytes_floor(int stage, int64_t first, int64_t end,
+                                         double workspace) const {
+  const double act = prefix_activation_bytes[end] - prefix_activation_bytes[first];
+  const double mult = activation_multiplier[stage];
+  double least = mult * act;
+  if (!prefix_full_recompute_s.empty()) least = std::min(least, act);
+  if (selective_allowed(*this, first, end)) {
+    least = std::min(least, mult * (prefix_selective_kept_bytes[end] - prefix_selective_kept_bytes[first]) +
+                                prefix_selective_rebuilt_bytes[end] - prefix_selective_rebuilt_bytes[first]);
+  }
+  return prefix_static_bytes[end] - prefix_static_bytes[first] + workspace + least;
+}
+
+PartitionCosts::Choice PartitionCosts::choose(int stage, int64_t first, int64_t end,
+                                              double workspace) const {
+  const double base = stage_s(stage, first, end);
+  if (memory_capacity_bytes <= 0) return {base, kRecomputeNone};
+  if (stage_bytes(stage, first, end, kRecomputeNone, workspace) <= memory_capacity_bytes) {
+    return {base, kRecomputeNone};
+  }
+  // by time: selective runs part of the forward again, full all of it
+  if (selective_allowed(*this, first, end) &&
+      stage_bytes(stage, first, end, kRecomputeSelective, workspace) <= memory_capacity_bytes) {
+    return {base + between(prefix_selective_recompute_s, first, end), kRecomputeSelective};
+  }
+  if (!prefix_full_recompute_s.empty() &&
+      stage_bytes(stage, first, end, kRecomputeFull, workspace) <= memory_capacity_bytes) {
+    return {base + between(prefix_full_recompute_s, first, end), kRecomputeFull};
+  }
+  return {kInf, kRecomputeFull};
+}
+
 bool PartitionCosts::fits(int stage, int64_t first, int64_t end) const {
-  if (memory_capacity_bytes <= 0) return true;
-  const double bytes = prefix_static_bytes[end] - prefix_static_bytes[first] +
-                       activation_multiplier[stage] *
-                           (prefix_activation_bytes[end] - prefix_activation_bytes[first]);
-  return bytes <= memory_capacity_bytes;
+  return choose(stage, first, end, workspace_max(first, end)).time_s < kInf;
 }
 
 std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
@@ -77,8 +162,33 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
     }
     return std::make_pair(first, last);
   };
-  for (auto [j, last] = ends(0, 1, n - (k - 1)); j <= last; ++j) {
-    if (costs.fits(0, 0, j)) best[0][j] = costs.stage_s(0, 0, j);
+  // kind[s][j]: the recompute kind of stage s in best[s][j]'s split
+  std::vector<std::vector<StageRecompute>> kind(k, std::vector<StageRecompute>(n + 1, kRecomputeNone));
+  const bool limited = costs.memory_capacity_bytes > 0;
+  const bool workspaces = !costs.workspace_bytes.empty();
+  // The scans below stop where the memory floor (stage_bytes_floor, growing with the stage)
+  // plus the bytes fixed for the scan exceed the capacity: a stage's receive buffers at its
+  // fixed end, or at least the fewest of any place to cut; the first and last stages' own.
+  double fewest_received = 0;
+  if (!costs.receive_bytes.empty() && k > 1) {
+    fewest_received = kInf;
+    for (int64_t p = 1; p < n; ++p) {
+      if (costs.cut_allowed(p)) fewest_received = std::min(fewest_received, costs.receive_bytes[p]);
+    }
+  }
+  const double capacity = costs.memory_capacity_bytes;
+  {
+    auto [j, last] = ends(0, 1, n - (k - 1));
+    double workspace = costs.workspace_max(0, j - 1);  // [0, j) as j grows, below
+    const double fixed = costs.first_stage_bytes + (k > 1 ? fewest_received
+                                                          : costs.activation_multiplier[0] * costs.last_stage_bytes);
+    for (; j <= last; ++j) {
+      if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[j - 1]);
+      if (limited && costs.stage_bytes_floor(0, 0, j, workspace) + fixed > capacity) break;
+      const PartitionCosts::Choice c = costs.choose(0, 0, j, workspace);
+      best[0][j] = c.time_s;
+      kind[0][j] = c.recompute;
+    }
   }
   for (int s = 1; s < k; ++s) {
     // Stage s ends at j; stages after it need at least k-1-s positions.
@@ -86,21 +196,31 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
       const double out_s = s + 1 < k ? costs.boundary_s[s][j] : 0.0;
       double b = bound;
       int64_t b_arg = -1;
+      StageRecompute b_kind = kRecomputeNone;
+      double workspace = 0;  // over [i, j) as i decreases
+      const double fixed =
+          fewest_received + (s + 1 < k ? (costs.receive_bytes.empty() ? 0.0 : costs.receive_bytes[j])
+                                       : costs.activation_multiplier[s] * costs.last_stage_bytes);
       for (int64_t i = j - 1; i >= s; --i) {
+        if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[i]);
         const double compute_s = costs.prefix_compute_s[j] - costs.prefix_compute_s[i];
-        // compute_s and memory only grow as i decreases: nothing further left can win or fit.
+        // compute_s and the memory floor only grow as i decreases: nothing further left can
+        // win or fit.
         if (compute_s + out_s >= b) break;
-        if (!costs.fits(s, i, j)) break;
+        if (limited && costs.stage_bytes_floor(s, i, j, workspace) + fixed > capacity) break;
         const double prev = best[s - 1][i];
         if (prev >= b || !costs.cut_allowed(i)) continue;
-        const double cand = std::max(prev, compute_s + out_s + costs.boundary_s[s - 1][i]);
+        const PartitionCosts::Choice c = costs.choose(s, i, j, workspace);
+        const double cand = std::max(prev, c.time_s);
         if (cand < b) {
           b = cand;
           b_arg = i;
+          b_kind = c.recompute;
         }
       }
       best[s][j] = b;
       arg[s][j] = b_arg;
+      kind[s][j] = b_kind;
     }
   }
   if (best[k - 1][n] == kInf) return std::nullopt;
@@ -108,23 +228,115 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
   Partition p;
   p.bottleneck_s = best[k - 1][n];
   p.stage_starts.assign(k + 1, 0);
+  p.recompute.assign(k, kRecomputeNone);
   p.stage_starts[k] = n;
   int64_t end = n;
   for (int s = k - 1; s >= 1; --s) {
+    p.recompute[s] = kind[s][end];
     end = arg[s][end];
     p.stage_starts[s] = end;
+  }
+  p.recompute[0] = kind[0][end];
+  return p;
+}
+
+std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
+  const int64_t n = costs.num_positions();
+  const int k = costs.num_stages();
+  HP_INTERNAL_ASSERT(k >= 1, "need at least one stage");
+  if (n < k) return std::nullopt;
+  const bool workspaces = !costs.workspace_bytes.empty();
+  // the least bytes of stage s on [i, j) over the kinds, and that kind
+  const auto least = [&](int s, int64_t i, int64_t j, double workspace) {
+    std::pair<double, StageRecompute> out{costs.stage_bytes(s, i, j, kRecomputeNone, workspace), kRecomputeNone};
+    if (selective_allowed(costs, i, j)) {
+      const double b = costs.stage_bytes(s, i, j, kRecomputeSelective, workspace);
+      if (b < out.first) out = {b, kRecomputeSelective};
+    }
+    if (!costs.prefix_full_recompute_s.empty()) {
+      const double b = costs.stage_bytes(s, i, j, kRecomputeFull, workspace);
+      if (b < out.first) out = {b, kRecomputeFull};
+    }
+    return out;
+  };
+  double fewest_received = 0;  // as optimal_partition's scans
+  if (!costs.receive_bytes.empty() && k > 1) {
+    fewest_received = kInf;
+    for (int64_t p = 1; p < n; ++p) {
+      if (costs.cut_allowed(p)) fewest_received = std::min(fewest_received, costs.receive_bytes[p]);
+    }
+  }
+  std::vector<std::vector<double>> best(k, std::vector<double>(n + 1, kInf));
+  std::vector<std::vector<int64_t>> arg(k, std::vector<int64_t>(n + 1, -1));
+  std::vector<std::vector<StageRecompute>> kind(k, std::vector<StageRecompute>(n + 1, kRecomputeNone));
+  double workspace = 0;
+  for (int64_t j = 1; j <= n - (k - 1); ++j) {
+    if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[j - 1]);
+    std::tie(best[0][j], kind[0][j]) = least(0, 0, j, workspace);
+  }
+  for (int s = 1; s < k; ++s) {
+    for (int64_t j = s + 1; j <= n - (k - 1 - s); ++j) {
+      const double fixed =
+          fewest_received + (s + 1 < k ? (costs.receive_bytes.empty() ? 0.0 : costs.receive_bytes[j])
+                                       : costs.activation_multiplier[s] * costs.last_stage_bytes);
+      double b = kInf;
+      workspace = 0;
+      for (int64_t i = j - 1; i >= s; --i) {
+        if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[i]);
+        // the stage's floor only grows as i decreases: nothing further left needs less
+        if (costs.stage_bytes_floor(s, i, j, workspace) + fixed >= b) break;
+        const double prev = best[s - 1][i];
+        if (prev >= b || !costs.cut_allowed(i)) continue;
+        const auto [bytes, r] = least(s, i, j, workspace);
+        const double cand = std::max(prev, bytes);
+        if (cand < b) {
+          b = cand;
+          arg[s][j] = i;
+          kind[s][j] = r;
+        }
+      }
+      best[s][j] = b;
+    }
+  }
+  if (best[k - 1][n] == kInf) return std::nullopt;
+  Partition p;
+  p.stage_starts.assign(k + 1, 0);
+  p.recompute.assign(k, kRecomputeNone);
+  p.stage_starts[k] = n;
+  int64_t end = n;
+  for (int s = k - 1; s >= 1; --s) {
+    p.recompute[s] = kind[s][end];
+    end = arg[s][end];
+    p.stage_starts[s] = end;
+  }
+  p.recompute[0] = kind[0][end];
+  for (int s = 0; s < k; ++s) {
+    const int64_t i = p.stage_starts[s], j = p.stage_starts[s + 1];
+    const double again = p.recompute[s] == kRecomputeFull        ? between(costs.prefix_full_recompute_s, i, j)
+                         : p.recompute[s] == kRecomputeSelective ? between(costs.prefix_selective_recompute_s, i, j)
+                                                                 : 0.0;
+    p.bottleneck_s = std::max(p.bottleneck_s, costs.stage_s(s, i, j) + again);
+  }
+  return p;
+}
+
+Partition partition_of(const PartitionCosts& costs, const std::vector<int64_t>& starts) {
+  Partition p;
+  p.stage_starts = starts;
+  p.recompute.assign(costs.num_stages(), kRecomputeNone);
+  for (int s = 0; s < costs.num_stages(); ++s) {
+    const PartitionCosts::Choice c =
+        s > 0 && !costs.cut_allowed(starts[s])
+            ? PartitionCosts::Choice{kInf, kRecomputeNone}
+            : costs.choose(s, starts[s], starts[s + 1], costs.workspace_max(starts[s], starts[s + 1]));
+    p.recompute[s] = c.recompute;
+    p.bottleneck_s = std::max(p.bottleneck_s, c.time_s);
   }
   return p;
 }
 
 double partition_bottleneck_s(const PartitionCosts& costs, const std::vector<int64_t>& starts) {
-  double worst = 0;
-  for (int s = 0; s < costs.num_stages(); ++s) {
-    if (!costs.fits(s, starts[s], starts[s + 1])) return kInf;
-    if (s > 0 && !costs.cut_allowed(starts[s])) return kInf;
-    worst = std::max(worst, costs.stage_s(s, starts[s], starts[s + 1]));
-  }
-  return worst;
+  return partition_of(costs, starts).bottleneck_s;
 }
 
 void for_each_contiguous_partition(int64_t n, int k,

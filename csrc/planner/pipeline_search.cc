@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <string>
 #include <sstream>
 
 #include "common/error.h"
@@ -12,30 +14,34 @@
 namespace hybridplan {
 namespace {
 
-constexpr double kInfinity = std::numeric_limits<double>::infinity();
-
-// The split needing the least memory on its fullest stage, by bisection on the capacity
-// (fits() is monotone in it), to 0.1 % (the message prints three digits): used only to report
-// how far from fitting a point is.
-std::vector<int64_t> least_memory_split(PartitionCosts costs) {
-  std::fill(costs.prefix_compute_s.begin(), costs.prefix_compute_s.end(), 0.0);
-  for (auto& row : costs.boundary_s) std::fill(row.begin(), row.end(), 0.0);
-  const int64_t n = costs.num_positions();
-  const double max_mult =
-      *std::max_element(costs.activation_multiplier.begin(), costs.activation_multiplier.end());
-  double lo = 0, hi = costs.prefix_static_bytes[n] + max_mult * costs.prefix_activation_bytes[n];
-  costs.memory_capacity_bytes = hi;
-  auto best = optimal_partition(costs);
-  for (int it = 0; it < 60 && hi - lo > 1e-3 * hi; ++it) {
-    costs.memory_capacity_bytes = (lo + hi) / 2;
-    if (auto p = optimal_partition(costs)) {
-      hi = costs.memory_capacity_bytes;
-      best = std::move(p);
-    } else {
-      lo = costs.memory_capacity_bytes;
+// Plan::recompute from each stage's kind: the stage's nodes alike, then closed under the plan
+// rules (the calls of one module recompute together: a module whose calls the kinds disagree
+// on recomputes fully, and with it the whole stages of its calls, to a fixed point). Empty
+// when no stage recomputes.
+std::vector<uint8_t> stage_recompute(const Graph& graph, const std::vector<int32_t>& assignment,
+                                     const std::vector<StageRecompute>& kinds) {
+  if (std::all_of(kinds.begin(), kinds.end(), [](StageRecompute r) { return r == kRecomputeNone; })) {
+    return {};
+  }
+  std::vector<StageRecompute> stage = kinds;
+  std::map<std::string, std::vector<size_t>> calls;
+  for (size_t v = 0; v < graph.nodes.size(); ++v) calls[module_of_call(graph.nodes[v].name)].push_back(v);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& [module, group] : calls) {
+      if (group.size() < 2) continue;
+      const StageRecompute first = stage[assignment[group.front()]];
+      if (std::all_of(group.begin(), group.end(), [&](size_t v) { return stage[assignment[v]] == first; })) {
+        continue;
+      }
+      for (size_t v : group) {
+        if (stage[assignment[v]] != kRecomputeFull) stage[assignment[v]] = kRecomputeFull, changed = true;
+      }
     }
   }
-  return best->stage_starts;
+  std::vector<uint8_t> out(graph.nodes.size());
+  for (size_t v = 0; v < graph.nodes.size(); ++v) out[v] = stage[assignment[v]];
+  return out;
 }
 
 }  // namespace
@@ -93,6 +99,16 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   c.prefix_static_bytes.assign(n + 1, 0.0);
   c.prefix_activation_bytes.assign(n + 1, 0.0);
   c.cut_before.assign(n + 1, 1);
+  // recompute (evaluate.cc with_recompute and memory): a stage runs its forwards again (all,
+  // or selective_recompute_fraction of each), keeps nothing per micro-batch in flight (full) or
+  // its costly ops' outputs (selective), and rebuilds the rest once
+  c.prefix_full_recompute_s.assign(n + 1, 0.0);
+  c.prefix_selective_recompute_s.assign(n + 1, 0.0);
+  c.prefix_selective_kept_bytes.assign(n + 1, 0.0);
+  c.prefix_selective_rebuilt_bytes.assign(n + 1, 0.0);
+  c.prefix_unselective.assign(n + 1, 0);
+  c.workspace_bytes.assign(n, 0.0);
+  const int32_t sink = g.topo_order.back();
   for (int64_t p = 0; p < n; ++p) {
     const NodeIndex v = g.topo_order[p];
     const Node& node = g.nodes[v];
@@ -101,9 +117,40 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
         c.prefix_compute_s[p] + m * (micro.forward_s[v] + micro.backward_s[v]);
     c.prefix_static_bytes[p + 1] =
         c.prefix_static_bytes[p] + static_cast<double>(tp_param_bytes(node, degrees[v])) * state_copies;
-    c.prefix_activation_bytes[p + 1] =
-        c.prefix_activation_bytes[p] +
-        shares[v] * scaled_bytes(node.activation_bytes(), micro_scale);
+    const double activations = shares[v] * scaled_bytes(node.activation_bytes(), micro_scale);
+    c.prefix_activation_bytes[p + 1] = c.prefix_activation_bytes[p] + activations;
+    c.prefix_full_recompute_s[p + 1] = c.prefix_full_recompute_s[p] + m * micro.forward_s[v];
+    const double saved =
+        node.has_selective() ? shares[v] * scaled_bytes(node.selective_saved_bytes, micro_scale) : 0.0;
+    c.prefix_selective_recompute_s[p + 1] =
+        c.prefix_selective_recompute_s[p] +
+        (node.has_selective()
+             ? m * (node.selective_recompute_fraction * micro.forward_s[v] +
+                    selective_dispatch_s(node, evaluator.problem().cluster.runtime))
+             : 0.0);
+    c.prefix_selective_kept_bytes[p + 1] = c.prefix_selective_kept_bytes[p] + saved;
+    c.prefix_selective_rebuilt_bytes[p + 1] =
+        c.prefix_selective_rebuilt_bytes[p] + std::max(0.0, activations - saved);
+    c.prefix_unselective[p + 1] = c.prefix_unselective[p] + (node.has_selective() ? 0 : 1);
+    // the backward workspace: the output's gradient and the inputs' (the loss's at the end)
+    int64_t gradients = node.output_bytes;
+    for (int32_t e : g.in_edges[v]) gradients += g.edges[e].bytes;
+    if (static_cast<int32_t>(v) == sink) gradients = std::max(gradients, g.profiled.loss_backward_bytes);
+    c.workspace_bytes[p] = scaled_bytes(gradients, micro_scale);
+  }
+  // torch's receive buffers, one per micro-batch each way (memory_cost.h); the replica's input
+  // batch on the first stage; the model's output per micro-batch in flight on the last
+  c.receive_bytes.assign(n + 1, 0.0);
+  for (int64_t p = 1; p < n; ++p) c.receive_bytes[p] = m * cut_bytes[p] * micro_scale;
+  c.first_stage_bytes = scaled_bytes(g.profiled.input_bytes,
+                                     batch_scale(g, static_cast<double>(base.per_replica_batch)));
+  c.last_stage_bytes = scaled_bytes(g.nodes[sink].output_bytes, micro_scale);
+  // a tied parameter's copies: every stage holding one of its nodes but the first's
+  for (const TiedParams& tied : g.tied_params) {
+    PartitionCosts::TiedCopy copy;
+    for (NodeIndex v : tied.nodes) copy.positions.push_back(position[v]);
+    copy.bytes = static_cast<double>(tp_tied_bytes(tied, degrees)) * state_copies;
+    c.tied_copies.push_back(std::move(copy));
   }
   c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
   for (int l = 0; l + 1 < k; ++l) {
@@ -142,7 +189,8 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
 }
 
 std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& costs,
-                                                         const Plan& base) {
+                                                         const Plan& base, bool* unconstrained) {
+  if (unconstrained) *unconstrained = false;
   // The proxy is M * (per-micro-batch stage time) for compute and transfers alike, so without
   // memory limits the best split depends on the micro-batch size, not on M or the schedule.
   // It is optimal with limits too whenever it fits them (a constrained optimum is never
@@ -157,8 +205,23 @@ std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& c
     unlimited.memory_capacity_bytes = 0;
     it = unconstrained_.emplace(key, optimal_partition(unlimited)).first;
   }
-  if (it->second && partition_bottleneck_s(costs, it->second->stage_starts) < kInfinity) {
-    return it->second;
+  // Optimal under the limits too when, with each stage's fastest kind that fits, its bottleneck
+  // is the unconstrained one at these costs (M scales it: the cached split is another M's
+  // perhaps), so that a stage recomputing off the bottleneck does not change it.
+  if (it->second) {
+    const std::vector<int64_t>& starts = it->second->stage_starts;
+    Partition p = partition_of(costs, starts);
+    double bottleneck = 0;
+    for (int s = 0; s < costs.num_stages(); ++s) {
+      bottleneck = std::max(bottleneck, costs.stage_s(s, starts[s], starts[s + 1]));
+    }
+    if (p.bottleneck_s <= bottleneck) {
+      if (unconstrained) {
+        *unconstrained = std::all_of(p.recompute.begin(), p.recompute.end(),
+                                     [](StageRecompute r) { return r == kRecomputeNone; });
+      }
+      return p;
+    }
   }
   return optimal_partition(costs);
 }
@@ -171,31 +234,83 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
   PipelineOutcome out;
   if (n < base.num_stages()) return out;
   Plan plan = base;
-  const auto consider = [&](const std::vector<int64_t>& starts) {
+  // evaluates a split with each stage's kind (empty: base's recompute); returns whether it fits
+  // and, in `memory`, its memory per rank
+  const auto consider = [&](const std::vector<int64_t>& starts, const std::vector<StageRecompute>& kinds,
+                            std::vector<int64_t>* memory = nullptr) {
     plan.assignment = stages_from_split(g, starts);
+    plan.recompute = kinds.empty() ? base.recompute : stage_recompute(g, plan.assignment, kinds);
     Prediction pred = evaluator.evaluate(plan);
     ++out.evaluations;
+    const bool fits = pred.feasible;
+    if (memory) *memory = pred.memory_bytes;
     if (out.assignment.empty() || better_prediction(pred, out.predicted)) {
       out.predicted = std::move(pred);
       out.assignment = plan.assignment;
+      out.recompute = plan.recompute;
     }
+    return fits;
   };
   std::ostringstream note;
   if (n <= exact_max_nodes) {
     for_each_contiguous_partition(n, static_cast<int>(base.num_stages()), [&](const std::vector<int64_t>& starts) {
       for (size_t s = 1; s + 1 < starts.size(); ++s)
         if (!g.nodes[g.topo_order[starts[s]]].cut_before) return;
-      consider(starts);
+      consider(starts, {});
     });
     out.exact = true;
     note << "exact (all " << out.evaluations << " contiguous splits evaluated)";
   } else {
     const PartitionCosts costs = pipeline_partition_costs(evaluator, base);
-    if (auto part = cache ? cache->optimal(costs, base) : optimal_partition(costs)) {
-      consider(part->stage_starts);
-      note << "bottleneck DP over the topological order (optimal for the stage-time proxy)";
+    bool unconstrained = false;
+    const std::optional<Partition> part =
+        cache ? cache->optimal(costs, base, &unconstrained) : optimal_partition(costs);
+    if (part) consider(part->stage_starts, part->recompute);
+    // The check above is per stage; evaluate() holds a rank's stages together (several stages a
+    // rank: the check gave each a share of the memory). Where the split recomputes, it is also
+    // evaluated keeping everything, and if that does not fit, recomputing only on the ranks
+    // then over memory.
+    const std::vector<StageRecompute> keep_all(base.num_stages(), kRecomputeNone);
+    if (part && part->recompute != keep_all) {
+      std::vector<int64_t> memory;
+      if (!consider(part->stage_starts, keep_all, &memory)) {
+        std::vector<StageRecompute> kinds = part->recompute;
+        const int64_t have = problem.cluster.device.memory_bytes;
+        for (int32_t st = 0; st < static_cast<int32_t>(kinds.size()); ++st) {
+          if (memory[base.device_of(st)] <= have) kinds[st] = kRecomputeNone;
+        }
+        if (kinds != part->recompute && kinds != keep_all) consider(part->stage_starts, kinds);
+      }
+    }
+    // Where memory shaped that split, also the split for keeping every activation checked on
+    // the parameter state and kept activations alone (the relaxation of the check above: a
+    // rank of several stages holds its memory otherwise than the check's share of it, so
+    // evaluate() may find a split fits that the check refused).
+    bool kept = false;
+    if (!unconstrained) {
+      PartitionCosts keeping = costs;
+      keeping.prefix_full_recompute_s.clear();
+      keeping.prefix_selective_recompute_s.clear();
+      keeping.receive_bytes.clear();
+      keeping.workspace_bytes.clear();
+      keeping.first_stage_bytes = keeping.last_stage_bytes = 0;
+      keeping.tied_copies.clear();
+      const std::optional<Partition> keep = cache ? cache->optimal(keeping, base) : optimal_partition(keeping);
+      if (keep && (!part || keep->stage_starts != part->stage_starts ||
+                   keep->recompute != part->recompute)) {
+        consider(keep->stage_starts, keep->recompute);
+        kept = true;
+      }
+    }
+    if (part) {
+      note << "bottleneck DP over the topological order (optimal for the stage-time proxy; "
+              "a stage recomputes where keeping its activations does not fit"
+           << (kept ? "; the split for keeping them under a looser memory check evaluated too" : "")
+           << ")";
     } else {
-      consider(least_memory_split(costs));
+      const std::optional<Partition> least = least_memory_partition(costs);
+      HP_INTERNAL_ASSERT(least.has_value(), "a point's pipeline has a split (search_space)");
+      consider(least->stage_starts, least->recompute);
       note << "no split fits in memory; the least-memory split is reported";
     }
   }

@@ -12,9 +12,16 @@
 //   p2p(cut at p between stages l, l+1) = latency + cut_bytes(p) * (b/M)/b0 / bandwidth
 //   cut_bytes(p) = sum over nodes u before p whose last consumer is at or after p of u's
 //                  largest out-edge bytes (pipeline_schedule.h counts values the same way)
-// subject to memory_cost.h per stage (parameters, gradients, optimizer state, activations
-// times the schedule's in-flight micro-batches), then evaluated. The proxy is the steady-state
-// cost of the slowest stage; the schedule's fill/drain is common to all splits.
+// subject to memory_cost.h per stage (parameters, gradients, optimizer state and tied copies;
+// activations times the schedule's in-flight micro-batches; the backward workspace, torch's
+// receive buffers (M per cut, each way), the input batch and the held output), then
+// evaluated. Each stage keeps its activations where that fits, else recomputes selectively
+// (every node measured) or fully, whichever is the fastest that fits, with the forwards run
+// again in its stage_s: the split is chosen with its recompute (a split chosen for keeping and
+// recomputed afterwards puts too much on the stages with few micro-batches in flight: Megatron's
+// 529.6B layout was missed so). The proxy is the steady-state cost of the slowest stage; the
+// schedule's fill/drain is common to all splits. Where no split fits, the split whose fullest
+// stage needs the least memory (each stage's least-memory kind) is evaluated and reported.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -31,6 +38,7 @@ namespace hybridplan {
 
 struct PipelineOutcome {
   std::vector<int32_t> assignment;  // stage per node; empty when the graph has < S nodes
+  std::vector<uint8_t> recompute;   // Plan::recompute of the split (empty: none)
   Prediction predicted;
   bool exact = false;
   int64_t evaluations = 0;
@@ -41,7 +49,10 @@ struct PipelineOutcome {
 // shared by the points of one search: see optimal() in pipeline_search.cc.
 class PipelinePartitionCache {
  public:
-  std::optional<Partition> optimal(const PartitionCosts& costs, const Plan& base);
+  // `unconstrained` (optional): set to whether the result is the split without memory limits
+  // (no stage recomputes, none moved for memory).
+  std::optional<Partition> optimal(const PartitionCosts& costs, const Plan& base,
+                                   bool* unconstrained = nullptr);
 
  private:
   // (stages, V mapping, micro-batch, the replica's devices, tp) -> the split without memory limits

@@ -552,8 +552,11 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
         PipelineOutcome o =
             search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
         result.candidates_evaluated += o.evaluations;
-        pipeline_notes.emplace(head, o.note);  // the same method for every M and schedule
+        // one note per (dp, mp, tp): a split found where any M or schedule has one
+        const auto [note, fresh] = pipeline_notes.emplace(head, o.note);
+        if (!fresh && note->second.rfind("no split fits", 0) == 0) note->second = o.note;
         trial.assignment = std::move(o.assignment);
+        trial.recompute = std::move(o.recompute);
         trial.predicted = std::move(o.predicted);
         if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
       }

@@ -1,5 +1,6 @@
 // search(problem, options): the top-K plans over dp x mp, both MP modes, micro-batch counts and
-// device mappings, each with its evaluate() breakdown. A point that does not fit in memory is
+// device mappings, each with its evaluate() breakdown. A pipeline point's split chooses each
+// stage's recompute with it (pipeline_search.h). A point that still does not fit in memory is
 // tried again with recompute on the devices or stages over memory (search.cc recompute_to_fit),
 // after the data-parallel sharding kinds (SearchOptions::shardings) were tried on it.
 #pragma once

@@ -165,3 +165,133 @@ TEST_CASE("partition: many stages, the DP narrowed by the balanced split equals 
   CHECK(p->bottleneck_s == 0);
   CHECK(p->stage_starts == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6});
 }
+
+TEST_CASE("partition: with recompute kinds and buffers, the DP equals brute force",
+          "[pipeline_partition][recompute]") {
+  // Each stage keeps, recomputes selectively (where every position measured it) or fully,
+  // whichever is fastest and fits; receive buffers at its cuts, its largest workspace, a tied
+  // copy, the first stage's batch and the last stage's held outputs count too (not monotone in
+  // the stage's extent: the DP may stop its scan on the monotone part only).
+  std::mt19937_64 rng(20261202);
+  std::uniform_real_distribution<double> t(0.0, 1.0);
+  int feasible = 0, infeasible = 0, recomputing = 0, selective = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 11);
+    const int k = 1 + static_cast<int>(rng() % std::min<int64_t>(n, 6));
+    PartitionCosts c = random_costs(rng, n, k, true);
+    c.prefix_full_recompute_s.assign(n + 1, 0);
+    c.prefix_selective_recompute_s.assign(n + 1, 0);
+    c.prefix_selective_kept_bytes.assign(n + 1, 0);
+    c.prefix_selective_rebuilt_bytes.assign(n + 1, 0);
+    c.prefix_unselective.assign(n + 1, 0);
+    c.workspace_bytes.assign(n, 0);
+    c.receive_bytes.assign(n + 1, 0);
+    for (int64_t p = 0; p < n; ++p) {
+      const double forward = (c.prefix_compute_s[p + 1] - c.prefix_compute_s[p]) / 3;
+      const double act = c.prefix_activation_bytes[p + 1] - c.prefix_activation_bytes[p];
+      const double kept = act * t(rng);
+      c.prefix_full_recompute_s[p + 1] = c.prefix_full_recompute_s[p] + forward;
+      c.prefix_selective_recompute_s[p + 1] = c.prefix_selective_recompute_s[p] + forward * t(rng);
+      c.prefix_selective_kept_bytes[p + 1] = c.prefix_selective_kept_bytes[p] + kept;
+      c.prefix_selective_rebuilt_bytes[p + 1] = c.prefix_selective_rebuilt_bytes[p] + act - kept;
+      c.prefix_unselective[p + 1] = c.prefix_unselective[p] + (rng() % 4 == 0 ? 1 : 0);
+      c.workspace_bytes[p] = 20 * t(rng);
+    }
+    for (int64_t p = 1; p < n; ++p) c.receive_bytes[p] = 40 * t(rng) * t(rng);
+    c.first_stage_bytes = 10 * t(rng);
+    c.last_stage_bytes = 5 * t(rng);
+    if (n >= 2 && trial % 2 == 0) {
+      c.tied_copies.push_back({{0, n - 1}, 30 * t(rng)});
+    }
+    if (trial % 3 == 0) {  // some positions may not begin a stage
+      c.cut_before.assign(n + 1, 1);
+      for (int64_t p = 1; p < n; ++p) c.cut_before[p] = rng() % 4 != 0;
+    }
+    double brute = std::numeric_limits<double>::infinity();
+    std::vector<int64_t> brute_starts;
+    for_each_contiguous_partition(n, k, [&](const std::vector<int64_t>& s) {
+      const double b = partition_bottleneck_s(c, s);
+      if (b < brute) brute = b, brute_starts = s;
+    });
+    // the least memory of a fullest stage, each stage with its kind needing the least
+    const auto least_bytes = [&](const std::vector<int64_t>& s, std::vector<StageRecompute>* kinds) {
+      double most = 0;
+      for (int st = 0; st < k; ++st) {
+        if (st > 0 && !c.cut_allowed(s[st])) return std::numeric_limits<double>::infinity();
+        const double w = c.workspace_max(s[st], s[st + 1]);
+        double b = c.stage_bytes(st, s[st], s[st + 1], 0, w);
+        StageRecompute r = 0;
+        if (c.prefix_unselective[s[st + 1]] == c.prefix_unselective[s[st]] &&
+            c.stage_bytes(st, s[st], s[st + 1], 2, w) < b) {
+          b = c.stage_bytes(st, s[st], s[st + 1], 2, w), r = 2;
+        }
+        if (c.stage_bytes(st, s[st], s[st + 1], 1, w) < b) b = c.stage_bytes(st, s[st], s[st + 1], 1, w), r = 1;
+        if (kinds) kinds->push_back(r);
+        most = std::max(most, b);
+      }
+      return most;
+    };
+    double least_brute = std::numeric_limits<double>::infinity();
+    for_each_contiguous_partition(n, k, [&](const std::vector<int64_t>& s) {
+      least_brute = std::min(least_brute, least_bytes(s, nullptr));
+    });
+    const auto least = least_memory_partition(c);
+    if (std::isinf(least_brute)) {  // no split where cuts are allowed
+      CHECK_FALSE(least);
+      CHECK_FALSE(optimal_partition(c));
+      continue;
+    }
+    REQUIRE(least);
+    std::vector<StageRecompute> least_kinds;
+    CHECK(least_bytes(least->stage_starts, &least_kinds) == Approx(least_brute).epsilon(1e-12));
+    CHECK(least->recompute == least_kinds);
+    const auto p = optimal_partition(c);
+    if (std::isinf(brute)) {
+      CHECK_FALSE(p);
+      CHECK(least_brute > c.memory_capacity_bytes);
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    REQUIRE(p);
+    CHECK(least_brute <= c.memory_capacity_bytes);
+    CHECK(p->bottleneck_s == Approx(brute).epsilon(1e-12));
+    const Partition again = partition_of(c, p->stage_starts);
+    CHECK(again.bottleneck_s == Approx(p->bottleneck_s).epsilon(1e-12));
+    REQUIRE(p->recompute.size() == static_cast<size_t>(k));
+    for (int s = 0; s < k; ++s) {
+      // the returned kind fits its stage
+      CHECK(c.stage_bytes(s, p->stage_starts[s], p->stage_starts[s + 1], p->recompute[s],
+                          c.workspace_max(p->stage_starts[s], p->stage_starts[s + 1])) <=
+            c.memory_capacity_bytes);
+      recomputing += p->recompute[s] != 0;
+      selective += p->recompute[s] == 2;
+    }
+  }
+  CHECK(feasible > 150);
+  CHECK(infeasible > 10);
+  CHECK(recomputing > 50);
+  CHECK(selective > 10);
+}
+
+TEST_CASE("partition: a stage recomputes only where keeping does not fit", "[pipeline_partition][recompute]") {
+  // Four equal positions (1 s of work, a third of it forward), two stages, in flight 2 and 1,
+  // 10 bytes kept each: keeping, a stage of two holds 40 and 20 bytes. Under 30 bytes the
+  // first stage recomputes (20 bytes rebuilt at once, 2/3 s again) and the split stays even.
+  PartitionCosts c = plain_costs({1, 1, 1, 1}, 2);
+  c.prefix_activation_bytes = {0, 10, 20, 30, 40};
+  c.activation_multiplier = {2, 1};
+  c.prefix_full_recompute_s = {0, 1.0 / 3, 2.0 / 3, 1, 4.0 / 3};
+  c.memory_capacity_bytes = 30;
+  auto p = optimal_partition(c);
+  REQUIRE(p);
+  CHECK(p->stage_starts == std::vector<int64_t>{0, 2, 4});
+  CHECK(p->recompute == std::vector<StageRecompute>{1, 0});
+  CHECK(p->bottleneck_s == Approx(2 + 2.0 / 3));
+  // Without recompute the first stage holds one position (20 bytes) and the second three.
+  c.prefix_full_recompute_s.clear();
+  p = optimal_partition(c);
+  REQUIRE(p);
+  CHECK(p->stage_starts == std::vector<int64_t>{0, 1, 4});
+  CHECK(p->bottleneck_s == 3);
+}

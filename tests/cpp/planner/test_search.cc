@@ -399,3 +399,66 @@ TEST_CASE("search: a pipeline stage recomputes selectively only where every node
   }
   CHECK(mixed_stages > 0);  // a stage held measured and unmeasured nodes
 }
+
+TEST_CASE("search: a pipeline that fits only with recompute is split for recompute",
+          "[search][recompute][pipeline]") {
+  // Twelve equal layers (1 ms forward, 2 ms backward, 256 MiB of parameters, 1 GiB kept per
+  // micro-batch, 1 MiB between them) on 5 GiB devices: a replica's 6 GiB of parameters and
+  // gradients do not fit one device, two stages of six layers do not either (3 + 6 GiB
+  // rebuilt). On four stages of 1F1B with four micro-batches (in flight 4, 3, 2, 1), a stage of
+  // k layers keeping its activations holds 0.5 k + (4 - s) k GiB: the first stages fit one
+  // layer, and no split of the twelve fits. Three layers a stage, recomputing (Megatron-LM's
+  // layout: even stages, activation checkpointing), fits: 1.5 + 3 GiB rebuilt at once. The
+  // search once split the stages for keeping (the least-memory split: the first stages short,
+  // the last long) and then recomputed that split, whose long stages did not fit even
+  // recomputing: nothing was found. The partition now chooses each stage's recompute with
+  // its split.
+  std::vector<test::NodeSpec> nodes;
+  std::vector<test::EdgeSpec> edges;
+  for (int i = 0; i < 12; ++i) {
+    nodes.push_back({"layer" + std::to_string(i), 1e-3, 2e-3, 256LL << 20, 1 << 20});
+    if (i > 0) edges.push_back({i - 1, i, 1 << 20});
+  }
+  Problem problem;
+  problem.graph = test::make_graph(nodes, edges, 1, "layers12");
+  for (Node& node : problem.graph.nodes) node.saved_bytes = 1LL << 30;
+  problem.graph.finalize("layers12");
+  problem.cluster = test::make_cluster(1, 4, 1e9, 0, 1e8, 0, 5LL << 30);
+  problem.job = default_job();
+  problem.job.per_replica_batches = {4};
+  problem.job.num_microbatches = {4};
+  SearchOptions options;
+  options.placement = false;
+  options.shardings = {Sharding::kNone};
+  options.schedules = {Schedule::k1F1B};
+  options.top_k = 1;
+  REQUIRE(problem.graph.nodes.size() > static_cast<size_t>(options.exact_placement_max_nodes));
+
+  // The hand layout: three layers a stage, every stage recomputing.
+  std::vector<int32_t> even(12);
+  for (int v = 0; v < 12; ++v) even[v] = v / 3;
+  Plan hand = test::make_plan(problem.graph, problem.cluster, 1, 4, MpMode::kPipeline, 4, even, 4,
+                              Schedule::k1F1B);
+  hand.recompute.assign(12, kRecomputeFull);
+  const Prediction hand_pred = evaluate(problem, hand);
+  REQUIRE(hand_pred.feasible);
+  Plan kept = hand;
+  kept.recompute.clear();
+  REQUIRE_FALSE(evaluate(problem, kept).feasible);
+
+  const SearchResult result = search(problem, options);
+  REQUIRE(!result.plans.empty());
+  const Plan& best = result.plans.front();
+  CHECK(best.predicted.feasible);
+  REQUIRE(best.mp == 4);
+  CHECK(best.predicted.step_s <= hand_pred.step_s * (1 + 1e-9));
+  CHECK_NOTHROW(best.validate("search", problem.graph, problem.cluster));
+  // a stage recomputes as a whole; the first (four micro-batches in flight) recomputes, the
+  // last (one) keeps
+  REQUIRE(best.recompute.size() == 12);
+  for (int v = 1; v < 12; ++v) {
+    if (best.assignment[v] == best.assignment[v - 1]) CHECK(best.recompute[v] == best.recompute[v - 1]);
+  }
+  CHECK(best.recompute[0] == kRecomputeFull);
+  CHECK(best.recompute[11] == kRecomputeNone);
+}
