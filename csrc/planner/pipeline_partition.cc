@@ -75,6 +75,24 @@ double fixed_bytes(const PartitionCosts& c, int stage, int64_t first, int64_t en
   return bytes;
 }
 
+// The split a DP's choices give: from position n back, stage s ends where stage s + 1 begins
+// (arg[s][end]), with the recompute kind it chose there (kind[s][end]); bottleneck_s unset.
+Partition walk_back(const std::vector<std::vector<int64_t>>& arg,
+                    const std::vector<std::vector<StageRecompute>>& kind, int k, int64_t n) {
+  Partition p;
+  p.stage_starts.assign(k + 1, 0);
+  p.recompute.assign(k, kRecomputeNone);
+  p.stage_starts[k] = n;
+  int64_t end = n;
+  for (int s = k - 1; s >= 1; --s) {
+    p.recompute[s] = kind[s][end];
+    end = arg[s][end];
+    p.stage_starts[s] = end;
+  }
+  p.recompute[0] = kind[0][end];
+  return p;
+}
+
 bool selective_allowed(const PartitionCosts& c, int64_t first, int64_t end) {
   return !c.prefix_selective_recompute_s.empty() && !c.prefix_unselective.empty() &&
          c.prefix_unselective[end] == c.prefix_unselective[first];
@@ -225,18 +243,8 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
   }
   if (best[k - 1][n] == kInf) return std::nullopt;
 
-  Partition p;
+  Partition p = walk_back(arg, kind, k, n);
   p.bottleneck_s = best[k - 1][n];
-  p.stage_starts.assign(k + 1, 0);
-  p.recompute.assign(k, kRecomputeNone);
-  p.stage_starts[k] = n;
-  int64_t end = n;
-  for (int s = k - 1; s >= 1; --s) {
-    p.recompute[s] = kind[s][end];
-    end = arg[s][end];
-    p.stage_starts[s] = end;
-  }
-  p.recompute[0] = kind[0][end];
   return p;
 }
 
@@ -299,17 +307,7 @@ std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
     }
   }
   if (best[k - 1][n] == kInf) return std::nullopt;
-  Partition p;
-  p.stage_starts.assign(k + 1, 0);
-  p.recompute.assign(k, kRecomputeNone);
-  p.stage_starts[k] = n;
-  int64_t end = n;
-  for (int s = k - 1; s >= 1; --s) {
-    p.recompute[s] = kind[s][end];
-    end = arg[s][end];
-    p.stage_starts[s] = end;
-  }
-  p.recompute[0] = kind[0][end];
+  Partition p = walk_back(arg, kind, k, n);
   for (int s = 0; s < k; ++s) {
     const int64_t i = p.stage_starts[s], j = p.stage_starts[s + 1];
     const double again = p.recompute[s] == kRecomputeFull        ? between(costs.prefix_full_recompute_s, i, j)
