@@ -385,9 +385,9 @@ def detect_sequence(module: nn.Module, layout: Mapping[str, Any], tp: int,
     from ..profiler.sequence_parallel import detect_sequence_parallel
 
     split = {n: layout[n] for n in split_nodes(layout, tp)}
-    with torch.random.fork_rng(devices=[]):
-        sp = detect_sequence_parallel(module, split, example_inputs=example_inputs, degree=tp,
-                                      node_names=node_names)
+    # (its runs leave the random number generators as they were)
+    sp = detect_sequence_parallel(module, split, example_inputs=example_inputs, degree=tp,
+                                  node_names=node_names)
     if sp.refused:
         raise ValueError(f"{source}: sequence_parallel does not apply to "
                          f"{type(module).__name__} at tp={tp}: {sp.refused} "

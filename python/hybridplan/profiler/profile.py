@@ -268,7 +268,7 @@ def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s
     sp_note = ""
     if fields:
         sp = sequence_parallel.detect_sequence_parallel(
-            module, {n: t for n, t in layout.items() if t.max_degree % 2 == 0}, degree=2,
+            module, layout, degree=2,  # (every split's max_degree is even: it splits at 2)
             node_names=list(nodes), call=call)
         sp_fields = sequence_parallel.graph_fields(sp, nodes, flow.order)
         for node in graph["nodes"]:

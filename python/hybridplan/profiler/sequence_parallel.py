@@ -57,7 +57,7 @@ from torch import nn
 from . import block_list
 from .dataflow import tensors_in
 from .tensor_parallel import (Layout, _call_of, _close, _detached, _eval_with_grad,
-                              _float_inputs, _float_view, _fresh, _nbytes)
+                              _first_line, _float_inputs, _float_view, _fresh, _nbytes, _Refused)
 
 SEQUENCE_DIM = 1
 ROLES = ("colwise", "rowwise", "per_token", "gather")
@@ -93,10 +93,6 @@ class SpLayout:
     entry_bytes: int = 0
     exit_bytes: int = 0
     refused: str = ""
-
-
-class _Refused(Exception):
-    pass
 
 
 def detect_sequence_parallel(module: nn.Module, layout: Layout, example_inputs: Any = None,
@@ -404,8 +400,7 @@ def _simulate(view, members, ref, roles, seq_in, result, first, last, block_io, 
                 raise
             except Exception as exc:
                 raise _Refused(f"the forward fails with the sequence split: "
-                               f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-                               ) from None
+                               f"{type(exc).__name__}: {_first_line(exc)}") from None
     finally:
         for h in handles:
             h.remove()
