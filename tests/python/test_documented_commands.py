@@ -25,6 +25,7 @@ None of these checks a timing: the figures a reduced run prints are not measurem
 """
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -195,6 +196,49 @@ def test_cpp_flow_with_the_documented_arguments(tmp_path, hybridplan_cli):
 
 
 # ---- calibrate, as the quick demo runs it ------------------------------------------------------
+
+def test_calibrate_fits_the_shard_latencies_on_the_models_own_runs():
+    """_fit_shard_latencies: given the model's dp step unsharded, as zero2 and as zero3, the
+    fitted gather and reduce-scatter latencies make evaluate() reproduce both measured
+    differences (a unit's collectives, exactly), the bandwidths kept; and runs faster
+    sharded leave the latency at zero, never negative."""
+    from hybridplan.measure import calibration
+    from hybridplan.planner import Cluster, Graph
+
+    graph = calibration._tiny_graph()
+    cluster = Cluster.preset("localhost-cpu").to_dict()
+    for level in ("intra_node", "inter_node"):
+        cluster[level]["allgather"] = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4}
+        cluster[level].pop("reduce_scatter", None)  # priced on the all-reduce link's bandwidth
+
+    def runs(steps):
+        out = []
+        for kind in calibration.kShardKinds:
+            plan = calibration._hand_plan("placement", 2, 1, per_replica_batch=2)
+            plan["graph"]["sha256"] = Graph.from_dict(graph).sha256
+            plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
+                                  for n in graph["nodes"]]
+            if kind != "none":
+                plan["sharding"] = kind
+            out += [{"sharding": kind, "per_replica_batch": 2, "step_s": steps[kind],
+                     "plan": plan}] * 2
+        return out
+
+    steps = {"none": 0.010, "zero2": 0.020, "zero3": 0.024}
+    fit = calibration._fit_shard_latencies(graph, json.loads(json.dumps(cluster)), runs(steps))
+    assert fit["allgather"]["latency_s"] > 1e-4 and fit["reduce_scatter"]["latency_s"] > 0
+    predicted = fit["predicted_step_s"]
+    assert predicted["zero3"] - predicted["zero2"] == pytest.approx(0.004, rel=1e-6)
+    assert predicted["zero2"] - predicted["none"] == pytest.approx(0.010, rel=1e-6)
+    fitted = json.loads(json.dumps(cluster))
+    calibration._fit_shard_latencies(graph, fitted, runs(steps))
+    assert fitted["intra_node"]["allgather"]["bandwidth_bytes_per_s"] == 1e9
+    assert fitted["inter_node"]["reduce_scatter"]["latency_s"] == \
+        fit["reduce_scatter"]["latency_s"]
+    flat = calibration._fit_shard_latencies(graph, json.loads(json.dumps(cluster)),
+                                            runs({"none": 0.05, "zero2": 0.01, "zero3": 0.005}))
+    assert flat["allgather"]["latency_s"] == 0 and flat["reduce_scatter"]["latency_s"] == 0
+
 
 def test_calibrate_leaves_a_sharded_collective_uncalibrated_when_no_cost_shows():
     """On a busy host with few repeats every sharded unit can time no slower than unsharded;

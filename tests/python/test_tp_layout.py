@@ -65,6 +65,33 @@ def test_transformer_encoder_layers():
     assert all(m.training for m in model.modules())  # flags restored
 
 
+def test_sequence_parallel_lists_each_collective_the_executor_runs():
+    """Each collective is one entry, because on a host like this one a collective's fixed cost
+    is most of its price: nn.MultiheadAttention(x, x, x) all-gathers each of its three inputs
+    (PrepareModuleInput redistributes every argument on its own), and a LayerNorm's weight and
+    bias gradients are two all-reduces (DTensor reduces each Partial gradient alone)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+                            for _ in range(2)])
+    batch, seq = 2, 8
+    graph = profile_dict(model, torch.randn(batch, seq, 64), warmup=0, repeats=1,
+                         batch_sizes=(), verbose=False)
+    sp = {n["name"]: n["sequence_parallel"] for n in graph["nodes"] if "sequence_parallel" in n}
+    activation = batch * seq * 64 * F32
+    assert sp["0.self_attn"]["role"] == "gather"
+    assert sp["0.self_attn"]["forward_collectives"] == [
+        {"op": "all_gather", "bytes": activation}] * 3
+    assert sp["1.self_attn"]["backward_collectives"] == [
+        {"op": "all_gather", "bytes": activation}]  # its output's gradient
+    assert sp["0.self_attn"]["backward_collectives"][-1] == {  # the region's entry (the first)
+        "op": "all_gather", "bytes": activation}
+    assert sp["1.norm2"]["backward_collectives"] == [
+        {"op": "all_reduce", "bytes": 64 * F32, "fixed_bytes": True}] * 2
+    assert sp["0.linear1"]["forward_collectives"] == [{"op": "all_gather", "bytes": activation}]
+    assert sp["0.linear2"]["forward_collectives"] == [
+        {"op": "reduce_scatter", "bytes": activation}]
+
+
 def test_gpt2_splits_the_mlp_and_refuses_the_fused_attention():
     model = tiny_gpt2()
     before = {k: v.clone() for k, v in model.state_dict().items()}

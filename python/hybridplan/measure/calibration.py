@@ -51,7 +51,14 @@ What is measured (every fit by least squares, its points and residuals under "me
                                per unit, gather = (zero3 - zero2) / units, reduce-scatter =
                                (zero2 - unsharded) / units - gather; fitted over the unit sizes
                                as the links that make the ring formula (p-1) alpha + (p-1)/p
-                               bytes / bw reproduce them (allreduce_cost.h)
+                               bytes / bw reproduce them (allreduce_cost.h). With --graph and
+                               --model (one node), the latencies are then fitted again on the
+                               model's own data-parallel step, unsharded, zero2 and zero3, at
+                               --batch / kModelShardBatchDivisor per replica
+                               (_fit_shard_latencies): a unit's fixed cost moves with its
+                               structure (tensors, hooks, copies) and the host's state, which
+                               six one-tensor units do not show; the bandwidths stay the
+                               synthetic fit's (fit "model_shard_units" under measured)
   intra_node.tp_allreduce      tensor parallelism's collectives as DTensor runs them (the
                                collective, its copies and the dispatch of the split Linears'
                                ops): kTpPairs column-then-row Linear pairs split by
@@ -591,6 +598,102 @@ def shard_collective_link(points: List[Tuple[int, float]], p: int, fits: Dict[st
     return {"bandwidth_bytes_per_s": ((p - 1) / p) / fit.beta, "latency_s": fit.alpha / (p - 1)}
 
 
+# The model's own data-parallel step unsharded, as zero2 and as zero3 (with --graph and --model),
+# at this fraction of --batch per replica: the units' collectives do not grow with the batch,
+# and the validated plans run at --batch, so the fit is tested at a batch it never saw.
+kModelShardBatchDivisor = 4
+kShardKinds = ("none", "zero2", "zero3")
+
+
+def _model_shard_runs(model_spec: str, graph: dict, batch: int, device, world: int,
+                      warmup: int, repeats: int, timeout_s: float, rounds: int = 2) -> List[dict]:
+    """The model's dp=world placement plan (every node on the replica's one device) under
+    hybridplan.apply, unsharded, zero2 and zero3 in turn, `rounds` times: the median step
+    (slowest rank) of each run, at max(1, batch // kModelShardBatchDivisor) per replica."""
+    from ..executor import apply
+    from ..factories import load_factory as _load_factory
+    from ..hand_plans import hand_plan
+    from ..planner import Graph
+
+    per_replica = max(1, batch // kModelShardBatchDivisor)
+    runs = []
+    for _, kind in itertools.product(range(rounds), kShardKinds):
+        torch.manual_seed(0)
+        module = _load_factory(model_spec)()
+        plan = hand_plan(module, mode="placement", dp=world, mp=1,
+                         per_replica_batch=per_replica, name=graph.get("name", ""))
+        plan["graph"]["sha256"] = Graph.from_dict(graph, "calibration graph").sha256
+        plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
+                              for n in graph["nodes"]]
+        if kind != "none":
+            plan["sharding"] = kind
+        inputs = module.example_inputs(world * per_replica)
+        target = module.example_target(world * per_replica)
+        hp = apply(plan, module, timeout_s=timeout_s,
+                   optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+        samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup,
+                                max(repeats, 15), barrier=True)
+        hp.close()
+        runs.append({"sharding": kind, "per_replica_batch": per_replica,
+                     "step_s": median_slowest(samples, device), "plan": plan})
+    return runs
+
+
+def _fit_shard_latencies(graph: dict, cluster: dict, runs: List[dict]) -> dict:
+    """intra_node (and inter_node) allgather / reduce_scatter latency_s from the model's own
+    sharded runs (_model_shard_runs), their bandwidths kept (the synthetic units' fit, or the
+    all-reduce link's where that found none): a unit's collectives cost the same whatever the
+    batch, so the measured differences decide, each against the cost model's difference for the
+    same two plans (evaluate(), linear in the latency): zero3 - zero2 is one more gather per unit
+    (the gather's latency), then zero2 - unsharded is a gather and a reduce-scatter per unit in
+    place of DDP's all-reduce (the reduce-scatter's). On this host a unit's collectives cost
+    1-3 ms however small the unit (two processes meeting on shared cores), and that latency
+    moves with the host's state and with the units' structure (their tensors, hooks and copies),
+    which six single-Linear units do not show: the model's own units are the measurement."""
+    from ..planner import Cluster, Graph, evaluate
+
+    g = Graph.from_dict(graph, "calibration graph")
+    measured = {kind: statistics.median(r["step_s"] for r in runs if r["sharding"] == kind)
+                for kind in kShardKinds}
+    plans = {kind: next(r["plan"] for r in runs if r["sharding"] == kind) for kind in kShardKinds}
+    links = {}
+    for name in ("allgather", "reduce_scatter"):
+        intra = cluster["intra_node"]
+        link = intra.get(name) or {  # else the all-reduce link's (the link's own without one)
+            "bandwidth_bytes_per_s": intra.get("allreduce", intra)["bandwidth_bytes_per_s"],
+            "latency_s": 0.0}
+        links[name] = dict(link)
+
+    def predicted(kind: str, name: str, latency_s: float) -> float:
+        c = json.loads(json.dumps(cluster))
+        trial = dict(links, **{name: dict(links[name], latency_s=latency_s)})
+        for level in ("intra_node", "inter_node"):
+            c[level].update(json.loads(json.dumps(trial)))
+        return evaluate(g, Cluster.from_dict(c, "calibration cluster"), plans[kind])["step_s"]
+
+    fit = {"measured_step_s": measured, "per_replica_batch": runs[0]["per_replica_batch"],
+           "synthetic_latency_s": {n: links[n]["latency_s"] for n in links}}
+    for name, (high, low) in (("allgather", ("zero3", "zero2")),
+                              ("reduce_scatter", ("zero2", "none"))):
+        def difference(latency_s, high=high, low=low, name=name):
+            return predicted(high, name, latency_s) - predicted(low, name, latency_s)
+        base = difference(0.0)
+        slope = (difference(1e-3) - base) / 1e-3
+        if slope <= 0:
+            fit[name] = {"note": "the plans' predicted difference does not grow with the "
+                                 "latency: not fitted"}
+            continue
+        latency_s = max(0.0, (measured[high] - measured[low] - base) / slope)
+        links[name]["latency_s"] = latency_s
+        fit[name] = {"latency_s": latency_s, "base_s": base, "slope": slope,
+                     "measured_difference_s": measured[high] - measured[low]}
+    for level in ("intra_node", "inter_node"):
+        cluster[level].update(json.loads(json.dumps(links)))
+    fit["predicted_step_s"] = {kind: predicted(kind, "allgather", links["allgather"]["latency_s"])
+                               for kind in kShardKinds}
+    return fit
+
+
 # Tensor parallelism's collectives as DTensor runs them: kTpPairs column-then-row Linear pairs
 # (width kTpWidth -> 4 kTpWidth -> kTpWidth), at these rows per step (activation bytes 4 * rows *
 # kTpWidth: 64 KiB .. 1 MiB)
@@ -812,9 +915,12 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     executor = _executor_step_s(env, device, warmup, repeats, timeout_s, fits, optimizer_tensor_s)
     runs = (_tiny_pipeline_runs(device, warmup, repeats, timeout_s) if env.world_size == 2
             else [])
-    model_runs = []
+    model_runs, shard_runs = [], []
     if env.world_size == 2 and graph is not None and model:
         model_runs = _model_pipeline_runs(model, graph, batch, device, warmup, repeats, timeout_s)
+    if env.world_size > 1 and env.num_nodes == 1 and graph is not None and model:
+        shard_runs = _model_shard_runs(model, graph, batch, device, env.world_size, warmup,
+                                       repeats, timeout_s)
     module, module_step = _workload(model, batch)
     slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                      rounds=max(3, repeats // 3), steps=3)
@@ -849,6 +955,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         measured["busy_host_warning"] = busy
     if runs and env.rank == 0:
         _fit_pipeline_actions(cluster, measured, graph, runs, model_runs)
+    if shard_runs and env.rank == 0:  # after the action fits: evaluate() prices with them
+        measured["model_shard_units"] = _fit_shard_latencies(graph, cluster, shard_runs)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cluster["sources"] = [
         f"measured {date} by `torchrun --nproc-per-node {env.local_world_size} -m hybridplan "

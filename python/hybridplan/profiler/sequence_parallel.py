@@ -86,7 +86,9 @@ class SpLayout:
     roles: Dict[str, str] = field(default_factory=dict)        # node module -> role
     inputs: Dict[str, Where] = field(default_factory=dict)     # gather/colwise node -> inputs
     outputs: Dict[str, Where] = field(default_factory=dict)    # gather node -> outputs
-    io_bytes: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # node -> (seq in, out)
+    # node -> (bytes of each sequence input, of each sequence output): the executor moves each
+    # tensor in a collective of its own
+    io_bytes: Dict[str, Tuple[List[int], List[int]]] = field(default_factory=dict)
     # column-wise node -> the region parent whose inputs are all-gathered for it (absent: the
     # node's own input is); `inputs` holds those parents' sequence inputs too
     gather_at: Dict[str, str] = field(default_factory=dict)
@@ -276,7 +278,7 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
         a, kw, _ = ref[parent]
         where = seq_in.get(parent, Where())
         result.inputs[parent] = where
-        result.io_bytes[parent] = (_seq_bytes(a, kw, where), 0)
+        result.io_bytes[parent] = (_seq_bytes(a, kw, where), [])
     for n, role in result.roles.items():
         a, kw, out = ref[n]
         where = seq_in.get(n, Where())
@@ -287,16 +289,17 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
             result.outputs[n] = Where(tuple(i for i in seq_outs if i >= 0), (),
                                       len(out) if isinstance(out, tuple) else 1,
                                       whole=isinstance(out, torch.Tensor))
-        in_bytes = _seq_bytes(a, kw, where)
-        out_bytes = sum(_nbytes(t) for _, t in _outputs(out) if _is_sequence(t, length))
-        result.io_bytes[n] = (in_bytes, out_bytes)
+        result.io_bytes[n] = (_seq_bytes(a, kw, where),
+                              [_nbytes(t) for _, t in _outputs(out) if _is_sequence(t, length)])
     return result
 
 
-def _seq_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], where: Where) -> int:
-    return sum(_nbytes(t) for key, t in _top_level(args, kwargs)
-               if (key[0] == "pos" and key[1] in where.positions)
-               or (key[0] == "kw" and key[1] in where.keywords))
+def _seq_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], where: Where) -> List[int]:
+    """The bytes of each top-level input `where` names (the same tensor passed twice: twice,
+    as PrepareModuleInput redistributes each argument on its own)."""
+    return [_nbytes(t) for key, t in _top_level(args, kwargs)
+            if (key[0] == "pos" and key[1] in where.positions)
+            or (key[0] == "kw" and key[1] in where.keywords)]
 
 
 def _simulate(view, members, ref, roles, seq_in, result, first, last, block_io, entry_args,
@@ -425,10 +428,13 @@ def graph_fields(sp: SpLayout, nodes: Dict[str, nn.Module], graph_nodes: Sequenc
     order = [g for g in graph_nodes if block_list.module_name(g) in sp.roles]
     fields: Dict[str, Dict[str, Any]] = {}
     gathered: set = set()  # region parents whose all-gather a node already carries
+
+    def each(op: str, sizes: Sequence[int]) -> List[Dict[str, Any]]:
+        return [{"op": op, "bytes": b} for b in sizes]
     for g in order:
         name = block_list.module_name(g)
         role = sp.roles[name]
-        in_b, out_b = sp.io_bytes.get(name, (0, 0))
+        ins, outs = sp.io_bytes.get(name, ([], []))
         fwd: List[Dict[str, Any]] = []
         bwd: List[Dict[str, Any]] = []
         parent = sp.gather_at.get(name)
@@ -437,22 +443,23 @@ def graph_fields(sp: SpLayout, nodes: Dict[str, nn.Module], graph_nodes: Sequenc
             # carries it (and the reduce-scatter of the summed input gradient)
             if parent not in gathered:
                 gathered.add(parent)
-                in_b = sp.io_bytes.get(parent, (0, 0))[0]
-                fwd.append({"op": "all_gather", "bytes": in_b})
-                bwd.append({"op": "reduce_scatter", "bytes": in_b})
+                ins = sp.io_bytes.get(parent, ([], []))[0]
+                fwd += each("all_gather", ins)
+                bwd += each("reduce_scatter", ins)
         elif role == "colwise":  # all-gather the input; its gradient reduce-scattered
-            fwd.append({"op": "all_gather", "bytes": in_b})
-            bwd.append({"op": "reduce_scatter", "bytes": in_b})
+            fwd += each("all_gather", ins)
+            bwd += each("reduce_scatter", ins)
         elif role == "rowwise":  # reduce-scatter the output; its gradient all-gathered
-            fwd.append({"op": "reduce_scatter", "bytes": out_b})
-            bwd.append({"op": "all_gather", "bytes": out_b})
+            fwd += each("reduce_scatter", outs)
+            bwd += each("all_gather", outs)
         elif role == "gather":  # all-gather the inputs; the outputs' gradients all-gathered
-            fwd.append({"op": "all_gather", "bytes": in_b})
-            bwd.append({"op": "all_gather", "bytes": out_b})
-        elif g == block_list.module_name(g):  # per_token, its first call: parameters' grads
-            params = sum(p.numel() * p.element_size() for p in nodes[name].parameters())
-            if params:
-                bwd.append({"op": "all_reduce", "bytes": params, "fixed_bytes": True})
+            fwd += each("all_gather", ins)
+            bwd += each("all_gather", outs)
+        elif g == block_list.module_name(g):  # per_token, its first call: parameters' grads,
+            # each a Partial DTensor gradient that DTensor all-reduces on its own when the
+            # optimizer reads it
+            bwd += [{"op": "all_reduce", "bytes": p.numel() * p.element_size(),
+                     "fixed_bytes": True} for p in nodes[name].parameters()]
         if g == order[0]:
             bwd.append({"op": "all_gather", "bytes": sp.entry_bytes})
         if g == order[-1]:
