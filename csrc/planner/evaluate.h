@@ -66,7 +66,9 @@
 //                     between nodes carries tp copies of the tensor on the node's link
 //   sequence par.   = a plan with sequence_parallel (tp > 1): tensor_parallel_cost.h
 //                     "Sequence parallelism": per_token nodes at sp_ratio(t) of their time and
-//                     1/t of their kept activations, every sequence_parallel node's listed
+//                     1/t of their kept activations, gather nodes' kept activations times
+//                     their measured saved_share (inputs gathered apart are kept apart),
+//                     every sequence_parallel node's listed
 //                     collectives on the TP group on the critical path (in tp_comm_s too),
 //                     replacing the TP collectives of its colwise / rowwise nodes
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible

@@ -212,6 +212,20 @@ void validate_sequence_parallel(const std::string& source, const std::string& no
                       std::to_string(sp.split_times.size()) + " entries");
   }
   validate_split_times(source, path, sp.split_times, sp.max_degree);
+  if (sp.saved_share) {
+    if (sp.role != SpRole::kGather) {
+      throw_input_error(source, path + ".saved_share",
+                        "must be absent for role " + role +
+                            " (only a \"gather\" node runs on inputs gathered apart)",
+                        std::to_string(*sp.saved_share));
+    }
+    if (!std::isfinite(*sp.saved_share) || *sp.saved_share <= 0) {
+      throw_input_error(source, path + ".saved_share",
+                        "must be a finite number > 0 (kept activations under sequence "
+                        "parallelism over those kept in one process)",
+                        std::to_string(*sp.saved_share));
+    }
+  }
 }
 
 TpCollective tp_collective_from_json(const JsonReader& in, const Json& j, const std::string& path) {
@@ -316,6 +330,9 @@ SequenceParallel sequence_parallel_from_json(const JsonReader& in, const Json& j
   if (const Json* times = in.optional(j, "split_times")) {
     sp.split_times = split_times_from_json(in, *times, path + ".split_times");
   }
+  if (const Json* share = in.optional(j, "saved_share")) {
+    sp.saved_share = in.number(*share, path + ".saved_share");
+  }
   return sp;
 }
 
@@ -329,6 +346,7 @@ Json sequence_parallel_to_json(const SequenceParallel& sp) {
     j[key] = std::move(out);
   }
   if (!sp.split_times.empty()) j["split_times"] = split_times_to_json(sp.split_times);
+  if (sp.saved_share) j["saved_share"] = *sp.saved_share;
   return j;
 }
 

@@ -94,6 +94,12 @@ struct SequenceParallel {
   // per_token only: the node's forward and backward at the profiled batch as one rank of `degree`
   // runs it (1/degree of the tokens); degrees >= 2, strictly increasing, dividing max_degree.
   std::vector<TpSplitTime> split_times;
+  // gather only (optional): the node's kept activations under sequence parallelism over those it
+  // keeps in one process, as the profiler measured by running it both ways (its sequence inputs
+  // all-gathered apart become distinct tensors: nn.MultiheadAttention then projects and keeps
+  // query, key and value apart where one process passes x once); > 0. memory_cost.h multiplies
+  // the node's activations by it under sequence parallelism.
+  std::optional<double> saved_share;
 };
 
 struct Node {

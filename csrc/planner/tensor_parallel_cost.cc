@@ -254,6 +254,10 @@ std::vector<double> tp_activation_shares(const Graph& graph, int64_t tp, bool se
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     out[v] = tp_activation_share(graph.nodes[v], degrees[v]);
     if (sequence_parallel && tp > 1 && per_token(graph.nodes[v])) out[v] = 1.0 / static_cast<double>(tp);
+    const std::optional<SequenceParallel>& sp = graph.nodes[v].sequence_parallel;
+    if (sequence_parallel && tp > 1 && sp && sp->role == SpRole::kGather && sp->saved_share) {
+      out[v] = *sp->saved_share;  // its inputs gathered apart and kept apart
+    }
   }
   return out;
 }

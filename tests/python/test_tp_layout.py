@@ -92,6 +92,25 @@ def test_sequence_parallel_lists_each_collective_the_executor_runs():
         {"op": "reduce_scatter", "bytes": activation}]
 
 
+def test_sequence_parallel_measures_what_a_gather_node_keeps_with_its_inputs_apart():
+    """nn.MultiheadAttention(x, x, x) projects x once in one process; under sequence parallelism
+    its three inputs are all-gathered apart, so it projects and keeps each: saved_share, the
+    ratio of the two measured runs, is what its activations are multiplied by."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0,
+                                                       batch_first=True) for _ in range(2)])
+    batch, seq = 2, 8
+    graph = profile_dict(model, torch.randn(batch, seq, 64), warmup=0, repeats=1,
+                         batch_sizes=(), verbose=False)
+    nodes = {n["name"]: n for n in graph["nodes"]}
+    share = nodes["1.self_attn"]["sequence_parallel"]["saved_share"]
+    # two more copies of the input (2 x 4 KiB) over what the attention keeps in one process
+    assert share > 1.2
+    assert "saved_share" not in nodes["1.norm1"]["sequence_parallel"]
+    back = {n["name"]: n for n in Graph.from_dict(graph).to_dict()["nodes"]}
+    assert back["1.self_attn"]["sequence_parallel"]["saved_share"] == pytest.approx(share)
+
+
 def test_gpt2_splits_the_mlp_and_refuses_the_fused_attention():
     model = tiny_gpt2()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -94,6 +94,9 @@ class SpLayout:
     gather_at: Dict[str, str] = field(default_factory=dict)
     entry_bytes: int = 0
     exit_bytes: int = 0
+    # gather node -> its saved bytes with its sequence inputs gathered apart / as one process
+    # passes them (_saved_share)
+    saved_share: Dict[str, float] = field(default_factory=dict)
     refused: str = ""
 
 
@@ -291,7 +294,59 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
                                       whole=isinstance(out, torch.Tensor))
         result.io_bytes[n] = (_seq_bytes(a, kw, where),
                               [_nbytes(t) for _, t in _outputs(out) if _is_sequence(t, length)])
+        if role == "gather":
+            result.saved_share[n] = _saved_share(members[n], a, kw, where)
     return result
+
+
+def _saved_bytes_of_call(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
+    """Bytes of the storages autograd saves for backward in one call of `module` (each once; its
+    parameters and buffers excluded)."""
+    own = {t.untyped_storage().data_ptr()
+           for t in list(module.parameters()) + list(module.buffers())}
+    storages: Dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.layout == torch.strided and t.numel():
+            key = t.untyped_storage().data_ptr()
+            if key not in own:
+                storages[key] = t.untyped_storage().nbytes()
+        return t
+    with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(*_fresh(args), **_fresh(kwargs))
+    return sum(storages.values())
+
+
+def _saved_share(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                 where: Where) -> float:
+    """A gather node's kept activations under sequence parallelism over its kept activations in
+    one process, measured by running it both ways: PrepareModuleInput all-gathers each sequence
+    input apart, so inputs that were one tensor (nn.MultiheadAttention's self-attention passes
+    x as query, key and value) become separate tensors, and the node takes the path for distinct
+    inputs and keeps each (three input projections, three saved inputs, where one process
+    projects x once). 1.0 where nothing is saved."""
+    leaves: Dict[int, torch.Tensor] = {}
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().clone().requires_grad_(t.requires_grad)
+
+    def shared(t: torch.Tensor) -> torch.Tensor:  # one tensor per storage, as one process has
+        key = t.untyped_storage().data_ptr()
+        if key not in leaves:
+            leaves[key] = leaf(t)
+        return leaves[key]
+
+    def mapped(f):
+        a, kw = list(args), dict(kwargs)
+        for i in where.positions:
+            a[i] = f(a[i])
+        for k in where.keywords:
+            kw[k] = f(kw[k])
+        return tuple(a), kw
+    whole = _saved_bytes_of_call(module, *mapped(shared))
+    apart = _saved_bytes_of_call(module, *mapped(leaf))
+    return apart / whole if whole > 0 else 1.0
 
 
 def _seq_bytes(args: Tuple[Any, ...], kwargs: Dict[str, Any], where: Where) -> List[int]:
@@ -465,6 +520,8 @@ def graph_fields(sp: SpLayout, nodes: Dict[str, nn.Module], graph_nodes: Sequenc
         if g == order[-1]:
             fwd.append({"op": "all_gather", "bytes": sp.exit_bytes})
         field_: Dict[str, Any] = {"role": role, "max_degree": sp.max_degree}
+        if role == "gather" and name in sp.saved_share:
+            field_["saved_share"] = sp.saved_share[name]
         if fwd:
             field_["forward_collectives"] = fwd
         if bwd:

@@ -167,6 +167,14 @@ TEST_CASE("sequence_parallel: every rule names its JSON path", "[sp][graph]") {
   CHECK(with(5, "split_times", Json::parse(R"([{"degree": 2, "forward_s": 1, "backward_s": 1}])")) ==
         "g.json: nodes[5].sequence_parallel.split_times must be absent for role \"gather\" (only "
         "a \"per_token\" node runs on a share of the tokens) (got 1 entries)");
+  CHECK(with(0, "saved_share", 1.4) ==
+        "g.json: nodes[0].sequence_parallel.saved_share must be absent for role \"per_token\" "
+        "(only a \"gather\" node runs on inputs gathered apart) (got 1.400000)");
+  CHECK(with(5, "saved_share", 0) ==
+        "g.json: nodes[5].sequence_parallel.saved_share must be a finite number > 0 (kept "
+        "activations under sequence parallelism over those kept in one process) (got 0.000000)");
+  CHECK(with(5, "saved_share", "1.4") ==
+        "g.json: nodes[5].sequence_parallel.saved_share must be a number (got \"1.4\")");
   // the roles against tensor_parallel
   CHECK(with(0, "role", "colwise") ==
         "g.json: nodes[0].sequence_parallel.role must be \"per_token\" or \"gather\" for a node "
@@ -282,6 +290,16 @@ TEST_CASE("sp cost terms: per-token ratio and activation shares", "[sp][cost]") 
   CHECK(tp_activation_shares(g, 2, true) == std::vector<double>{0.5, 0.5, 0.5, 0.5, 0.5, 1});
   CHECK(tp_activation_shares(g, 4, true) == std::vector<double>{0.25, 0.25, 0.25, 0.25, 0.25, 1});
   CHECK(tp_activation_shares(g, 1, true) == std::vector<double>(6, 1.0));
+  // a gather node whose inputs, gathered apart, are kept apart: its measured share, under
+  // sequence parallelism only
+  Graph shared = block_graph();
+  shared.nodes[5].sequence_parallel->saved_share = 1.4;
+  CHECK(tp_activation_shares(shared, 2, true) == std::vector<double>{0.5, 0.5, 0.5, 0.5, 0.5, 1.4});
+  CHECK(tp_activation_shares(shared, 2, false) == std::vector<double>{1, 0.5, 0.5, 0.5, 1, 1});
+  const Json written = graph_to_json(shared);
+  CHECK(written["nodes"][5]["sequence_parallel"]["saved_share"] == 1.4);
+  CHECK(graph_from_json(written, "g.json").nodes[5].sequence_parallel->saved_share == 1.4);
+  CHECK_FALSE(graph_to_json(g)["nodes"][5]["sequence_parallel"].contains("saved_share"));
 }
 
 TEST_CASE("evaluate tp=2 sp: per-token nodes on half the tokens, SP collectives for TP's",
