@@ -616,17 +616,16 @@ def _model_shard_runs(model_spec: str, graph: dict, batch: int, device, world: i
     from ..planner import Graph
 
     per_replica = max(1, batch // kModelShardBatchDivisor)
+    unsharded = hand_plan(_load_factory(model_spec)(), mode="placement", dp=world, mp=1,
+                          per_replica_batch=per_replica, name=graph.get("name", ""))
+    unsharded["graph"]["sha256"] = Graph.from_dict(graph, "calibration graph").sha256
+    unsharded["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
+                               for n in graph["nodes"]]
     runs = []
     for _, kind in itertools.product(range(rounds), kShardKinds):
         torch.manual_seed(0)
         module = _load_factory(model_spec)()
-        plan = hand_plan(module, mode="placement", dp=world, mp=1,
-                         per_replica_batch=per_replica, name=graph.get("name", ""))
-        plan["graph"]["sha256"] = Graph.from_dict(graph, "calibration graph").sha256
-        plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
-                              for n in graph["nodes"]]
-        if kind != "none":
-            plan["sharding"] = kind
+        plan = dict(unsharded, sharding=kind) if kind != "none" else unsharded
         inputs = module.example_inputs(world * per_replica)
         target = module.example_target(world * per_replica)
         hp = apply(plan, module, timeout_s=timeout_s,
