@@ -569,6 +569,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   transient_bytes_.assign(values, 0.0);
   recompute_bytes_.assign(values, 0.0);
   largest_unit_bytes_.assign(values, 0.0);
+  node_kept_bytes_.assign(graph.nodes.size(), 0.0);
   recompute_inputs_.assign(plan.recompute.empty() || pipeline ? 0 : graph.nodes.size() * plan.mp, 0);
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
   const bool multi_stage = pipeline && schedule_is_multi_stage(plan.schedule);
@@ -581,6 +582,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     // a TP rank keeps its slice of a split activation, and under sequence parallelism of a
     // per-token node's (tensor_parallel_cost.h)
     const double share = shares[v];
+    const double before = activation_bytes_[k];
     double activations = share * scaled_bytes(graph.nodes[v].activation_bytes(), scale);
     if (plan.recomputes_selectively(v)) {  // it also keeps its costly ops' outputs
       const double saved = share * scaled_bytes(graph.nodes[v].selective_saved_bytes, scale);
@@ -598,12 +600,17 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
       }
       recompute_bytes_[k] = std::max(recompute_bytes_[k], activations);
     }
-    int64_t gradients = graph.nodes[v].output_bytes;  // backward workspace (memory_cost.h)
-    for (int32_t e : graph.in_edges[v]) gradients += graph.edges[e].bytes;
-    if (static_cast<int32_t>(v) == sink) {
-      gradients = std::max(gradients, graph.profiled.loss_backward_bytes);
-    }
-    transient_bytes_[k] = std::max(transient_bytes_[k], scaled_bytes(gradients, scale));
+    node_kept_bytes_[v] = activation_bytes_[k] - before;
+  }
+  // The backward workspace: node v's backward runs once the nodes after it on its device have
+  // run theirs and freed what they kept (memory_cost.h), so it needs its workspace above what
+  // is held less those.
+  freed_bytes_.assign(values, 0.0);
+  for (auto it = graph.topo_order.rbegin(); it != graph.topo_order.rend(); ++it) {
+    const int32_t k = plan.assignment[*it];
+    transient_bytes_[k] = std::max(transient_bytes_[k],
+                                   backward_workspace_bytes(graph, *it, scale) - freed_bytes_[k]);
+    freed_bytes_[k] += node_kept_bytes_[*it];
   }
   for (size_t i = 0; i < recompute_inputs_.size(); ++i) {
     activation_bytes_[i % plan.mp] += scaled_bytes(recompute_inputs_[i], scale);
@@ -655,17 +662,16 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
         split_held_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].output_bytes, scale);
       }
     }
+    // a stage's workspace is live while its backward runs: it joins what the rank holds at
+    // that pass (peak_activation_bytes), not the rank's largest held activations
     for (int64_t k = 0; k < plan.mp; ++k) {
-      activation_bytes_[k] =
-          peak_activation_bytes(pipeline_.passes[k], stage_activation_bytes_, split_held_bytes_);
+      activation_bytes_[k] = peak_activation_bytes(pipeline_.passes[k], stage_activation_bytes_,
+                                                   split_held_bytes_, stage_workspace_bytes_);
     }
-    rank_workspace_bytes_.assign(plan.mp, 0.0);
-    for (int64_t s = 0; s < values; ++s) {  // held buffers add up; workspaces take the largest
-      const int64_t k = plan.device_of(static_cast<int32_t>(s));
-      transient_bytes_[k] += stage_transient_bytes_[s] - stage_workspace_bytes_[s];
-      rank_workspace_bytes_[k] = std::max(rank_workspace_bytes_[k], stage_workspace_bytes_[s]);
+    for (int64_t s = 0; s < values; ++s) {  // held buffers add up
+      transient_bytes_[plan.device_of(static_cast<int32_t>(s))] +=
+          stage_transient_bytes_[s] - stage_workspace_bytes_[s];
     }
-    for (int64_t k = 0; k < plan.mp; ++k) transient_bytes_[k] += rank_workspace_bytes_[k];
   }
   for (int64_t k = 0; k < plan.mp; ++k) {
     const int64_t in_flight =

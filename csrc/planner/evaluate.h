@@ -201,7 +201,8 @@ class Evaluator {
   mutable std::vector<double> stage_activation_bytes_;  // per pipeline stage, one micro-batch
   mutable std::vector<double> stage_transient_bytes_;   // per pipeline stage
   mutable std::vector<double> stage_workspace_bytes_;   // per stage: live while it computes
-  mutable std::vector<double> rank_workspace_bytes_;    // per rank: its stages' largest
+  mutable std::vector<double> node_kept_bytes_;  // per node: the activations it keeps for backward
+  mutable std::vector<double> freed_bytes_;      // per device / stage: what the nodes whose backward ran have freed
   mutable std::vector<double> split_held_bytes_;        // per stage: held from I to W
   mutable std::vector<double> group_bytes_;        // per local device / stage
   mutable std::vector<double> group_ready_s_;      // per local device / stage

@@ -598,6 +598,10 @@ Graph graph_from_json(const Json& j, const std::string& source) {
       node.saved_bytes = in.integer(*b, path + ".saved_bytes");
       if (node.saved_bytes < 0) in.fail(path + ".saved_bytes", "must be >= 0", *b);
     }
+    if (const Json* w = in.optional(jn, "backward_workspace_bytes")) {
+      node.backward_workspace_bytes = in.integer(*w, path + ".backward_workspace_bytes");
+      if (node.backward_workspace_bytes < 0) in.fail(path + ".backward_workspace_bytes", "must be >= 0", *w);
+    }
     const Json* kept = in.optional(jn, "selective_saved_bytes");
     const Json* again = in.optional(jn, "selective_recompute_fraction");
     if ((kept == nullptr) != (again == nullptr)) {
@@ -691,6 +695,7 @@ Json graph_to_json(const Graph& g) {
                {"output_bytes", n.output_bytes}};
     if (n.flops > 0) jn["flops"] = n.flops;
     if (n.saved_bytes >= 0) jn["saved_bytes"] = n.saved_bytes;
+    if (n.backward_workspace_bytes >= 0) jn["backward_workspace_bytes"] = n.backward_workspace_bytes;
     if (n.has_selective()) {
       jn["selective_saved_bytes"] = n.selective_saved_bytes;
       jn["selective_recompute_fraction"] = n.selective_recompute_fraction;

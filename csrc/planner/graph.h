@@ -120,6 +120,11 @@ struct Node {
   int64_t param_tensors = -1;
 
   int64_t activation_bytes() const { return saved_bytes >= 0 ? saved_bytes : output_bytes; }
+  // Optional (-1 = not measured): bytes the node's backward needs above what is held when it
+  // starts, at the profiled batch, on a step that adds to existing gradients (its output's
+  // gradient, its inputs', its parameters' before autograd adds them into .grad, and the
+  // kernels' own scratch); memory_cost.h backward_workspace_bytes reads it.
+  int64_t backward_workspace_bytes = -1;
   // Optional (-1 = not measured; both or neither): selective recompute (docs/recompute.md)
   // keeps selective_saved_bytes at the profiled batch (the outputs of the ops it saves: matrix
   // products, convolutions, attention) besides the node's inputs, and runs

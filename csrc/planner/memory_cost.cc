@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/units.h"
+#include "planner/compute_cost.h"
 
 namespace hybridplan {
 
@@ -30,6 +31,23 @@ int64_t in_flight_microbatches(Schedule schedule, int64_t num_microbatches, int6
     case Schedule::kZBV: return num_microbatches;
   }
   return 1;
+}
+
+double backward_workspace_bytes(const Graph& graph, NodeIndex v, double scale) {
+  const Node& node = graph.nodes[v];
+  double bytes = 0;
+  if (node.backward_workspace_bytes >= 0) {
+    const int64_t fixed = std::min(node.backward_workspace_bytes, node.param_bytes);
+    bytes = static_cast<double>(fixed) + scaled_bytes(node.backward_workspace_bytes - fixed, scale);
+  } else {
+    int64_t gradients = node.output_bytes;
+    for (int32_t e : graph.in_edges[v]) gradients += graph.edges[e].bytes;
+    bytes = scaled_bytes(gradients, scale);
+  }
+  if (!graph.topo_order.empty() && graph.topo_order.back() == static_cast<int32_t>(v)) {
+    bytes = std::max(bytes, scaled_bytes(graph.profiled.loss_backward_bytes, scale));
+  }
+  return bytes;
 }
 
 double OptimizerState::copies() const {

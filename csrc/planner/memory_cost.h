@@ -39,12 +39,16 @@
 //   in_flight: placement 1; pipeline GPipe M (all forwards before any backward), 1F1B
 //              min(M, S - s) on stage s (its warm-up depth plus the one in steady state).
 //                + transient_bytes                         alive only part of the step:
-//   backward workspace: while node v's backward runs, the gradient of its output and the
-//                     gradients of its inputs are alive together: max over the device's nodes of
-//                     output_bytes + the bytes of its in-edges, at the (micro-)batch it runs;
-//                     for the last node, at least the loss's backward peak (Graph
+//   backward workspace: while node v's backward runs, the gradient of its output, the
+//                     gradients of its inputs and of its parameters (before they are added into
+//                     .grad) and its kernels' scratch are alive together: max over the device's
+//                     nodes of backward_workspace_bytes (below: measured by the profiler, or
+//                     output_bytes + the bytes of its in-edges where not), at the (micro-)batch
+//                     it runs; for the last node, at least the loss's backward peak (Graph
 //                     profiled.loss_backward_bytes: cross-entropy holds two logits-sized
-//                     gradients at once)
+//                     gradients at once). A rank of several pipeline stages adds a stage's
+//                     workspace to what it holds at that stage's backward passes
+//                     (pipeline_schedule.h peak_activation_bytes)
 //   recomputed:       while a recomputed node's backward runs, its activations exist again: the
 //                     largest recomputed node's on the device (placement checkpoints node by
 //                     node), the recomputed stage's sum (pipeline checkpoints the stage); a
@@ -72,6 +76,16 @@
 #include "planner/plan.h"
 
 namespace hybridplan {
+
+// What node v's backward needs while it runs, above what is held (the backward workspace
+// above), at the (micro-)batch of `scale` (compute_cost.h batch_scale):
+//   measured (Node::backward_workspace_bytes = w at the profiled batch):
+//     min(w, P) + (w - min(w, P)) * scale
+//     the parameters' gradients before autograd adds them into .grad (P = param_bytes) do not
+//     shrink with the batch; the rest (output and input gradients, kernel scratch) scales
+//   not measured: (output_bytes + the bytes of its in-edges) * scale
+//   the last node (graph.topo_order's last): at least profiled.loss_backward_bytes * scale
+double backward_workspace_bytes(const Graph& graph, NodeIndex v, double scale);
 
 // 0, 1 or 2 copies of the parameters for the optimizer state.
 int64_t optimizer_state_copies(Optimizer optimizer);

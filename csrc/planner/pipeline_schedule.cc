@@ -223,21 +223,26 @@ std::string passes_to_string(const std::vector<PipelinePass>& passes) {
 
 double peak_activation_bytes(const std::vector<PipelinePass>& passes,
                              const std::vector<double>& activation_bytes,
-                             const std::vector<double>& split_held_bytes) {
-  bool split = false;
-  for (const PipelinePass& p : passes) split = split || p.kind == PassKind::kBackwardWeight;
+                             const std::vector<double>& split_held_bytes,
+                             const std::vector<double>& workspace_bytes) {
   double held = 0, peak = 0;
   for (const PipelinePass& p : passes) {
     const double bytes = activation_bytes[p.stage];
     const double between = split_held_bytes.empty() ? 0.0 : split_held_bytes[p.stage];
+    const double workspace = workspace_bytes.empty() ? 0.0 : workspace_bytes[p.stage];
     if (p.kind == PassKind::kForward) {
       held += bytes;
       peak = std::max(peak, held);
     } else if (p.kind == PassKind::kBackwardInput) {
+      // the output gradients it keeps for W are made inside its workspace: the pass needs the
+      // larger of the two above what is held, and they stay held after it
+      peak = std::max(peak, held + std::max(workspace, between));
       held += between;
-      peak = std::max(peak, held);
-    } else if (p.kind == (split ? PassKind::kBackwardWeight : PassKind::kBackward)) {
-      held -= bytes + (split ? between : 0.0);
+    } else if (p.kind == PassKind::kBackward) {
+      peak = std::max(peak, held + workspace);
+      held -= bytes;
+    } else if (p.kind == PassKind::kBackwardWeight) {
+      held -= bytes + between;
     }
   }
   return peak;

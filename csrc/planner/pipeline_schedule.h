@@ -139,10 +139,15 @@ std::string passes_to_string(const std::vector<PipelinePass>& passes);
 // backward is split: autograd keeps the graph for the weight gradients until then) frees it.
 // A split backward also holds, from a micro-batch's I to its W, the output gradients of the
 // stage's nodes with parameters, where W starts (executor/split_backward.py records them):
-// split_held_bytes[stage] (empty: none).
+// split_held_bytes[stage] (empty: none). workspace_bytes[stage] (empty: none) is what a backward
+// pass (B, or I) of the stage needs while it runs, above what is held: the peak is the largest of
+// held + workspace at each backward pass and held after each forward. An I pass's own held output
+// gradients are made inside its workspace, so they count from the next pass on (the pass itself
+// needs the larger of the two).
 double peak_activation_bytes(const std::vector<PipelinePass>& passes,
                              const std::vector<double>& activation_bytes,
-                             const std::vector<double>& split_held_bytes = {});
+                             const std::vector<double>& split_held_bytes = {},
+                             const std::vector<double>& workspace_bytes = {});
 
 struct PipelineScratch {
   std::vector<std::vector<PipelinePass>> passes;  // per rank, from rank_passes

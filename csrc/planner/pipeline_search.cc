@@ -132,11 +132,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     c.prefix_selective_rebuilt_bytes[p + 1] =
         c.prefix_selective_rebuilt_bytes[p] + std::max(0.0, activations - saved);
     c.prefix_unselective[p + 1] = c.prefix_unselective[p] + (node.has_selective() ? 0 : 1);
-    // the backward workspace: the output's gradient and the inputs' (the loss's at the end)
-    int64_t gradients = node.output_bytes;
-    for (int32_t e : g.in_edges[v]) gradients += g.edges[e].bytes;
-    if (static_cast<int32_t>(v) == sink) gradients = std::max(gradients, g.profiled.loss_backward_bytes);
-    c.workspace_bytes[p] = scaled_bytes(gradients, micro_scale);
+    c.workspace_bytes[p] = backward_workspace_bytes(g, static_cast<NodeIndex>(v), micro_scale);
   }
   // torch's receive buffers, one per micro-batch each way (memory_cost.h); the replica's input
   // batch on the first stage; the model's output per micro-batch in flight on the last

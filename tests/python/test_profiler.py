@@ -224,6 +224,21 @@ def test_loss_backward_bytes_are_measured_with_the_loss():
     assert "loss_backward_bytes" not in without["profiled"]
 
 
+def test_backward_workspace_is_each_nodes_gradients_above_what_is_held():
+    """Each node's measured backward workspace: its output's gradient, its input's gradient and
+    its parameters' gradients (before autograd adds them into .grad), byte for byte, on a chain
+    whose first input needs no gradient."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    graph = profile_dict(model, torch.randn(BATCH, 8), warmup=0, repeats=1, batch_sizes=[],
+                         verbose=False)
+    ws = {n["name"]: n["backward_workspace_bytes"] for n in graph["nodes"]}
+    hidden, out = BATCH * 16 * 4, BATCH * 4 * 4
+    assert ws["0"] == hidden + (8 * 16 + 16) * 4              # no input gradient
+    assert ws["1"] == hidden + hidden                         # ReLU: output and input
+    assert ws["2"] == out + hidden + (16 * 4 + 4) * 4
+    assert all(p.grad is None for p in model.parameters())   # the profile leaves none behind
+
+
 @pytest.mark.parametrize("name",
                          sorted(set(models.MODELS) - {"transformer_lm", "llama_lm"}))
 def test_hook_edges_equal_fx_edges_on_builtin_models(name):

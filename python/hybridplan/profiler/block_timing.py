@@ -26,8 +26,10 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
   the calling thread, and with one intra-op thread so does every kernel.
 """
 
+import contextlib
 import ctypes
 import os
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -136,11 +138,9 @@ def loss_backward_bytes(output: Any, loss: Loss) -> int:
     log-softmax and the logits' gradient at once: twice the logits, which a language model's
     large vocabulary makes a large part of a step's peak. Measured from torch.profiler's
     allocation events (the instrument `validate` reads peak memory with)."""
-    from torch.profiler import ProfilerActivity, profile
-
     roots = [t for t in tensors_in(output) if t.requires_grad]
     value = loss(output)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_profiler() as prof:
         grads = torch.autograd.grad(value, roots, allow_unused=True)
         del grads
     return allocation_peak_bytes(prof)
@@ -219,16 +219,20 @@ class StepTimer:
         return hook
 
     def step(self, inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None,
-             loss: Optional[Loss] = None) -> Tuple[Dict[str, float], Dict[str, float]]:
-        self.module.zero_grad(set_to_none=True)
+             loss: Optional[Loss] = None, accumulate: bool = False
+             ) -> Tuple[Dict[str, float], Dict[str, float]]:
+        """One step from no gradients, or (accumulate) adding to the gradients there are, as
+        every micro-batch after a pipeline's first does."""
+        if not accumulate:
+            self.module.zero_grad(set_to_none=True)
         self._reset()
         self.clock.sync()
         start = self.clock.mark()
         roots = backward_roots(self.module(*inputs, **(kwargs or {})), loss)
         seeds = [torch.ones_like(t) for t in roots]
-        forward_end = self.clock.mark()
+        forward_end = self.forward_end = self.clock.mark()
         torch.autograd.backward(roots, seeds)
-        backward_end = self.clock.mark()
+        backward_end = self.backward_end = self.clock.mark()
         self.clock.sync()
         last = self.last_forward
         forward_s = self._split(start, self.forward_marks + [(forward_end, last)])
@@ -249,6 +253,109 @@ class StepTimer:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+@contextlib.contextmanager
+def _quiet_profiler():
+    """torch.profiler over the block, with the process's stderr (file descriptor 2) sent to
+    /dev/null meanwhile: this torch build's kineto writes a "profiler_start"/"profiler_stop"
+    line there from C++ for every profile, which no setting turns off, and `profile` promises
+    silence unless verbose. Python's own sys.stderr is flushed first and restored after."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            yield prof
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _ProfilerMarks:
+    """A StepTimer clock whose marks are torch.profiler events (an empty record_function each,
+    numbered), so that a profiled step's allocation events can be split at the same marks as
+    its time."""
+    cuda = False
+
+    def __init__(self):
+        self.count = 0
+
+    def mark(self) -> int:
+        from torch.profiler import record_function
+
+        with record_function(f"hybridplan.mark.{self.count}"):
+            pass
+        self.count += 1
+        return self.count - 1
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return 0.0
+
+    def sync(self) -> None:
+        pass
+
+
+def backward_workspace_bytes(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
+                             kwargs: Optional[Dict[str, Any]], loss: Optional[Loss],
+                             output_bytes: Dict[str, int]) -> Dict[str, int]:
+    """Per graph node, the bytes its backward needs above what is held when it starts: the peak,
+    over the node's backward interval (StepTimer's split: from its outputs' gradients being
+    ready to the next node's), of the bytes allocated since the interval began less those freed,
+    plus its output's gradient (`output_bytes`; alive when the interval begins). The loss's
+    backward, down to the model's output gradient, is not a node's (loss_backward_bytes
+    measures it). Measured on a step that adds to existing gradients, as
+    every micro-batch after a pipeline's first does: a parameter's gradient is then a
+    temporary the size of the parameter (autograd adds it into .grad and frees it), which is
+    the part memory_cost.h keeps at the parameter's size when it scales the rest with the
+    batch. From torch.profiler's allocation events, the instrument `validate` reads peak
+    memory with."""
+    from torch._C._profiler import _EventType
+
+    timer = StepTimer(module, nodes, "wall")
+    timer.clock = marks = _ProfilerMarks()
+    try:
+        timer.step(inputs, kwargs, loss)  # gradients exist from here on
+        first_mark = marks.count
+        with _quiet_profiler() as prof:
+            timer.step(inputs, kwargs, loss, accumulate=True)
+    finally:
+        timer.remove()
+        module.zero_grad(set_to_none=True)
+    at_mark: Dict[int, int] = {}
+    allocations: List[Tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            allocations.append((event.start_time_ns, event.extra_fields.alloc_size))
+        elif event.name.startswith("hybridplan.mark."):
+            at_mark[int(event.name.rsplit(".", 1)[1]) - first_mark] = event.start_time_ns
+    # the backward's intervals: (start mark, end mark, owner), in time order
+    bounds = [timer.forward_end] + [m for m, _ in timer.backward_marks] + [timer.backward_end]
+    owners = [owner for _, owner in timer.backward_marks] + [
+        timer.backward_owner or timer.last_forward]
+    allocations.sort()
+    out: Dict[str, int] = {}
+    live, i = 0, 0
+    for k, owner in enumerate(owners):
+        start, end = at_mark[bounds[k] - first_mark], at_mark[bounds[k + 1] - first_mark]
+        while i < len(allocations) and allocations[i][0] < start:
+            live += allocations[i][1]
+            i += 1
+        base = peak = live
+        while i < len(allocations) and allocations[i][0] < end:
+            live += allocations[i][1]
+            peak = max(peak, live)
+            i += 1
+        if k > 0:  # the first interval is the loss's backward (loss_backward_bytes)
+            need = peak - base + output_bytes.get(owner, 0)
+            out[owner] = max(out.get(owner, 0), int(need))
+    return out
 
 
 def count_flops(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],

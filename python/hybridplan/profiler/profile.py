@@ -160,6 +160,13 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                                                  repeats=max(1, min(3, repeats)))
     for node in graph["nodes"]:
         node.update(selective.get(node["name"], {}))
+    # what each node's backward needs above what is held (memory_cost.h backward workspace)
+    workspace = block_timing.backward_workspace_bytes(
+        module, nodes, inputs, kwargs, loss_at(None),
+        {node["name"]: node["output_bytes"] for node in graph["nodes"]})
+    for node in graph["nodes"]:
+        if node["name"] in workspace:
+            node["backward_workspace_bytes"] = workspace[node["name"]]
     if tensor_parallel:
         _add_tensor_parallel(graph, module, nodes, flow, (inputs, kwargs), forward_s,
                              backward_s, clock, warmup, repeats, log)

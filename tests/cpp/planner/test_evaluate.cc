@@ -87,6 +87,18 @@ TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]"
   with_loss.graph.profiled.loss_backward_bytes = 450;
   REQUIRE(graph_from_json(graph_to_json(with_loss.graph), "graph.json")
               .profiled.loss_backward_bytes == 450);
+  // A measured backward workspace replaces output + inputs: b's backward needs 600 B above what
+  // is held, but d's backward ran before it and freed the 100 B d kept, so device 0 needs
+  // max(d's 300, 600 - 100) = 500 -> 900 - 300 + 500.
+  Problem measured = problem;
+  measured.graph.nodes[1].backward_workspace_bytes = 600;
+  measured.graph.finalize("diamond");
+  REQUIRE(evaluate(measured, plan).memory_bytes == std::vector<int64_t>{1100, 580});
+  REQUIRE(graph_from_json(graph_to_json(measured.graph), "graph.json")
+              .nodes[1].backward_workspace_bytes == 600);
+  // a's 900 B would be 900 - (b's 100 + d's 100) = 700 at its turn, the last on device 0
+  measured.graph.nodes[0].backward_workspace_bytes = 900;
+  REQUIRE(evaluate(measured, plan).memory_bytes == std::vector<int64_t>{1300, 580});
   const Graph round_trip = graph_from_json(graph_to_json(with_inputs.graph), "graph.json");
   REQUIRE(round_trip.profiled.input_bytes == 30);
   Json negative = graph_to_json(with_inputs.graph);

@@ -194,6 +194,18 @@ TEST_CASE("activation peak follows the pass order", "[pipeline_schedule]") {
   CHECK(peak_activation_bytes(split, {3}) == 6);
   // ... and holds the recorded output gradients (here 1) from I to W: F0 3, I0 4, F1 7, W0 3.
   CHECK(peak_activation_bytes(split, {3}, {1}) == 7);
+  // A backward pass needs its stage's workspace above what is held (here 5): F0 3, I0 3 + 5,
+  // then I0 holds its output gradients (1, made inside the workspace), F1 7, W0 3.
+  CHECK(peak_activation_bytes(split, {3}, {1}, {5}) == 8);
+  // ... and an I whose held gradients outgrow its workspace needs them: 3 + max(0.5, 2).
+  const std::vector<PipelinePass> alone{{PassKind::kForward, 0, 0}, {PassKind::kBackwardInput, 0, 0},
+                                        {PassKind::kBackwardWeight, 0, 0}};
+  CHECK(peak_activation_bytes(alone, {3}, {2}, {0.5}) == 5);
+  CHECK(peak_activation_bytes(alone, {3}, {2}) == 5);
+  // A full backward frees what the micro-batch held: F0 3, B0 3 + 5, F1 3 -> 8.
+  const std::vector<PipelinePass> full{{PassKind::kForward, 0, 0}, {PassKind::kBackward, 0, 0},
+                                       {PassKind::kForward, 0, 1}, {PassKind::kBackward, 0, 1}};
+  CHECK(peak_activation_bytes(full, {3}, {}, {5}) == 8);
   // One stage per rank: the peak is in_flight_microbatches' count.
   const auto one = stage_passes(Schedule::k1F1B, {.num_stages = 4, .num_microbatches = 8}, 1);
   CHECK(peak_activation_bytes(one, {0, 1, 0, 0}) == 3);
