@@ -81,7 +81,7 @@ def test_the_median_launch_is_one_whole_launch():
 def test_a_failed_launch_runs_once_more_and_stays_on_record(monkeypatch, tmp_path):
     calls = []
 
-    def flaky(plan, model, steps, warmup, timeout_s, work_dir):
+    def flaky(plan, model, steps, warmup, timeout_s, work_dir, optimizer):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("validate: the 1f1b M=4 b=8 plan failed (exit 1); SIGSEGV")
@@ -97,7 +97,7 @@ def test_a_failed_launch_runs_once_more_and_stays_on_record(monkeypatch, tmp_pat
     text = validation.markdown(validation.summarize([row], "x"), "t")
     assert "1 launch(es) failed and ran again" in text
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise RuntimeError("validate: the plan failed (exit 1)")
 
     monkeypatch.setattr(validation, "run_plan", broken)
@@ -321,3 +321,25 @@ def test_select_plans_measures_a_tensor_parallel_plan_ranked_last():
     ranked.append(dict(plan(1, "placement", tp=2), sequence_parallel=True))
     chosen = validation.select_plans(ranked, 3)
     assert chosen[0] is ranked[0] and ranked[-2] in chosen and ranked[-1] in chosen
+
+
+def test_the_ranks_train_with_the_optimizer_the_prediction_holds_state_for(monkeypatch, tmp_path):
+    """validate's prediction holds the job's optimizer state (sgd_momentum: one copy of the
+    parameters); the worker it launches must train with that optimizer, not its own choice."""
+    seen = []
+
+    def worker(plan, name, args, timeout_s, work_dir, env=None):
+        seen.append(args)
+        result = work_dir / "measured.json"
+        result.write_text(json.dumps({t: 0.01 for t in validation.TERMS}))
+        return subprocess.CompletedProcess([], 0, "", ""), result
+
+    monkeypatch.setattr(validation, "run_worker", worker)
+    validation.run_plan({}, "m:f", 2, 1, 10.0, tmp_path, optimizer="sgd_momentum")
+    validation.run_plan({}, "m:f", 2, 1, 10.0, tmp_path)
+    assert seen[0][seen[0].index("--optimizer") + 1] == "sgd_momentum"
+    assert seen[1][seen[1].index("--optimizer") + 1] == "sgd"  # the default job's
+    from hybridplan.measure import validate_worker
+    parsed = validate_worker._arguments(["--plan", "p", "--model", "m:f", "--out", "o",
+                                         "--optimizer", "adam"])
+    assert parsed.optimizer == "adam"

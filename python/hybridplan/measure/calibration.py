@@ -101,6 +101,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..convergence.tradeoff import OPTIMIZERS
 from ..profiler.block_timing import backward_roots
 from . import probe as _probe
 from .fitting import fit_line, fit_through_origin
@@ -114,6 +115,9 @@ kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
 # The model's own pipeline runs (GPipe and 1F1B): counts `hybridplan validate`'s plan spread does
 # not pick by default (it takes each schedule's fewest and most), so validation predicts unseen
 # runs.
+# The optimizer the model's own runs train with: the default Job's (csrc/planner/job.h), which
+# the fits price them with (evaluate() without a job), so its state and step are the predicted ones.
+kJobOptimizer = "sgd"
 kModelMicrobatchCounts = (8, 16)
 kSchedules = ("gpipe", "1f1b")
 # Fitted on the model's own runs only, at 2 stages per rank (docs/schedules.md).
@@ -329,7 +333,7 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
         inputs = module.example_inputs(batch)
         target = module.example_target(batch)
         hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
-                   optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+                   optimizer=lambda p: OPTIMIZERS[kJobOptimizer](p, 0.01))
         samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup,
                                 max(repeats, 20), barrier=True)
         hp.close()
@@ -629,7 +633,7 @@ def _model_shard_runs(model_spec: str, graph: dict, batch: int, device, world: i
         inputs = module.example_inputs(world * per_replica)
         target = module.example_target(world * per_replica)
         hp = apply(plan, module, timeout_s=timeout_s,
-                   optimizer=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+                   optimizer=lambda p: OPTIMIZERS[kJobOptimizer](p, 0.01))
         samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup,
                                 max(repeats, 15), barrier=True)
         hp.close()

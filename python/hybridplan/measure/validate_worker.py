@@ -23,6 +23,7 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from ..convergence.tradeoff import OPTIMIZERS
 from ..executor import apply
 from ..factories import load_factory
 from ..files import write_text_atomic
@@ -114,6 +115,8 @@ def _arguments(argv) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--out", required=True)
     p.add_argument("--lr", type=float, default=0.01)
+    # the Job's optimizer the plan was predicted with (validate passes it): its state is memory
+    p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
     return p.parse_args(argv)
 
 
@@ -132,7 +135,7 @@ class _Run:
                    if self.plan["mode"] == "pipeline" or self.plan.get("tp", 1) > 1 else None)
         self.hp = apply(self.plan, self.module, timeout_s=args.timeout_s, example_inputs=example,
                         optimizer=self.clock.optimizer(
-                            lambda params: torch.optim.SGD(params, lr=args.lr, momentum=0.9)))
+                            lambda params: OPTIMIZERS[args.optimizer](params, args.lr)))
         for param in self.hp.parameters():
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(self.clock.grad_hook)

@@ -7,8 +7,9 @@ cost model with what the executor really did.
 
 For the plans (the search's best and a spread across its ranking: data parallel, placement,
 GPipe and 1F1B with few and many micro-batches), each is trained for `steps` steps under
-torchrun (`python -m hybridplan.measure.validate_worker`, one process per rank) and timed on every
-rank from the executor's own clock:
+torchrun (`python -m hybridplan.measure.validate_worker`, one process per rank), with the job's
+optimizer (the one whose state and step the prediction holds: `sgd` for the default job), and
+timed on every rank from the executor's own clock:
 
     step_s       hp.step() wall time                            (slowest rank, median)
     compute_s    step start -> the last gradient accumulated    (placement: forward + backward;
@@ -149,12 +150,13 @@ def run_worker(plan: dict, worker: str, args: List[str], timeout_s: float, work_
 
 
 def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
-             work_dir: Path, env: Optional[Dict[str, str]] = None) -> dict:
-    """Trains the model under `plan` with torchrun and returns the worker's measurements."""
+             work_dir: Path, env: Optional[Dict[str, str]] = None, optimizer: str = "sgd") -> dict:
+    """Trains the model under `plan` with torchrun, with the Job's `optimizer` (the one its
+    prediction holds state for), and returns the worker's measurements."""
     done, result_path = run_worker(
         plan, "hybridplan.measure.validate_worker",
         ["--model", model, "--steps", str(steps), "--warmup", str(warmup), "--timeout-s",
-         str(timeout_s)], timeout_s + 60 * steps, work_dir, env)
+         str(timeout_s), "--optimizer", optimizer], timeout_s + 60 * steps, work_dir, env)
     if done.returncode != 0 or not result_path.exists():
         raise RuntimeError(f"validate: the {plan_kind(plan)} plan failed (exit {done.returncode}"
                            f"{'' if result_path.exists() else ', no measurements written'}); "
@@ -163,7 +165,7 @@ def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
 
 
 def run_plan_once_more_on_failure(plan: dict, model: str, steps: int, warmup: int,
-                                  timeout_s: float, work_dir: Path) -> dict:
+                                  timeout_s: float, work_dir: Path, optimizer: str = "sgd") -> dict:
     """run_plan, and once more if that launch fails: the measured step's peak memory comes from
     torch.profiler's memory timeline, and in about one launch in 200 here a rank dies inside
     the profiled step (SIGSEGV after "profiler_start", `free(): invalid pointer` after
@@ -172,9 +174,9 @@ def run_plan_once_more_on_failure(plan: dict, model: str, steps: int, warmup: in
     own output) is kept under `failed_launches`, never dropped; a plan that fails twice fails
     validation."""
     try:
-        return run_plan(plan, model, steps, warmup, timeout_s, work_dir)
+        return run_plan(plan, model, steps, warmup, timeout_s, work_dir, optimizer=optimizer)
     except RuntimeError as first:
-        measured = run_plan(plan, model, steps, warmup, timeout_s, work_dir)
+        measured = run_plan(plan, model, steps, warmup, timeout_s, work_dir, optimizer=optimizer)
         measured["failed_launches"] = [str(first)]
         return measured
 
@@ -411,6 +413,9 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
                     chosen.append(planner.with_sharding(plan, kind, g, c, j))
     if rounds < 1:
         raise ValueError(f"validate: rounds must be >= 1 (got {rounds})")
+    # the ranks train with the optimizer the predictions hold state for: the job's
+    optimizer = (j if j is not None else planner.Job.from_dict(
+        {"schema_version": 1, "kind": "hybridplan.job"})).to_dict()["optimizer"]
     launches: List[List[dict]] = [[] for _ in chosen]
     with tempfile.TemporaryDirectory(prefix="hybridplan-validate-") as tmp, \
             tqdm(total=rounds * len(chosen), desc="validate", unit="run",
@@ -418,7 +423,7 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
         for _ in range(rounds):
             for i, plan in enumerate(chosen):
                 launches[i].append(run_plan_once_more_on_failure(plan, model, steps, warmup,
-                                                                 timeout_s, Path(tmp)))
+                                                                 timeout_s, Path(tmp), optimizer))
                 bar.update()
     rows, drew_timeline, traces = [], False, []
     for plan, runs in zip(chosen, launches):
