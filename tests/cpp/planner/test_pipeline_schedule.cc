@@ -204,7 +204,7 @@ TEST_CASE("activation peak follows the pass order", "[pipeline_schedule]") {
   CHECK(peak_activation_bytes(alone, {3}, {2}) == 5);
   // A full backward frees what the micro-batch held: F0 3, B0 3 + 5, F1 3 -> 8.
   const std::vector<PipelinePass> full{{PassKind::kForward, 0, 0}, {PassKind::kBackward, 0, 0},
-                                       {PassKind::kForward, 0, 1}, {PassKind::kBackward, 0, 1}};
+                                       {PassKind::kForward, 1, 0}, {PassKind::kBackward, 1, 0}};
   CHECK(peak_activation_bytes(full, {3}, {}, {5}) == 8);
   // One stage per rank: the peak is in_flight_microbatches' count.
   const auto one = stage_passes(Schedule::k1F1B, {.num_stages = 4, .num_microbatches = 8}, 1);
