@@ -50,10 +50,16 @@ double curve_time_s(const std::vector<CurvePoint>& points, double batch, double 
 
 // Every node's forward and backward seconds at one batch size.
 // The weight-gradient part (W) of a node's backward, for the zero-bubble schedules that run it
-// apart from the input gradient (pipeline_schedule.h): half the backward of a node with
-// parameters (X^T dY and dY W^T are the same matrix product), 0 without. An estimate: the
-// profiler measures the whole backward only.
-inline double weight_backward_s(const Node& node, double backward_s) {
+// apart from the input gradient (pipeline_schedule.h), under the executor's split
+// (executor/split_backward.py). A node outside its stage's input region (no path to it from a
+// stage input that needs a gradient: every node of the first stage; stage_input_region) has
+// no input gradient to compute, so its whole backward runs in W and I is empty. Inside it: the
+// share the profiler measured (Node::weight_backward_fraction, the node's backward split alone
+// on its own inputs), else half the backward of a node with parameters (a Linear's X^T dY and
+// dY W^T are the same matrix product) and 0 for a node without.
+inline double weight_backward_s(const Node& node, double backward_s, bool in_input_region) {
+  if (!in_input_region) return backward_s;
+  if (node.weight_backward_fraction >= 0) return node.weight_backward_fraction * backward_s;
   return node.param_bytes > 0 ? 0.5 * backward_s : 0.0;
 }
 

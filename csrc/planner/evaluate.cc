@@ -160,8 +160,10 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   const bool split = schedule_splits_backward(plan.schedule);
   weight_s_.assign(split ? num_stages : 0, action_s);
   if (split) {
+    stage_input_region(graph, plan.assignment, carries_gradient_, input_region_);
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
-      weight_s_[plan.assignment[v]] += weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v));
+      weight_s_[plan.assignment[v]] +=
+          weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v), input_region_[v] != 0);
     }
     for (double& b : stages_.backward_s) b += action_s;
   }
@@ -184,7 +186,8 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   for (NodeIndex v : reverse_topo_) {
     const int32_t s = plan.assignment[v];
     stage_backward_s_[s] += pipeline_.last_backward_is_weight[s]
-                                ? weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v))
+                                ? weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v),
+                                                    input_region_[v] != 0)
                                 : micro_times.backward_s[v];
     gradient_ready_s_[v] = pipeline_.last_backward_start_s[s] + stage_backward_s_[s];
   }
@@ -655,10 +658,14 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     stage_transient_bytes_ = transient_bytes_;
     activation_bytes_.assign(plan.mp, 0.0);
     transient_bytes_.assign(plan.mp, 0.0);
-    // a split backward's recorded output gradients of the nodes with parameters, I to W
+    // a split backward's recorded output gradients of the nodes with parameters in their
+    // stage's input region (I records nothing elsewhere: W runs those nodes whole), I to W
     split_held_bytes_.assign(schedule_splits_backward(plan.schedule) ? values : 0, 0.0);
+    if (!split_held_bytes_.empty()) {
+      stage_input_region(graph, plan.assignment, carries_gradient_, input_region_);
+    }
     for (size_t v = 0; v < graph.nodes.size() && !split_held_bytes_.empty(); ++v) {
-      if (graph.nodes[v].param_bytes > 0) {
+      if (graph.nodes[v].param_bytes > 0 && input_region_[v]) {
         split_held_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].output_bytes, scale);
       }
     }

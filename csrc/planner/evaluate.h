@@ -193,6 +193,8 @@ class Evaluator {
   mutable PipelineStages stages_;
   mutable std::vector<double> p2p_s_;
   mutable std::vector<double> weight_s_;          // per stage: W of a split backward
+  mutable std::vector<char> input_region_;        // per node: in its stage's input region
+  mutable std::vector<char> carries_gradient_;    // per node: scratch of stage_input_region
   mutable std::vector<int64_t> stage_param_bytes_;  // per pipeline stage (tied copies included)
   mutable PipelineScratch pipeline_;
   mutable std::vector<double> gradient_ready_s_;   // per node, absolute within the step

@@ -602,6 +602,12 @@ Graph graph_from_json(const Json& j, const std::string& source) {
       node.backward_workspace_bytes = in.integer(*w, path + ".backward_workspace_bytes");
       if (node.backward_workspace_bytes < 0) in.fail(path + ".backward_workspace_bytes", "must be >= 0", *w);
     }
+    if (const Json* f = in.optional(jn, "weight_backward_fraction")) {
+      node.weight_backward_fraction = in.number(*f, path + ".weight_backward_fraction");
+      if (!(node.weight_backward_fraction >= 0 && node.weight_backward_fraction <= 1)) {
+        in.fail(path + ".weight_backward_fraction", "must be in [0, 1]", *f);
+      }
+    }
     const Json* kept = in.optional(jn, "selective_saved_bytes");
     const Json* again = in.optional(jn, "selective_recompute_fraction");
     if ((kept == nullptr) != (again == nullptr)) {
@@ -696,6 +702,7 @@ Json graph_to_json(const Graph& g) {
     if (n.flops > 0) jn["flops"] = n.flops;
     if (n.saved_bytes >= 0) jn["saved_bytes"] = n.saved_bytes;
     if (n.backward_workspace_bytes >= 0) jn["backward_workspace_bytes"] = n.backward_workspace_bytes;
+    if (n.weight_backward_fraction >= 0) jn["weight_backward_fraction"] = n.weight_backward_fraction;
     if (n.has_selective()) {
       jn["selective_saved_bytes"] = n.selective_saved_bytes;
       jn["selective_recompute_fraction"] = n.selective_recompute_fraction;

@@ -125,6 +125,10 @@ struct Node {
   // gradient, its inputs', its parameters' before autograd adds them into .grad, and the
   // kernels' own scratch); memory_cost.h backward_workspace_bytes reads it.
   int64_t backward_workspace_bytes = -1;
+  // Optional (-1 = not measured): the share (0..1) of the node's backward that is its weight
+  // gradient under the zero-bubble split (executor/split_backward.py), measured by splitting the
+  // node's backward alone; compute_cost.h weight_backward_s reads it.
+  double weight_backward_fraction = -1;
   // Optional (-1 = not measured; both or neither): selective recompute (docs/recompute.md)
   // keeps selective_saved_bytes at the profiled batch (the outputs of the ops it saves: matrix
   // products, convolutions, attention) besides the node's inputs, and runs

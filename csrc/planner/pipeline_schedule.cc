@@ -200,6 +200,22 @@ std::vector<PipelinePass> rank_passes(Schedule schedule, PipelineShape shape, in
                             m, rank);
 }
 
+void stage_input_region(const Graph& graph, const std::vector<int32_t>& assignment,
+                        std::vector<char>& carries, std::vector<char>& region) {
+  const size_t n = graph.nodes.size();
+  carries.assign(n, 0);
+  region.assign(n, 0);
+  for (NodeIndex v : graph.topo_order) {
+    carries[v] = graph.nodes[v].param_bytes > 0 ? 1 : 0;
+    for (int32_t k : graph.in_edges[v]) {
+      const NodeIndex u = graph.edges[k].src;
+      if (!carries[u]) continue;
+      carries[v] = 1;
+      if (assignment[u] != assignment[v] || region[u]) region[v] = 1;
+    }
+  }
+}
+
 std::string passes_to_string(const std::vector<PipelinePass>& passes) {
   bool multi = false;
   for (const PipelinePass& p : passes) multi = multi || p.stage != passes.front().stage;

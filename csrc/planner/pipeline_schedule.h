@@ -45,12 +45,12 @@
 // as many boundary transfers. interleaved-1f1b, interleaved-zb and zbv follow torch's orders
 // exactly (rank_passes). The zero-bubble schedules (https://arxiv.org/abs/2401.10241) split
 // each backward into I (the input gradient the previous stage waits for) and W (the weight
-// gradient, which nothing waits for, run late to fill the bubble). The profiler measures only a
-// node's whole backward; W is estimated as half the backward of a node with parameters (a
-// Linear's or convolution's weight gradient X^T dY and input gradient dY W^T are the same
-// matrix product) and 0 for a node without (compute_cost.h weight_backward_s); the runtime's
-// extra cost of the split (autograd run twice, the graph retained) is in the schedule's
-// calibrated action_s.
+// gradient, which nothing waits for, run late to fill the bubble). W is each node's measured
+// share of its backward (the profiler splits the node's backward alone), else half the backward
+// of a node with parameters, and the whole backward of a node outside its stage's input region
+// (a first stage has no input gradient to compute; compute_cost.h weight_backward_s,
+// stage_input_region below); the runtime's extra cost of the split (autograd run twice, the
+// graph retained) is in the schedule's calibrated action_s.
 //
 // compute_s = the schedule's length (last operation's finish); bubble_s = compute_s -
 // M * (F_s + B_s) of the busiest stage; transfer_s = M * 2 * sum_s p2p_s[s] (every micro-batch
@@ -88,6 +88,15 @@ struct PipelineStages {
 void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assignment,
                           int64_t num_stages, const NodeTimes& micro_times, double bytes_scale,
                           double action_s, PipelineStages& stages);
+
+// region[v] = 1 where node v lies in its stage's input region under the zero-bubble split
+// (executor/split_backward.py): on a path from a stage input that needs a gradient. A value
+// needs a gradient when a node with parameters is upstream of it (or its producer has some);
+// v is in the region when such a value comes into it from another stage, or from a node in the
+// region of its own stage. The first stage's inputs are the batch, so none of its nodes are.
+// `carries` is scratch.
+void stage_input_region(const Graph& graph, const std::vector<int32_t>& assignment,
+                        std::vector<char>& carries, std::vector<char>& region);
 
 struct PipelineTimes {
   double compute_s = 0;

@@ -239,6 +239,36 @@ def test_backward_workspace_is_each_nodes_gradients_above_what_is_held():
     assert all(p.grad is None for p in model.parameters())   # the profile leaves none behind
 
 
+class _TinyLstmLm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lstm = nn.LSTM(16, 32, batch_first=True)
+        self.act = nn.Tanh()
+        self.head = nn.Linear(32, 50)
+
+    def forward(self, tokens):
+        hidden, _ = self.lstm(self.emb(tokens))
+        return self.head(self.act(hidden))
+
+
+def test_weight_backward_fraction_is_measured_where_an_input_carries_a_gradient():
+    """The weight gradient's share of each node's backward under the zero-bubble split: for the
+    nodes with parameters whose inputs carry a gradient (not the embedding, which reads the
+    batch's tokens, nor the parameter-free Tanh). An LSTM's weight gradient, one small matrix
+    product per time step, outweighs its input gradient."""
+    torch.manual_seed(0)
+    model = _TinyLstmLm()
+    graph = profile_dict(model, torch.randint(0, 50, (BATCH, 24)), warmup=0, repeats=3,
+                         batch_sizes=[], verbose=False)
+    shares = {n["name"]: n["weight_backward_fraction"] for n in graph["nodes"]
+              if "weight_backward_fraction" in n}
+    assert set(shares) == {"lstm", "head"}
+    assert all(0 < f < 1 for f in shares.values())
+    assert shares["lstm"] > 0.5
+    assert all(p.grad is None for p in model.parameters())   # the profile leaves none behind
+
+
 @pytest.mark.parametrize("name",
                          sorted(set(models.MODELS) - {"transformer_lm", "llama_lm"}))
 def test_hook_edges_equal_fx_edges_on_builtin_models(name):

@@ -358,6 +358,89 @@ def backward_workspace_bytes(module: nn.Module, nodes: Dict[str, nn.Module], inp
     return out
 
 
+def weight_backward_fraction(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
+                             kwargs: Optional[Dict[str, Any]], clock: str, repeats: int = 3
+                             ) -> Dict[str, float]:
+    """Per graph node with parameters whose inputs carry a gradient: the share of its backward
+    that is the weight gradient under the zero-bubble schedules' split (executor.split_backward,
+    the one the executor runs), W / (I + W). Each node runs alone on the inputs it received in a
+    forward of the model (copies, requiring a gradient where the originals did), from an output
+    gradient of ones: I = backward_input, W = backward_weight, each the fastest of `repeats`. The share
+    is a property of the node's kernels (an LSTM's weight gradient is one small matrix product
+    per time step, summed; a Linear's input and weight gradients are the same product), so the
+    planner applies it to the node's backward at any batch (compute_cost.h weight_backward_s).
+    Left out: nodes whose inputs carry no gradient (a first stage's, where W is the whole
+    backward) and nodes that cannot run alone on their recorded inputs."""
+    from ..executor.split_backward import backward_input, backward_weight
+
+    recorded: Dict[str, Tuple[Tuple[Any, ...], Dict[str, Any]]] = {}
+    calls = block_list.CallCounter()
+
+    def record(name):
+        def hook(mod, args, kw):
+            recorded[calls.finish(name)] = (args, kw)
+        return hook
+
+    handles = [mod.register_forward_pre_hook(record(name), with_kwargs=True)
+               for name, mod in nodes.items()
+               if any(p.requires_grad for p in mod.parameters())]
+    try:
+        output = module(*inputs, **(kwargs or {}))  # with autograd: which inputs carry a gradient
+        del output
+    finally:
+        for h in handles:
+            h.remove()
+
+    def leaves(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone().requires_grad_(value.requires_grad)
+        if isinstance(value, (list, tuple)):
+            return type(value)(leaves(v) for v in value)
+        if isinstance(value, dict):
+            return {k: leaves(v) for k, v in value.items()}
+        return value
+
+    timer = _Clock(clock)
+    out: Dict[str, float] = {}
+    for node, (args, kw) in recorded.items():
+        mod = nodes[block_list.module_name(node)]
+        params = [p for p in mod.parameters() if p.requires_grad]
+        args, kw = leaves(args), leaves(kw)
+        needing = [t for t in tensors_in((args, kw)) if t.requires_grad]
+        if not needing:
+            continue
+        took_i: List[float] = []
+        took_w: List[float] = []
+        try:
+            for _ in range(max(1, repeats) + 1):  # the first run warms up
+                # a clone, so that a module writing into its input in place does not write
+                # into a leaf
+                output = mod(*[x.clone() if isinstance(x, torch.Tensor) and x.requires_grad
+                               else x for x in args], **kw)
+                outs = [t for t in tensors_in(output) if t.requires_grad]
+                grads = [torch.ones_like(t) for t in outs]
+                timer.sync()
+                start = timer.mark()
+                _, state = backward_input(outs, grads, needing, params)
+                middle = timer.mark()
+                backward_weight(state)
+                end = timer.mark()
+                timer.sync()
+                took_i.append(timer.seconds(start, middle))
+                took_w.append(timer.seconds(middle, end))
+                del output, outs, grads, state
+        except (RuntimeError, TypeError, ValueError):
+            continue  # cannot run alone: the planner keeps its estimate
+        finally:
+            mod.zero_grad(set_to_none=True)
+            for t in needing:
+                t.grad = None
+        i_s, w_s = min(took_i[1:]), min(took_w[1:])
+        if i_s + w_s > 0:
+            out[node] = w_s / (i_s + w_s)
+    return out
+
+
 def count_flops(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
                 kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
     """Forward FLOPs per node (torch.utils.flop_counter), charged like forward time: a

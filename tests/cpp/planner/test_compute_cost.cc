@@ -70,3 +70,20 @@ TEST_CASE("profiles measure halvings of the example batch down to 1", "[compute_
   REQUIRE(default_profile_batch_sizes(2) == std::vector<int64_t>{1});
   REQUIRE(default_profile_batch_sizes(1).empty());
 }
+
+TEST_CASE("weight_backward_s: the whole backward outside the input region, else the measured "
+          "share or half a weighted node's", "[compute]") {
+  Node weighted;
+  weighted.param_bytes = 100;
+  Node free_node;
+  // in the region: half a weighted node's backward, nothing of a parameter-free one's
+  CHECK(weight_backward_s(weighted, 4.0, true) == 2.0);
+  CHECK(weight_backward_s(free_node, 4.0, true) == 0.0);
+  // outside it, I has nothing to compute: W runs the node's whole backward
+  CHECK(weight_backward_s(weighted, 4.0, false) == 4.0);
+  CHECK(weight_backward_s(free_node, 4.0, false) == 4.0);
+  // a measured share replaces the estimate, in the region only
+  weighted.weight_backward_fraction = 0.75;
+  CHECK(weight_backward_s(weighted, 4.0, true) == 3.0);
+  CHECK(weight_backward_s(weighted, 4.0, false) == 4.0);
+}

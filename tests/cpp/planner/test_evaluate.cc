@@ -203,6 +203,37 @@ TEST_CASE("evaluate: each schedule pays its own calibrated cost per action", "[e
   REQUIRE(compute_s(Schedule::k1F1B) == Approx(11.5));
 }
 
+TEST_CASE("evaluate: a zero-bubble W is the measured share of a node's backward", "[evaluate]") {
+  // a -> b -> c -> d, one per stage of interleaved-zb on 2 ranks (virtual_stages 2), M = 2;
+  // F = 1 and B = 2 per stage, p2p 0.5 s.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50},
+                                    {"d", 1, 2, 100, 50}},
+                                   {{0, 1, 50}, {1, 2, 50}, {2, 3, 50}}, 2, "abcd");
+  problem.cluster = test::make_cluster(1, 2, 100, 0);
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
+                              {0, 1, 2, 3}, 2, Schedule::kInterleavedZB);
+  plan.virtual_stages = 2;
+  const auto compute_s = [&](double fraction_b) {
+    problem.graph.nodes[1].weight_backward_fraction = fraction_b;
+    return evaluate(problem, plan).compute_s;
+  };
+  // b's share moves work between the I that stage 0 waits for and the W that waits for
+  // nobody: at 0.1 its I (1.8) is on the critical path, 2 x 0.8 longer than at the estimate's
+  // 0.5 (I = 1, which the schedule hides), and at 0.9 the I shrinks behind other work.
+  CHECK(compute_s(-1) == Approx(15));
+  CHECK(compute_s(0.1) == Approx(16.6));
+  CHECK(compute_s(0.9) == Approx(15));
+  // the graph file keeps the share, and refuses one outside [0, 1]
+  problem.graph.nodes[1].weight_backward_fraction = 0.25;
+  CHECK(graph_from_json(graph_to_json(problem.graph), "g.json").nodes[1].weight_backward_fraction == 0.25);
+  Json bad = graph_to_json(problem.graph);
+  bad["nodes"][1]["weight_backward_fraction"] = 1.5;
+  CHECK_THROWS_WITH(graph_from_json(bad, "g.json"),
+                    Catch::Contains("g.json") && Catch::Contains("nodes[1].weight_backward_fraction") &&
+                        Catch::Contains("[0, 1]"));
+}
+
 TEST_CASE("evaluate: every tensor crossing a stage boundary pays the link latency", "[evaluate]") {
   // a and b both feed c: two values (two messages) cross the 0|1 boundary, 50 bytes each.
   Problem problem;

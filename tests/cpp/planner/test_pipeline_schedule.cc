@@ -210,3 +210,22 @@ TEST_CASE("activation peak follows the pass order", "[pipeline_schedule]") {
   const auto one = stage_passes(Schedule::k1F1B, {.num_stages = 4, .num_microbatches = 8}, 1);
   CHECK(peak_activation_bytes(one, {0, 1, 0, 0}) == 3);
 }
+
+TEST_CASE("stage_input_region: nodes a stage input that needs a gradient reaches", "[pipeline]") {
+  // emb (params) -> act -> lin (params) -> out; mask (no params, from the batch) -> lin and
+  // -> only_mask. Stages: emb, act, mask on 0; lin, out, only_mask on 1.
+  const Graph g = test::make_graph({{"emb", 1, 2, 100, 10}, {"act", 1, 2, 0, 10}, {"mask", 1, 2, 0, 10},
+                                    {"lin", 1, 2, 100, 10}, {"out", 1, 2, 0, 10}, {"only_mask", 1, 2, 0, 10}},
+                                   {{0, 1, 10}, {1, 3, 10}, {2, 3, 10}, {3, 4, 10}, {2, 5, 10}});
+  std::vector<char> carries, region;
+  stage_input_region(g, {0, 0, 0, 1, 1, 1}, carries, region);
+  // the first stage's inputs are the batch: none of its nodes; lin receives act's gradient-
+  // carrying value from stage 0, out follows lin; only_mask receives the mask, which carries none
+  CHECK(region == std::vector<char>{0, 0, 0, 1, 1, 0});
+  // one stage: nothing comes in from another stage
+  stage_input_region(g, {0, 0, 0, 0, 0, 0}, carries, region);
+  CHECK(region == std::vector<char>(6, 0));
+  // a cut after emb: act is reached from stage 0's emb, and lin and out through it
+  stage_input_region(g, {0, 1, 1, 1, 1, 1}, carries, region);
+  CHECK(region == std::vector<char>{0, 1, 0, 1, 1, 0});
+}
