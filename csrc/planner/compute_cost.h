@@ -49,18 +49,29 @@ struct CurvePoint {
 double curve_time_s(const std::vector<CurvePoint>& points, double batch, double floor_s);
 
 // Every node's forward and backward seconds at one batch size.
-// The weight-gradient part (W) of a node's backward, for the zero-bubble schedules that run it
-// apart from the input gradient (pipeline_schedule.h), under the executor's split
-// (executor/split_backward.py). A node outside its stage's input region (no path to it from a
-// stage input that needs a gradient: every node of the first stage; stage_input_region) has
-// no input gradient to compute, so its whole backward runs in W and I is empty. Inside it: the
-// share the profiler measured (Node::weight_backward_fraction, the node's backward split alone
-// on its own inputs), else half the backward of a node with parameters (a Linear's X^T dY and
-// dY W^T are the same matrix product) and 0 for a node without.
-inline double weight_backward_s(const Node& node, double backward_s, bool in_input_region) {
-  if (!in_input_region) return backward_s;
-  if (node.weight_backward_fraction >= 0) return node.weight_backward_fraction * backward_s;
-  return node.param_bytes > 0 ? 0.5 * backward_s : 0.0;
+// A node's backward split in two for the zero-bubble schedules (pipeline_schedule.h) by the
+// executor (executor/split_backward.py): I, the input gradient the previous stage waits for,
+// and W, the weight gradient. A node outside its stage's input region (no path to it from a
+// stage input that needs a gradient: every node of the first stage; stage_input_region) has no
+// input gradient to compute: its plain backward runs in W and I is empty. Inside it, the split
+// costs the plain backward plus Node::split_backward_extra_s (the split's own bookkeeping per
+// micro-batch, which does not grow with the batch: an LSTM's thousand small autograd nodes
+// walked in Python; slowed like compute by `slowdown`), of which W takes the measured share
+// (Node::weight_backward_fraction), else half for a node with parameters (a Linear's X^T dY
+// and dY W^T are the same matrix product) and nothing for a node without.
+struct SplitBackward {
+  double input_s = 0;
+  double weight_s = 0;
+};
+inline SplitBackward split_backward(const Node& node, double backward_s, double slowdown,
+                                    bool in_input_region) {
+  if (!in_input_region) return {0.0, backward_s};
+  const double total =
+      backward_s + (node.split_backward_extra_s > 0 ? node.split_backward_extra_s * slowdown : 0.0);
+  const double share = node.weight_backward_fraction >= 0 ? node.weight_backward_fraction
+                       : node.param_bytes > 0             ? 0.5
+                                                          : 0.0;
+  return {(1.0 - share) * total, share * total};
 }
 
 // What selective recompute adds to a node's backward beyond running its cheap ops again

@@ -13,7 +13,7 @@
 namespace hybridplan {
 namespace {
 
-// The backward of node v that its weight gradient is a part of (weight_backward_s): without the
+// The backward of node v that its weight gradient is a part of (split_backward): without the
 // TP collective, which is the input gradient's.
 double plain_weight_base_s(const NodeTimes& times, size_t v) {
   return times.backward_comm_s.empty() ? times.backward_s[v]
@@ -162,8 +162,11 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   if (split) {
     stage_input_region(graph, plan.assignment, carries_gradient_, input_region_);
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
-      weight_s_[plan.assignment[v]] +=
-          weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v), input_region_[v] != 0);
+      const double base_s = plain_weight_base_s(plain_times, v);
+      const SplitBackward part = split_backward(graph.nodes[v], base_s, slowdown, input_region_[v] != 0);
+      weight_s_[plan.assignment[v]] += part.weight_s;
+      // the split's own cost: I + W is more than the plain backward by that much
+      stages_.backward_s[plan.assignment[v]] += part.input_s + part.weight_s - base_s;
     }
     for (double& b : stages_.backward_s) b += action_s;
   }
@@ -186,8 +189,9 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   for (NodeIndex v : reverse_topo_) {
     const int32_t s = plan.assignment[v];
     stage_backward_s_[s] += pipeline_.last_backward_is_weight[s]
-                                ? weight_backward_s(graph.nodes[v], plain_weight_base_s(plain_times, v),
-                                                    input_region_[v] != 0)
+                                ? split_backward(graph.nodes[v], plain_weight_base_s(plain_times, v),
+                                                 slowdown, input_region_[v] != 0)
+                                      .weight_s
                                 : micro_times.backward_s[v];
     gradient_ready_s_[v] = pipeline_.last_backward_start_s[s] + stage_backward_s_[s];
   }
@@ -642,6 +646,10 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   if (pipeline) {  // receive buffers, one per micro-batch, each way (pipeline_compute filled stages_)
     const auto m = static_cast<double>(plan.num_microbatches);
     for (size_t b = 0; b < stages_.boundary_bytes.size(); ++b) {
+      // ZB-V's turn joins two stages of one rank: torch's schedule hands the producer's output
+      // (and the consumer's input gradient) over as they are (set_local_fwd_input,
+      // set_local_bwd_input), in place of the receive buffers, so nothing more is held
+      if (plan.device_of(static_cast<int32_t>(b)) == plan.device_of(static_cast<int32_t>(b + 1))) continue;
       transient_bytes_[b] += m * stages_.boundary_bytes[b];      // gradients into stage b
       transient_bytes_[b + 1] += m * stages_.boundary_bytes[b];  // activations into stage b + 1
     }

@@ -127,8 +127,12 @@ struct Node {
   int64_t backward_workspace_bytes = -1;
   // Optional (-1 = not measured): the share (0..1) of the node's backward that is its weight
   // gradient under the zero-bubble split (executor/split_backward.py), measured by splitting the
-  // node's backward alone; compute_cost.h weight_backward_s reads it.
+  // node's backward alone; compute_cost.h split_backward reads it.
   double weight_backward_fraction = -1;
+  // Optional (-1 = not measured): seconds the zero-bubble split (I then W) takes beyond the
+  // node's plain backward, measured alongside weight_backward_fraction; the split's bookkeeping,
+  // which does not grow with the batch. compute_cost.h split_backward reads it.
+  double split_backward_extra_s = -1;
   // Optional (-1 = not measured; both or neither): selective recompute (docs/recompute.md)
   // keeps selective_saved_bytes at the profiled batch (the outputs of the ops it saves: matrix
   // products, convolutions, attention) besides the node's inputs, and runs

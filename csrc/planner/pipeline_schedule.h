@@ -45,12 +45,12 @@
 // as many boundary transfers. interleaved-1f1b, interleaved-zb and zbv follow torch's orders
 // exactly (rank_passes). The zero-bubble schedules (https://arxiv.org/abs/2401.10241) split
 // each backward into I (the input gradient the previous stage waits for) and W (the weight
-// gradient, which nothing waits for, run late to fill the bubble). W is each node's measured
-// share of its backward (the profiler splits the node's backward alone), else half the backward
-// of a node with parameters, and the whole backward of a node outside its stage's input region
-// (a first stage has no input gradient to compute; compute_cost.h weight_backward_s,
-// stage_input_region below); the runtime's extra cost of the split (autograd run twice, the
-// graph retained) is in the schedule's calibrated action_s.
+// gradient, which nothing waits for, run late to fill the bubble). The profiler splits each
+// node's backward alone: I + W is its plain backward plus the split's own cost per micro-batch,
+// W its measured share of that (else half the backward of a node with parameters), and a node
+// outside its stage's input region (a first stage has no input gradient to compute) runs its
+// plain backward in W (compute_cost.h split_backward, stage_input_region below); what remains
+// of the runtime's cost per pass is in the schedule's calibrated action_s.
 //
 // compute_s = the schedule's length (last operation's finish); bubble_s = compute_s -
 // M * (F_s + B_s) of the busiest stage; transfer_s = M * 2 * sum_s p2p_s[s] (every micro-batch

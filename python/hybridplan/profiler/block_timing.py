@@ -358,19 +358,23 @@ def backward_workspace_bytes(module: nn.Module, nodes: Dict[str, nn.Module], inp
     return out
 
 
-def weight_backward_fraction(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
-                             kwargs: Optional[Dict[str, Any]], clock: str, repeats: int = 3
-                             ) -> Dict[str, float]:
-    """Per graph node with parameters whose inputs carry a gradient: the share of its backward
-    that is the weight gradient under the zero-bubble schedules' split (executor.split_backward,
-    the one the executor runs), W / (I + W). Each node runs alone on the inputs it received in a
-    forward of the model (copies, requiring a gradient where the originals did), from an output
-    gradient of ones: I = backward_input, W = backward_weight, each the fastest of `repeats`. The share
-    is a property of the node's kernels (an LSTM's weight gradient is one small matrix product
-    per time step, summed; a Linear's input and weight gradients are the same product), so the
-    planner applies it to the node's backward at any batch (compute_cost.h weight_backward_s).
-    Left out: nodes whose inputs carry no gradient (a first stage's, where W is the whole
-    backward) and nodes that cannot run alone on their recorded inputs."""
+def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
+                   kwargs: Optional[Dict[str, Any]], clock: str, repeats: int = 3
+                   ) -> Dict[str, Dict[str, float]]:
+    """Per graph node with parameters whose inputs carry a gradient, its backward under the
+    zero-bubble schedules' split (executor.split_backward, the one the executor runs):
+    {"weight_backward_fraction": W / (I + W),
+     "split_backward_extra_s": I + W less the node's plain backward (at least 0)}.
+    Each node runs alone on the inputs it received in a forward of the model (copies, requiring
+    a gradient where the originals did), from an output gradient of ones, timed three ways:
+    backward_input (I), backward_weight (W) and one plain autograd backward, each the fastest of
+    `repeats`. The extra is the split's bookkeeping (the autograd graph walked in Python, a
+    pass per recorded node), which does not grow with the batch: 6.4-8.3 ms for an nn.LSTM of
+    a few hundred steps, whose weight gradient is a small product per step, at batch 2 and 32
+    alike; 0.1-0.5 ms for a transformer layer's modules. The planner divides the plain backward
+    plus the extra by the share (compute_cost.h split_backward). Left out: nodes whose inputs
+    carry no gradient (a first stage's, where W is the plain backward) and nodes that cannot
+    run alone on their recorded inputs (the planner then estimates)."""
     from ..executor.split_backward import backward_input, backward_weight
 
     recorded: Dict[str, Tuple[Tuple[Any, ...], Dict[str, Any]]] = {}
@@ -401,7 +405,7 @@ def weight_backward_fraction(module: nn.Module, nodes: Dict[str, nn.Module], inp
         return value
 
     timer = _Clock(clock)
-    out: Dict[str, float] = {}
+    out: Dict[str, Dict[str, float]] = {}
     for node, (args, kw) in recorded.items():
         mod = nodes[block_list.module_name(node)]
         params = [p for p in mod.parameters() if p.requires_grad]
@@ -409,16 +413,19 @@ def weight_backward_fraction(module: nn.Module, nodes: Dict[str, nn.Module], inp
         needing = [t for t in tensors_in((args, kw)) if t.requires_grad]
         if not needing:
             continue
-        took_i: List[float] = []
-        took_w: List[float] = []
+
+        def forward():
+            # a clone, so that a module writing into its input in place does not write into a
+            # leaf
+            output = mod(*[x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x
+                           for x in args], **kw)
+            outs = [t for t in tensors_in(output) if t.requires_grad]
+            return outs, [torch.ones_like(t) for t in outs]
+
+        took: Dict[str, List[float]] = {"i": [], "w": [], "b": []}
         try:
             for _ in range(max(1, repeats) + 1):  # the first run warms up
-                # a clone, so that a module writing into its input in place does not write
-                # into a leaf
-                output = mod(*[x.clone() if isinstance(x, torch.Tensor) and x.requires_grad
-                               else x for x in args], **kw)
-                outs = [t for t in tensors_in(output) if t.requires_grad]
-                grads = [torch.ones_like(t) for t in outs]
+                outs, grads = forward()
                 timer.sync()
                 start = timer.mark()
                 _, state = backward_input(outs, grads, needing, params)
@@ -426,18 +433,30 @@ def weight_backward_fraction(module: nn.Module, nodes: Dict[str, nn.Module], inp
                 backward_weight(state)
                 end = timer.mark()
                 timer.sync()
-                took_i.append(timer.seconds(start, middle))
-                took_w.append(timer.seconds(middle, end))
-                del output, outs, grads, state
-        except (RuntimeError, TypeError, ValueError):
-            continue  # cannot run alone: the planner keeps its estimate
+                took["i"].append(timer.seconds(start, middle))
+                took["w"].append(timer.seconds(middle, end))
+                del outs, grads, state
+                outs, grads = forward()
+                timer.sync()
+                start = timer.mark()
+                torch.autograd.backward(outs, grads)
+                end = timer.mark()
+                timer.sync()
+                took["b"].append(timer.seconds(start, end))
+                del outs, grads
+        # Any error: running a module alone on recorded inputs can fail in ways the model's own
+        # forward never meets (state set up by a parent, a hook); the measurement is optional
+        # and the planner's estimate stands in.
+        except Exception:  # noqa: BLE001
+            continue
         finally:
             mod.zero_grad(set_to_none=True)
             for t in needing:
                 t.grad = None
-        i_s, w_s = min(took_i[1:]), min(took_w[1:])
+        i_s, w_s, b_s = (min(took[k][1:]) for k in ("i", "w", "b"))
         if i_s + w_s > 0:
-            out[node] = w_s / (i_s + w_s)
+            out[node] = {"weight_backward_fraction": w_s / (i_s + w_s),
+                         "split_backward_extra_s": max(0.0, i_s + w_s - b_s)}
     return out
 
 

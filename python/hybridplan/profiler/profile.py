@@ -167,13 +167,11 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     for node in graph["nodes"]:
         if node["name"] in workspace:
             node["backward_workspace_bytes"] = workspace[node["name"]]
-    # the weight gradient's share of each node's backward under the zero-bubble split
-    # (compute_cost.h weight_backward_s)
-    shares = block_timing.weight_backward_fraction(module, nodes, inputs, kwargs, clock,
-                                                   repeats=max(1, min(3, repeats)))
+    # each node's backward under the zero-bubble split (compute_cost.h split_backward)
+    split = block_timing.split_backward(module, nodes, inputs, kwargs, clock,
+                                        repeats=max(1, min(3, repeats)))
     for node in graph["nodes"]:
-        if node["name"] in shares:
-            node["weight_backward_fraction"] = shares[node["name"]]
+        node.update(split.get(node["name"], {}))
     if tensor_parallel:
         _add_tensor_parallel(graph, module, nodes, flow, (inputs, kwargs), forward_s,
                              backward_s, clock, warmup, repeats, log)

@@ -71,19 +71,26 @@ TEST_CASE("profiles measure halvings of the example batch down to 1", "[compute_
   REQUIRE(default_profile_batch_sizes(1).empty());
 }
 
-TEST_CASE("weight_backward_s: the whole backward outside the input region, else the measured "
-          "share or half a weighted node's", "[compute]") {
+TEST_CASE("split_backward: the plain backward in W outside the input region, else the split's "
+          "cost divided by the measured share or half a weighted node's", "[compute]") {
   Node weighted;
   weighted.param_bytes = 100;
   Node free_node;
-  // in the region: half a weighted node's backward, nothing of a parameter-free one's
-  CHECK(weight_backward_s(weighted, 4.0, true) == 2.0);
-  CHECK(weight_backward_s(free_node, 4.0, true) == 0.0);
-  // outside it, I has nothing to compute: W runs the node's whole backward
-  CHECK(weight_backward_s(weighted, 4.0, false) == 4.0);
-  CHECK(weight_backward_s(free_node, 4.0, false) == 4.0);
-  // a measured share replaces the estimate, in the region only
+  const auto parts = [](const Node& n, double b, double slowdown, bool region) {
+    const SplitBackward s = split_backward(n, b, slowdown, region);
+    return std::vector<double>{s.input_s, s.weight_s};
+  };
+  // in the region: half a weighted node's backward in each, a parameter-free one's all in I
+  CHECK(parts(weighted, 4.0, 1.0, true) == std::vector<double>{2.0, 2.0});
+  CHECK(parts(free_node, 4.0, 1.0, true) == std::vector<double>{4.0, 0.0});
+  // outside it, I has nothing to compute: W runs the node's plain backward
+  CHECK(parts(weighted, 4.0, 1.0, false) == std::vector<double>{0.0, 4.0});
+  CHECK(parts(free_node, 4.0, 1.0, false) == std::vector<double>{0.0, 4.0});
+  // a measured share replaces the estimate, and the split's own cost (slowed like compute)
+  // joins the backward it divides, in the region only
   weighted.weight_backward_fraction = 0.75;
-  CHECK(weight_backward_s(weighted, 4.0, true) == 3.0);
-  CHECK(weight_backward_s(weighted, 4.0, false) == 4.0);
+  weighted.split_backward_extra_s = 2.0;
+  CHECK(parts(weighted, 4.0, 1.0, true) == std::vector<double>{1.5, 4.5});
+  CHECK(parts(weighted, 4.0, 2.0, true) == std::vector<double>{2.0, 6.0});
+  CHECK(parts(weighted, 4.0, 1.0, false) == std::vector<double>{0.0, 4.0});
 }

@@ -224,14 +224,51 @@ TEST_CASE("evaluate: a zero-bubble W is the measured share of a node's backward"
   CHECK(compute_s(-1) == Approx(15));
   CHECK(compute_s(0.1) == Approx(16.6));
   CHECK(compute_s(0.9) == Approx(15));
-  // the graph file keeps the share, and refuses one outside [0, 1]
+  // the split's own cost joins b's backward: at 0.5, 0.8 more in each I (1.8, as at 0.1
+  // above) and in each W (1.8 against 0.2 there), so the step is at least that one's and at
+  // most two W's of 1.6 longer
+  problem.graph.nodes[1].split_backward_extra_s = 1.6;
+  CHECK(compute_s(-1) > 16.6);
+  CHECK(compute_s(-1) <= 16.6 + 2 * 1.6);
+  // the graph file keeps both, and refuses a share outside [0, 1] or a negative cost
   problem.graph.nodes[1].weight_backward_fraction = 0.25;
-  CHECK(graph_from_json(graph_to_json(problem.graph), "g.json").nodes[1].weight_backward_fraction == 0.25);
+  const Graph again = graph_from_json(graph_to_json(problem.graph), "g.json");
+  CHECK(again.nodes[1].weight_backward_fraction == 0.25);
+  CHECK(again.nodes[1].split_backward_extra_s == 1.6);
   Json bad = graph_to_json(problem.graph);
   bad["nodes"][1]["weight_backward_fraction"] = 1.5;
   CHECK_THROWS_WITH(graph_from_json(bad, "g.json"),
                     Catch::Contains("g.json") && Catch::Contains("nodes[1].weight_backward_fraction") &&
                         Catch::Contains("[0, 1]"));
+  bad = graph_to_json(problem.graph);
+  bad["nodes"][1]["split_backward_extra_s"] = -0.1;
+  CHECK_THROWS_WITH(graph_from_json(bad, "g.json"),
+                    Catch::Contains("nodes[1].split_backward_extra_s") && Catch::Contains(">= 0"));
+}
+
+TEST_CASE("evaluate: ZB-V's turn between two stages of one rank holds no receive buffers",
+          "[evaluate]") {
+  // a -> b -> c -> d on ZB-V's 4 stages: 0 and 3 on rank 0, 1 and 2 (the turn) on rank 1. The
+  // workspaces are measured, so an edge's bytes reach memory only through receive buffers.
+  const auto memory = [](int64_t turn_bytes, int64_t first_bytes) {
+    Problem problem;
+    problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50},
+                                      {"d", 1, 2, 100, 50}},
+                                     {{0, 1, first_bytes}, {1, 2, turn_bytes}, {2, 3, 50}}, 2, "abcd");
+    for (Node& n : problem.graph.nodes) n.backward_workspace_bytes = 10;
+    problem.cluster = test::make_cluster(1, 2, 100, 0);
+    Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
+                                {0, 1, 2, 3}, 2, Schedule::kZBV);
+    plan.virtual_stages = 2;
+    return evaluate(problem, plan).memory_bytes;
+  };
+  // torch hands the turn's tensors over in place: its bytes hold nothing more on either rank
+  CHECK(memory(50, 50) == memory(1000, 50));
+  // between ranks, one buffer per micro-batch each way: rank 0's gradients into a, rank 1's
+  // activations into b, 2 micro-batches of 950 more bytes each
+  const std::vector<int64_t> base = memory(50, 50), wide = memory(50, 1000);
+  CHECK(wide[0] - base[0] == 2 * 950);
+  CHECK(wide[1] - base[1] == 2 * 950);
 }
 
 TEST_CASE("evaluate: every tensor crossing a stage boundary pays the link latency", "[evaluate]") {
