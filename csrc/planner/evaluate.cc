@@ -646,11 +646,12 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   if (pipeline) {  // receive buffers, one per micro-batch, each way (pipeline_compute filled stages_)
     const auto m = static_cast<double>(plan.num_microbatches);
     for (size_t b = 0; b < stages_.boundary_bytes.size(); ++b) {
+      transient_bytes_[b] += m * stages_.boundary_bytes[b];  // gradients into stage b
       // ZB-V's turn joins two stages of one rank: torch's schedule hands the producer's output
-      // (and the consumer's input gradient) over as they are (set_local_fwd_input,
-      // set_local_bwd_input), in place of the receive buffers, so nothing more is held
+      // over as the consumer's input (set_local_fwd_input), which the producer holds for its
+      // own backward anyway. The input gradient it hands back (set_local_bwd_input) stays
+      // referenced by the receiving stage until the next step replaces it: a buffer as usual.
       if (plan.device_of(static_cast<int32_t>(b)) == plan.device_of(static_cast<int32_t>(b + 1))) continue;
-      transient_bytes_[b] += m * stages_.boundary_bytes[b];      // gradients into stage b
       transient_bytes_[b + 1] += m * stages_.boundary_bytes[b];  // activations into stage b + 1
     }
   }
@@ -672,16 +673,29 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     if (!split_held_bytes_.empty()) {
       stage_input_region(graph, plan.assignment, carries_gradient_, input_region_);
     }
+    // A stage none of whose nodes is in its input region (the first) runs its whole backward
+    // in W: its workspace is W's, and its I needs none.
+    input_workspace_bytes_ = stage_workspace_bytes_;
+    weight_workspace_bytes_.assign(split_held_bytes_.empty() ? 0 : values, 0.0);
+    for (int64_t s = 0; s < static_cast<int64_t>(weight_workspace_bytes_.size()); ++s) {
+      weight_workspace_bytes_[s] = stage_workspace_bytes_[s];
+      input_workspace_bytes_[s] = 0.0;
+    }
     for (size_t v = 0; v < graph.nodes.size() && !split_held_bytes_.empty(); ++v) {
-      if (graph.nodes[v].param_bytes > 0 && input_region_[v]) {
-        split_held_bytes_[plan.assignment[v]] += scaled_bytes(graph.nodes[v].output_bytes, scale);
+      const int32_t s = plan.assignment[v];
+      if (!input_region_[v]) continue;
+      input_workspace_bytes_[s] = stage_workspace_bytes_[s];
+      weight_workspace_bytes_[s] = 0.0;
+      if (graph.nodes[v].param_bytes > 0) {
+        split_held_bytes_[s] += scaled_bytes(graph.nodes[v].output_bytes, scale);
       }
     }
     // a stage's workspace is live while its backward runs: it joins what the rank holds at
     // that pass (peak_activation_bytes), not the rank's largest held activations
     for (int64_t k = 0; k < plan.mp; ++k) {
       activation_bytes_[k] = peak_activation_bytes(pipeline_.passes[k], stage_activation_bytes_,
-                                                   split_held_bytes_, stage_workspace_bytes_);
+                                                   split_held_bytes_, input_workspace_bytes_,
+                                                   weight_workspace_bytes_);
     }
     for (int64_t s = 0; s < values; ++s) {  // held buffers add up
       transient_bytes_[plan.device_of(static_cast<int32_t>(s))] +=

@@ -206,6 +206,8 @@ class Evaluator {
   mutable std::vector<double> node_kept_bytes_;  // per node: the activations it keeps for backward
   mutable std::vector<double> freed_bytes_;      // per device / stage: what the nodes whose backward ran have freed
   mutable std::vector<double> split_held_bytes_;        // per stage: held from I to W
+  mutable std::vector<double> input_workspace_bytes_;   // per stage: workspace of its B or I
+  mutable std::vector<double> weight_workspace_bytes_;  // per stage: workspace of its W
   mutable std::vector<double> group_bytes_;        // per local device / stage
   mutable std::vector<double> group_ready_s_;      // per local device / stage
   mutable std::vector<BucketedAllReduce> buckets_;

@@ -240,7 +240,8 @@ std::string passes_to_string(const std::vector<PipelinePass>& passes) {
 double peak_activation_bytes(const std::vector<PipelinePass>& passes,
                              const std::vector<double>& activation_bytes,
                              const std::vector<double>& split_held_bytes,
-                             const std::vector<double>& workspace_bytes) {
+                             const std::vector<double>& workspace_bytes,
+                             const std::vector<double>& weight_workspace_bytes) {
   double held = 0, peak = 0;
   for (const PipelinePass& p : passes) {
     const double bytes = activation_bytes[p.stage];
@@ -258,6 +259,7 @@ double peak_activation_bytes(const std::vector<PipelinePass>& passes,
       peak = std::max(peak, held + workspace);
       held -= bytes;
     } else if (p.kind == PassKind::kBackwardWeight) {
+      if (!weight_workspace_bytes.empty()) peak = std::max(peak, held + weight_workspace_bytes[p.stage]);
       held -= bytes + between;
     }
   }

@@ -202,6 +202,8 @@ TEST_CASE("activation peak follows the pass order", "[pipeline_schedule]") {
                                         {PassKind::kBackwardWeight, 0, 0}};
   CHECK(peak_activation_bytes(alone, {3}, {2}, {0.5}) == 5);
   CHECK(peak_activation_bytes(alone, {3}, {2}) == 5);
+  // ... and a W that runs a whole backward (a first stage's) needs its workspace: 3 + 4.
+  CHECK(peak_activation_bytes(alone, {3}, {0}, {0}, {4}) == 7);
   // A full backward frees what the micro-batch held: F0 3, B0 3 + 5, F1 3 -> 8.
   const std::vector<PipelinePass> full{{PassKind::kForward, 0, 0}, {PassKind::kBackward, 0, 0},
                                        {PassKind::kForward, 1, 0}, {PassKind::kBackward, 1, 0}};
