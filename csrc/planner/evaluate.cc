@@ -667,8 +667,9 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     stage_transient_bytes_ = transient_bytes_;
     activation_bytes_.assign(plan.mp, 0.0);
     transient_bytes_.assign(plan.mp, 0.0);
-    // a split backward's recorded output gradients of the nodes with parameters in their
-    // stage's input region (I records nothing elsewhere: W runs those nodes whole), I to W
+    // a split backward's recorded gradients (measured, else the output gradients of the nodes
+    // with parameters) in their stage's input region (I records nothing elsewhere: W runs
+    // those nodes whole), I to W
     split_held_bytes_.assign(schedule_splits_backward(plan.schedule) ? values : 0, 0.0);
     if (!split_held_bytes_.empty()) {
       stage_input_region(graph, plan.assignment, carries_gradient_, input_region_);
@@ -686,8 +687,11 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
       if (!input_region_[v]) continue;
       input_workspace_bytes_[s] = stage_workspace_bytes_[s];
       weight_workspace_bytes_[s] = 0.0;
-      if (graph.nodes[v].param_bytes > 0) {
-        split_held_bytes_[s] += scaled_bytes(graph.nodes[v].output_bytes, scale);
+      const Node& node = graph.nodes[v];
+      if (node.split_held_bytes >= 0) {  // measured: the gradients I records (Node)
+        split_held_bytes_[s] += scaled_bytes(node.split_held_bytes, scale);
+      } else if (node.param_bytes > 0) {  // estimated: the output gradient of a weighted node
+        split_held_bytes_[s] += scaled_bytes(node.output_bytes, scale);
       }
     }
     // a stage's workspace is live while its backward runs: it joins what the rank holds at

@@ -602,6 +602,10 @@ Graph graph_from_json(const Json& j, const std::string& source) {
       node.backward_workspace_bytes = in.integer(*w, path + ".backward_workspace_bytes");
       if (node.backward_workspace_bytes < 0) in.fail(path + ".backward_workspace_bytes", "must be >= 0", *w);
     }
+    if (const Json* h = in.optional(jn, "split_held_bytes")) {
+      node.split_held_bytes = in.integer(*h, path + ".split_held_bytes");
+      if (node.split_held_bytes < 0) in.fail(path + ".split_held_bytes", "must be >= 0", *h);
+    }
     if (const Json* x = in.optional(jn, "split_backward_extra_s")) {
       node.split_backward_extra_s = in.number(*x, path + ".split_backward_extra_s");
       if (!(node.split_backward_extra_s >= 0)) in.fail(path + ".split_backward_extra_s", "must be >= 0", *x);
@@ -708,6 +712,7 @@ Json graph_to_json(const Graph& g) {
     if (n.backward_workspace_bytes >= 0) jn["backward_workspace_bytes"] = n.backward_workspace_bytes;
     if (n.weight_backward_fraction >= 0) jn["weight_backward_fraction"] = n.weight_backward_fraction;
     if (n.split_backward_extra_s >= 0) jn["split_backward_extra_s"] = n.split_backward_extra_s;
+    if (n.split_held_bytes >= 0) jn["split_held_bytes"] = n.split_held_bytes;
     if (n.has_selective()) {
       jn["selective_saved_bytes"] = n.selective_saved_bytes;
       jn["selective_recompute_fraction"] = n.selective_recompute_fraction;

@@ -133,6 +133,10 @@ struct Node {
   // node's plain backward, measured alongside weight_backward_fraction; the split's bookkeeping,
   // which does not grow with the batch. compute_cost.h split_backward reads it.
   double split_backward_extra_s = -1;
+  // Optional (-1 = not measured): bytes of the gradients that split's I records for W at the
+  // profiled batch (each storage once): an LSTM's gate gradients of every step, 18 times its
+  // output. Held from a micro-batch's I to its W; absent, the memory model takes output_bytes.
+  int64_t split_held_bytes = -1;
   // Optional (-1 = not measured; both or neither): selective recompute (docs/recompute.md)
   // keeps selective_saved_bytes at the profiled batch (the outputs of the ops it saves: matrix
   // products, convolutions, attention) besides the node's inputs, and runs

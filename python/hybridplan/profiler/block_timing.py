@@ -364,7 +364,8 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
     """Per graph node with parameters whose inputs carry a gradient, its backward under the
     zero-bubble schedules' split (executor.split_backward, the one the executor runs):
     {"weight_backward_fraction": W / (I + W),
-     "split_backward_extra_s": I + W less the node's plain backward (at least 0)}.
+     "split_backward_extra_s": I + W less the node's plain backward (at least 0),
+     "split_held_bytes": the gradients I records for W, each storage once (held between them)}.
     Each node runs alone on the inputs it received in a forward of the model (copies, requiring
     a gradient where the originals did), from an output gradient of ones, timed three ways:
     backward_input (I), backward_weight (W) and one plain autograd backward, each the fastest of
@@ -423,6 +424,7 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
             return outs, [torch.ones_like(t) for t in outs]
 
         took: Dict[str, List[float]] = {"i": [], "w": [], "b": []}
+        held: Dict[int, int] = {}
         try:
             for _ in range(max(1, repeats) + 1):  # the first run warms up
                 outs, grads = forward()
@@ -430,6 +432,9 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
                 start = timer.mark()
                 _, state = backward_input(outs, grads, needing, params)
                 middle = timer.mark()
+                held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                        for recorded_grads in state.grads.values() for t in recorded_grads
+                        if isinstance(t, torch.Tensor)}  # this repeat's
                 backward_weight(state)
                 end = timer.mark()
                 timer.sync()
@@ -456,7 +461,8 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
         i_s, w_s, b_s = (min(took[k][1:]) for k in ("i", "w", "b"))
         if i_s + w_s > 0:
             out[node] = {"weight_backward_fraction": w_s / (i_s + w_s),
-                         "split_backward_extra_s": max(0.0, i_s + w_s - b_s)}
+                         "split_backward_extra_s": max(0.0, i_s + w_s - b_s),
+                         "split_held_bytes": int(sum(held.values()))}
     return out
 
 

@@ -274,6 +274,40 @@ TEST_CASE("evaluate: ZB-V's turn between two stages of one rank holds no activat
   CHECK(wide[1] - base[1] == 2 * 950);
 }
 
+TEST_CASE("evaluate: a zero-bubble split holds the gradients I records, measured, until W",
+          "[evaluate]") {
+  // a -> b -> c -> d on interleaved-zb's 4 stages, M = 1: rank 1 runs F s1, F s3, I s3, W s3,
+  // I s1, W s1. Measured, b records 5,000 bytes of gradients from its I to its W (an LSTM's
+  // gate gradients; its output is 50).
+  const auto memory = [](int64_t held_b) {
+    Problem problem;
+    problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50},
+                                      {"d", 1, 2, 100, 50}},
+                                     {{0, 1, 50}, {1, 2, 50}, {2, 3, 50}}, 2, "abcd");
+    for (Node& n : problem.graph.nodes) n.backward_workspace_bytes = 10;
+    problem.graph.nodes[1].split_held_bytes = held_b;
+    problem.cluster = test::make_cluster(1, 2, 100, 0);
+    Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 2,
+                                {0, 1, 2, 3}, 1, Schedule::kInterleavedZB);
+    plan.virtual_stages = 2;
+    return evaluate(problem, plan).memory_bytes;
+  };
+  const std::vector<int64_t> estimated = memory(-1), measured = memory(5000);
+  // rank 1's peak comes while b's recorded gradients are held (b's I, before its W), with
+  // them in place of the estimate's 50-byte output gradient; rank 0 is untouched
+  CHECK(measured[0] == estimated[0]);
+  CHECK(measured[1] - estimated[1] == 5000 - 50);
+  // the graph file keeps it, and refuses a negative one
+  Problem round;
+  round.graph = test::make_graph({{"a", 1, 2, 100, 50}}, {}, 2, "a");
+  round.graph.nodes[0].split_held_bytes = 7;
+  CHECK(graph_from_json(graph_to_json(round.graph), "g.json").nodes[0].split_held_bytes == 7);
+  Json bad = graph_to_json(round.graph);
+  bad["nodes"][0]["split_held_bytes"] = -1;
+  CHECK_THROWS_WITH(graph_from_json(bad, "g.json"),
+                    Catch::Contains("nodes[0].split_held_bytes") && Catch::Contains(">= 0"));
+}
+
 TEST_CASE("evaluate: every tensor crossing a stage boundary pays the link latency", "[evaluate]") {
   // a and b both feed c: two values (two messages) cross the 0|1 boundary, 50 bytes each.
   Problem problem;
