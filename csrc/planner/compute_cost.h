@@ -55,8 +55,8 @@ double curve_time_s(const std::vector<CurvePoint>& points, double batch, double 
 // stage input that needs a gradient: every node of the first stage; stage_input_region) has no
 // input gradient to compute: its plain backward runs in W and I is empty. Inside it, the split
 // costs the plain backward plus Node::split_backward_extra_s (the split's own bookkeeping per
-// micro-batch, which does not grow with the batch: an LSTM's thousand small autograd nodes
-// walked in Python; slowed like compute by `slowdown`), of which W takes the measured share
+// micro-batch, which does not grow with the batch: a step-by-step LSTM's autograd nodes walked
+// in Python; slowed like compute by `slowdown`), of which W takes the measured share
 // (Node::weight_backward_fraction), else half for a node with parameters (a Linear's X^T dY
 // and dY W^T are the same matrix product) and nothing for a node without.
 struct SplitBackward {

@@ -667,32 +667,30 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
     stage_transient_bytes_ = transient_bytes_;
     activation_bytes_.assign(plan.mp, 0.0);
     transient_bytes_.assign(plan.mp, 0.0);
-    // a split backward's recorded gradients (measured, else the output gradients of the nodes
-    // with parameters) in their stage's input region (I records nothing elsewhere: W runs
-    // those nodes whole), I to W
-    split_held_bytes_.assign(schedule_splits_backward(plan.schedule) ? values : 0, 0.0);
-    if (!split_held_bytes_.empty()) {
-      stage_input_region(graph, plan.assignment, carries_gradient_, input_region_);
-    }
-    // A stage none of whose nodes is in its input region (the first) runs its whole backward
-    // in W: its workspace is W's, and its I needs none.
-    input_workspace_bytes_ = stage_workspace_bytes_;
-    weight_workspace_bytes_.assign(split_held_bytes_.empty() ? 0 : values, 0.0);
-    for (int64_t s = 0; s < static_cast<int64_t>(weight_workspace_bytes_.size()); ++s) {
-      weight_workspace_bytes_[s] = stage_workspace_bytes_[s];
-      input_workspace_bytes_[s] = 0.0;
-    }
-    for (size_t v = 0; v < graph.nodes.size() && !split_held_bytes_.empty(); ++v) {
-      const int32_t s = plan.assignment[v];
-      if (!input_region_[v]) continue;
-      input_workspace_bytes_[s] = stage_workspace_bytes_[s];
-      weight_workspace_bytes_[s] = 0.0;
-      const Node& node = graph.nodes[v];
-      if (node.split_held_bytes >= 0) {  // measured: the gradients I records (Node)
-        split_held_bytes_[s] += scaled_bytes(node.split_held_bytes, scale);
-      } else if (node.param_bytes > 0) {  // estimated: the output gradient of a weighted node
-        split_held_bytes_[s] += scaled_bytes(node.output_bytes, scale);
+    const bool split = schedule_splits_backward(plan.schedule);
+    split_held_bytes_.assign(split ? values : 0, 0.0);
+    if (split) {  // input_region_: pipeline_compute's, for this plan
+      // A stage none of whose nodes is in its input region (the first) runs its whole backward
+      // in W: its workspace is W's, and its I needs none.
+      weight_workspace_bytes_ = stage_workspace_bytes_;
+      input_workspace_bytes_.assign(values, 0.0);
+      for (size_t v = 0; v < graph.nodes.size(); ++v) {
+        if (!input_region_[v]) continue;  // I records nothing for it: W runs it whole
+        const int32_t s = plan.assignment[v];
+        input_workspace_bytes_[s] = stage_workspace_bytes_[s];
+        weight_workspace_bytes_[s] = 0.0;
+        // the gradients I records for W, held until it: measured, else the output gradient of
+        // a node with parameters
+        const Node& node = graph.nodes[v];
+        if (node.split_held_bytes >= 0) {
+          split_held_bytes_[s] += scaled_bytes(node.split_held_bytes, scale);
+        } else if (node.param_bytes > 0) {
+          split_held_bytes_[s] += scaled_bytes(node.output_bytes, scale);
+        }
       }
+    } else {
+      input_workspace_bytes_ = stage_workspace_bytes_;
+      weight_workspace_bytes_.clear();
     }
     // a stage's workspace is live while its backward runs: it joins what the rank holds at
     // that pass (peak_activation_bytes), not the rank's largest held activations

@@ -38,6 +38,26 @@ Problem two_stage_problem() {
   return problem;
 }
 
+// a -> b -> c -> d: forward 1 and backward 2 each at the profiled batch 2, 100 B of parameters
+// and a 50 B output each; the edges a -> b and b -> c carry first_bytes and middle_bytes; 2
+// devices of 100 B/s without latency.
+Problem four_node_problem(int64_t first_bytes = 50, int64_t middle_bytes = 50) {
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50},
+                                    {"d", 1, 2, 100, 50}},
+                                   {{0, 1, first_bytes}, {1, 2, middle_bytes}, {2, 3, 50}}, 2, "abcd");
+  problem.cluster = test::make_cluster(1, 2, 100, 0);
+  return problem;
+}
+
+// One node per stage of a two-stages-per-rank `schedule` on 2 ranks, M micro-batches of 2.
+Plan four_stage_plan(const Problem& problem, Schedule schedule, int64_t m) {
+  Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 2 * m,
+                              {0, 1, 2, 3}, m, schedule);
+  plan.virtual_stages = 2;
+  return plan;
+}
+
 // dp=2 x mp=2, a on stage 0 and b on stage 1, GPipe with 2 micro-batches of 2.
 Plan two_stage_plan(const Problem& problem) {
   return test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4, {0, 1}, 2,
@@ -204,16 +224,10 @@ TEST_CASE("evaluate: each schedule pays its own calibrated cost per action", "[e
 }
 
 TEST_CASE("evaluate: a zero-bubble W is the measured share of a node's backward", "[evaluate]") {
-  // a -> b -> c -> d, one per stage of interleaved-zb on 2 ranks (virtual_stages 2), M = 2;
-  // F = 1 and B = 2 per stage, p2p 0.5 s.
-  Problem problem;
-  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50},
-                                    {"d", 1, 2, 100, 50}},
-                                   {{0, 1, 50}, {1, 2, 50}, {2, 3, 50}}, 2, "abcd");
-  problem.cluster = test::make_cluster(1, 2, 100, 0);
-  Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
-                              {0, 1, 2, 3}, 2, Schedule::kInterleavedZB);
-  plan.virtual_stages = 2;
+  // a -> b -> c -> d, one per stage of interleaved-zb on 2 ranks, M = 2; F = 1 and B = 2 per
+  // stage, p2p 0.5 s.
+  Problem problem = four_node_problem();
+  const Plan plan = four_stage_plan(problem, Schedule::kInterleavedZB, 2);
   const auto compute_s = [&](double fraction_b) {
     problem.graph.nodes[1].weight_backward_fraction = fraction_b;
     return evaluate(problem, plan).compute_s;
@@ -251,16 +265,9 @@ TEST_CASE("evaluate: ZB-V's turn between two stages of one rank holds no activat
   // a -> b -> c -> d on ZB-V's 4 stages: 0 and 3 on rank 0, 1 and 2 (the turn) on rank 1. The
   // workspaces are measured, so an edge's bytes reach memory only through receive buffers.
   const auto memory = [](int64_t turn_bytes, int64_t first_bytes) {
-    Problem problem;
-    problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50},
-                                      {"d", 1, 2, 100, 50}},
-                                     {{0, 1, first_bytes}, {1, 2, turn_bytes}, {2, 3, 50}}, 2, "abcd");
+    Problem problem = four_node_problem(first_bytes, turn_bytes);
     for (Node& n : problem.graph.nodes) n.backward_workspace_bytes = 10;
-    problem.cluster = test::make_cluster(1, 2, 100, 0);
-    Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
-                                {0, 1, 2, 3}, 2, Schedule::kZBV);
-    plan.virtual_stages = 2;
-    return evaluate(problem, plan).memory_bytes;
+    return evaluate(problem, four_stage_plan(problem, Schedule::kZBV, 2)).memory_bytes;
   };
   // torch hands the turn's activations over in place, and its gradients stay referenced as a
   // receive buffer would: 2 micro-batches of 950 more bytes on rank 1, one way only
@@ -280,17 +287,10 @@ TEST_CASE("evaluate: a zero-bubble split holds the gradients I records, measured
   // I s1, W s1. Measured, b records 5,000 bytes of gradients from its I to its W (an LSTM's
   // gate gradients; its output is 50).
   const auto memory = [](int64_t held_b) {
-    Problem problem;
-    problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c", 1, 2, 100, 50},
-                                      {"d", 1, 2, 100, 50}},
-                                     {{0, 1, 50}, {1, 2, 50}, {2, 3, 50}}, 2, "abcd");
+    Problem problem = four_node_problem();
     for (Node& n : problem.graph.nodes) n.backward_workspace_bytes = 10;
     problem.graph.nodes[1].split_held_bytes = held_b;
-    problem.cluster = test::make_cluster(1, 2, 100, 0);
-    Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 2,
-                                {0, 1, 2, 3}, 1, Schedule::kInterleavedZB);
-    plan.virtual_stages = 2;
-    return evaluate(problem, plan).memory_bytes;
+    return evaluate(problem, four_stage_plan(problem, Schedule::kInterleavedZB, 1)).memory_bytes;
   };
   const std::vector<int64_t> estimated = memory(-1), measured = memory(5000);
   // rank 1's peak comes while b's recorded gradients are held (b's I, before its W), with
