@@ -51,7 +51,13 @@ ChainTimes time_step(const std::vector<Block>& blocks, const std::vector<torch::
     torch::Tensor y = blocks[i].forward(x).next;
     const double end_s = clock.mark();
     split.forward_s[i] += end_s - previous_s;
-    if (y.requires_grad()) {
+    // A block that returns its input unchanged (dropout with p=0, Identity) hands on its
+    // producer's autograd node: hooked again, its mark would take the producer's backward,
+    // so it is marked once, for the producer (the rule block_timing.py's StepTimer follows).
+    const bool passthrough = i > 0 && y.defined() && y.grad_fn() &&
+                             y.grad_fn() == x.front().grad_fn() &&
+                             y.output_nr() == x.front().output_nr();
+    if (y.requires_grad() && !passthrough) {
       y.register_hook([&, i](const torch::Tensor&) {
         backward_marks.emplace_back(clock.mark(), backward_owner.value_or(i));
         backward_owner = i;

@@ -440,6 +440,24 @@ def test_each_node_is_charged_its_own_forward_and_backward():
         assert backward_s <= node["backward_s"] <= backward_s + 0.019, node
 
 
+def test_a_node_that_returns_its_input_takes_none_of_its_producers_backward():
+    """nn.Dropout(p=0) and nn.Identity return their input: the output's autograd node is the
+    node before them's. Marked for both, the later mark took the producer's whole backward
+    (a transformer layer's attention went to its dropout=0.0, and across a pipeline cut
+    between them to the wrong stage); each pass-through here follows a node whose backward
+    sleeps 40 ms, and that node keeps it."""
+    model = nn.Sequential(_Sleepy(0.0, 0.040), nn.Dropout(0.0), _Sleepy(0.0, 0.010),
+                          nn.Identity(), _Sleepy(0.0, 0.040))
+    graph = profile_dict(model, torch.randn(2, 4), warmup=1, repeats=3, verbose=False,
+                         clock="wall")
+    by_name = {n["name"]: n for n in graph["nodes"]}
+    assert set(by_name) == {"0", "1", "2", "3", "4"}
+    for producer, passthrough in (("0", "1"), ("2", "3")):
+        sleep_s = 0.040 if producer == "0" else 0.010
+        assert sleep_s <= by_name[producer]["backward_s"] <= sleep_s + 0.019, by_name[producer]
+        assert by_name[passthrough]["backward_s"] <= 0.005, by_name[passthrough]
+
+
 def test_wall_clock_times_are_positive_and_per_node(one_thread):
     model = models.gnmt_lstm()
     graph = profile_dict(model, model.example_inputs(4), warmup=1, repeats=3, verbose=False)

@@ -18,7 +18,11 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
   of a functional op (cat, add) that runs right after a node's backward is charged to that node,
   which is again the op's consumer in the forward pass. The seed gradient's time goes to the
   first node to start. On CPU the engine runs one autograd node at a time, most recently
-  created first, so node backward intervals do not interleave.
+  created first, so node backward intervals do not interleave. A node that returns its input
+  unchanged (dropout with p=0, Identity) shares its producer's autograd node and is marked
+  once, for the producer: marked twice, the second mark would take the producer's whole
+  backward (a transformer layer's attention, 3.5 ms at batch 16, went to its dropout=0.0 that
+  way, and so across a pipeline cut between the two).
 - Clock (`clock`): "wall" = time.perf_counter (CPU default); "cuda" = CUDA events (read after
   one synchronize per step; the default on GPU); "thread" = time.thread_time, the CPU time of
   the calling thread, which on a shared, busy CPU excludes the time other processes hold the
@@ -189,6 +193,7 @@ class StepTimer:
         self.backward_marks: List[Tuple[Any, str]] = []
         self.last_forward: Optional[str] = None
         self.backward_owner: Optional[str] = None
+        self._hooked: Dict[int, Any] = {}  # id(grad_fn) -> grad_fn, of this step's marked outputs
         self._calls.reset()
 
     def _forward_end(self, name: str) -> Callable:
@@ -199,14 +204,16 @@ class StepTimer:
             self.last_forward = node
             if node not in self._grad_hooks:
                 self._grad_hooks[node] = self._grads_ready(node)
-            hooked = set()
             for t in tensors_in(output):
                 fn = t.grad_fn
-                if fn is not None and fn not in hooked:
+                if fn is not None and id(fn) not in self._hooked:
                     # a pre-hook on the autograd node that computes this output: it runs when
-                    # the output's gradient is complete (cheaper than Tensor.register_hook)
+                    # the output's gradient is complete (cheaper than Tensor.register_hook).
+                    # An output whose autograd node an earlier node's hook already marks is
+                    # that node's output returned unchanged (dropout with p=0, Identity): the
+                    # backward run from there is the earlier node's, so no second mark.
                     fn.register_prehook(self._grad_hooks[node])
-                    hooked.add(fn)
+                    self._hooked[id(fn)] = fn  # held: an id is unique while its object lives
             # registering costs tens of microseconds per node: the profiler's own time, charged
             # to no node (None) so that it does not inflate the next node's forward
             self.forward_marks.append((self.clock.mark(), None))

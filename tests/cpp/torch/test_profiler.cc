@@ -154,6 +154,35 @@ TEST_CASE("profile: each block is charged its own forward and backward within a 
   }
 }
 
+TEST_CASE("profile: a block that returns its input takes none of its producer's backward",
+          "[profiler]") {
+  // Dropout with p=0 and Identity return their input, so their output's autograd node is the
+  // block before them's; hooked for both, the later hook took the producer's whole backward.
+  // The producer's backward sleeps 40 ms (the Python profiler's twin test is in
+  // tests/python/test_profiler.py).
+  nn::Linear first(4, 4), last(4, 4);
+  std::vector<hybridplan::Block> blocks;
+  blocks.push_back({"sleepy", "sleepy", first.ptr(),
+                    [first](const std::vector<torch::Tensor>& x) mutable {
+                      return SleepInBackward::apply(first->forward(x[0]), 40);
+                    }});
+  nn::Dropout dropout(0.0);
+  blocks.push_back({"dropout", "dropout", dropout.ptr(),
+                    [dropout](const std::vector<torch::Tensor>& x) mutable {
+                      return dropout->forward(x[0]);
+                    }});
+  blocks.push_back({"last", "linear", last.ptr(),
+                    [last](const std::vector<torch::Tensor>& x) mutable {
+                      return last->forward(x[0]);
+                    }});
+  ProfileOptions options = quick();
+  options.clock = "wall";
+  const Graph g = hybridplan::profile_blocks(blocks, {torch::randn({2, 4})}, options);
+  CHECK(g.nodes[0].backward_s >= 0.040);
+  CHECK(g.nodes[0].backward_s <= 0.040 + 0.019);
+  CHECK(g.nodes[1].backward_s <= 0.005);
+}
+
 TEST_CASE("profile: .grad fields are left untouched", "[profiler]") {
   nn::Sequential net(nn::Linear(4, 3), nn::ReLU(), nn::Linear(3, 2));
   (void)hybridplan::profile(net, {torch::randn({2, 4})}, quick());
