@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     graph = [json.loads(args.graph.read_text()) if args.graph else None]
-    if graph[0] is None:  # the structure only: one untimed pass at batch 2, on rank 0
+    if graph[0] is None:  # the structure only: one untimed pass, on rank 0
         if dist.get_rank() == 0:
             from hybridplan.factories import load_factory
             from hybridplan.models import loss_and_target
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             module = load_factory(args.model)()
             loss_fn, target = loss_and_target(module, 2)
             graph[0] = profile_dict(module, module.example_inputs(2), warmup=0, repeats=1,
-                                    verbose=False, batch_sizes=[2], loss_fn=loss_fn,
+                                    verbose=False, batch_sizes=[1], loss_fn=loss_fn,
                                     target=target)
         dist.broadcast_object_list(graph, src=0)
     graph = graph[0]
