@@ -95,6 +95,10 @@ def _stage_class():
     from torch.distributed.pipelining import PipelineStage
 
     class SplitBackwardStage(PipelineStage):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._detach_after_weight: Dict[int, List[torch.Tensor]] = {}  # last stage's
+
         def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True,
                                last_backward=False):
             """torch detaches the last stage's outputs in place after its backward; before a
@@ -108,9 +112,25 @@ def _stage_class():
                 self.fwd_cache[bwd_chunk_id] = (tuple(
                     t.view_as(t) if isinstance(t, torch.Tensor) and not t._is_view() else t
                     for t in outputs), inputs)
+                # detached after W instead (backward_weight_one_chunk), with the loss
+                self._detach_after_weight[bwd_chunk_id] = [
+                    t for t in tuple(outputs) + (loss,) if isinstance(t, torch.Tensor)]
             return super().backward_one_chunk(bwd_chunk_id, loss=loss,
                                               full_backward=full_backward,
                                               last_backward=last_backward)
+
+        def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
+            """I ran its autograd.grad with retain_graph (W runs the same graph's weight side),
+            so the input side's saved tensors live as long as something references the graph:
+            on the last stage the schedule keeps each micro-batch's loss to the step's end, and
+            the outputs torch would have detached after I. Detached in place once W is done,
+            as torch detaches them after a full backward, the micro-batch's activations go
+            then (a transformer's ZB-V last stage held 5.2 MiB a micro-batch to the step's
+            end without it)."""
+            super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+            for t in self._detach_after_weight.pop(bwd_chunk_id, ()):
+                if t.grad_fn is not None and not t._is_view():  # views: not in place
+                    t.detach_()
 
         def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
             if backward_type == "full":
