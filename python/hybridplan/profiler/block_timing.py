@@ -193,7 +193,7 @@ class StepTimer:
         self.backward_marks: List[Tuple[Any, str]] = []
         self.last_forward: Optional[str] = None
         self.backward_owner: Optional[str] = None
-        self._hooked: Dict[int, Any] = {}  # id(grad_fn) -> grad_fn, of this step's marked outputs
+        self._hooked: set = set()  # the autograd nodes of this step's marked outputs
         self._calls.reset()
 
     def _forward_end(self, name: str) -> Callable:
@@ -206,14 +206,14 @@ class StepTimer:
                 self._grad_hooks[node] = self._grads_ready(node)
             for t in tensors_in(output):
                 fn = t.grad_fn
-                if fn is not None and id(fn) not in self._hooked:
+                if fn is not None and fn not in self._hooked:
                     # a pre-hook on the autograd node that computes this output: it runs when
                     # the output's gradient is complete (cheaper than Tensor.register_hook).
                     # An output whose autograd node an earlier node's hook already marks is
                     # that node's output returned unchanged (dropout with p=0, Identity): the
                     # backward run from there is the earlier node's, so no second mark.
                     fn.register_prehook(self._grad_hooks[node])
-                    self._hooked[id(fn)] = fn  # held: an id is unique while its object lives
+                    self._hooked.add(fn)
             # registering costs tens of microseconds per node: the profiler's own time, charged
             # to no node (None) so that it does not inflate the next node's forward
             self.forward_marks.append((self.clock.mark(), None))
@@ -434,15 +434,16 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
         took: Dict[str, List[float]] = {"i": [], "w": [], "b": []}
         held: Dict[int, int] = {}
         try:
-            for _ in range(max(1, repeats) + 1):  # the first run warms up
+            for repeat in range(max(1, repeats) + 1):  # the first run warms up
                 outs, grads = forward()
                 timer.sync()
                 start = timer.mark()
                 _, state = backward_input(outs, grads, needing, params)
                 middle = timer.mark()
-                held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                        for recorded_grads in state.grads.values() for t in recorded_grads
-                        if isinstance(t, torch.Tensor)}  # this repeat's
+                if repeat == 0:  # counted in the warm-up run, whose times are dropped
+                    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                            for recorded_grads in state.grads.values() for t in recorded_grads
+                            if isinstance(t, torch.Tensor)}
                 backward_weight(state)
                 end = timer.mark()
                 timer.sync()
