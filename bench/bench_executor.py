@@ -14,9 +14,10 @@ the executor is slower). Runs itself under torchrun with 2 local processes (Gloo
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from torchrun_relaunch import relaunch  # this folder
 
 import torch
 import torch.distributed as dist
@@ -126,11 +127,9 @@ def bench_pipeline(args):
 
 def main():
     args = parse_args()
-    if "RANK" not in os.environ:  # relaunch under torchrun with 2 local ranks
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                "--nproc-per-node", "2", os.path.abspath(__file__),
-                                *sys.argv[1:]], env=env)
+    code = relaunch(__file__, sys.argv[1:])  # under torchrun with 2 local ranks
+    if code is not None:
+        return code
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     dp_exec_s, ddp_s = bench_dp(args)

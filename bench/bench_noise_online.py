@@ -14,8 +14,9 @@ the overhead. Runs itself under torchrun with 2 local processes (Gloo on CPU), o
 
 import argparse
 import os
-import subprocess
 import sys
+
+from torchrun_relaunch import relaunch  # this folder
 
 import torch
 import torch.distributed as dist
@@ -58,11 +59,9 @@ def bench(args, every: int):
 
 def main():
     args = parse_args()
-    if "RANK" not in os.environ:  # relaunch under torchrun with 2 local ranks
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                "--nproc-per-node", "2", os.path.abspath(__file__),
-                                *sys.argv[1:]], env=env)
+    code = relaunch(__file__, sys.argv[1:])  # under torchrun with 2 local ranks
+    if code is not None:
+        return code
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     results = [(every, *bench(args, every)) for every in args.every]

@@ -26,11 +26,11 @@ holding the data; and how long the isend call itself takes when the receive is a
 """
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
+
+from torchrun_relaunch import relaunch  # this folder
 
 import torch
 import torch.distributed as dist
@@ -47,11 +47,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=40)
     p.add_argument("--compute-ms", type=float, default=8.0)
     args = p.parse_args()
-    if "RANK" not in os.environ:  # relaunch under torchrun with 2 local ranks
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                "--nproc-per-node", "2", os.path.abspath(__file__),
-                                *sys.argv[1:]], env=env)
+    code = relaunch(__file__, sys.argv[1:])  # under torchrun with 2 local ranks
+    if code is not None:
+        return code
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()

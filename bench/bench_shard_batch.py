@@ -19,13 +19,11 @@ intra-op thread each.
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from torchrun_relaunch import relaunch  # this folder
 
 
 def _arguments(argv):
@@ -50,13 +48,9 @@ def _arguments(argv):
 
 def main(argv=None) -> int:
     args = _arguments(argv)
-    if "RANK" not in os.environ:  # relaunch under torchrun with 2 local ranks
-        env = dict(os.environ, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "python"),
-                                                          os.environ.get("PYTHONPATH", "")) if p))
-        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                "--nproc-per-node", "2", __file__] + (argv or sys.argv[1:]),
-                               env=env)
+    code = relaunch(__file__, sys.argv[1:] if argv is None else argv)  # under torchrun with 2 local ranks
+    if code is not None:
+        return code
 
     import torch
     import torch.distributed as dist
