@@ -65,6 +65,9 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
   if (const Json* v = in.optional(j, "sharded_optimizer_tensor_s")) {
     r.sharded_optimizer_tensor_s = in.number(*v, "runtime.sharded_optimizer_tensor_s");
   }
+  if (const Json* v = in.optional(j, "sharded_compute_slowdown")) {
+    r.sharded_compute_slowdown = in.number(*v, "runtime.sharded_compute_slowdown");
+  }
   if (const Json* v = in.optional(j, "selective_op_s")) {
     r.selective_op_s = in.number(*v, "runtime.selective_op_s");
   }
@@ -100,6 +103,7 @@ void validate_runtime(const std::string& source, const Runtime& r) {
   check_non_negative(source, "runtime.action_s", r.action_s);
   check_non_negative(source, "runtime.optimizer_tensor_s", r.optimizer_tensor_s);
   check_non_negative(source, "runtime.sharded_optimizer_tensor_s", r.sharded_optimizer_tensor_s);
+  check_non_negative(source, "runtime.sharded_compute_slowdown", r.sharded_compute_slowdown);
   check_non_negative(source, "runtime.selective_op_s", r.selective_op_s);
   for (const auto& [name, seconds] : r.schedule_action_s) {
     check_non_negative(source, "runtime.schedule_action_s." + name, seconds);
@@ -339,12 +343,15 @@ Json cluster_to_json(const Cluster& c) {
   }
   const Runtime& r = c.runtime;
   if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 || r.sharded_optimizer_tensor_s > 0 ||
-      r.selective_op_s > 0 || !r.shared_host_slowdown.empty() || !r.schedule_action_s.empty()) {
+      r.sharded_compute_slowdown > 0 || r.selective_op_s > 0 || !r.shared_host_slowdown.empty() || !r.schedule_action_s.empty()) {
     j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
                     {"shared_host_slowdown", r.shared_host_slowdown}};
     if (r.optimizer_tensor_s > 0) j["runtime"]["optimizer_tensor_s"] = r.optimizer_tensor_s;
     if (r.sharded_optimizer_tensor_s > 0) {
       j["runtime"]["sharded_optimizer_tensor_s"] = r.sharded_optimizer_tensor_s;
+    }
+    if (r.sharded_compute_slowdown > 0) {
+      j["runtime"]["sharded_compute_slowdown"] = r.sharded_compute_slowdown;
     }
     if (r.selective_op_s > 0) j["runtime"]["selective_op_s"] = r.selective_op_s;
     if (!r.schedule_action_s.empty()) {

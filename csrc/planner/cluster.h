@@ -57,6 +57,11 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter };
 //                 memory-bound update of the bytes (optimizer_cost.h)
 //   sharded_optimizer_tensor_s  the same for a sharded parameter (a DTensor shard: every op of
 //                 the update goes through DTensor's dispatch); unset (0): optimizer_tensor_s
+//   sharded_compute_slowdown  the fraction a sharded placement replica's compute adds to its
+//                 step (0: none): each unit's collective makes the ranks meet, so every unit
+//                 waits for the slower rank's compute since the last one, and the collectives'
+//                 threads take core time from compute (on this CPU host aten::mm ran 14-19 %
+//                 slower under zero2 than under DDP); it grows with the compute, not the bytes
 //   selective_op_s  per aten op of a node recomputed selectively, per forward+backward:
 //                 torch's selective activation checkpointing is a Python dispatch mode that sees
 //                 every op of the forward and again of the recompute (Node::selective_ops)
@@ -67,6 +72,7 @@ struct Runtime {
   double action_s = 0;
   double optimizer_tensor_s = 0;
   double sharded_optimizer_tensor_s = 0;
+  double sharded_compute_slowdown = 0;
   double selective_op_s = 0;
   std::vector<std::pair<std::string, double>> schedule_action_s;  // (schedule name, seconds)
   std::vector<std::pair<int64_t, double>> shared_host_slowdown;  // (processes, factor), k ascending

@@ -433,8 +433,11 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   const auto bytes = [&](NodeIndex v) {
     return static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v]));
   };
+  // The ranks meet at every unit's collectives: the replica's compute slows by this share
+  // (cluster.h runtime.sharded_compute_slowdown; measured by calibrate).
+  const double meeting_s = cluster.runtime.sharded_compute_slowdown * compute_s;
   if (serial_replica_devices()) {  // one thread computes and waits for every collective in turn
-    double total_s = 0;
+    double total_s = meeting_s;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
       total_s += (zero3 ? 2 : 1) * gather.time_s(bytes(v)) + reduce_s(0, bytes(v));
     }
@@ -479,7 +482,7 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
       t += times.backward_s[v];
     }
   }
-  return std::max(t, comm) - plain;
+  return std::max(t, comm) - plain + meeting_s;
 }
 
 double Evaluator::optimizer_s(const Plan& plan) const {

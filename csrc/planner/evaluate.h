@@ -32,6 +32,9 @@
 //                       (FSDP2's backward prefetch); a unit's reduce-scatter is issued when
 //                       its backward ends; the exposed part is the step's end with these,
 //                       less forward + backward without them
+//                       both: plus runtime.sharded_compute_slowdown x compute_s (the ranks
+//                       meet at every unit: each waits for the slower one's compute since
+//                       the last unit, and the collectives' threads share the cores)
 //                     pipeline (zero2), a unit per stage: every stage gathers at its first
 //                       forward, on the fill path (sum over stages), and reduce-scatters after
 //                       its last backward (torch's schedules): the part past the schedule's end

@@ -240,6 +240,50 @@ def test_calibrate_fits_the_shard_latencies_on_the_models_own_runs():
     assert flat["allgather"]["latency_s"] == 0 and flat["reduce_scatter"]["latency_s"] == 0
 
 
+def test_calibrate_tells_the_sharded_slowdown_from_the_latencies_at_two_batches():
+    """Runs at two per-replica batches: steps the cost model itself predicts with known gather
+    and reduce-scatter latencies and a known sharded compute slowdown are fitted back to those
+    three values; at one batch the slowdown cannot be told from the latency and stays 0."""
+    from hybridplan.measure import calibration
+    from hybridplan.planner import Cluster, Graph, evaluate
+
+    graph = calibration._tiny_graph()
+    base = Cluster.preset("localhost-cpu").to_dict()
+    for level in ("intra_node", "inter_node"):
+        base[level]["allgather"] = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4}
+        base[level]["reduce_scatter"] = {"bandwidth_bytes_per_s": 5e8, "latency_s": 1e-4}
+    truth = json.loads(json.dumps(base))
+    for level in ("intra_node", "inter_node"):
+        truth[level]["allgather"]["latency_s"] = 2e-3
+        truth[level]["reduce_scatter"]["latency_s"] = 1e-3
+    truth.setdefault("runtime", {})["sharded_compute_slowdown"] = 0.3
+    runs = []
+    for batch in (2, 64):
+        for kind in calibration.kShardKinds:
+            plan = calibration._hand_plan("placement", 2, 1, per_replica_batch=batch)
+            plan["graph"]["sha256"] = Graph.from_dict(graph).sha256
+            plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
+                                  for n in graph["nodes"]]
+            if kind != "none":
+                plan["sharding"] = kind
+            step_s = evaluate(Graph.from_dict(graph), Cluster.from_dict(truth), plan)["step_s"]
+            runs += [{"sharding": kind, "per_replica_batch": batch, "step_s": step_s,
+                      "plan": plan}] * 2
+    fitted = json.loads(json.dumps(base))
+    fit = calibration._fit_shard_latencies(graph, fitted, runs)
+    assert fit["per_replica_batches"] == [2, 64]
+    assert fitted["intra_node"]["allgather"]["latency_s"] == pytest.approx(2e-3, rel=1e-6)
+    assert fitted["inter_node"]["reduce_scatter"]["latency_s"] == pytest.approx(1e-3, rel=1e-6)
+    assert fitted["runtime"]["sharded_compute_slowdown"] == pytest.approx(0.3, rel=1e-6)
+    one = json.loads(json.dumps(base))
+    fit = calibration._fit_shard_latencies(graph, one, [r for r in runs
+                                                       if r["per_replica_batch"] == 64])
+    assert one["runtime"]["sharded_compute_slowdown"] == 0 and "note" in \
+        fit["sharded_compute_slowdown"]
+    assert calibration.model_shard_batches(32) == [8, 64]
+    assert calibration.model_shard_batches(2) == [1, 4]
+
+
 def test_calibrate_leaves_a_sharded_collective_uncalibrated_when_no_cost_shows():
     """On a busy host with few repeats every sharded unit can time no slower than unsharded;
     there is then no bandwidth to derive, and calibrate leaves that collective to the

@@ -54,11 +54,17 @@ What is measured (every fit by least squares, its points and residuals under "me
                                bytes / bw reproduce them (allreduce_cost.h). With --graph and
                                --model (one node), the latencies are then fitted again on the
                                model's own data-parallel step, unsharded, zero2 and zero3, at
-                               --batch / kModelShardBatchDivisor per replica
+                               a quarter of --batch and twice it per replica
                                (_fit_shard_latencies): a unit's fixed cost moves with its
                                structure (tensors, hooks, copies) and the host's state, which
                                six one-tensor units do not show; the bandwidths stay the
                                synthetic fit's (fit "model_shard_units" under measured)
+  runtime.sharded_compute_slowdown  from the same runs: the share of the compute a sharded
+                               step adds beyond its collectives' fixed cost (the ranks meet at
+                               every unit, each waiting for the slower one's compute since the
+                               last, and Gloo's threads share the cores): zero2 - unsharded grows
+                               with the batch (transformer_lm: 62.7 ms at 8 per replica, 76.3 at
+                               32), so the two batches tell it from the reduce-scatter's latency
   intra_node.tp_allreduce      tensor parallelism's collectives as DTensor runs them (the
                                collective, its copies and the dispatch of the split Linears'
                                ops): kTpPairs column-then-row Linear pairs split by
@@ -603,33 +609,43 @@ def shard_collective_link(points: List[Tuple[int, float]], p: int, fits: Dict[st
 
 
 # The model's own data-parallel step unsharded, as zero2 and as zero3 (with --graph and --model),
-# at this fraction of --batch per replica: the units' collectives do not grow with the batch,
-# and the validated plans run at --batch, so the fit is tested at a batch it never saw.
-kModelShardBatchDivisor = 4
+# at these fractions of --batch per replica: a unit's collectives cost the same at every batch,
+# but the ranks meeting at every unit cost a share of the compute (runtime.sharded_compute_slowdown),
+# so two batches on either side of --batch separate the two, and the validated plans, which run
+# at --batch, are predicted at a batch the fit never saw.
+kModelShardBatchFractions = (0.25, 2.0)
 kShardKinds = ("none", "zero2", "zero3")
 
 
-def _model_shard_runs(model_spec: str, graph: dict, batch: int, device, world: int,
-                      warmup: int, repeats: int, timeout_s: float, rounds: int = 2) -> List[dict]:
+def model_shard_batches(batch: int) -> List[int]:
+    """The per-replica batches _model_shard_runs runs at for --batch `batch`."""
+    return sorted({max(1, int(batch * f)) for f in kModelShardBatchFractions})
+
+
+def _model_shard_runs(model_spec: str, graph: dict, per_replica_batches: Sequence[int], device,
+                      world: int, warmup: int, repeats: int, timeout_s: float,
+                      rounds: int = 2) -> List[dict]:
     """The model's dp=world placement plan (every node on the replica's one device) under
-    hybridplan.apply, unsharded, zero2 and zero3 in turn, `rounds` times: the median step
-    (slowest rank) of each run, at max(1, batch // kModelShardBatchDivisor) per replica."""
+    hybridplan.apply, unsharded, zero2 and zero3 in turn at each per-replica batch, `rounds`
+    times (the batches and kinds interleaved): the median step (slowest rank) of each run."""
     from ..executor import apply
     from ..factories import load_factory as _load_factory
     from ..hand_plans import hand_plan
     from ..planner import Graph
 
-    per_replica = max(1, batch // kModelShardBatchDivisor)
-    unsharded = hand_plan(_load_factory(model_spec)(), mode="placement", dp=world, mp=1,
-                          per_replica_batch=per_replica, name=graph.get("name", ""))
-    unsharded["graph"]["sha256"] = Graph.from_dict(graph, "calibration graph").sha256
-    unsharded["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
-                               for n in graph["nodes"]]
+    sha256 = Graph.from_dict(graph, "calibration graph").sha256
     runs = []
-    for _, kind in itertools.product(range(rounds), kShardKinds):
+    for _, per_replica, kind in itertools.product(range(rounds), per_replica_batches,
+                                                  kShardKinds):
         torch.manual_seed(0)
         module = _load_factory(model_spec)()
-        plan = dict(unsharded, sharding=kind) if kind != "none" else unsharded
+        plan = hand_plan(module, mode="placement", dp=world, mp=1,
+                         per_replica_batch=per_replica, name=graph.get("name", ""))
+        plan["graph"]["sha256"] = sha256
+        plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
+                              for n in graph["nodes"]]
+        if kind != "none":
+            plan["sharding"] = kind
         inputs = module.example_inputs(world * per_replica)
         target = module.example_target(world * per_replica)
         hp = apply(plan, module, timeout_s=timeout_s,
@@ -642,23 +658,51 @@ def _model_shard_runs(model_spec: str, graph: dict, batch: int, device, world: i
     return runs
 
 
+def _nonnegative_least_squares(columns: List[List[float]], ts: List[float]) -> List[float]:
+    """x >= 0 minimising |sum_j x_j columns[j] - ts|: the unconstrained solution where it is
+    non-negative, else the best of the fits with some coefficients held at zero (few columns:
+    every subset is tried)."""
+    import numpy as np
+
+    a, t = np.array(columns, dtype=float).T, np.array(ts, dtype=float)
+    best, best_residual = [0.0] * len(columns), float(np.sum(t * t))
+    for subset in itertools.chain.from_iterable(
+            itertools.combinations(range(len(columns)), k) for k in range(1, len(columns) + 1)):
+        x, *_ = np.linalg.lstsq(a[:, list(subset)], t, rcond=None)
+        if (x < 0).any():
+            continue
+        residual = float(np.sum((a[:, list(subset)] @ x - t) ** 2))
+        if residual < best_residual - 1e-18:
+            best, best_residual = [0.0] * len(columns), residual
+            for j, v in zip(subset, x):
+                best[j] = float(v)
+    return best
+
+
 def _fit_shard_latencies(graph: dict, cluster: dict, runs: List[dict]) -> dict:
-    """intra_node (and inter_node) allgather / reduce_scatter latency_s from the model's own
-    sharded runs (_model_shard_runs), their bandwidths kept (the synthetic units' fit, or the
-    all-reduce link's where that found none): a unit's collectives cost the same whatever the
-    batch, so the measured differences decide, each against the cost model's difference for the
-    same two plans (evaluate(), linear in the latency): zero3 - zero2 is one more gather per unit
-    (the gather's latency), then zero2 - unsharded is a gather and a reduce-scatter per unit in
-    place of DDP's all-reduce (the reduce-scatter's). On this host a unit's collectives cost
-    1-3 ms however small the unit (two processes meeting on shared cores), and that latency
-    moves with the host's state and with the units' structure (their tensors, hooks and copies),
-    which six single-Linear units do not show: the model's own units are the measurement."""
+    """intra_node (and inter_node) allgather / reduce_scatter latency_s and
+    runtime.sharded_compute_slowdown from the model's own sharded runs (_model_shard_runs),
+    the bandwidths kept (the synthetic units' fit, or the all-reduce link's where that found
+    none), each parameter against the cost model's own prediction of the same plans (evaluate(),
+    linear in each): zero3 - zero2 is one more gather per unit (the gather's latency; both plans
+    pay the slowdown), then zero2 - unsharded is a gather and a reduce-scatter per unit in place
+    of DDP's all-reduce, plus the slowdown's share of the compute: at two batches the
+    reduce-scatter's latency (the same at both) and the slowdown (growing with the compute) are
+    told apart (non-negative least squares; at one batch the slowdown stays 0). On this host a
+    unit's collectives cost 1-3 ms however small the unit (two processes meeting on shared
+    cores), and that latency moves with the host's state and with the units' structure (their
+    tensors, hooks and copies), which six single-Linear units do not show: the model's own units
+    are the measurement."""
     from ..planner import Cluster, Graph, evaluate
 
     g = Graph.from_dict(graph, "calibration graph")
-    measured = {kind: statistics.median(r["step_s"] for r in runs if r["sharding"] == kind)
-                for kind in kShardKinds}
-    plans = {kind: next(r["plan"] for r in runs if r["sharding"] == kind) for kind in kShardKinds}
+    batches = sorted({r["per_replica_batch"] for r in runs})
+    measured = {b: {kind: statistics.median(r["step_s"] for r in runs
+                                            if r["sharding"] == kind and r["per_replica_batch"] == b)
+                    for kind in kShardKinds} for b in batches}
+    plans = {b: {kind: next(r["plan"] for r in runs
+                            if r["sharding"] == kind and r["per_replica_batch"] == b)
+                 for kind in kShardKinds} for b in batches}
     links = {}
     for name in ("allgather", "reduce_scatter"):
         intra = cluster["intra_node"]
@@ -666,34 +710,68 @@ def _fit_shard_latencies(graph: dict, cluster: dict, runs: List[dict]) -> dict:
             "bandwidth_bytes_per_s": intra.get("allreduce", intra)["bandwidth_bytes_per_s"],
             "latency_s": 0.0}
         links[name] = dict(link)
+    params = {"allgather": 0.0, "reduce_scatter": 0.0, "slowdown": 0.0}
 
-    def predicted(kind: str, name: str, latency_s: float) -> float:
+    def predicted(b: int, kind: str, trial: dict) -> float:
         c = json.loads(json.dumps(cluster))
-        trial = dict(links, **{name: dict(links[name], latency_s=latency_s)})
         for level in ("intra_node", "inter_node"):
-            c[level].update(json.loads(json.dumps(trial)))
-        return evaluate(g, Cluster.from_dict(c, "calibration cluster"), plans[kind])["step_s"]
+            for name in links:
+                c[level][name] = dict(links[name], latency_s=trial[name])
+        c.setdefault("runtime", {})["sharded_compute_slowdown"] = trial["slowdown"]
+        return evaluate(g, Cluster.from_dict(c, "calibration cluster"), plans[b][kind])["step_s"]
 
-    fit = {"measured_step_s": measured, "per_replica_batch": runs[0]["per_replica_batch"],
+    def difference(b, high, low, trial):
+        return predicted(b, high, trial) - predicted(b, low, trial)
+
+    def slope(b, high, low, name):  # d difference / d params[name], the others as fitted so far
+        step = 1e-3
+        return (difference(b, high, low, dict(params, **{name: step}))
+                - difference(b, high, low, dict(params, **{name: 0.0}))) / step
+
+    fit = {"measured_step_s": measured[batches[0]], "per_replica_batch": batches[0],
+           "per_replica_batches": batches,
+           "measured_step_s_by_batch": {str(b): measured[b] for b in batches},
            "synthetic_latency_s": {n: links[n]["latency_s"] for n in links}}
-    for name, (high, low) in (("allgather", ("zero3", "zero2")),
-                              ("reduce_scatter", ("zero2", "none"))):
-        def difference(latency_s, high=high, low=low, name=name):
-            return predicted(high, name, latency_s) - predicted(low, name, latency_s)
-        base = difference(0.0)
-        slope = (difference(1e-3) - base) / 1e-3
-        if slope <= 0:
-            fit[name] = {"note": "the plans' predicted difference does not grow with the "
-                                 "latency: not fitted"}
-            continue
-        latency_s = max(0.0, (measured[high] - measured[low] - base) / slope)
-        links[name]["latency_s"] = latency_s
-        fit[name] = {"latency_s": latency_s, "base_s": base, "slope": slope,
-                     "measured_difference_s": measured[high] - measured[low]}
+    # the gather: zero3 - zero2 at every batch, through the cost model's base
+    base = [difference(b, "zero3", "zero2", params) for b in batches]
+    slopes = [slope(b, "zero3", "zero2", "allgather") for b in batches]
+    gaps = [measured[b]["zero3"] - measured[b]["zero2"] for b in batches]
+    if min(slopes) <= 0:
+        fit["allgather"] = {"note": "the plans' predicted difference does not grow with the "
+                                    "latency: not fitted"}
+    else:
+        params["allgather"] = max(0.0, fit_through_origin(
+            slopes, [gap - b0 for gap, b0 in zip(gaps, base)]))
+        fit["allgather"] = {"latency_s": params["allgather"], "base_s": base, "slope": slopes,
+                            "measured_difference_s": gaps}
+    # the reduce-scatter and the slowdown: zero2 - unsharded at every batch
+    base = [difference(b, "zero2", "none", params) for b in batches]
+    columns = [[slope(b, "zero2", "none", "reduce_scatter") for b in batches]]
+    if len(batches) > 1:
+        columns.append([slope(b, "zero2", "none", "slowdown") for b in batches])
+    gaps = [measured[b]["zero2"] - measured[b]["none"] for b in batches]
+    if min(columns[0]) <= 0:
+        fit["reduce_scatter"] = {"note": "the plans' predicted difference does not grow with "
+                                         "the latency: not fitted"}
+        columns = columns[1:]
+    solved = _nonnegative_least_squares(columns, [gap - b0 for gap, b0 in zip(gaps, base)])
+    names = (["reduce_scatter"] if "reduce_scatter" not in fit else []) + \
+        (["slowdown"] if len(batches) > 1 else [])
+    params.update(zip(names, solved))
+    if "reduce_scatter" not in fit:
+        fit["reduce_scatter"] = {"latency_s": params["reduce_scatter"], "base_s": base,
+                                 "slope": columns[0], "measured_difference_s": gaps}
+    fit["sharded_compute_slowdown"] = (
+        params["slowdown"] if len(batches) > 1
+        else {"note": "one batch: the slowdown cannot be told from the latency; 0"})
+    for name in links:
+        links[name]["latency_s"] = params[name]
     for level in ("intra_node", "inter_node"):
         cluster[level].update(json.loads(json.dumps(links)))
-    fit["predicted_step_s"] = {kind: predicted(kind, "allgather", links["allgather"]["latency_s"])
-                               for kind in kShardKinds}
+    cluster.setdefault("runtime", {})["sharded_compute_slowdown"] = params["slowdown"]
+    fit["predicted_step_s_by_batch"] = {str(b): {kind: predicted(b, kind, params)
+                                                 for kind in kShardKinds} for b in batches}
+    fit["predicted_step_s"] = fit["predicted_step_s_by_batch"][str(batches[0])]
     return fit
 
 
@@ -922,8 +1000,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     if env.world_size == 2 and graph is not None and model:
         model_runs = _model_pipeline_runs(model, graph, batch, device, warmup, repeats, timeout_s)
     if env.world_size > 1 and env.num_nodes == 1 and graph is not None and model:
-        shard_runs = _model_shard_runs(model, graph, batch, device, env.world_size, warmup,
-                                       repeats, timeout_s)
+        shard_runs = _model_shard_runs(model, graph, model_shard_batches(batch), device,
+                                       env.world_size, warmup, repeats, timeout_s)
     module, module_step = _workload(model, batch)
     slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                      rounds=max(3, repeats // 3), steps=3)

@@ -113,7 +113,8 @@ TEST_CASE("cluster: calibrated all-gather and reduce-scatter links, sharded opti
   j["intra_node"]["allgather"] = {{"bandwidth_bytes_per_s", 7e8}, {"latency_s", 1e-3}};
   j["intra_node"]["reduce_scatter"] = {{"bandwidth_bytes_per_s", 2e8}, {"latency_s", 2e-3}};
   j["inter_node"]["reduce_scatter"] = {{"bandwidth_bytes_per_s", 1e8}, {"latency_s", 3e-3}};
-  j["runtime"] = {{"optimizer_tensor_s", 1e-5}, {"sharded_optimizer_tensor_s", 5e-5}};
+  j["runtime"] = {{"optimizer_tensor_s", 1e-5}, {"sharded_optimizer_tensor_s", 5e-5},
+                  {"sharded_compute_slowdown", 0.25}};
   const Cluster c = cluster_from_json(j, "cluster.json");
   REQUIRE(c.collective_link(Collective::kAllGather, 0, 1).bandwidth_bytes_per_s == 7e8);
   REQUIRE(c.collective_link(Collective::kReduceScatter, 0, 1).latency_s == 2e-3);
@@ -121,6 +122,7 @@ TEST_CASE("cluster: calibrated all-gather and reduce-scatter links, sharded opti
   REQUIRE(c.collective_link(Collective::kAllGather, 0, 5).bandwidth_bytes_per_s == 1.25e10);
   REQUIRE(c.collective_link(Collective::kAllReduce, 0, 1).bandwidth_bytes_per_s == 3e8);
   REQUIRE(c.runtime.sharded_optimizer_tensor_s == 5e-5);
+  REQUIRE(c.runtime.sharded_compute_slowdown == 0.25);
   REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(c), "again")) == cluster_to_json(c));
   j["intra_node"]["allgather"]["bandwidth_bytes_per_s"] = -1;
   REQUIRE(load_error(j) ==
@@ -129,6 +131,10 @@ TEST_CASE("cluster: calibrated all-gather and reduce-scatter links, sharded opti
   j["runtime"]["sharded_optimizer_tensor_s"] = -1;
   REQUIRE(load_error(j) ==
           "cluster.json: runtime.sharded_optimizer_tensor_s must be finite and >= 0 (got -1)");
+  j["runtime"]["sharded_optimizer_tensor_s"] = 5e-5;
+  j["runtime"]["sharded_compute_slowdown"] = -0.5;
+  REQUIRE(load_error(j) ==
+          "cluster.json: runtime.sharded_compute_slowdown must be finite and >= 0 (got -0.5)");
 }
 
 TEST_CASE("Cluster::link picks intra-node, matrix or inter-node links", "[cluster]") {

@@ -761,6 +761,17 @@ TEST_CASE("evaluate: sharded data parallelism gathers and reduce-scatters each u
   problem.cluster.intra_node_allgather = Link{50, 0.5};
   plan.sharding = Sharding::kZero2;
   REQUIRE(evaluate(problem, plan).sharding_s == Approx(1.5 + 2.5 + 1.0 + 1.5));
+  // The ranks meeting at every unit slow the replica's compute (21 s) by the calibrated share,
+  // on either kind of device; an unsharded plan does not pay it.
+  problem.cluster.runtime.sharded_compute_slowdown = 0.25;
+  REQUIRE(evaluate(problem, plan).sharding_s == Approx(1.5 + 2.5 + 1.0 + 1.5 + 0.25 * 21));
+  problem.cluster.device.type = "cuda";
+  const double overlapped_s = evaluate(problem, plan).sharding_s;
+  problem.cluster.runtime.sharded_compute_slowdown = 0;
+  REQUIRE(overlapped_s - evaluate(problem, plan).sharding_s == Approx(0.25 * 21));
+  problem.cluster.runtime.sharded_compute_slowdown = 0.25;
+  plan.sharding = Sharding::kNone;
+  REQUIRE(evaluate(problem, plan).step_s == Approx(none.step_s));
 }
 
 TEST_CASE("evaluate: hybrid sharding (HSDP) shards within a group and all-reduces the shards across",
