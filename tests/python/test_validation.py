@@ -5,6 +5,7 @@ them, and these tests do not pretend to)."""
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -184,15 +185,24 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     # every fit reports residuals and whether the data resolved it, never a failed run
     assert all("resolved" in f for f in cluster["measured"]["fits"].values())
     assert os.listdir(calibrated.parent) == ["cluster.json"]  # atomic: no temporary left
-    # the per-action cost comes from the model's own pipelines (8 micro-batches of 1, two runs
-    # each), fitted per schedule; action_s is 1F1B's; the tiny model's fits beside them
+    # the per-action cost comes from the model's own pipelines (8 micro-batches of 1, three
+    # rounds each, their median), fitted per schedule; action_s is 1F1B's; the tiny model's
+    # fits beside them
     measured = cluster["measured"]
     for schedule in ("gpipe", "1f1b"):
         fit = measured["pipeline_actions"][schedule]
-        assert [(r["schedule"], r["num_microbatches"]) for r in fit["runs"]] == [(schedule, 8)] * 2
+        assert [(r["schedule"], r["num_microbatches"]) for r in fit["runs"]] == [(schedule, 8)]
+        assert len(fit["runs"][0]["round_step_s"]) == 3
+        assert fit["runs"][0]["step_s"] == statistics.median(fit["runs"][0]["round_step_s"])
         assert runtime["schedule_action_s"][schedule] == fit["action_s"] >= 0
         assert len(measured["tiny_pipeline_actions"][schedule]["runs"]) >= 2
     assert runtime["action_s"] == runtime["schedule_action_s"]["1f1b"]
+    # the sharded collectives and the sharded step's compute slowdown: the model's own dp
+    # steps at a quarter of --batch and twice it per replica
+    shard = measured["model_shard_units"]
+    assert shard["per_replica_batches"] == calibration.model_shard_batches(8) == [2, 16]
+    assert set(shard["measured_step_s_by_batch"]) == {"2", "16"}
+    assert runtime["sharded_compute_slowdown"] == shard["sharded_compute_slowdown"] >= 0
 
 
 def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):

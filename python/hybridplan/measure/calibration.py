@@ -27,7 +27,9 @@ What is measured (every fit by least squares, its points and residuals under "me
                                (kModelMicrobatchCounts micro-batches of the --batch) under
                                hybridplan.apply, because on CPU ranks the cost of an action is
                                mostly waiting for a message while the other rank computes, which
-                               an idle tiny model does not show. Otherwise (and always reported as
+                               an idle tiny model does not show; three rounds of each, fitted
+                               on each configuration's median round (one slow round moved a
+                               two-round least-squares fit by 2-3x). Otherwise (and always reported as
                                tiny_pipeline_actions): the tiny model, 1..32 micro-batches.
                                The multi-stage schedules (interleaved-1f1b, interleaved-zb, zbv:
                                two stages per rank, so four stages of the model) are fitted on
@@ -306,16 +308,31 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
             "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors)}
 
 
+def _median_runs(runs: List[dict]) -> List[dict]:
+    """One run per (schedule, micro-batches): the median step of its rounds ("round_step_s"
+    lists them), as validate keeps each plan's median launch: one round on a shared CPU can run
+    slow throughout, and a least-squares fit over every round follows it."""
+    grouped: Dict[Tuple[str, int], List[dict]] = {}
+    for run in runs:
+        grouped.setdefault((run["schedule"], run["num_microbatches"]), []).append(run)
+    out = []
+    for group in grouped.values():
+        steps = [r["step_s"] for r in group]
+        out.append(dict(group[0], step_s=statistics.median(steps), round_step_s=steps))
+    return out
+
+
 def _fit_action_s_by_schedule(graph: dict, cluster: dict, runs: List[dict]) -> Dict[str, dict]:
-    """_fit_action_s over each schedule's own runs: {"gpipe": fit, "1f1b": fit, ...} (the
-    schedules that ran)."""
+    """_fit_action_s over each schedule's own runs, each configuration's rounds as their median
+    (_median_runs): {"gpipe": fit, "1f1b": fit, ...} (the schedules that ran)."""
+    runs = _median_runs(runs)
     return {schedule: _fit_action_s(graph, cluster, [r for r in runs if r["schedule"] == schedule])
             for schedule in kSchedules + kMultiStageSchedules
             if any(r["schedule"] == schedule for r in runs)}
 
 
 def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmup: int,
-                         repeats: int, timeout_s: float, rounds: int = 2) -> List[dict]:
+                         repeats: int, timeout_s: float, rounds: int = 3) -> List[dict]:
     """The model's own 1x2 GPipe and 1F1B pipelines under hybridplan.apply at
     kModelMicrobatchCounts micro-batches of `batch` (those dividing it), and the multi-stage
     schedules (2 ranks x 2 stages) at the largest of them when the graph has 3 places to cut,
