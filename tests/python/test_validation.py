@@ -145,6 +145,25 @@ def calibrated(tmp_path_factory):
     return out
 
 
+def test_validate_says_when_the_host_runs_at_another_speed_than_calibrated():
+    """host_speed times the calibration's own workload again and compares it with the
+    calibrating ranks' times alone: a calibration that recorded an impossibly slow (fast) step
+    makes this host read faster (slower), said in a sentence; within the tolerance, or for a
+    cluster that names no workload, nothing is said."""
+    workload = {"model": "hybridplan.models:branchy_cnn", "batch": 2}
+    slow = calibration.host_speed({"workload": workload, "alone_s": [[100.0], [100.0]]},
+                                  rounds=1, steps=1)
+    assert slow["ratio"] < 0.01 and "faster than when calibrated" in slow["warning"]
+    assert slow["calibrated_alone_s"] == 100.0
+    fast = calibration.host_speed({"workload": workload, "alone_s": [[1e-7]]}, rounds=1, steps=1)
+    assert fast["ratio"] > 100 and "slower than when calibrated" in fast["warning"]
+    now = fast["now_alone_s"]
+    same = calibration.host_speed({"workload": workload, "alone_s": [[now]]}, rounds=1, steps=1)
+    assert same["ratio"] > 0
+    assert calibration.host_speed({"alone_s": [[0.01]]}) is None  # calibrated before it named one
+    assert calibration.host_speed({}) is None
+
+
 def test_calibrate_says_when_another_process_shares_the_cores():
     assert calibration.busy_host_warning({"alone_cpu_share": 0.998}) is None
     assert calibration.busy_host_warning({}) is None  # a calibration from before the share
@@ -199,6 +218,9 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     assert runtime["action_s"] == runtime["schedule_action_s"]["1f1b"]
     # the sharded collectives and the sharded step's compute slowdown: the model's own dp
     # steps at a quarter of --batch and twice it per replica
+    # what validate times again to see whether the host's speed moved since (host_speed)
+    assert cluster["measured"]["shared_host"]["workload"] == {
+        "model": "hybridplan.models:branchy_cnn", "batch": 8}
     shard = measured["model_shard_units"]
     assert shard["per_replica_batches"] == calibration.model_shard_batches(8) == [2, 16]
     assert set(shard["measured_step_s_by_batch"]) == {"2", "16"}
@@ -259,6 +281,10 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
             row["baseline_step_s"] / row["measured"]["step_s"] - 1)
     assert result["baseline_cluster"] == "localhost-cpu"
     assert "predicted with localhost-cpu" in (out / "validate.md").read_text()
+    # the calibration's workload timed again before and after the launches, said either way
+    speed = result["host_speed"]
+    assert speed["before"]["ratio"] > 0 and speed["after"]["ratio"] > 0
+    assert "the calibration's workload" in (out / "validate.md").read_text()
     assert {"validate.md", "scatter.png"} <= set(os.listdir(out))
     if any(r["mode"] == "pipeline" for r in rows):
         assert (out / "timeline.png").exists()

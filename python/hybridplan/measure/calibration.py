@@ -115,7 +115,7 @@ from . import probe as _probe
 from .fitting import fit_line, fit_through_origin
 from .timing import max_over_ranks, median_slowest, min_over_ranks, timed_samples
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "host_speed"]
 
 kMinLargestBytes = 16 << 20
 kMaxLargestBytes = 256 << 20
@@ -367,13 +367,18 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
 
 # ---- shared cores -----------------------------------------------------------------------------
 
+# The shared-core workload without --model.
+kDefaultWorkload = "hybridplan.models:branchy_cnn"
+
+
 def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callable[[], None]]:
     """A forward+backward step of the user's model (MODULE:FACTORY) or the built-in
     branchy_cnn, at `batch`."""
     from .. import models
     from ..factories import load_factory as _load_factory
 
-    module = _load_factory(model_spec)() if model_spec else models.get("branchy_cnn", seed=0)
+    module = (_load_factory(model_spec)() if model_spec and model_spec != kDefaultWorkload
+              else models.get("branchy_cnn", seed=0))
     inputs = tuple(module.example_inputs(batch)) if hasattr(module, "example_inputs") else None
     if inputs is None:
         raise ValueError(f"calibrate: {type(module).__name__} has no example_inputs(batch); "
@@ -449,6 +454,50 @@ def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, devic
 # and 0.998 of its wall time on the CPU, and 0.72 while two busy-loop processes shared the
 # cores. Below this share another process took the core part of the time.
 kBusyCpuShare = 0.9
+
+
+# validate's host-speed check: the calibration's workload timed again, one thread, alone, as
+# calibrate's ranks timed it (their median over rounds), and a difference beyond this fraction
+# said (the same plan measured 185.7 ms in one validation and 91.5 ms in the next on this host,
+# and a calibration taken in a slow spell predicted every plan 25-45 % slow).
+kHostSpeedTolerance = 0.15
+
+
+def host_speed(shared_host: dict, rounds: int = 5, steps: int = 3) -> Optional[dict]:
+    """This host's speed now against when it was calibrated: calibrate's shared-core workload
+    (`shared_host["workload"]`: the model and batch) timed in this process with one intra-op
+    thread, `rounds` times `steps` steps after one warm-up step, against the median of the
+    calibrating ranks' times alone ("alone_s"). {"calibrated_alone_s", "now_alone_s", "ratio"
+    (now / calibrated), "warning" (a sentence, or None within kHostSpeedTolerance)}; None for a
+    cluster that does not name its workload (calibrated before it did, or a preset)."""
+    workload = shared_host.get("workload")
+    if not workload or not shared_host.get("alone_s"):
+        return None
+    _, step = _workload(workload["model"], int(workload["batch"]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step()
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times.append((time.perf_counter() - start) / steps)
+    finally:
+        torch.set_num_threads(threads)
+    calibrated = statistics.median(t for per_rank in shared_host["alone_s"] for t in per_rank)
+    now = statistics.median(times)
+    ratio = now / calibrated
+    warning = None
+    if abs(ratio - 1) > kHostSpeedTolerance:
+        warning = (f"this host ran the calibration's workload ({workload['model']} at batch "
+                   f"{workload['batch']}, one thread) {abs(ratio - 1):.0%} "
+                   f"{'slower' if ratio > 1 else 'faster'} than when calibrated ({now * 1e3:.1f} "
+                   f"ms now, {calibrated * 1e3:.1f} ms then): every prediction carries that "
+                   "difference. Calibrate again when the host is as it will be used.")
+    return {"calibrated_alone_s": calibrated, "now_alone_s": now, "now_samples_s": times,
+            "ratio": ratio, "warning": warning}
 
 
 def busy_host_warning(shared_host: dict) -> Optional[str]:
@@ -1022,6 +1071,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     module, module_step = _workload(model, batch)
     slowdown = _shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                      rounds=max(3, repeats // 3), steps=3)
+    # what validate times again to tell whether the host's speed has moved since (host_speed)
+    slowdown["workload"] = {"model": model or kDefaultWorkload, "batch": batch}
     bandwidth = _memory_bandwidth(device)
     peak_flops = min_over_ranks(_probe.peak_flops(device), device)
 

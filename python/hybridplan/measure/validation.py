@@ -26,7 +26,10 @@ and its row is the launch with the median step time (the lower one of an even co
 a shared host one launch can run slower throughout (measured here: a 1F1B plan at 42 ms in one
 launch and 25-30 ms in others, as if both ranks shared one core), and a median of launches,
 unlike a median of one launch's steps, is robust to that. Every launch's step time is kept in
-the row (`launch_step_s`).
+the row (`launch_step_s`). Before the first launch and after the last, calibrate's own
+shared-core workload is timed again in this process (calibration.host_speed) and validate says
+when the host runs it more than 15 % slower or faster than when it was calibrated: every
+prediction then carries that difference (`host_speed` in validate.json).
 
 The results are written to <out-dir>/validate.json and validate.md (a table per term, the error
 of each plan's step, the median and worst), plus scatter.png (predicted vs measured step time)
@@ -121,6 +124,8 @@ class ValidationResult:
     baseline_cluster: Optional[str] = None  # the same runs predicted with another cluster
     baseline_median_abs_error: Optional[float] = None
     baseline_worst_abs_error: Optional[float] = None
+    # calibration.host_speed before and after the launches: {"before", "after", "warning"}
+    host_speed: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -237,8 +242,8 @@ def add_baseline(row: dict, baseline_step_s: float) -> None:
     row["baseline_error"] = _error(baseline_step_s, row["measured"]["step_s"])
 
 
-def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = None
-              ) -> ValidationResult:
+def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = None,
+              host_speed: Optional[dict] = None) -> ValidationResult:
     errors = [abs(r["errors"]["step_s"]) for r in rows if r["errors"]["step_s"] is not None]
     base = [abs(r["baseline_error"]) for r in rows if r.get("baseline_error") is not None]
     measured = [r["measured"]["step_s"] / max(1, r["dp"] * r["per_replica_batch"]) for r in rows]
@@ -249,7 +254,7 @@ def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = 
                             measured[0] <= 1.05 * fastest, out_dir,
                             baseline_cluster if base else None,
                             statistics.median(base) if base else None,
-                            max(base) if base else None)
+                            max(base) if base else None, host_speed)
 
 
 def _pct(x: Optional[float]) -> str:
@@ -295,6 +300,16 @@ def markdown(result: ValidationResult, title: str) -> str:
     if failed:
         lines[-1:-1] = [f"{failed} launch(es) failed and ran again (the ranks' output: "
                         "validate.json, rows[].failed_launches)"]
+    speed = result.host_speed
+    if speed:
+        from .calibration import kHostSpeedTolerance
+
+        ratios = " and ".join(f"{100 * (m['ratio'] - 1):+.0f} %" for m in (speed["before"],
+                                                                          speed["after"]))
+        lines[-1:-1] = [speed["warning"] or (
+            f"the host ran the calibration's workload within "
+            f"{100 * kHostSpeedTolerance:.0f} % of its calibrated time before and after the "
+            f"launches ({ratios})")]
     if base:
         lines[-1:-1] = [f"the same runs predicted with {result.baseline_cluster}: median |error| "
                         f"{100 * result.baseline_median_abs_error:.1f} %, worst "
@@ -416,7 +431,11 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     # the ranks train with the optimizer the predictions hold state for: the job's
     optimizer = (j if j is not None else planner.Job.from_dict(
         {"schema_version": 1, "kind": "hybridplan.job"})).to_dict()["optimizer"]
+    from .calibration import host_speed
+
     launches: List[List[dict]] = [[] for _ in chosen]
+    shared_host = c.to_dict().get("measured", {}).get("shared_host", {})
+    speed_before = host_speed(shared_host)
     with tempfile.TemporaryDirectory(prefix="hybridplan-validate-") as tmp, \
             tqdm(total=rounds * len(chosen), desc="validate", unit="run",
                  disable=not progress) as bar:
@@ -425,6 +444,13 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
                 launches[i].append(run_plan_once_more_on_failure(plan, model, steps, warmup,
                                                                  timeout_s, Path(tmp), optimizer))
                 bar.update()
+    speed = None
+    if speed_before is not None:  # the worse of the two is what the launches may have seen
+        speed_after = host_speed(shared_host)
+        worst = max((speed_before, speed_after), key=lambda m: abs(m["ratio"] - 1))
+        speed = {"before": speed_before, "after": speed_after, "warning": worst["warning"]}
+        if worst["warning"] and progress:
+            print(f"validate: {worst['warning']}", file=sys.stderr)
     rows, drew_timeline, traces = [], False, []
     for plan, runs in zip(chosen, launches):
         measured = median_launch(runs)
@@ -440,7 +466,7 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
                 json.dumps(plan)))
             timeline(plan, measured, predicted, out / "timeline.png")
             drew_timeline = True
-    result = summarize(rows, str(out), None if baseline is None else baseline.name)
+    result = summarize(rows, str(out), None if baseline is None else baseline.name, speed)
     (out / "validate.json").write_text(json.dumps(result.to_dict(), indent=2))
     (out / "validate.md").write_text(markdown(result, f"{g.name} on {c.name}: predicted vs "
                                                       "measured"))
