@@ -377,8 +377,7 @@ def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callabl
     from .. import models
     from ..factories import load_factory as _load_factory
 
-    module = (_load_factory(model_spec)() if model_spec and model_spec != kDefaultWorkload
-              else models.get("branchy_cnn", seed=0))
+    module = _load_factory(model_spec or kDefaultWorkload)()
     inputs = tuple(module.example_inputs(batch)) if hasattr(module, "example_inputs") else None
     if inputs is None:
         raise ValueError(f"calibrate: {type(module).__name__} has no example_inputs(batch); "
@@ -700,18 +699,21 @@ def _model_shard_runs(model_spec: str, graph: dict, per_replica_batches: Sequenc
     from ..planner import Graph
 
     sha256 = Graph.from_dict(graph, "calibration graph").sha256
+    unsharded = {}  # per-replica batch -> the dp plan, every node on the replica's device
+    for per_replica in per_replica_batches:
+        plan = hand_plan(_load_factory(model_spec)(), mode="placement", dp=world, mp=1,
+                         per_replica_batch=per_replica, name=graph.get("name", ""))
+        plan["graph"]["sha256"] = sha256
+        plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
+                              for n in graph["nodes"]]
+        unsharded[per_replica] = plan
     runs = []
     for _, per_replica, kind in itertools.product(range(rounds), per_replica_batches,
                                                   kShardKinds):
         torch.manual_seed(0)
         module = _load_factory(model_spec)()
-        plan = hand_plan(module, mode="placement", dp=world, mp=1,
-                         per_replica_batch=per_replica, name=graph.get("name", ""))
-        plan["graph"]["sha256"] = sha256
-        plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
-                              for n in graph["nodes"]]
-        if kind != "none":
-            plan["sharding"] = kind
+        plan = (dict(unsharded[per_replica], sharding=kind) if kind != "none"
+                else unsharded[per_replica])
         inputs = module.example_inputs(world * per_replica)
         target = module.example_target(world * per_replica)
         hp = apply(plan, module, timeout_s=timeout_s,
