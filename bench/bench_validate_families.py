@@ -4,7 +4,10 @@ language model of torch's TransformerEncoderLayers (transformer_lm) and an LSTM 
 (biglstm). Each run is `make demo`'s job on that model (examples/demo.py --model: profile,
 calibrate with the model's own graph, plan, validate 8 plans in 3 interleaved launches each),
 from scratch; the table gives, per run, the median and worst |step error| and the worst
-|memory error| over the plans. Targets: median <= 10 %, worst <= 25 %, memory within 15 %.
+|memory error| over the plans, the median signed error (a shift every plan shares: the host
+faster or slower than when calibrated) and each round of launches' speed against the plans'
+median launches (the host's speed across the validation). Targets: median <= 10 %, worst
+<= 25 %, memory within 15 %.
 
     python bench/bench_validate_families.py [--runs 3] [--models transformer_lm biglstm]
                                             [--out-dir out/bench/validate] [--quick]
@@ -16,7 +19,6 @@ Needs a quiet machine: the ranks' timings are the measurement. Runs land in
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +42,9 @@ def one_run(model: str, out_dir: Path, quick: bool = False) -> dict:
     return {"median": result["median_abs_error"], "worst": result["worst_abs_error"],
             "worst_plan": worst_row["kind"],
             "memory": max(memory) if memory else None,
-            "first_fastest": result["best_predicted_rank_measured"] == 1}
+            "first_fastest": result["best_predicted_rank_measured"] == 1,
+            "signed": result.get("signed_median_error"),
+            "rounds": result.get("round_speed") or []}
 
 
 def main(argv=None) -> int:
@@ -51,15 +55,17 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="examples/demo.py --quick per run (a smoke run, not a measurement)")
     args = parser.parse_args(argv)
-    print("| model | run | median \\|error\\| | worst (plan) | memory worst | first plan fastest |")
-    print("|---|---|---|---|---|---|")
+    print("| model | run | median \\|error\\| | worst (plan) | memory worst | first plan fastest "
+          "| signed median | rounds' speed |")
+    print("|---|---|---|---|---|---|---|---|")
     missed = False
     for model in args.models:
         for run in range(1, args.runs + 1):
             r = one_run(model, args.out_dir / f"{model}-{run}", args.quick)
             memory = "-" if r["memory"] is None else f"{100 * r['memory']:.1f} %"
             print(f"| {model} | {run} | {100 * r['median']:.1f} % | {100 * r['worst']:.1f} % "
-                  f"({r['worst_plan']}) | {memory} | {'yes' if r['first_fastest'] else 'no'} |",
+                  f"({r['worst_plan']}) | {memory} | {'yes' if r['first_fastest'] else 'no'} | "
+                  f"{100 * r['signed']:+.1f} % | {', '.join(f'{x:.2f}' for x in r['rounds'])} |",
                   flush=True)
             missed |= (r["median"] > 0.10 or r["worst"] > 0.25
                        or (r["memory"] is not None and r["memory"] > 0.15))

@@ -60,6 +60,45 @@ def test_compare_and_summarize():
     # per sample: DP 2x8 samples in 10 ms beats the pipeline's 8 in 25 ms
     assert result.best_predicted_rank_measured == 1 and result.within_5_percent_of_fastest
     assert "median |error| 15.0 %" in validation.markdown(result, "t")
+    assert result.signed_median_error == pytest.approx(-0.05)
+    assert result.round_speed is None  # one launch per plan: no rounds to compare
+
+
+def test_the_rounds_show_the_host_speed_the_launches_saw():
+    terms = {t: 0.0 for t in validation.TERMS}
+    # the third round ran every plan 20 % faster (the host sped up); the model is off by +10 %
+    # on both plans, which the signed median shows as one shift
+    rows = [validation.compare(dict(_plan(2, 1), predicted=dict(terms, step_s=0.011)),
+                               dict(terms, step_s=0.010, launch_step_s=[0.010, 0.010, 0.008])),
+            validation.compare(dict(_plan(1, 2, m=4), predicted=dict(terms, step_s=0.033)),
+                               dict(terms, step_s=0.030, launch_step_s=[0.031, 0.030, 0.024]))]
+    result = validation.summarize(rows, "x")
+    assert result.signed_median_error == pytest.approx(0.1)
+    assert result.round_speed == pytest.approx([(1.0 + 31 / 30) / 2, 1.0, 0.8])
+    text = validation.markdown(result, "t")
+    assert "median signed error +10.0 %" in text and "1.02, 1.00, 0.80" in text
+
+
+def test_the_shared_core_bursts_merge_round_by_round():
+    def burst(ratios, alone, together, share):
+        return {"factor": max(1.0, statistics.median(ratios)), "ratios": ratios,
+                "alone_s": [alone, alone], "together_s": [together, together],
+                "slowest_together_s": together, "processes": 2, "alone_cpu_share": share}
+
+    # one burst in a slow spell (1.41, as one calibration measured) among two quiet ones: the
+    # merged factor is the quiet rounds' median, where that burst alone would have set it
+    slow = burst([1.06, 1.41, 1.44], [0.023] * 3, [0.025, 0.033, 0.034], 0.99)
+    quiet = [burst([1.10, 1.15, 1.20], [0.022] * 3, [0.024, 0.025, 0.026], 0.98),
+             burst([1.12, 1.18, 1.05], [0.023] * 3, [0.026, 0.027, 0.024], 0.97)]
+    merged = calibration._merge_bursts([quiet[0], slow, quiet[1]])
+    assert merged["factor"] == pytest.approx(1.15)
+    assert merged["burst_factors"] == [quiet[0]["factor"], slow["factor"], quiet[1]["factor"]]
+    assert merged["ratios"][3:6] == [1.06, 1.41, 1.44]  # in order, burst by burst
+    assert merged["slowest_together_s"][3:6] == [0.025, 0.033, 0.034]
+    assert len(merged["alone_s"]) == 2 and len(merged["alone_s"][0]) == 9
+    assert merged["alone_cpu_share"] == 0.98 and merged["processes"] == 2
+    assert calibration._merge_bursts([burst([0.9, 0.95, 0.97], [0.02] * 3, [0.02] * 3, 1.0)])[
+        "factor"] == 1.0  # never below 1
 
 
 def test_the_median_launch_is_one_whole_launch():
@@ -210,6 +249,12 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     assert ("busy_host_warning" in cluster["measured"]) == (
         shared["alone_cpu_share"] < calibration.kBusyCpuShare)
     assert runtime["shared_host_slowdown"][1][0] == 2 and runtime["shared_host_slowdown"][1][1] > 0
+    # the shared-core rounds come in bursts spread over the calibration, medians over them all
+    assert len(shared["burst_factors"]) == calibration.kSharedHostBursts == 3
+    rounds = len(shared["ratios"])
+    assert rounds % 3 == 0 and rounds >= 9 and len(shared["slowest_together_s"]) == rounds
+    assert all(len(per_rank) == rounds for per_rank in shared["alone_s"])
+    assert shared["factor"] == max(1.0, statistics.median(shared["ratios"]))
     assert cluster["device"]["memory_bandwidth_bytes_per_s"] > 0
     # every fit reports residuals and whether the data resolved it, never a failed run
     assert all("resolved" in f for f in cluster["measured"]["fits"].values())

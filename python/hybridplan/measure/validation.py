@@ -126,6 +126,14 @@ class ValidationResult:
     baseline_worst_abs_error: Optional[float] = None
     # calibration.host_speed before and after the launches: {"before", "after", "warning"}
     host_speed: Optional[dict] = None
+    # the median of the signed step errors: a shift every plan shares (the host running faster
+    # or slower than when calibrated moves every plan alike), where the spread around it is
+    # the cost model's own
+    signed_median_error: Optional[float] = None
+    # per round of launches, the median over plans of that round's launch over the plan's
+    # median launch: the host's speed across the validation (1.00, 1.00, 0.85: the last round
+    # ran 15 % faster)
+    round_speed: Optional[List[float]] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -268,11 +276,24 @@ def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = 
     fastest = min(measured)
     # rows are in the planner's order: rows[0] is its first choice; rank by measured s/sample
     order = sorted(range(len(rows)), key=lambda i: measured[i])
+    signed = [r["errors"]["step_s"] for r in rows if r["errors"]["step_s"] is not None]
     return ValidationResult(rows, statistics.median(errors), max(errors), order.index(0) + 1,
                             measured[0] <= 1.05 * fastest, out_dir,
                             baseline_cluster if base else None,
                             statistics.median(base) if base else None,
-                            max(base) if base else None, host_speed)
+                            max(base) if base else None, host_speed, statistics.median(signed),
+                            round_speed(rows))
+
+
+def round_speed(rows: Sequence[dict]) -> Optional[List[float]]:
+    """Per round of launches (launch_step_s[k] of every row), the median over the rows of that
+    launch's step over the row's median launch step; None without launches to compare."""
+    launches = [r["launch_step_s"] for r in rows if len(r.get("launch_step_s") or []) > 1]
+    if not launches:
+        return None
+    rounds = min(len(t) for t in launches)
+    return [statistics.median(t[k] / statistics.median(t) for t in launches)
+            for k in range(rounds)]
 
 
 def _pct(x: Optional[float]) -> str:
@@ -314,6 +335,14 @@ def markdown(result: ValidationResult, title: str) -> str:
               f"#{result.best_predicted_rank_measured} of {len(result.rows)} by time per sample "
               f"({'within' if result.within_5_percent_of_fastest else 'not within'} 5 % of the "
               f"fastest)", ""]
+    if result.signed_median_error is not None:
+        lines[-1:-1] = [f"median signed error {_pct(result.signed_median_error)} (a shift every "
+                        "plan shares: the host faster or slower than when calibrated)"
+                        + ("" if not result.round_speed else
+                           "; each round's launches ran at "
+                           + ", ".join(f"{x:.2f}" for x in result.round_speed)
+                           + " of their plan's median launch (the host's speed across the "
+                           "launches)")]
     failed = sum(len(r.get("failed_launches", [])) for r in result.rows)
     if failed:
         lines[-1:-1] = [f"{failed} launch(es) failed and ran again (the ranks' output: "
