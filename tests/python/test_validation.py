@@ -99,6 +99,8 @@ def test_the_shared_core_bursts_merge_round_by_round():
     assert merged["alone_cpu_share"] == 0.98 and merged["processes"] == 2
     assert calibration._merge_bursts([burst([0.9, 0.95, 0.97], [0.02] * 3, [0.02] * 3, 1.0)])[
         "factor"] == 1.0  # never below 1
+    # each burst's time alone: the host's own speed at the calibration's start, middle and end
+    assert merged["burst_alone_s"] == [0.022, 0.023, 0.023]
 
 
 def test_the_median_launch_is_one_whole_launch():

@@ -472,7 +472,12 @@ def _merge_bursts(bursts: List[dict]) -> dict:
             "slowest_together_s": [t for b in bursts for t in b["slowest_together_s"]],
             "processes": world,
             "alone_cpu_share": statistics.median(b["alone_cpu_share"] for b in bursts),
-            "burst_factors": [b["factor"] for b in bursts]}
+            "burst_factors": [b["factor"] for b in bursts],
+            # each burst's workload alone (median over ranks and rounds): the host's own speed
+            # at the calibration's start, middle and end (a record, not a warning: one thread's
+            # step wanders 24-38 ms within seconds here, so bursts 15 % apart are the rule)
+            "burst_alone_s": [statistics.median(t for per_rank in b["alone_s"] for t in per_rank)
+                              for b in bursts]}
 
 
 # A rank computing alone (the others wait in a barrier, one intra-op thread) has a core to itself
