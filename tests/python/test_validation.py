@@ -257,6 +257,12 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     assert rounds % 3 == 0 and rounds >= 9 and len(shared["slowest_together_s"]) == rounds
     assert all(len(per_rank) == rounds for per_rank in shared["alone_s"])
     assert shared["factor"] == max(1.0, statistics.median(shared["ratios"]))
+    # the tensor-parallel collectives timed with each burst, each size's median fitted
+    tp = cluster["measured"]["fits"]["tp_allreduce"]
+    assert len(tp["bursts"]) == 3 and len({len(b) for b in tp["bursts"]}) == 1
+    assert [x for x, _ in tp["points"]] == [size for size, _ in tp["bursts"][0]]
+    assert [t for _, t in tp["points"]] == [statistics.median(b[i][1] for b in tp["bursts"])
+                                            for i in range(len(tp["bursts"][0]))]
     assert cluster["device"]["memory_bandwidth_bytes_per_s"] > 0
     # every fit reports residuals and whether the data resolved it, never a failed run
     assert all("resolved" in f for f in cluster["measured"]["fits"].values())

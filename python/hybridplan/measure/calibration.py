@@ -76,7 +76,8 @@ What is measured (every fit by least squares, its points and residuals under "me
                                narrower Linears and no DTensor, per collective = the difference
                                / (2 kTpPairs) (one all-reduce in forward, one in backward per
                                pair), over three activation sizes, fitted as the link that makes
-                               the ring formula 2(p-1) alpha + 2(p-1)/p bytes / bw reproduce them
+                               the ring formula 2(p-1) alpha + 2(p-1)/p bytes / bw reproduce them;
+                               timed with each shared-core burst, each size's median fitted
   runtime.sharded_optimizer_tensor_s  as optimizer_tensor_s, over sharded parameters (DTensor
                                shards over the ranks, each update op dispatched by DTensor)
   device.memory_bandwidth      an SGD-momentum step over a 32 Mi-element parameter (5 bytes
@@ -923,16 +924,21 @@ def _tp_pair_times(device, world: int, warmup: int, repeats: int) -> List[Tuple[
     return points
 
 
-def _tp_link(device, world: int, warmup: int, repeats: int, fits: Dict[str, dict]
+def _tp_link(bursts: List[List[Tuple[int, float]]], world: int, fits: Dict[str, dict]
              ) -> Optional[Dict[str, float]]:
     """intra_node's "tp_allreduce" link: the alpha and bandwidth that make the ring all-reduce
     2(p-1) alpha + 2(p-1)/p bytes / bw reproduce the tensor-parallel collectives measured by
     _tp_pair_times (the cost model prices a TP group's collectives on it where present:
     csrc/planner/tensor_parallel_cost.h); None when they were not measurably slower than the
-    narrow model (the all-reduce link then prices them)."""
-    points = _tp_pair_times(device, world, warmup, repeats)
+    narrow model (the all-reduce link then prices them). `bursts`: _tp_pair_times taken with
+    the shared-core bursts, apart in time; each size's median over them is fitted (one
+    measurement fitted 4.06 ms of latency where the calibration before had 1.24, its 1 MiB
+    collective faster than its 256 KiB one, and the TP plans came out 73-97 % slow)."""
+    points = [(size, statistics.median(burst[i][1] for burst in bursts))
+              for i, (size, _) in enumerate(bursts[0])]
     fit = fit_line([b for b, _ in points], [t for _, t in points])
     fits["tp_allreduce"] = fit.to_dict()
+    fits["tp_allreduce"]["bursts"] = bursts
     if fit.beta <= 0 or fit.alpha < 0:
         fits["tp_allreduce"]["note"] = ("no growth with the bytes, or a negative intercept, "
                                         "within noise: not calibrated (the all-reduce link "
@@ -1084,10 +1090,13 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     fits: Dict[str, dict] = {}
     module, module_step = _workload(model, batch)
     bursts: List[dict] = []
+    tp_bursts: List[List[Tuple[int, float]]] = []
 
-    def shared_host_burst():
+    def shared_host_burst():  # and the tensor-parallel collectives, spread over time alike
         bursts.append(_shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                             rounds=max(3, repeats // 3), steps=3))
+        if env.world_size > 1:
+            tp_bursts.append(_tp_pair_times(device, env.world_size, warmup, repeats))
 
     shared_host_burst()
     intra = _intra_node_link(env, device, graph, warmup, repeats, fits)
@@ -1096,9 +1105,6 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     sharded_optimizer_tensor_s = 0.0
     if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
         intra.update(_shard_links(device, env.world_size, warmup, repeats, fits))
-        tp_link = _tp_link(device, env.world_size, warmup, repeats, fits)
-        if tp_link is not None:
-            intra["tp_allreduce"] = tp_link
         sharded_optimizer_tensor_s = _optimizer_tensor_s(device, warmup, repeats, fits,
                                                          world=env.world_size)
     executor = _executor_step_s(env, device, warmup, repeats, timeout_s, fits, optimizer_tensor_s)
@@ -1114,6 +1120,10 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
                                        env.world_size, warmup, repeats, timeout_s)
     shared_host_burst()
     slowdown = _merge_bursts(bursts)
+    if tp_bursts:
+        tp_link = _tp_link(tp_bursts, env.world_size, fits)
+        if tp_link is not None:
+            intra["tp_allreduce"] = tp_link
     # what validate times again to tell whether the host's speed has moved since (host_speed)
     slowdown["workload"] = {"model": model or kDefaultWorkload, "batch": batch}
     bandwidth = _memory_bandwidth(device)
