@@ -459,6 +459,12 @@ def _shared_host_slowdown(step: Callable[[], None], rank: int, world: int, devic
 kSharedHostBursts = 3
 
 
+def _median_alone_s(shared_host: dict) -> float:
+    """The workload's time alone in a shared-core measurement: the median over every rank's
+    rounds ("alone_s")."""
+    return statistics.median(t for per_rank in shared_host["alone_s"] for t in per_rank)
+
+
 def _merge_bursts(bursts: List[dict]) -> dict:
     """One shared-host measurement from _shared_host_slowdown bursts taken apart in time: every
     round of every burst (ratios, each rank's alone_s, together_s, slowest_together_s, in
@@ -477,8 +483,7 @@ def _merge_bursts(bursts: List[dict]) -> dict:
             # each burst's workload alone (median over ranks and rounds): the host's own speed
             # at the calibration's start, middle and end (a record, not a warning: one thread's
             # step wanders 24-38 ms within seconds here, so bursts 15 % apart are the rule)
-            "burst_alone_s": [statistics.median(t for per_rank in b["alone_s"] for t in per_rank)
-                              for b in bursts]}
+            "burst_alone_s": [_median_alone_s(b) for b in bursts]}
 
 
 # A rank computing alone (the others wait in a barrier, one intra-op thread) has a core to itself
@@ -518,7 +523,7 @@ def host_speed(shared_host: dict, rounds: int = 5, steps: int = 3) -> Optional[d
             times.append((time.perf_counter() - start) / steps)
     finally:
         torch.set_num_threads(threads)
-    calibrated = statistics.median(t for per_rank in shared_host["alone_s"] for t in per_rank)
+    calibrated = _median_alone_s(shared_host)
     now = statistics.median(times)
     ratio = now / calibrated
     warning = None
@@ -1057,7 +1062,7 @@ def _slowdown_table(slowdown: dict, graph: Optional[dict], module: Optional[nn.M
     graph_s = _graph_step_s(graph, module, batch)
     if not graph_s:
         return [[1, 1.0], [local_world_size, slowdown["factor"]]]
-    alone = statistics.median(t for per_rank in slowdown["alone_s"] for t in per_rank)
+    alone = _median_alone_s(slowdown)
     slowdown["graph_step_s"] = graph_s
     slowdown["alone_over_graph"] = alone / graph_s
     slowdown["together_over_graph"] = statistics.median(slowdown["slowest_together_s"]) / graph_s

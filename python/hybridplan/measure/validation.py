@@ -270,13 +270,13 @@ def add_baseline(row: dict, baseline_step_s: float) -> None:
 
 def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = None,
               host_speed: Optional[dict] = None) -> ValidationResult:
-    errors = [abs(r["errors"]["step_s"]) for r in rows if r["errors"]["step_s"] is not None]
+    signed = [r["errors"]["step_s"] for r in rows if r["errors"]["step_s"] is not None]
+    errors = [abs(e) for e in signed]
     base = [abs(r["baseline_error"]) for r in rows if r.get("baseline_error") is not None]
     measured = [r["measured"]["step_s"] / max(1, r["dp"] * r["per_replica_batch"]) for r in rows]
     fastest = min(measured)
     # rows are in the planner's order: rows[0] is its first choice; rank by measured s/sample
     order = sorted(range(len(rows)), key=lambda i: measured[i])
-    signed = [r["errors"]["step_s"] for r in rows if r["errors"]["step_s"] is not None]
     return ValidationResult(rows, statistics.median(errors), max(errors), order.index(0) + 1,
                             measured[0] <= 1.05 * fastest, out_dir,
                             baseline_cluster if base else None,
@@ -291,8 +291,9 @@ def round_speed(rows: Sequence[dict]) -> Optional[List[float]]:
     launches = [r["launch_step_s"] for r in rows if len(r.get("launch_step_s") or []) > 1]
     if not launches:
         return None
+    medians = [statistics.median(t) for t in launches]
     rounds = min(len(t) for t in launches)
-    return [statistics.median(t[k] / statistics.median(t) for t in launches)
+    return [statistics.median(t[k] / m for t, m in zip(launches, medians))
             for k in range(rounds)]
 
 
