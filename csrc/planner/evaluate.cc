@@ -179,10 +179,15 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
     const Link link = tp_stage_link(problem_.cluster, plan.mesh[0][from], plan.mesh[0][to], plan.tp);
     p2p_s_[s] = boundary_p2p_s(link, stages_.boundary_tensors[s], stages_.boundary_bytes[s]);
   }
-  const PipelineTimes times = simulate_pipeline(
-      plan.schedule,
-      {.num_stages = num_stages, .num_microbatches = plan.num_microbatches, .num_ranks = plan.mp},
-      {stages_.forward_s, stages_.backward_s, weight_s_, p2p_s_}, pipeline_);
+  const PipelineShape shape{.num_stages = num_stages, .num_microbatches = plan.num_microbatches,
+                            .num_ranks = plan.mp};
+  PipelineTimes times = simulate_pipeline(plan.schedule, shape,
+                                          {stages_.forward_s, stages_.backward_s, weight_s_, p2p_s_},
+                                          pipeline_);
+  if (rescale_for_waiting_ranks(plan, slowdown, action_s)) {
+    times = simulate_pipeline(plan.schedule, shape,
+                              {stages_.forward_s, stages_.backward_s, weight_s_, p2p_s_}, pipeline_);
+  }
   // Gradients become final during each stage's last B (or W), in reverse topological order.
   stage_backward_s_.assign(num_stages, action_s);
   gradient_ready_s_.resize(graph.nodes.size());
@@ -215,8 +220,15 @@ std::vector<std::vector<Evaluator::TimedPass>> Evaluator::pipeline_timeline(cons
   HP_INTERNAL_ASSERT(plan.mode == MpMode::kPipeline, "pipeline_timeline of a placement plan");
   Prediction scratch;
   pipeline_compute(plan, compute_slowdown(plan), scratch);
+  std::vector<std::vector<TimedPass>> out;
+  simulated_timeline(plan, out);
+  return out;
+}
+
+void Evaluator::simulated_timeline(const Plan& plan, std::vector<std::vector<TimedPass>>& out) const {
   const int64_t m = plan.num_microbatches;
-  std::vector<std::vector<TimedPass>> out(plan.mp);
+  out.resize(plan.mp);
+  for (auto& rank : out) rank.clear();
   for (int64_t r = 0; r < plan.mp; ++r) {
     for (const PipelinePass& pass : pipeline_.passes[r]) {
       const int64_t at = pass.stage * m + pass.microbatch;
@@ -242,7 +254,89 @@ std::vector<std::vector<Evaluator::TimedPass>> Evaluator::pipeline_timeline(cons
       out[r].push_back({pass, end_s - duration_s, end_s});
     }
   }
-  return out;
+}
+
+bool Evaluator::rescale_for_waiting_ranks(const Plan& plan, double slowdown, double action_s) const {
+  const Cluster& cluster = problem_.cluster;
+  if (cluster.runtime.shared_host_slowdown.empty() || slowdown <= 0) return false;
+  // The weight of each pipeline rank on the busiest node (compute_slowdown counted them into
+  // processes_on_node_): its replicas there, times its TP ranks.
+  const auto busiest = std::max_element(processes_on_node_.begin(), processes_on_node_.end());
+  if (busiest == processes_on_node_.end() || *busiest < 2) return false;
+  const int64_t node = busiest - processes_on_node_.begin();
+  rank_weight_.assign(plan.mp, 0);
+  for (const auto& row : plan.mesh) {
+    for (int64_t k = 0; k < plan.mp; ++k) {
+      if (row[k] / cluster.devices_per_node == node) rank_weight_[k] += plan.tp;
+    }
+  }
+  simulated_timeline(plan, timeline_);
+  // c(t), the processes computing on the node: +weight at a pass's start, -weight at its end.
+  busy_events_.clear();
+  for (int64_t r = 0; r < plan.mp; ++r) {
+    if (rank_weight_[r] == 0) continue;
+    for (const TimedPass& p : timeline_[r]) {
+      if (p.end_s <= p.start_s) continue;
+      busy_events_.emplace_back(p.start_s, rank_weight_[r]);
+      busy_events_.emplace_back(p.end_s, -rank_weight_[r]);
+    }
+  }
+  std::sort(busy_events_.begin(), busy_events_.end());
+  // Piecewise constant slowdown(c(t)) / slowdown: breakpoints and the integral up to each.
+  breakpoint_s_.clear();
+  segment_ratio_.clear();
+  integral_s_.clear();
+  int64_t computing = 0;
+  double integral = 0;
+  for (size_t e = 0; e < busy_events_.size(); ++e) {
+    computing += busy_events_[e].second;
+    if (e + 1 < busy_events_.size() && busy_events_[e + 1].first == busy_events_[e].first) continue;
+    if (!breakpoint_s_.empty()) integral += segment_ratio_.back() * (busy_events_[e].first - breakpoint_s_.back());
+    breakpoint_s_.push_back(busy_events_[e].first);
+    integral_s_.push_back(integral);
+    segment_ratio_.push_back(computing > 0 ? cluster.runtime.slowdown(computing) / slowdown : 1.0);
+  }
+  const auto integral_to = [&](double t) {
+    const auto at = std::upper_bound(breakpoint_s_.begin(), breakpoint_s_.end(), t) - breakpoint_s_.begin() - 1;
+    if (at < 0) return 0.0;
+    return integral_s_[at] + segment_ratio_[at] * (t - breakpoint_s_[at]);
+  };
+  // The mean ratio over each (stage, kind)'s passes: [stage * 3 + 0] F, + 1 B or I, + 2 W.
+  const int64_t num_stages = plan.num_stages();
+  ratio_sum_.assign(num_stages * 3, 0.0);
+  ratio_count_.assign(num_stages * 3, 0);
+  bool changed = false;
+  for (int64_t r = 0; r < plan.mp; ++r) {
+    if (rank_weight_[r] == 0) continue;
+    for (const TimedPass& p : timeline_[r]) {
+      if (p.end_s <= p.start_s) continue;
+      const int64_t slot = p.pass.stage * 3 + (p.pass.kind == PassKind::kForward          ? 0
+                                               : p.pass.kind == PassKind::kBackwardWeight ? 2
+                                                                                          : 1);
+      const double ratio = (integral_to(p.end_s) - integral_to(p.start_s)) / (p.end_s - p.start_s);
+      ratio_sum_[slot] += ratio;
+      ++ratio_count_[slot];
+      changed = changed || ratio != 1.0;
+    }
+  }
+  if (!changed) return false;
+  const auto scaled = [&](double pass_s, int64_t slot) {
+    if (ratio_count_[slot] == 0) return pass_s;
+    const double compute = std::max(0.0, pass_s - action_s);
+    return pass_s - compute + compute * ratio_sum_[slot] / static_cast<double>(ratio_count_[slot]);
+  };
+  const bool split = !weight_s_.empty();
+  for (int64_t s = 0; s < num_stages; ++s) {
+    stages_.forward_s[s] = scaled(stages_.forward_s[s], s * 3);
+    if (split) {
+      const double input_s = scaled(stages_.backward_s[s] - weight_s_[s], s * 3 + 1);
+      weight_s_[s] = scaled(weight_s_[s], s * 3 + 2);
+      stages_.backward_s[s] = input_s + weight_s_[s];
+    } else {
+      stages_.backward_s[s] = scaled(stages_.backward_s[s], s * 3 + 1);
+    }
+  }
+  return true;
 }
 
 void Evaluator::count_groups_on_nodes(const Plan& plan) const {

@@ -12,7 +12,10 @@
 //                                are on two nodes; with tp > 1 tensor_parallel_cost.h
 //                                tp_stage_link)
 //                     node times at the (micro-)batch from compute_cost.h, multiplied by
-//                     runtime.slowdown(processes of the plan on the busiest node)
+//                     runtime.slowdown(processes of the plan on the busiest node); a pipeline's
+//                     passes then by the mean of slowdown(processes computing at once) over
+//                     each pass in the simulated schedule (rescale_for_waiting_ranks below:
+//                     a rank computing while the others wait runs at slowdown(1))
 //   allreduce_s     = max over DP groups of the all-reduce time left after backward ends
 //                     (allreduce_cost.h: the library's ring, DDP's buckets, overlapped with the
 //                     backward pass); pipelines with tied parameters (graph.h TiedParams) add
@@ -157,6 +160,21 @@ class Evaluator {
   void check_shape(const Plan& plan) const;
   double placement_compute(const Plan& plan, double slowdown, Prediction& out) const;
   double pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const;
+  // The timeline pipeline_compute() last simulated, per rank (pipeline_timeline's).
+  void simulated_timeline(const Plan& plan, std::vector<std::vector<TimedPass>>& out) const;
+  // Shared cores (runtime.shared_host_slowdown; slowdown(1) is 1 below the table): the node
+  // times pipeline_compute() passes are at slowdown(P), P the plan's processes on the busiest
+  // node, as if all of them computed all the time. A pipeline's ranks do not: through fill and
+  // drain, and through all of a step of few micro-batches, one rank computes while the others
+  // wait for its output, and a process computing while the others wait runs at slowdown(1)
+  // (calibrate's "alone" rounds measure it). So each stage's F, B (or I) and W are scaled, their
+  // compute part (less the schedule's action cost), by the mean over the simulated passes of
+  //     (1 / (end - start)) * integral over the pass of slowdown(c(t)) / slowdown(P) dt,
+  // c(t) = the processes computing on the busiest node at t (a pipeline rank counts its
+  // replicas there times tp: replicas run the same schedule at once); ranks with no process
+  // there keep slowdown(P). Returns true when it changed a time (the caller simulates again:
+  // one refinement, since shortened passes move the others' overlap only a little).
+  bool rescale_for_waiting_ranks(const Plan& plan, double slowdown, double action_s) const;
   double exposed_allreduce_s(const Plan& plan, double compute_s, Prediction& out) const;
   double optimizer_s(const Plan& plan) const;
   // Per local device / stage: parameter bytes including tied copies (param_bytes_).
@@ -223,6 +241,14 @@ class Evaluator {
   mutable std::vector<int64_t> groups_on_node_;
   mutable std::vector<int64_t> node_stamp_;
   mutable std::vector<int64_t> processes_on_node_;
+  mutable std::vector<int64_t> rank_weight_;              // rescale_for_waiting_ranks: per rank
+  mutable std::vector<std::vector<TimedPass>> timeline_;  // ... the first simulation's passes
+  mutable std::vector<std::pair<double, int64_t>> busy_events_;
+  mutable std::vector<double> breakpoint_s_;
+  mutable std::vector<double> segment_ratio_;
+  mutable std::vector<double> integral_s_;
+  mutable std::vector<double> ratio_sum_;
+  mutable std::vector<int64_t> ratio_count_;
   mutable std::vector<double> activation_bytes_;
   mutable std::vector<double> transient_bytes_;  // memory_cost.h: workspace + receive buffers
   mutable std::vector<double> recompute_bytes_;  // memory_cost.h: activations recomputed at once

@@ -499,6 +499,48 @@ TEST_CASE("evaluate: optimizer step, fixed step overhead and shared-host slowdow
   REQUIRE(evaluate(problem, dp1).compute_slowdown == 1.0);  // one process: no sharing
 }
 
+TEST_CASE("evaluate: a pipeline rank computing while the others wait runs at the alone speed", "[evaluate]") {
+  // a -> b, forward 4 and backward 8 each at batch 8, measured at batch 1 (1 and 2); no
+  // transfers. Two processes computing at once run 1.5x slower than one alone.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 4, 8, 0, 0}, {"b", 4, 8, 0, 0}}, {{0, 1, 0}}, 8, "ab");
+  for (Node& n : problem.graph.nodes) n.batch_times = {{1, 1.0, 2.0}};
+  problem.graph.finalize("ab");
+  problem.cluster = test::make_cluster(1, 2, 1e12, 0);
+  problem.cluster.runtime.shared_host_slowdown = {{1, 1.0}, {2, 1.5}};
+  // GPipe with one micro-batch: F0, F1, B1, B0 one after another, never two at once, so the
+  // step is 4 + 4 + 8 + 8 at the alone speed, not 1.5x that.
+  Plan one = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 8, {0, 1}, 8,
+                             Schedule::kGpipe);
+  one.num_microbatches = 1;
+  const Prediction serial = evaluate(problem, one);
+  REQUIRE(serial.compute_slowdown == 1.5);  // the plan's processes, as before
+  REQUIRE(serial.compute_s == Approx(24));
+  // The schedule's cost per action is not compute: it is not scaled.
+  problem.cluster.runtime.action_s = 0.5;
+  REQUIRE(evaluate(problem, one).compute_s == Approx(24 + 4 * 0.5));
+  problem.cluster.runtime.action_s = 0;
+  // Eight micro-batches of 1 (F 1, B 2): the ranks overlap for most of the step, only the fill
+  // and drain run alone: between the alone figure (M + S - 1) * (F + B) = 27 and 1.5x it.
+  const Plan eight = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 8,
+                                     {0, 1}, 8, Schedule::kGpipe);
+  const double overlapped = evaluate(problem, eight).compute_s;
+  REQUIRE(overlapped > 27 * 1.1);
+  REQUIRE(overlapped < 27 * 1.5);
+  // The timeline the trace draws is the rescaled one: rank 0's F0 at the alone speed (4 s), then
+  // rank 1's.
+  const auto timeline = Evaluator(problem).pipeline_timeline(one);
+  REQUIRE(timeline[0].front().end_s == Approx(4));
+  REQUIRE(timeline[1].front().start_s == Approx(4));
+  REQUIRE(timeline[1].front().end_s == Approx(8));
+  // Without a table (GPUs) nothing changes: 24.
+  problem.cluster.runtime.shared_host_slowdown.clear();
+  REQUIRE(evaluate(problem, one).compute_s == Approx(24));
+  // A table saying sharing costs nothing leaves the overlapped schedule at 27.
+  problem.cluster.runtime.shared_host_slowdown = {{1, 1.0}, {2, 1.0}};
+  REQUIRE(evaluate(problem, eight).compute_s == Approx(27));
+}
+
 TEST_CASE("evaluate: the optimizer pays a fixed cost per parameter tensor", "[evaluate]") {
   Problem problem = diamond_problem();
   problem.job = default_job();
