@@ -102,8 +102,12 @@ double Evaluator::compute_slowdown(const Plan& plan) const {
   for (const auto& row : plan.mesh) {
     const size_t count = plan.mode == MpMode::kPipeline ? row.size() : 1;
     for (size_t k = 0; k < count; ++k) {
-      processes_on_node_[row[k] / cluster.devices_per_node] += plan.tp;
-      busiest = std::max(busiest, processes_on_node_[row[k] / cluster.devices_per_node]);
+      const int64_t node = row[k] / cluster.devices_per_node;
+      processes_on_node_[node] += plan.tp;
+      if (processes_on_node_[node] > busiest) {
+        busiest = processes_on_node_[node];
+        busiest_node_ = node;
+      }
     }
   }
   return cluster.runtime.slowdown(busiest);
@@ -259,15 +263,13 @@ void Evaluator::simulated_timeline(const Plan& plan, std::vector<std::vector<Tim
 bool Evaluator::rescale_for_waiting_ranks(const Plan& plan, double slowdown, double action_s) const {
   const Cluster& cluster = problem_.cluster;
   if (cluster.runtime.shared_host_slowdown.empty() || slowdown <= 0) return false;
-  // The weight of each pipeline rank on the busiest node (compute_slowdown counted them into
-  // processes_on_node_): its replicas there, times its TP ranks.
-  const auto busiest = std::max_element(processes_on_node_.begin(), processes_on_node_.end());
-  if (busiest == processes_on_node_.end() || *busiest < 2) return false;
-  const int64_t node = busiest - processes_on_node_.begin();
+  // The weight of each pipeline rank on the busiest node (compute_slowdown found it for this
+  // plan): its replicas there, times its TP ranks.
+  if (processes_on_node_[busiest_node_] < 2) return false;
   rank_weight_.assign(plan.mp, 0);
   for (const auto& row : plan.mesh) {
     for (int64_t k = 0; k < plan.mp; ++k) {
-      if (row[k] / cluster.devices_per_node == node) rank_weight_[k] += plan.tp;
+      if (row[k] / cluster.devices_per_node == busiest_node_) rank_weight_[k] += plan.tp;
     }
   }
   simulated_timeline(plan, timeline_);

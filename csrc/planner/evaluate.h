@@ -241,6 +241,7 @@ class Evaluator {
   mutable std::vector<int64_t> groups_on_node_;
   mutable std::vector<int64_t> node_stamp_;
   mutable std::vector<int64_t> processes_on_node_;
+  mutable int64_t busiest_node_ = 0;  // compute_slowdown: the node with the most processes
   mutable std::vector<int64_t> rank_weight_;              // rescale_for_waiting_ranks: per rank
   mutable std::vector<std::vector<TimedPass>> timeline_;  // ... the first simulation's passes
   mutable std::vector<std::pair<double, int64_t>> busy_events_;

@@ -444,14 +444,21 @@ TEST_CASE("evaluate speed on a 2,000-node graph", "[.perf]") {
   }
 }
 
-TEST_CASE("evaluate: micro-batches take their time from the node's batch curve", "[evaluate]") {
-  // a -> b profiled at batch 8 (forward 4, backward 8 each) and measured at batch 1 (forward 1,
-  // backward 2: a micro-batch of 1 costs 1/4 of a batch of 8, not 1/8); no transfers.
+namespace {
+// a -> b profiled at batch 8 (forward 4, backward 8 each) and measured at batch 1 (forward 1,
+// backward 2: a micro-batch of 1 costs 1/4 of a batch of 8, not 1/8); 2 devices, no transfers.
+Problem batch_curve_problem() {
   Problem problem;
   problem.graph = test::make_graph({{"a", 4, 8, 0, 0}, {"b", 4, 8, 0, 0}}, {{0, 1, 0}}, 8, "ab");
   for (Node& n : problem.graph.nodes) n.batch_times = {{1, 1.0, 2.0}};
   problem.graph.finalize("ab");
   problem.cluster = test::make_cluster(1, 2, 1e12, 0);
+  return problem;
+}
+}  // namespace
+
+TEST_CASE("evaluate: micro-batches take their time from the node's batch curve", "[evaluate]") {
+  Problem problem = batch_curve_problem();
   // 1x2 pipeline, batch 8 in 8 micro-batches of 1: F = 1, B = 2 per stage. GPipe S=2, M=8:
   // stage 1 forwards end at 2..9, its backwards 9-11, ..., 23-25; stage 0's backwards follow
   // each by 2: the last ends at 27 = (M + S - 1) * (F + B).
@@ -500,13 +507,8 @@ TEST_CASE("evaluate: optimizer step, fixed step overhead and shared-host slowdow
 }
 
 TEST_CASE("evaluate: a pipeline rank computing while the others wait runs at the alone speed", "[evaluate]") {
-  // a -> b, forward 4 and backward 8 each at batch 8, measured at batch 1 (1 and 2); no
-  // transfers. Two processes computing at once run 1.5x slower than one alone.
-  Problem problem;
-  problem.graph = test::make_graph({{"a", 4, 8, 0, 0}, {"b", 4, 8, 0, 0}}, {{0, 1, 0}}, 8, "ab");
-  for (Node& n : problem.graph.nodes) n.batch_times = {{1, 1.0, 2.0}};
-  problem.graph.finalize("ab");
-  problem.cluster = test::make_cluster(1, 2, 1e12, 0);
+  // Two processes computing at once run 1.5x slower than one alone.
+  Problem problem = batch_curve_problem();
   problem.cluster.runtime.shared_host_slowdown = {{1, 1.0}, {2, 1.5}};
   // GPipe with one micro-batch: F0, F1, B1, B0 one after another, never two at once, so the
   // step is 4 + 4 + 8 + 8 at the alone speed, not 1.5x that.
