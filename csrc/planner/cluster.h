@@ -44,7 +44,10 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter };
 
 // What the executor's runtime pays beyond compute and communication, measured by
 // `hybridplan calibrate` on the machine itself (0 where not measured):
-//   step_s        once per training step per process (zero_grad, the step's bookkeeping)
+//   step_s        once per training step per process of a plan whose replicas synchronise
+//                 gradients through a data-parallel wrapper (dp > 1: DDP's reducer, FSDP's or
+//                 replicate's hooks, the step's bookkeeping around them); a plan of one
+//                 replica has no wrapper and does not pay it (step_overhead_s)
 //   action_s      per pipeline schedule action: one forward or one backward of one micro-batch
 //                 on one stage (micro-batch slicing, p2p posting and waiting, autograd setup)
 //   schedule_action_s  action_s measured per schedule ("gpipe", "1f1b"), where the runtime's
@@ -80,6 +83,13 @@ struct Runtime {
   // The cost per action of `schedule` ("gpipe", "1f1b"): its schedule_action_s entry, else
   // action_s.
   double action_s_for(const std::string& schedule) const;
+
+  // The fixed cost per step of a plan with `dp` replicas: step_s where dp > 1, else 0. The
+  // executor wraps replicas in DDP (or shards or replicates them) only where there is more than
+  // one; calibrate measures step_s as a data-parallel step's residual, and the tiny model's
+  // one-replica pipelines over 1-32 micro-batches fit to a fixed cost of ~0 beside it
+  // (docs/calibration.md).
+  double step_overhead_s(int64_t dp) const { return dp > 1 ? step_s : 0.0; }
 
   // The multiplier for `processes` computing at once on a node: the table's entry for the
   // largest k <= processes (1 below the table).

@@ -836,7 +836,7 @@ Prediction Evaluator::evaluate(const Plan& plan) const {
     out.allreduce_s = tied_allreduce_s(plan);
   }
   out.optimizer_s = optimizer_s(plan);
-  out.overhead_s = problem_.cluster.runtime.step_s;
+  out.overhead_s = problem_.cluster.runtime.step_overhead_s(plan.dp);
   out.step_s = out.compute_s + out.allreduce_s + out.sharding_s + out.optimizer_s + out.overhead_s;
   const auto global_batch = static_cast<double>(plan.dp * plan.per_replica_batch);
   // A graph of zero-time nodes has step_s = 0; report 0 rather than an infinite rate, which

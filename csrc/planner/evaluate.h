@@ -49,7 +49,7 @@
 //   optimizer_s     = optimizer_cost.h: pipeline, the slowest stage's; placement, the
 //                     replica's process: the per-tensor cost of all its devices' tensors, the
 //                     bytes of its fullest device (all of them when one device runs the replica)
-//   overhead_s      = Cluster runtime.step_s
+//   overhead_s      = Cluster runtime.step_s where dp > 1, else 0 (Runtime::step_overhead_s)
 //   recompute       = a node the plan recomputes (Plan::recompute) runs its forward again
 //                     just before its backward: its backward time is backward_s + forward_s
 //                     at the same batch (placement, pipeline stages alike), or under selective

@@ -42,7 +42,7 @@ struct Prediction {
   double allreduce_s = 0;  // exposed (not overlapped with backward) gradient all-reduce
   double sharding_s = 0;   // exposed all-gathers and reduce-scatters of a sharded plan
   double optimizer_s = 0;  // the optimizer step of the fullest device (optimizer_cost.h)
-  double overhead_s = 0;   // the runtime's fixed cost per step (Cluster runtime.step_s)
+  double overhead_s = 0;   // the runtime's fixed cost per step (Runtime::step_overhead_s)
   double transfer_s = 0;   // time spent on cross-device activation/gradient transfers (informative)
   double bubble_s = 0;     // pipeline idle time on the critical stage (informative)
   // Tensor parallelism's collectives on the critical path, inside compute_s (informative;

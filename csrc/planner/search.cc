@@ -352,7 +352,7 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   } else {
     compute_s = placement_lower_bound_s(evaluator, plan);
   }
-  return compute_s + cluster.runtime.step_s;
+  return compute_s + cluster.runtime.step_overhead_s(plan.dp);
 }
 
 // objective() of a plan of `point` whose step takes `step_s` (monotone in step_s).

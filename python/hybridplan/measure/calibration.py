@@ -13,7 +13,10 @@ What is measured (every fit by least squares, its points and residuals under "me
   runtime.step_s               a data-parallel step of a tiny model under hybridplan.apply, minus
                                the tiny model's own compute, its all-reduce and its optimizer's
                                per-tensor cost: the executor's fixed cost per step (zero_grad, DDP
-                               bookkeeping)
+                               bookkeeping), which the cost model charges plans of more than one
+                               replica only (Runtime::step_overhead_s): a one-replica plan has no
+                               data-parallel wrapper, and the tiny pipelines below fit to a fixed
+                               cost of ~0 beside it
   runtime.schedule_action_s    the fixed cost per schedule action that makes the cost model's own
   (and runtime.action_s)       schedule reproduce measured pipeline steps (one-parameter least
                                squares on evaluate()'s slope), fitted for each schedule on its own

@@ -489,8 +489,9 @@ TEST_CASE("evaluate: optimizer step, fixed step overhead and shared-host slowdow
   REQUIRE(p.compute_s == 21);       // 7 forward + 14 backward
   // Adam touches 7 bytes per parameter byte: 300 parameter bytes * 7 / 700 B/s = 3 s.
   REQUIRE(p.optimizer_s == 3);
-  REQUIRE(p.overhead_s == 0.25);
-  REQUIRE(p.step_s == 21 + 3 + 0.25);
+  // One replica: no data-parallel wrapper, so no fixed step overhead.
+  REQUIRE(p.overhead_s == 0);
+  REQUIRE(p.step_s == 21 + 3);
   // Placement mp=2 puts a, b, d on device 0 (100 B of params) and c on device 1 (200 B): the
   // devices update at once, the fuller one decides: 200 * 7 / 700 = 2 s.
   const Plan mp2 = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,
@@ -503,6 +504,7 @@ TEST_CASE("evaluate: optimizer step, fixed step overhead and shared-host slowdow
   const Prediction shared = evaluate(problem, dp2);
   REQUIRE(shared.compute_slowdown == 1.5);
   REQUIRE(shared.compute_s == 21 * 1.5);
+  REQUIRE(shared.overhead_s == 0.25);  // two replicas: DDP's per-step cost
   REQUIRE(evaluate(problem, dp1).compute_slowdown == 1.0);  // one process: no sharing
 }
 
