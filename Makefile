@@ -7,6 +7,10 @@ CORE      := build-core
 TORCH_CMAKE = $(shell $(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export HYBRIDPLAN_CLI := $(CURDIR)/$(BUILD)/bin/hybridplan
+# Every CMake configure below (build-core, build, the consumer, the wheel pip builds) compiles
+# through ccache (scripts/install-deps.sh installs it): the torch-free core is compiled in three
+# of them with the same flags. Deferred (=): on a fresh machine ccache exists only after `deps`.
+export CMAKE_CXX_COMPILER_LAUNCHER = $(shell command -v ccache)
 
 .PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper megatron tta clean
 

@@ -5,7 +5,10 @@
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 
-apt_packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev catch2 libgloo-dev)
+# ccache: `make test` compiles the torch-free core three times (build-core/ without LibTorch to
+# prove the boundary, build/ with it, and the wheel of the pip-install test) with the same flags;
+# the Makefile makes CMake compile through it, so the second and third are cache hits.
+apt_packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev catch2 libgloo-dev ccache)
 # `make fuzz` only (libFuzzer is in Debian's clang); `make test` never needs clang.
 [ "${HYBRIDPLAN_FUZZ_DEPS:-0}" = 1 ] && apt_packages+=(clang)
 missing=()

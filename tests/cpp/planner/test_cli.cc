@@ -57,12 +57,23 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& env_p
   return r;
 }
 
-// A fresh directory per test case.
+// A fresh directory per test case, removed when the test binary exits.
 fs::path temp_dir(const std::string& name) {
+  struct Cleanup {
+    std::vector<fs::path> dirs;
+    ~Cleanup() {
+      for (const auto& dir : dirs) {
+        std::error_code ignored;
+        fs::remove_all(dir, ignored);
+      }
+    }
+  };
+  static Cleanup cleanup;
   const fs::path dir = fs::temp_directory_path() /
                        ("hp-cli-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
+  cleanup.dirs.push_back(dir);
   return dir;
 }
 
