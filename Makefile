@@ -11,6 +11,9 @@ export HYBRIDPLAN_CLI := $(CURDIR)/$(BUILD)/bin/hybridplan
 # through ccache (scripts/install-deps.sh installs it): the torch-free core is compiled in three
 # of them with the same flags. Deferred (=): on a fresh machine ccache exists only after `deps`.
 export CMAKE_CXX_COMPILER_LAUNCHER = $(shell command -v ccache)
+# One compiler name for all of them (yours if you set CXX, else make's g++): ccache keys on it,
+# and the wheel's CMake (from PyPI) picks g++ where Debian's picks c++.
+export CXX
 
 .PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper megatron tta clean
 

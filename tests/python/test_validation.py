@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -213,6 +214,35 @@ def test_validate_says_when_the_host_runs_at_another_speed_than_calibrated():
     assert same["ratio"] > 0
     assert calibration.host_speed({"alone_s": [[0.01]]}) is None  # calibrated before it named one
     assert calibration.host_speed({}) is None
+
+
+def test_calibrate_and_host_speed_time_under_the_executors_allocator_policy(monkeypatch):
+    """The executor and the profiler keep freed memory in the process (retain_freed_memory);
+    calibrate's shared-core rounds and validate's host-speed check must time the workload under
+    the same policy, from their first step: without it a step page-faults on every large freed
+    block (calibrate's first burst ran 22-38 % slower than its later ones for BigLSTM, and the
+    check read the host 23-28 % slow in every BigLSTM validation)."""
+    calls = []
+    monkeypatch.setattr(calibration, "retain_freed_memory", lambda: calls.append("policy") or True)
+    workload = {"model": "hybridplan.models:branchy_cnn", "batch": 2}
+    calibration.host_speed({"workload": workload, "alone_s": [[1.0]]}, rounds=1, steps=1)
+    assert calls == ["policy"]
+
+    class FirstMeasurement(Exception):
+        pass
+
+    def first_burst(*args, **kwargs):
+        calls.append("shared-core burst")
+        raise FirstMeasurement
+
+    import torch
+
+    calls.clear()
+    monkeypatch.setattr(calibration, "_shared_host_slowdown", first_burst)
+    env = types.SimpleNamespace(rank=0, world_size=1, local_world_size=1, num_nodes=1)
+    with pytest.raises(FirstMeasurement):
+        calibration._measure(env, torch.device("cpu"), "gloo", None, None, 2, 0, 1, 10.0, None)
+    assert calls == ["policy", "shared-core burst"]
 
 
 def test_calibrate_says_when_another_process_shares_the_cores():

@@ -116,7 +116,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..convergence.tradeoff import OPTIMIZERS
-from ..profiler.block_timing import backward_roots
+from ..profiler.block_timing import backward_roots, retain_freed_memory
 from . import probe as _probe
 from .fitting import fit_line, fit_through_origin
 from .timing import max_over_ranks, median_slowest, min_over_ranks, timed_samples
@@ -506,13 +506,15 @@ kHostSpeedTolerance = 0.15
 def host_speed(shared_host: dict, rounds: int = 5, steps: int = 3) -> Optional[dict]:
     """This host's speed now against when it was calibrated: calibrate's shared-core workload
     (`shared_host["workload"]`: the model and batch) timed in this process with one intra-op
-    thread, `rounds` times `steps` steps after one warm-up step, against the median of the
+    thread under the executor's allocator policy (retain_freed_memory: process-wide, it stays),
+    `rounds` times `steps` steps after one warm-up step, against the median of the
     calibrating ranks' times alone ("alone_s"). {"calibrated_alone_s", "now_alone_s", "ratio"
     (now / calibrated), "warning" (a sentence, or None within kHostSpeedTolerance)}; None for a
     cluster that does not name its workload (calibrated before it did, or a preset)."""
     workload = shared_host.get("workload")
     if not workload or not shared_host.get("alone_s"):
         return None
+    retain_freed_memory()  # the allocator policy calibrate's ranks measured under (see _measure)
     _, step = _workload(workload["model"], int(workload["batch"]))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -1095,6 +1097,12 @@ def _fit_pipeline_actions(cluster: dict, measured: dict, graph: Optional[dict], 
 def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout_s, name):
     """Every measurement of the module doc, in the same order on every rank (each is
     collective), and the Cluster built from them."""
+    # The executor's and the profiler's allocator policy, from the first measurement on (it is
+    # process-wide and stays). Calibrate used to get it only from its first hybridplan.apply,
+    # after the first shared-core burst: that burst then page-faulted on every large freed
+    # block: in the nine calibrations of 2026-12-04 its rounds alone ran 22-38 % slower than the
+    # later bursts' for BigLSTM and 6-25 % for branchy_cnn, and -5 to +4 % for transformer_lm.
+    retain_freed_memory()
     fits: Dict[str, dict] = {}
     module, module_step = _workload(model, batch)
     bursts: List[dict] = []
