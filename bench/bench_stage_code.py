@@ -31,7 +31,7 @@ def stage_step(cut, flat):
             received = [v.detach().requires_grad_(v.is_floating_point()) for v in values]
             values = stage(*received)
             runs.append((received, values))
-        outs, grads = list(values), [torch.ones_like(v) for v in values]
+        grads = [torch.ones_like(v) for v in values]
         for received, sent in reversed(runs):
             torch.autograd.backward([o for o, g in zip(sent, grads) if g is not None],
                                     [g for g in grads if g is not None])

@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # --quick: each benchmark's arguments at its smallest size ({out}: the report's folder).
 # A benchmark not listed takes no size arguments and runs as it is.
 QUICK_ARGS = {
+    "bench_allocator_policy.py": ["--models", "branchy_cnn", "--pairs", "1", "--steps", "2",
+                                  "--batch", "4"],
     "bench_at_scale.py": ["--out-dir", "{out}/at_scale"],
     "bench_checkpoint.py": ["--quick", "--out-dir", "{out}/checkpoint"],
     "bench_cpp_ddp.py": ["--widths", "16,32,8", "--global-batch", "8", "--steps", "3",
@@ -91,7 +93,7 @@ def run_one(argv: list, timeout_s: float) -> tuple:
 
 def report(results: list, quick: bool = False) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    out = [f"# hybridplan benchmarks\n",
+    out = ["# hybridplan benchmarks\n",
            f"{stamp}, {platform.node()}, {platform.machine()}, {os.cpu_count()} CPUs, "
            f"Python {platform.python_version()}\n"]
     if quick:

@@ -21,7 +21,6 @@ figure and tables are copied to docs/figures/ when --publish is given.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess

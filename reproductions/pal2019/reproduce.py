@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import json
-import math
 import sys
 import time
 from pathlib import Path

@@ -189,7 +189,7 @@ def test_plan_matches_single_process(trained, case):
     for out in outs:
         assert_states_close(out["state"], expected, rtol=1e-5, atol=1e-6)
     # every rank reports a finite, positive loss for each step, the same within a replica
-    dp, mp = case[2], (case[3] if case[1] == "pipeline" else 1)
+    mp = case[3] if case[1] == "pipeline" else 1
     for r, out in enumerate(outs):
         assert len(out["losses"]) == STEPS and all(0 < x < 100 for x in out["losses"])
         assert out["losses"] == outs[(r // mp) * mp]["losses"]

@@ -1,10 +1,7 @@
 """hybridplan.planner (and hybridplan._C under it): documents, plan/search/evaluate/explain,
 errors, presets, PipeDream import. Pure planner: no torch, fast, deterministic."""
 
-import copy
 import hashlib
-import json
-import os
 import sys
 from pathlib import Path
 

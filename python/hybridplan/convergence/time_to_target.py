@@ -24,10 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
