@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,19 +30,14 @@ def one_process(model: str, policy: str, steps: int, batch: int) -> float:
     import torch
 
     from hybridplan.measure.calibration import _workload
+    from hybridplan.measure.timing import timed_samples
     from hybridplan.profiler.block_timing import retain_freed_memory
 
     if policy == "kept":
         retain_freed_memory()
     torch.set_num_threads(1)
     _, step = _workload(f"hybridplan.models:{model}", batch)
-    step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed_samples(step, torch.device("cpu"), warmup=1, repeats=steps))
 
 
 def main(argv=None) -> int:

@@ -97,9 +97,9 @@ What is measured (every fit by least squares, its points and residuals under "me
 
 Each time is a median over repeats, the slowest rank's, taken with one intra-op thread per rank
 and under the executor's allocator policy from the first measurement on (freed memory kept in
-the process, profiler.block_timing.retain_freed_memory), as the executor's jobs run here. The graph (--graph) sizes the messages: up to its gradient
-bytes (all-reduce) and its largest edge (p2p), never below 16 MiB so that transfer time dominates
-latency. Gloo on CPU, NCCL on CUDA; every collective times out after `timeout_s`.
+the process, profiler.block_timing.retain_freed_memory), as the executor's jobs run here. The
+graph (--graph) sizes the messages: up to its gradient bytes (all-reduce) and its largest edge
+(p2p), never below 16 MiB so that transfer time dominates latency. Gloo on CPU, NCCL on CUDA; every collective times out after `timeout_s`.
 """
 
 from __future__ import annotations
