@@ -704,3 +704,47 @@ def test_selective_recompute_keeps_the_matmul_outputs_and_reruns_the_rest():
     assert Graph.from_dict(graph).to_dict()["nodes"][0]["selective_saved_bytes"] == 2560
     assert Graph.from_dict(graph).to_dict()["nodes"][0]["selective_ops"] == \
         nodes["fc"]["selective_ops"]
+
+
+def _allocation_profile(events):
+    """A stand-in for a finished torch.profiler run holding these (time_ns, bytes, address)
+    allocation events (negative bytes: a free), one under the other's children."""
+    from types import SimpleNamespace
+
+    from torch._C._profiler import _EventType
+
+    nodes = [SimpleNamespace(tag=_EventType.Allocation, start_time_ns=t, children=[],
+                             extra_fields=SimpleNamespace(alloc_size=n, ptr=p))
+             for t, n, p in events]
+    root = SimpleNamespace(tag=_EventType.TorchOp, start_time_ns=0, children=nodes[1:],
+                           extra_fields=None)
+    tree = [root, nodes[0]]
+    return SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(
+        experimental_event_tree=lambda: tree)))
+
+
+def test_allocation_peak_counts_a_block_reallocated_at_its_address_as_freed():
+    """A free on a thread the profiler does not run on (Gloo's, dropping a collective's buffer)
+    is not reported; a later allocation at the same address shows it happened."""
+    events = [(1, 100, 0xA), (2, 50, 0xB), (3, -50, 0xB), (4, 100, 0xA), (5, 30, 0xC)]
+    assert _timing.allocation_peak_bytes(_allocation_profile(events)) == 150  # not 230
+    # `since_ns`: from then on, with what the run still holds then
+    assert _timing.allocation_peak_bytes(_allocation_profile(events), since_ns=4) == 130
+    assert _timing.allocation_peak_bytes(_allocation_profile(events), since_ns=5) == 130
+    # a free reported for a block allocated before the run lowers what is live
+    assert _timing.allocation_peak_bytes(_allocation_profile(
+        [(1, -40, 0xD), (2, 60, 0xE)])) == 20
+
+
+def test_allocation_peak_since_a_time_counts_what_the_run_still_holds_then():
+    """Blocks allocated before `since_ns` and not freed by then are alive as the measured step
+    starts (last step's output), unless the caller counts them itself (`counted`: parameters,
+    gradients); their frees after it are reported and lower what is live."""
+    events = [(1, 64, 0xA),   # the warm-up step's output, held until the next replaces it
+              (2, 16, 0xF0),   # a gradient the warm-up step set (the caller counts it)
+              (5, 100, 0xB), (6, -64, 0xA), (7, 50, 0xC)]
+    prof = _allocation_profile(events)
+    assert _timing.allocation_peak_bytes(prof, since_ns=5, counted={0xF0}) == 164
+    assert _timing.allocation_peak_bytes(prof, since_ns=5) == 180
+    # no event after it: what is held then
+    assert _timing.allocation_peak_bytes(prof, since_ns=9, counted={0xF0}) == 150

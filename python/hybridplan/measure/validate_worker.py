@@ -60,24 +60,42 @@ class _Clock:
         return build
 
 
+# The name of the profiled step that validate measures memory in (a record_function range).
+kMeasuredStep = "hybridplan::measured_step"
+
+
 def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
     """Peak bytes of live tensors during one step, two ways from one torch.profiler run:
     "timeline", torch.profiler's memory timeline (every tensor the step uses, by category), and
     "allocations", the bytes of the tensors alive when the step starts (`live_at_start()`:
-    parameters, gradients, optimizer state, buffers, the batch; each storage once) plus the
-    peak of the step's allocation events (block_timing.allocation_peak_bytes). The timeline's
-    data-flow analysis rejects FSDP2's in-place parameter swaps under zero3 ("version
+    {address: bytes} of the parameters, gradients, optimizer state, buffers, the batch; each
+    storage once) plus the peak of the step's allocation events (block_timing.
+    allocation_peak_bytes). The timeline's data-flow analysis rejects FSDP2's in-place
+    parameter swaps under zero3 and DTensor's sequence-parallel collectives ("version
     mismatch"); there "timeline" is absent and the allocations stand in, which the plans where
-    both exist hold against each other (docs/sharding.md)."""
+    both exist hold against each other (docs/sharding.md).
+
+    `run_step(i)` runs step i. The profiler runs across two steps and the measured one is the
+    second: torch reports a free to the profiler only for a block allocated while it ran, so
+    in a step profiled alone the frees of what the step before left went unreported (gradients
+    a step sets anew were counted twice: transformer_lm's sequence-parallel plan measured
+    31.9-36.0 MiB across launches, 30.1 MiB where the timeline held, 30.3 predicted). What the
+    first step allocated and still holds beyond `live_at_start` (its output, kept until the
+    next one replaces it) is alive as the second starts and is counted with it."""
     import warnings
 
+    from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    start = live_at_start()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
-        run_step()
-    out = {"allocations": start + allocation_peak_bytes(prof)}
+        run_step(0)
+        start = live_at_start()
+        with record_function(kMeasuredStep):
+            run_step(1)
+    since_ns, until_ns = _range_ns(prof, kMeasuredStep)
+    out = {"allocations": sum(start.values()) + allocation_peak_bytes(
+        prof, since_ns=since_ns, counted=set(start))}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "timeline.json")
         try:
@@ -87,13 +105,28 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
         except AssertionError:
             return out
         with open(path) as f:
-            _, sizes = json.load(f)
-    out["timeline"] = int(max((sum(s) for s in sizes), default=0))
+            times, sizes = json.load(f)
+    # the timeline's times are microseconds of the same clock; its sizes at each time are all
+    # that is alive then, what the profiler found alive at its start included
+    out["timeline"] = int(max((sum(s) for t, s in zip(times, sizes)
+                               if since_ns // 1000 <= t <= until_ns // 1000), default=0))
     return out
 
 
-def _storage_bytes(tensors) -> int:
-    """Bytes of the storages under `tensors` (None skipped, a DTensor's local shard), each once."""
+def _range_ns(prof, name: str):
+    """(start, end) in ns of the profiler's record_function range `name` (the first one)."""
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.name == name:
+            return event.start_time_ns, event.end_time_ns
+        stack.extend(event.children)
+    raise RuntimeError(f"validate: the profiler recorded no {name!r} range")
+
+
+def _storages(tensors) -> Dict[int, int]:
+    """{address: bytes} of the storages under `tensors` (None skipped, a DTensor's local shard),
+    each once."""
     from torch.distributed.tensor import DTensor
 
     storages = {}
@@ -103,7 +136,7 @@ def _storage_bytes(tensors) -> int:
         if isinstance(t, torch.Tensor):
             storage = t.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
+    return storages
 
 
 def _arguments(argv) -> argparse.Namespace:
@@ -161,15 +194,15 @@ class _Run:
         end = time.perf_counter()
         return start, end
 
-    def live_bytes(self, shard) -> int:
-        """Bytes alive as a step of `shard` starts: parameters, gradients, optimizer state,
-        buffers and the batch."""
+    def live_storages(self, shard) -> Dict[int, int]:
+        """{address: bytes} of the storages alive as a step of `shard` starts: parameters,
+        gradients, optimizer state, buffers and the batch."""
         from torch.utils._pytree import tree_leaves
 
         params = self.hp.parameters()
         state = [v for s in self.hp.optimizer.state.values() for v in s.values()]
-        return _storage_bytes(params + [p.grad for p in params] + state
-                              + list(self.hp.module.buffers()) + tree_leaves(shard))
+        return _storages(params + [p.grad for p in params] + state
+                         + list(self.hp.module.buffers()) + tree_leaves(shard))
 
     def close(self) -> None:
         close = getattr(self.hp, "close", None)
@@ -213,18 +246,21 @@ def _timed_terms(run: _Run, warmup: int, steps: int) -> dict:
 
 
 def _peak_memory(run: _Run, step: int) -> Dict[str, int]:
-    """The peak tensor bytes of one more step (`step`'s batch), the timeline's where it has one."""
-    shard = run.replica_batch(step)
+    """The peak tensor bytes of step `step` + 1 (its batch), profiled with step `step` before it
+    (_peak_tensor_bytes); the timeline's where it has one."""
 
-    def step_then_meet():
+    # both batches made before profiling; the warm-up's is dropped after its step
+    shards = {0: run.replica_batch(step), 1: run.replica_batch(step + 1)}
+
+    def step_then_meet(i: int):
         # Every rank finishes the step (its last sends and receives with it) before any stops
         # the profiler: a rank that stopped it while Gloo's threads still served the other
         # rank's transfers died in the profiler's teardown (`free(): invalid pointer`) in 3 of
         # 18 launches of branchy_cnn's ZB-V M=2 plan, and in 0 of 18 with this barrier.
-        run.step(shard)
+        run.step(shards.pop(i) if i == 0 else shards[i])
         dist.barrier()
 
-    peaks = _peak_tensor_bytes(step_then_meet, lambda: run.live_bytes(shard))
+    peaks = _peak_tensor_bytes(step_then_meet, lambda: run.live_storages(shards[1]))
     return {"memory_bytes": peaks.get("timeline", peaks["allocations"]),
             "memory_allocations_bytes": peaks["allocations"]}
 

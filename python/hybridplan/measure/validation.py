@@ -17,9 +17,11 @@ timed on every rank from the executor's own clock:
     allreduce_s  the last gradient -> the optimizer starts      (the exposed all-reduce)
     optimizer_s  the optimizer's step
     overhead_s   the rest of the step
-    memory       peak tensor bytes of one step per rank (torch.profiler's memory timeline; where
-                 its analysis rejects the step, FSDP2's zero3, the tensors alive at the step's
-                 start plus the peak of its allocation events, which every row also carries)
+    memory       peak tensor bytes of one step per rank, profiled after a profiled warm-up step
+                 (torch.profiler's memory timeline; where its analysis rejects the step, FSDP2's
+                 zero3 or sequence parallelism, the tensors alive at the step's start plus the
+                 peak of its allocation events, which every row also carries), each rank's
+                 median over the launches
 
 Each plan runs in `rounds` launches, interleaved (every plan once, then every plan again, ...),
 and its row is the launch with the median step time (the lower one of an even count), whole: on
@@ -214,14 +216,24 @@ def run_plan_retrying(plan: dict, model: str, steps: int, warmup: int, timeout_s
 
 def median_launch(launches: Sequence[dict]) -> dict:
     """The launch whose step time is the median of the launches' (the lower middle one of an even
-    count: a real launch, so that its terms, per-rank timelines and memory stay one run's), with
-    every launch's step time under launch_step_s."""
+    count: a real launch, so that its terms and per-rank timelines stay one run's), with every
+    launch's step time under launch_step_s. Peak memory is each rank's median over the launches
+    (the lower middle), every launch's kept under launch_memory_bytes: a plan whose collectives
+    run on Gloo's threads peaks higher in a launch where those threads drop a buffer late (on
+    transformer_lm's sequence-parallel plan, 30.1-35.0 MiB on one rank across five launches),
+    so one launch's figure is one draw of a quantity that varies, not the plan's."""
     if not launches:
         raise ValueError("median_launch: no launches")
     ordered = sorted(launches, key=lambda m: m["step_s"])
     chosen = dict(ordered[(len(ordered) - 1) // 2])
     chosen["launch_step_s"] = [m["step_s"] for m in launches]
     chosen["failed_launches"] = [e for m in launches for e in m.get("failed_launches", [])]
+    for key in ("memory_bytes", "memory_allocations_bytes"):
+        per_launch = [m[key] for m in launches if m.get(key)]
+        if per_launch and len({len(r) for r in per_launch}) == 1:
+            chosen[key] = [sorted(rank)[(len(rank) - 1) // 2] for rank in zip(*per_launch)]
+    if any(m.get("memory_bytes") for m in launches):
+        chosen["launch_memory_bytes"] = [m.get("memory_bytes", []) for m in launches]
     return chosen
 
 
@@ -255,6 +267,8 @@ def compare(plan: dict, measured: dict) -> dict:
            "measured_memory_allocations_bytes": measured.get("memory_allocations_bytes", []),
            "measured_per_rank": measured.get("per_rank", []),
            "launch_step_s": measured.get("launch_step_s", [measured["step_s"]]),
+           "launch_memory_bytes": measured.get("launch_memory_bytes",
+                                               [measured.get("memory_bytes", [])]),
            "failed_launches": measured.get("failed_launches", [])}
     row["errors"] = {t: _error(row["predicted"][t], row["measured"][t]) for t in TERMS}
     mem_p, mem_m = max(row["predicted_memory_bytes"] or [0]), max(row["measured_memory_bytes"] or [0])
@@ -309,8 +323,9 @@ def markdown(result: ValidationResult, title: str) -> str:
     base = result.baseline_cluster is not None
     lines = [f"# {title}", "",
              "Times in ms (slowest rank, median of the timed steps, of the plan's median launch; "
-             "every launch's step under launches); error = predicted / measured - 1. The first "
-             "row is the planner's choice.", "",
+             "every launch's step under launches); peak memory is each rank's median over the "
+             "launches; error = predicted / measured - 1. The first row is the planner's "
+             "choice.", "",
              "| plan | batch | step pred | step meas | launches | error | compute pred | "
              "compute meas | "
              "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "

@@ -35,13 +35,13 @@ import ctypes
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
 
 from . import block_list
-from .dataflow import tensors_in
+from .dataflow import map_tensors, tensors_in
 
 
 CLOCKS = ("auto", "wall", "thread", "cuda")
@@ -135,6 +135,39 @@ def backward_roots(output: Any, loss: Optional[Loss] = None) -> List[torch.Tenso
     return [t for t in tensors_in(output) if t.requires_grad]
 
 
+def loss_times(output: Any, loss: Loss, clock: str, repeats: int = 5) -> Tuple[float, float]:
+    """(forward, backward) seconds of the loss alone on the model's `output` (detached, so
+    nothing before the loss runs): the median of `repeats` after one warm-up, on the profile's
+    `clock`. A profiled step charges the loss to the last node (backward_roots); tensor
+    parallelism splits that node's own work but not the loss, which every rank of the group
+    computes whole on the gathered output (tensor_parallel.graph_fields)."""
+    roots = [t.detach().requires_grad_() for t in tensors_in(output) if t.requires_grad]
+    rebuilt = _replace_tensors(output, roots)
+    timer = _Clock(clock)
+    forward, backward = [], []
+    for i in range(repeats + 1):
+        timer.sync()
+        t0 = timer.mark()
+        value = loss(rebuilt)
+        timer.sync()
+        t1 = timer.mark()
+        torch.autograd.grad(value, roots, allow_unused=True)
+        timer.sync()
+        t2 = timer.mark()
+        if i:
+            forward.append(timer.seconds(t0, t1))
+            backward.append(timer.seconds(t1, t2))
+    forward.sort()
+    backward.sort()
+    return forward[len(forward) // 2], backward[len(backward) // 2]
+
+
+def _replace_tensors(output: Any, leaves: List[torch.Tensor]) -> Any:
+    """`output` with its tensors that require grad replaced, in order, by `leaves`."""
+    it = iter(leaves)
+    return map_tensors(output, lambda t: next(it) if t.requires_grad else t)
+
+
 def loss_backward_bytes(output: Any, loss: Loss) -> int:
     """Peak bytes the loss's backward allocates, from the loss down to the gradient of the
     model's output, with the loss's forward already done (what it saves is the last node's
@@ -150,10 +183,18 @@ def loss_backward_bytes(output: Any, loss: Loss) -> int:
     return allocation_peak_bytes(prof)
 
 
-def allocation_peak_bytes(prof) -> int:
+def allocation_peak_bytes(prof, since_ns: Optional[int] = None,
+                          counted: Optional[Set[int]] = None) -> int:
     """The peak, over a finished torch.profiler run (profile_memory=True), of the bytes allocated
     since it started less those freed: its allocation events in time order. Tensors alive before
-    the run are not in it."""
+    the run are not in it, and neither are their frees: torch reports a free to the profiler
+    only for a block allocated while it ran, and only on a thread the profiler runs on (a
+    collective's buffer that Gloo's thread drops last is freed unreported). A block allocated
+    again at the same address was freed before, reported or not: it is counted freed there.
+    `since_ns`: the peak from that time on (a step after a profiled warm-up step, so that the
+    frees of what the warm-up step allocated are reported; validate_worker._peak_tensor_bytes),
+    counting the blocks the run allocated before it and still held then, except those at an
+    address in `counted` (the storages the caller counts itself)."""
     from torch._C._profiler import _EventType
 
     allocations = []
@@ -162,12 +203,28 @@ def allocation_peak_bytes(prof) -> int:
         event = stack.pop()
         stack.extend(event.children)
         if event.tag == _EventType.Allocation:
-            allocations.append((event.start_time_ns, event.extra_fields.alloc_size))
+            allocations.append((event.start_time_ns, event.extra_fields.alloc_size,
+                                event.extra_fields.ptr))
+    counted = counted or set()
     live = peak = 0
-    for _, nbytes in sorted(allocations):
+    alive: Dict[int, int] = {}  # address -> bytes of the block allocated there, not yet freed
+    measuring = since_ns is None
+
+    def held() -> int:  # what the run allocated and still holds, beyond `counted`
+        return sum(n for p, n in alive.items() if p not in counted)
+
+    for t, nbytes, ptr in sorted(allocations):
+        if not measuring and t >= since_ns:
+            measuring, live = True, held()
+            peak = live
+        if nbytes > 0:
+            live -= alive.get(ptr, 0)  # its free went unreported
+            alive[ptr] = nbytes
+        else:
+            alive.pop(ptr, None)
         live += nbytes
         peak = max(peak, live)
-    return int(peak)
+    return int(peak if measuring else held())
 
 
 class StepTimer:
