@@ -319,3 +319,45 @@ def test_profile_writes_the_fields_and_they_round_trip():
     plain = profile_dict(model, inputs, warmup=0, repeats=1, batch_sizes=(), verbose=False,
                          tensor_parallel=False)
     assert not any("tensor_parallel" in n or "sequence_parallel" in n for n in plain["nodes"])
+
+
+def test_the_loss_charged_to_the_head_stays_whole_in_its_split_times(monkeypatch):
+    """The profiled step charges the loss to the last node (the LM head); a TP rank narrows the
+    head's matrix product but computes the loss whole on the gathered logits, so the split
+    times scale the head's own time only (`whole_s`)."""
+    from hybridplan.profiler import block_list
+    from hybridplan.profiler import tensor_parallel as tp
+
+    class TinyLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.head = nn.Linear(8, 16)  # to the vocabulary: an LM head
+
+        def forward(self, x):
+            return self.head(self.embed(x))
+
+    model, inputs = TinyLM(), torch.randint(0, 16, (2, 4))
+    nodes = block_list.select_nodes(model)
+    monkeypatch.setattr(tp, "_ratios", lambda timed, node, degrees: {2: (0.5, 0.25)})
+    times = {"embed": 0.001, "head": 0.010}
+    fields, _ = tp.graph_fields(model, nodes, ((inputs,), {}), ["embed", "head"], times,
+                                {"embed": 0.002, "head": 0.020}, "wall", 0, 1,
+                                whole_s={"head": (0.004, 0.008)})
+    assert fields["head"]["style"] == "colwise_gather"
+    head = fields["head"]["split_times"][0]
+    assert head["forward_s"] == pytest.approx(0.006 * 0.5 + 0.004)
+    assert head["backward_s"] == pytest.approx(0.012 * 0.25 + 0.008)
+    embed = fields["embed"]["split_times"][0]  # no loss charged: the ratio alone
+    assert (embed["forward_s"], embed["backward_s"]) == pytest.approx((0.0005, 0.0005))
+
+
+def test_loss_times_time_the_loss_alone():
+    from hybridplan.profiler import block_timing
+
+    logits = nn.Linear(8, 512)(torch.randn(64, 8))
+    target = torch.randint(0, 512, (64,))
+    forward, backward = block_timing.loss_times(
+        logits, lambda out: F.cross_entropy(out, target), "thread", repeats=3)
+    assert 0 < forward < 0.5 and 0 < backward < 0.5
+    assert logits.grad_fn is not None and logits.grad is None  # the model's graph untouched

@@ -173,8 +173,12 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     for node in graph["nodes"]:
         node.update(split.get(node["name"], {}))
     if tensor_parallel:
+        # the loss, charged to the last node, is computed whole on every rank of a TP group
+        whole = ({flow.order[-1]: block_timing.loss_times(output, loss_at(None), clock,
+                                                          repeats=max(3, repeats))}
+                 if loss_fn is not None else {})
         _add_tensor_parallel(graph, module, nodes, flow, (inputs, kwargs), forward_s,
-                             backward_s, clock, warmup, repeats, log)
+                             backward_s, clock, warmup, repeats, log, whole)
     _add_pipeline_split(graph, module, flow, inputs, kwargs, log)
     # the model's input tensors at the profiled batch: the memory model's input batch term
     graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()
@@ -265,15 +269,16 @@ def _add_pipeline_split(graph, module, flow, args, kwargs, log) -> None:
 
 
 def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s, clock,
-                         warmup, repeats, log) -> None:
+                         warmup, repeats, log, whole_s) -> None:
     """Nodes' "tensor_parallel" and "sequence_parallel" objects (docs/tensor_parallel.md), at
-    the profiled batch. Sequence parallelism is checked at degree 2 (the plan's degree is
-    checked again where a plan is applied)."""
+    the profiled batch; `whole_s` as tensor_parallel.graph_fields (the loss's times). Sequence
+    parallelism is checked at degree 2 (the plan's degree is checked again where a plan is
+    applied)."""
     import time
 
     started = time.monotonic()
     fields, layout = tensor_parallel.graph_fields(module, nodes, call, flow.order, forward_s,
-                                                  backward_s, clock, warmup, repeats)
+                                                  backward_s, clock, warmup, repeats, whole_s)
     for node in graph["nodes"]:
         if node["name"] in fields:
             node["tensor_parallel"] = fields[node["name"]]
