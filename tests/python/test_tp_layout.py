@@ -353,11 +353,19 @@ def test_the_loss_charged_to_the_head_stays_whole_in_its_split_times(monkeypatch
 
 
 def test_loss_times_time_the_loss_alone():
+    """On the model's own output, whatever its type (a Hugging Face ModelOutput's `.logits`),
+    down to the output's gradient only: the model's graph stays for the step's backward."""
+    from transformers.modeling_outputs import CausalLMOutput
+
     from hybridplan.profiler import block_timing
 
-    logits = nn.Linear(8, 512)(torch.randn(64, 8))
+    linear = nn.Linear(8, 512)
+    logits = linear(torch.randn(64, 8))
     target = torch.randint(0, 512, (64,))
     forward, backward = block_timing.loss_times(
-        logits, lambda out: F.cross_entropy(out, target), "thread", repeats=3)
+        CausalLMOutput(logits=logits), lambda out: F.cross_entropy(out.logits, target),
+        "thread", repeats=3)
     assert 0 < forward < 0.5 and 0 < backward < 0.5
-    assert logits.grad_fn is not None and logits.grad is None  # the model's graph untouched
+    assert linear.weight.grad is None  # nothing of the model ran backward
+    logits.sum().backward()  # and its graph is still there
+    assert linear.weight.grad is not None

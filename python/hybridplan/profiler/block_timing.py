@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from . import block_list
-from .dataflow import map_tensors, tensors_in
+from .dataflow import tensors_in
 
 
 CLOCKS = ("auto", "wall", "thread", "cuda")
@@ -136,19 +136,20 @@ def backward_roots(output: Any, loss: Optional[Loss] = None) -> List[torch.Tenso
 
 
 def loss_times(output: Any, loss: Loss, clock: str, repeats: int = 5) -> Tuple[float, float]:
-    """(forward, backward) seconds of the loss alone on the model's `output` (detached, so
-    nothing before the loss runs): the median of `repeats` after one warm-up, on the profile's
-    `clock`. A profiled step charges the loss to the last node (backward_roots); tensor
-    parallelism splits that node's own work but not the loss, which every rank of the group
-    computes whole on the gathered output (tensor_parallel.graph_fields)."""
-    roots = [t.detach().requires_grad_() for t in tensors_in(output) if t.requires_grad]
-    rebuilt = _replace_tensors(output, roots)
+    """(forward, backward) seconds of the loss alone on the model's `output`: the loss's forward,
+    and its backward down to the output's gradient (torch.autograd.grad to the output tensors
+    runs nothing of the model before them, as loss_backward_bytes does); the median of
+    `repeats` after one warm-up, on the profile's `clock`. A profiled step charges the loss to
+    the last node (backward_roots); tensor parallelism splits that node's own work but not the
+    loss, which every rank of the group computes whole on the gathered output
+    (tensor_parallel.graph_fields)."""
+    roots = [t for t in tensors_in(output) if t.requires_grad]
     timer = _Clock(clock)
     forward, backward = [], []
     for i in range(repeats + 1):
         timer.sync()
         t0 = timer.mark()
-        value = loss(rebuilt)
+        value = loss(output)
         timer.sync()
         t1 = timer.mark()
         torch.autograd.grad(value, roots, allow_unused=True)
@@ -160,12 +161,6 @@ def loss_times(output: Any, loss: Loss, clock: str, repeats: int = 5) -> Tuple[f
     forward.sort()
     backward.sort()
     return forward[len(forward) // 2], backward[len(backward) // 2]
-
-
-def _replace_tensors(output: Any, leaves: List[torch.Tensor]) -> Any:
-    """`output` with its tensors that require grad replaced, in order, by `leaves`."""
-    it = iter(leaves)
-    return map_tensors(output, lambda t: next(it) if t.requires_grad else t)
 
 
 def loss_backward_bytes(output: Any, loss: Loss) -> int:
