@@ -27,7 +27,8 @@ from ..convergence.tradeoff import OPTIMIZERS
 from ..executor import apply
 from ..factories import load_factory
 from ..files import write_text_atomic
-from ..profiler.block_timing import allocation_peak_bytes
+from ..profiler.block_timing import (allocation_peak_bytes, profiler_events,
+                                      unreported_collective_frees)
 
 TERMS = ("step_s", "compute_s", "allreduce_s", "optimizer_s", "overhead_s")
 
@@ -107,20 +108,25 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
         with open(path) as f:
             times, sizes = json.load(f)
     # the timeline's times are microseconds of the same clock; its sizes at each time are all
-    # that is alive then, what the profiler found alive at its start included
-    out["timeline"] = int(max((sum(s) for t, s in zip(times, sizes)
+    # that is alive then, what the profiler found alive at its start included. It reads the
+    # same allocation events, so a collective's buffer freed unreported stays in it until its
+    # address is allocated again: taken out from when the collective's wait returned.
+    frees = unreported_collective_frees(prof)
+
+    def unreported(t_us: int) -> int:
+        t = t_us * 1000
+        return sum(n for done, _, _, n, again in frees if done <= t and (not again or t < again))
+
+    out["timeline"] = int(max((sum(s) - unreported(t) for t, s in zip(times, sizes)
                                if since_ns // 1000 <= t <= until_ns // 1000), default=0))
     return out
 
 
 def _range_ns(prof, name: str):
     """(start, end) in ns of the profiler's record_function range `name` (the first one)."""
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
+    for event in profiler_events(prof):
         if event.name == name:
             return event.start_time_ns, event.end_time_ns
-        stack.extend(event.children)
     raise RuntimeError(f"validate: the profiler recorded no {name!r} range")
 
 

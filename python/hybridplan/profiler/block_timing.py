@@ -33,9 +33,10 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
 import contextlib
 import ctypes
 import os
+import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -158,9 +159,7 @@ def loss_times(output: Any, loss: Loss, clock: str, repeats: int = 5) -> Tuple[f
         if i:
             forward.append(timer.seconds(t0, t1))
             backward.append(timer.seconds(t1, t2))
-    forward.sort()
-    backward.sort()
-    return forward[len(forward) // 2], backward[len(backward) // 2]
+    return statistics.median(forward), statistics.median(backward)
 
 
 def loss_backward_bytes(output: Any, loss: Loss) -> int:
@@ -178,43 +177,123 @@ def loss_backward_bytes(output: Any, loss: Loss) -> int:
     return allocation_peak_bytes(prof)
 
 
+def profiler_events(prof) -> Iterator[Any]:
+    """Every event of a finished torch.profiler run, its ops, record_function ranges and
+    allocations, each parents before its children (the tree torch builds of them)."""
+    return _descendants(prof.profiler.kineto_results.experimental_event_tree())
+
+
+def _descendants(events) -> Iterator[Any]:
+    """`events` and all their descendants in the profiler's event tree, parents first."""
+    stack = list(events)
+    while stack:
+        event = stack.pop()
+        yield event
+        stack.extend(event.children)
+
+
+def _allocations(events) -> List[Tuple[int, int, int]]:
+    """(time ns, bytes, address) of every allocation event, a free's bytes negative, in time
+    order."""
+    from torch._C._profiler import _EventType
+
+    return sorted((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr)
+                  for e in events if e.tag == _EventType.Allocation)
+
+
+def unreported_collective_frees(prof) -> List[Tuple[int, int, int, int, int]]:
+    """(free time ns, address, allocation time ns, bytes, time ns the address is allocated
+    again or 0) of each block a functional collective
+    (torch.distributed._functional_collectives, as DTensor redistributes) read or allocated whose
+    free the profiler never saw: its time is when the collective's wait_tensor returned. c10d's
+    work object holds the collective's input and output until Gloo's thread, done with it,
+    drops it; that thread often drops the last reference, and torch reports a free to the
+    profiler only on a thread the profiler runs on. Measured on BigLSTM's tp2 plan: its LM
+    head's all-gather input (4 MiB) and output (8 MiB) stayed counted until the run's end in 4
+    of 14 launches, one rank's peak 43.7-52.1 MiB against 39.5 in the others."""
+    from torch._C._profiler import _EventType
+
+    events = list(profiler_events(prof))
+    blocks: Dict[int, List[List[int]]] = {}  # address -> [allocated at, freed at or 0, bytes]
+    for t, nbytes, ptr in _allocations(events):
+        if nbytes > 0:
+            blocks.setdefault(ptr, []).append([t, 0, nbytes])
+        elif blocks.get(ptr) and not blocks[ptr][-1][1]:
+            blocks[ptr][-1][1] = t
+
+    def again(ptr: int, t: int) -> int:  # when `ptr` is next allocated after t, or 0
+        return next((b[0] for b in blocks[ptr] if b[0] > t), 0)
+
+    def block_at(ptr: int, t: int) -> Optional[List[int]]:  # the block at `ptr` alive at t
+        held = [b for b in blocks.get(ptr, ()) if b[0] <= t and (not b[1] or b[1] > t)]
+        return held[-1] if held else None
+
+    def storages(op) -> List[int]:  # of its tensor inputs (record_shapes=True), lists opened
+        out = []
+        for x in op.extra_fields.inputs:
+            out += [m.storage_data_ptr for m in (x if isinstance(x, list) else [x])
+                    if getattr(m, "storage_data_ptr", None) is not None]
+        return out
+
+    def allocated_under(op) -> List[int]:
+        return [e.extra_fields.ptr for e in _descendants(op.children)
+                if e.tag == _EventType.Allocation and e.extra_fields.alloc_size > 0]
+
+    ops = [e for e in events if e.tag == _EventType.TorchOp
+           and e.name.startswith("_c10d_functional::")]
+    waits = sorted((e.start_time_ns, e.end_time_ns, storages(e)[0]) for e in ops
+                   if e.name == "_c10d_functional::wait_tensor" and storages(e))
+    frees = []
+    for op in ops:
+        if op.name in ("_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd"):
+            continue
+        outputs = allocated_under(op)
+        done = next((end for start, end, ptr in waits
+                     if start >= op.start_time_ns and ptr in outputs), None)
+        if done is None:
+            continue
+        for ptr in set(storages(op) + outputs):
+            block = block_at(ptr, op.end_time_ns)
+            if block is not None and not block[1]:
+                frees.append((done, ptr, block[0], block[2], again(ptr, block[0])))
+    return sorted(frees)
+
+
 def allocation_peak_bytes(prof, since_ns: Optional[int] = None,
                           counted: Optional[Set[int]] = None) -> int:
     """The peak, over a finished torch.profiler run (profile_memory=True), of the bytes allocated
     since it started less those freed: its allocation events in time order. Tensors alive before
     the run are not in it, and neither are their frees: torch reports a free to the profiler
-    only for a block allocated while it ran, and only on a thread the profiler runs on (a
-    collective's buffer that Gloo's thread drops last is freed unreported). A block allocated
-    again at the same address was freed before, reported or not: it is counted freed there.
+    only for a block allocated while it ran, and only on a thread the profiler runs on. A block
+    allocated again at the same address was freed before, reported or not: it is counted freed
+    there; a functional collective's buffer whose free went unreported is counted freed when
+    its wait returned (unreported_collective_frees).
     `since_ns`: the peak from that time on (a step after a profiled warm-up step, so that the
     frees of what the warm-up step allocated are reported; validate_worker._peak_tensor_bytes),
     counting the blocks the run allocated before it and still held then, except those at an
     address in `counted` (the storages the caller counts itself)."""
-    from torch._C._profiler import _EventType
-
-    allocations = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        if event.tag == _EventType.Allocation:
-            allocations.append((event.start_time_ns, event.extra_fields.alloc_size,
-                                event.extra_fields.ptr))
     counted = counted or set()
     live = peak = 0
-    alive: Dict[int, int] = {}  # address -> bytes of the block allocated there, not yet freed
+    alive: Dict[int, Tuple[int, int]] = {}  # address -> (bytes, allocated at), not yet freed
     measuring = since_ns is None
 
     def held() -> int:  # what the run allocated and still holds, beyond `counted`
-        return sum(n for p, n in alive.items() if p not in counted)
+        return sum(n for p, (n, _) in alive.items() if p not in counted)
 
-    for t, nbytes, ptr in sorted(allocations):
+    # a collective's unreported free sorts as (time, 0, ...): after an allocation at its time
+    timeline = [(t, nbytes, ptr, None) for t, nbytes, ptr in _allocations(profiler_events(prof))]
+    timeline += [(t, 0, ptr, since) for t, ptr, since, _, _ in unreported_collective_frees(prof)]
+    for t, nbytes, ptr, allocated_at in sorted(timeline, key=lambda e: e[:3]):
         if not measuring and t >= since_ns:
             measuring, live = True, held()
             peak = live
+        if allocated_at is not None:
+            if ptr in alive and alive[ptr][1] == allocated_at:
+                live -= alive.pop(ptr)[0]
+            continue
         if nbytes > 0:
-            live -= alive.get(ptr, 0)  # its free went unreported
-            alive[ptr] = nbytes
+            live -= alive.get(ptr, (0, 0))[0]  # its free went unreported
+            alive[ptr] = (nbytes, t)
         else:
             alive.pop(ptr, None)
         live += nbytes
@@ -386,10 +465,7 @@ def backward_workspace_bytes(module: nn.Module, nodes: Dict[str, nn.Module], inp
         module.zero_grad(set_to_none=True)
     at_mark: Dict[int, int] = {}
     allocations: List[Tuple[int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
+    for event in profiler_events(prof):
         if event.tag == _EventType.Allocation:
             allocations.append((event.start_time_ns, event.extra_fields.alloc_size))
         elif event.name.startswith("hybridplan.mark."):
