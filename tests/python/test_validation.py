@@ -231,6 +231,11 @@ def test_validate_says_when_the_host_runs_at_another_speed_than_calibrated():
     assert same["ratio"] > 0
     assert calibration.host_speed({"alone_s": [[0.01]]}) is None  # calibrated before it named one
     assert calibration.host_speed({}) is None
+    # calibrate's own reading of the check, taken the same way, is what it compares with; the
+    # ranks' turns alone only where a cluster has none
+    read = calibration.host_speed({"workload": workload, "alone_s": [[1e-7]],
+                                   "check_alone_s": [100.0, 100.0, 300.0]}, rounds=1, steps=1)
+    assert read["calibrated_alone_s"] == 100.0 and "faster than when calibrated" in read["warning"]
 
 
 def test_calibrate_and_host_speed_time_under_the_executors_allocator_policy(monkeypatch):
@@ -331,6 +336,10 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     # what validate times again to see whether the host's speed moved since (host_speed)
     assert cluster["measured"]["shared_host"]["workload"] == {
         "model": "hybridplan.models:branchy_cnn", "batch": 8}
+    # rank 0's reading of it as the check takes it: kHostCheckRounds per burst
+    check = cluster["measured"]["shared_host"]["check_alone_s"]
+    assert len(check) == calibration.kSharedHostBursts * calibration.kHostCheckRounds
+    assert all(t > 0 for t in check)
     shard = measured["model_shard_units"]
     assert shard["per_replica_batches"] == calibration.model_shard_batches(8) == [2, 16]
     assert set(shard["measured_step_s_by_batch"]) == {"2", "16"}

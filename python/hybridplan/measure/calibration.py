@@ -504,19 +504,15 @@ kBusyCpuShare = 0.9
 kHostSpeedTolerance = 0.15
 
 
-def host_speed(shared_host: dict, rounds: int = 5, steps: int = 3) -> Optional[dict]:
-    """This host's speed now against when it was calibrated: calibrate's shared-core workload
-    (`shared_host["workload"]`: the model and batch) timed in this process with one intra-op
-    thread under the executor's allocator policy (retain_freed_memory: process-wide, it stays),
-    `rounds` times `steps` steps after one warm-up step, against the median of the
-    calibrating ranks' times alone ("alone_s"). {"calibrated_alone_s", "now_alone_s", "ratio"
-    (now / calibrated), "warning" (a sentence, or None within kHostSpeedTolerance)}; None for a
-    cluster that does not name its workload (calibrated before it did, or a preset)."""
-    workload = shared_host.get("workload")
-    if not workload or not shared_host.get("alone_s"):
-        return None
-    retain_freed_memory()  # the allocator policy calibrate's ranks measured under (see _measure)
-    _, step = _workload(workload["model"], int(workload["batch"]))
+# validate's host-speed check: rounds of steps, each round's time per step (host_speed).
+kHostCheckRounds = 5
+kHostCheckSteps = 3
+
+
+def _one_thread_times_s(step: Callable[[], None], rounds: int, steps: int) -> List[float]:
+    """`rounds` times `steps` steps after one warm-up step, with one intra-op thread, each
+    round's seconds per step: validate's host-speed check, and calibrate's own reading of it
+    (the same loop, so that the two compare like with like; host_speed)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -529,7 +525,29 @@ def host_speed(shared_host: dict, rounds: int = 5, steps: int = 3) -> Optional[d
             times.append((time.perf_counter() - start) / steps)
     finally:
         torch.set_num_threads(threads)
-    calibrated = _median_alone_s(shared_host)
+    return times
+
+
+def host_speed(shared_host: dict, rounds: int = kHostCheckRounds,
+               steps: int = kHostCheckSteps) -> Optional[dict]:
+    """This host's speed now against when it was calibrated: calibrate's shared-core workload
+    (`shared_host["workload"]`: the model and batch) timed in this process (_one_thread_times_s)
+    under the executor's allocator policy (retain_freed_memory: process-wide, it stays), against
+    calibrate's rank 0 timing it the same way in each shared-core burst, the other ranks waiting
+    ("check_alone_s"; clusters calibrated before it: the ranks' times alone, "alone_s", which
+    calibrate takes in turns, each rank right after the other's, and which read 10-26 % slower
+    than this check in every run of 2026-12-04 21:10-22:30 UTC while the plans' signed errors
+    fell on both sides). {"calibrated_alone_s", "now_alone_s", "ratio" (now / calibrated),
+    "warning" (a sentence, or None within kHostSpeedTolerance)}; None for a cluster that does
+    not name its workload (calibrated before it did, or a preset)."""
+    workload = shared_host.get("workload")
+    if not workload or not (shared_host.get("check_alone_s") or shared_host.get("alone_s")):
+        return None
+    retain_freed_memory()  # the allocator policy calibrate's ranks measured under (see _measure)
+    _, step = _workload(workload["model"], int(workload["batch"]))
+    times = _one_thread_times_s(step, rounds, steps)
+    calibrated = (statistics.median(shared_host["check_alone_s"])
+                  if shared_host.get("check_alone_s") else _median_alone_s(shared_host))
     now = statistics.median(times)
     ratio = now / calibrated
     warning = None
@@ -1109,9 +1127,15 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     bursts: List[dict] = []
     tp_bursts: List[List[Tuple[int, float]]] = []
 
+    check_s: List[float] = []  # rank 0 timing the workload as validate's check will
+
     def shared_host_burst():  # and the tensor-parallel collectives, spread over time alike
         bursts.append(_shared_host_slowdown(module_step, env.rank, env.world_size, device,
                                             rounds=max(3, repeats // 3), steps=3))
+        dist.barrier()
+        if env.rank == 0:
+            check_s.extend(_one_thread_times_s(module_step, kHostCheckRounds, kHostCheckSteps))
+        dist.barrier()
         if env.world_size > 1:
             tp_bursts.append(_tp_pair_times(device, env.world_size, warmup, repeats))
 
@@ -1143,6 +1167,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
             intra["tp_allreduce"] = tp_link
     # what validate times again to tell whether the host's speed has moved since (host_speed)
     slowdown["workload"] = {"model": model or kDefaultWorkload, "batch": batch}
+    if check_s:
+        slowdown["check_alone_s"] = check_s
     bandwidth = _memory_bandwidth(device)
     peak_flops = min_over_ranks(_probe.peak_flops(device), device)
 
