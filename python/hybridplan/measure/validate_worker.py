@@ -111,7 +111,7 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
     # that is alive then, what the profiler found alive at its start included. It reads the
     # same allocation events, so a collective's buffer freed unreported stays in it until its
     # address is allocated again: taken out from when the collective's wait returned.
-    frees = unreported_collective_frees(prof)
+    frees = unreported_collective_frees(list(profiler_events(prof)))
 
     def unreported(t_us: int) -> int:
         t = t_us * 1000

@@ -201,7 +201,7 @@ def _allocations(events) -> List[Tuple[int, int, int]]:
                   for e in events if e.tag == _EventType.Allocation)
 
 
-def unreported_collective_frees(prof) -> List[Tuple[int, int, int, int, int]]:
+def unreported_collective_frees(events: List[Any]) -> List[Tuple[int, int, int, int, int]]:
     """(free time ns, address, allocation time ns, bytes, time ns the address is allocated
     again or 0) of each block a functional collective
     (torch.distributed._functional_collectives, as DTensor redistributes) read or allocated whose
@@ -210,10 +210,10 @@ def unreported_collective_frees(prof) -> List[Tuple[int, int, int, int, int]]:
     drops it; that thread often drops the last reference, and torch reports a free to the
     profiler only on a thread the profiler runs on. Measured on BigLSTM's tp2 plan: its LM
     head's all-gather input (4 MiB) and output (8 MiB) stayed counted until the run's end in 4
-    of 14 launches, one rank's peak 43.7-52.1 MiB against 39.5 in the others."""
+    of 13 launches, one rank's peak 43.7-52.1 MiB against 39.5 in the others. `events`: the
+    run's, list(profiler_events(prof))."""
     from torch._C._profiler import _EventType
 
-    events = list(profiler_events(prof))
     blocks: Dict[int, List[List[int]]] = {}  # address -> [allocated at, freed at or 0, bytes]
     for t, nbytes, ptr in _allocations(events):
         if nbytes > 0:
@@ -281,8 +281,9 @@ def allocation_peak_bytes(prof, since_ns: Optional[int] = None,
         return sum(n for p, (n, _) in alive.items() if p not in counted)
 
     # a collective's unreported free sorts as (time, 0, ...): after an allocation at its time
-    timeline = [(t, nbytes, ptr, None) for t, nbytes, ptr in _allocations(profiler_events(prof))]
-    timeline += [(t, 0, ptr, since) for t, ptr, since, _, _ in unreported_collective_frees(prof)]
+    events = list(profiler_events(prof))
+    timeline = [(t, nbytes, ptr, None) for t, nbytes, ptr in _allocations(events)]
+    timeline += [(t, 0, ptr, since) for t, ptr, since, _, _ in unreported_collective_frees(events)]
     for t, nbytes, ptr, allocated_at in sorted(timeline, key=lambda e: e[:3]):
         if not measuring and t >= since_ns:
             measuring, live = True, held()
