@@ -304,6 +304,186 @@ bool input_ready_s(const PipelinePass& p, int64_t num_stages, int64_t m,
   return source != kNotYet;
 }
 
+// torch's ScheduleGPipe and Schedule1F1B._step_microbatches (torch/distributed/pipelining/
+// schedules.py) for stage s, as the runs, message posts and waits of its rank (pipeline_schedule.h):
+// what they post together, and what they wait on before which pass.
+void single_stage_program(Schedule schedule, int64_t num_stages, int64_t m, int64_t s,
+                          const std::vector<PipelinePass>& passes, PipelineScratch& scratch,
+                          std::vector<RankOp>& out) {
+  out.clear();
+  std::vector<int32_t> forward_at(m), backward_at(m);
+  for (size_t k = 0; k < passes.size(); ++k) {
+    (passes[k].kind == PassKind::kForward ? forward_at : backward_at)[passes[k].microbatch] =
+        static_cast<int32_t>(k);
+  }
+  using Batch = std::vector<MessageOp>;
+  const bool first = s == 0, last = s == num_stages - 1;
+  // what stage s sends and receives for micro-batch i (nothing past either end)
+  const auto activation_in = [&](int64_t i) {
+    return first ? Batch{} : Batch{{static_cast<int32_t>((2 * (s - 1)) * m + i), false}};
+  };
+  const auto activation_out = [&](int64_t i) {
+    return last ? Batch{} : Batch{{static_cast<int32_t>((2 * s) * m + i), true}};
+  };
+  const auto gradient_in = [&](int64_t i) {
+    return last ? Batch{} : Batch{{static_cast<int32_t>((2 * s + 1) * m + i), false}};
+  };
+  const auto gradient_out = [&](int64_t i) {
+    return first ? Batch{} : Batch{{static_cast<int32_t>((2 * (s - 1) + 1) * m + i), true}};
+  };
+  const auto append = [&](RankOp::Kind kind, const Batch& batch) {
+    if (batch.empty()) return;
+    out.push_back({kind, static_cast<int32_t>(scratch.message_ops.size()),
+                   static_cast<int32_t>(batch.size())});
+    scratch.message_ops.insert(scratch.message_ops.end(), batch.begin(), batch.end());
+  };
+  const auto post = [&](const Batch& batch) { append(RankOp::kPost, batch); };
+  const auto wait = [&](const Batch& batch) { append(RankOp::kWait, batch); };
+  const auto post_and_wait = [&](const Batch& batch) {
+    post(batch);
+    wait(batch);
+  };
+  const auto run = [&](int32_t pass) { out.push_back({RankOp::kRun, pass, 0}); };
+  const auto joined = [](Batch a, const Batch& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+
+  if (schedule == Schedule::kGpipe) {
+    // all forwards, then all backwards; each phase waits on its sends at its end
+    const auto phase = [&](const auto& in, const auto& sent, const std::vector<int32_t>& at) {
+      Batch sends;
+      for (int64_t i = 0; i < m; ++i) {
+        post_and_wait(in(i));
+        run(at[i]);
+        post(sent(i));
+        sends = joined(sends, sent(i));
+      }
+      wait(sends);
+    };
+    phase(activation_in, activation_out, forward_at);
+    phase(gradient_in, gradient_out, backward_at);
+    return;
+  }
+  HP_INTERNAL_ASSERT(schedule == Schedule::k1F1B, "single-stage schedule " << schedule_name(schedule));
+  const int64_t warmup = std::min(m, num_stages - s);
+  int64_t forward = 0, backward = 0;
+  Batch in_flight, forward_sends, backward_sends;
+  for (int64_t k = 0; k < warmup; ++k, ++forward) {
+    post_and_wait(activation_in(forward));
+    run(forward_at[forward]);
+    wait(in_flight);  // the previous forward's send
+    in_flight.clear();
+    forward_sends = activation_out(forward);
+    if (k != warmup - 1) {  // the last warm-up send goes with the first backward's receive
+      post(forward_sends);
+      in_flight = forward_sends;
+    }
+  }
+  while (true) {
+    post_and_wait(joined(forward_sends, gradient_in(backward)));
+    run(backward_at[backward]);
+    backward_sends = gradient_out(backward);
+    ++backward;
+    if (forward == m) break;
+    post_and_wait(joined(backward_sends, activation_in(forward)));
+    run(forward_at[forward]);
+    forward_sends = activation_out(forward);
+    ++forward;
+  }
+  post(backward_sends);
+  in_flight = backward_sends;
+  for (; backward < m; ++backward) {
+    post_and_wait(gradient_in(backward));
+    run(backward_at[backward]);
+    wait(in_flight);
+    in_flight = gradient_out(backward);
+    post(in_flight);
+  }
+  wait(in_flight);
+}
+
+// GPipe and 1F1B message by message (pipeline_schedule.h): ranks advance in the order of their
+// clocks, so a message's two postings are seen in the order they happen.
+template <class Duration, class FinishSlot>
+double simulate_messages(Schedule schedule, int64_t num_stages, int64_t m,
+                         const std::vector<double>& p2p_s, const Duration& duration,
+                         const FinishSlot& finish_slot, PipelineScratch& scratch) {
+  const int64_t ranks = num_stages;
+  scratch.message_ops.clear();
+  scratch.program.resize(ranks);
+  for (int64_t r = 0; r < ranks; ++r) {
+    single_stage_program(schedule, num_stages, m, r, scratch.passes[r], scratch, scratch.program[r]);
+  }
+  const size_t messages = static_cast<size_t>(std::max<int64_t>(0, num_stages - 1) * 2 * m);
+  scratch.send_posted_s.assign(messages, kNotYet);
+  scratch.receive_posted_s.assign(messages, kNotYet);
+  scratch.message_done_s.assign(messages, kNotYet);
+  scratch.rank_clock_s.assign(ranks, 0.0);
+  std::vector<double>& clock = scratch.rank_clock_s;
+  std::vector<int64_t>& next = scratch.next_op;
+  const auto message_p2p_s = [&](int32_t message) { return p2p_s[message / (2 * m)]; };
+  const auto runnable = [&](int64_t r) {
+    const RankOp& op = scratch.program[r][next[r]];
+    if (op.kind != RankOp::kWait) return true;
+    for (int32_t k = op.first; k < op.first + op.count; ++k) {
+      if (scratch.message_done_s[scratch.message_ops[k].message] == kNotYet) return false;
+    }
+    return true;
+  };
+  double length_s = 0;
+  std::vector<int64_t> backward_passes_left(num_stages, m);
+  while (true) {
+    int64_t r = -1;
+    bool unfinished = false;
+    for (int64_t q = 0; q < ranks; ++q) {
+      if (next[q] >= static_cast<int64_t>(scratch.program[q].size())) continue;
+      unfinished = true;
+      if ((r < 0 || clock[q] < clock[r]) && runnable(q)) r = q;
+    }
+    if (!unfinished) break;
+    HP_INTERNAL_ASSERT(r >= 0, "pipeline schedule deadlocked on its messages");
+    const RankOp& op = scratch.program[r][next[r]++];
+    switch (op.kind) {
+      case RankOp::kRun: {
+        const PipelinePass& p = scratch.passes[r][op.first];
+        const double start_s = clock[r];
+        clock[r] += duration(p);
+        finish_slot(p) = clock[r];
+        if (p.kind == PassKind::kBackward && --backward_passes_left[p.stage] == 0) {
+          scratch.last_backward_start_s[p.stage] = start_s;
+        }
+        break;
+      }
+      case RankOp::kPost:
+        for (int32_t k = op.first; k < op.first + op.count; ++k) {
+          const MessageOp& mo = scratch.message_ops[k];
+          double& done = scratch.message_done_s[mo.message];
+          if (mo.send) {
+            scratch.send_posted_s[mo.message] = clock[r];
+            if (scratch.receive_posted_s[mo.message] != kNotYet) {
+              clock[r] += message_p2p_s(mo.message);  // written on the sender's thread
+              done = clock[r];
+            }
+          } else {
+            scratch.receive_posted_s[mo.message] = clock[r];
+            if (scratch.send_posted_s[mo.message] != kNotYet) {
+              done = clock[r] + message_p2p_s(mo.message);  // the sender's Gloo thread writes it
+            }
+          }
+        }
+        break;
+      case RankOp::kWait:
+        for (int32_t k = op.first; k < op.first + op.count; ++k) {
+          clock[r] = std::max(clock[r], scratch.message_done_s[scratch.message_ops[k].message]);
+        }
+        break;
+    }
+    length_s = std::max(length_s, clock[r]);
+  }
+  return length_s;
+}
+
 }  // namespace
 
 PipelineTimes simulate_pipeline(Schedule schedule, PipelineShape shape, const StagePassTimes& times,
@@ -345,22 +525,36 @@ PipelineTimes simulate_pipeline(Schedule schedule, PipelineShape shape, const St
     if (p.kind == PassKind::kBackwardWeight) return scratch.weight_finish_s[at];
     return scratch.backward_finish_s[at];
   };
+  // The multi-stage schedules' sends find their receives posted (torch's runtime posts each
+  // receive as soon as its sender's pass is scheduled) and are written on the sender's thread:
+  // the rank is busy for the transfer after a pass whose output goes to another rank (p2p_s is
+  // 0 between two stages of one rank).
+  const auto send_s = [&](const PipelinePass& p) {
+    if (p.kind == PassKind::kForward) return p.stage + 1 < num_stages ? times.p2p_s[p.stage] : 0.0;
+    if (p.kind == PassKind::kBackwardWeight || p.stage == 0) return 0.0;
+    return times.p2p_s[p.stage - 1];
+  };
+  double length_s = 0;
+  if (!schedule_is_multi_stage(schedule)) {
+    length_s = simulate_messages(schedule, num_stages, m, times.p2p_s, duration, finish_slot, scratch);
+    remaining = 0;
+  }
   // Advance every rank as far as its inputs allow, until all are done. Each sweep completes
   // at least one pass for a valid schedule (the dependency graph is acyclic).
-  double length_s = 0;
   while (remaining > 0) {
     int64_t progressed = 0;
     for (int64_t r = 0; r < ranks; ++r) {
       const std::vector<PipelinePass>& passes = scratch.passes[r];
       int64_t& op = scratch.next_op[r];
-      double free_s = op > 0 ? finish_slot(passes[op - 1]) : 0.0;  // the rank's previous pass
+      // the rank's previous pass and the writing of what it sent
+      double free_s = op > 0 ? finish_slot(passes[op - 1]) + send_s(passes[op - 1]) : 0.0;
       for (; op < static_cast<int64_t>(passes.size()); ++op, ++progressed, --remaining) {
         const PipelinePass& p = passes[op];
         double ready_s = 0;
         if (!input_ready_s(p, num_stages, m, times.p2p_s, scratch, ready_s)) break;
         const double start_s = std::max(ready_s, free_s);
-        free_s = start_s + duration(p);
-        finish_slot(p) = free_s;
+        finish_slot(p) = start_s + duration(p);
+        free_s = finish_slot(p) + send_s(p);
         length_s = std::max(length_s, free_s);
         const bool final_gradient = split ? p.kind == PassKind::kBackwardWeight
                                           : p.kind == PassKind::kBackward;

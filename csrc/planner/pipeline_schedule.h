@@ -13,7 +13,8 @@
 //   boundary_tensors[s] = the number of such values (each is its own message)
 //   p2p_s[s] = boundary_tensors[s] * latency + boundary_bytes[s] / bandwidth  of
 //              Cluster::link(mesh[0][s], mesh[0][s+1])
-// and the same bytes go back as gradients. A transfer is a delay on that link (no contention).
+// and the same bytes go back as gradients, no two transfers sharing a link (no contention);
+// when a transfer starts and who waits for it: simulate_pipeline below.
 // Each tensor pays the latency: torch.distributed.pipelining sends every tensor of a stage's
 // output as its own P2POp (batch_isend_irecv). Measured on 2 CPU ranks (Gloo): 4 tensors across
 // the boundary instead of 1 cost 0.42 ms more per micro-batch of 1F1B (M = 32, 8-wide Linears).
@@ -160,8 +161,27 @@ double peak_activation_bytes(const std::vector<PipelinePass>& passes,
                              const std::vector<double>& workspace_bytes = {},
                              const std::vector<double>& weight_workspace_bytes = {});
 
+// One step of a rank's program under torch's single-stage schedules (see simulate_pipeline):
+// run a pass, post messages (sends and receives, in order), or wait until messages are done.
+struct RankOp {
+  enum Kind : uint8_t { kRun, kPost, kWait } kind = kRun;
+  int32_t first = 0;  // kRun: the pass (index into the rank's passes); else into message_ops
+  int32_t count = 0;  // kPost / kWait: how many message_ops from `first`
+};
+// A message of a single-stage schedule: boundary b's activation (stage b to b+1) or gradient
+// (b+1 to b) of micro-batch i, index (2 * b + gradient) * M + i; `send` says which end posts.
+struct MessageOp {
+  int32_t message = 0;
+  bool send = false;
+};
+
 struct PipelineScratch {
   std::vector<std::vector<PipelinePass>> passes;  // per rank, from rank_passes
+  // single-stage schedules: each rank's program and the messages' post and done times
+  std::vector<std::vector<RankOp>> program;
+  std::vector<MessageOp> message_ops;
+  std::vector<double> send_posted_s, receive_posted_s, message_done_s;
+  std::vector<double> rank_clock_s;
   std::vector<double> forward_finish_s;   // [s * M + i]
   std::vector<double> backward_finish_s;  // [s * M + i]: B, or I when the backward is split
   std::vector<double> weight_finish_s;    // [s * M + i]: W (split backward only)
@@ -187,6 +207,19 @@ struct StagePassTimes {
 // starts when the rank is free and its input is there: F(s,i) needs F(s-1,i) + p2p_s[s-1];
 // B or I (s,i) needs B or I (s+1,i) + p2p_s[s] (the last stage: its own F(s,i)); W(s,i) needs
 // I(s,i).
+//
+// GPipe and 1F1B are simulated message by message, as torch's ScheduleGPipe and Schedule1F1B
+// post and wait on them (single_stage_program), because there the receives are posted only
+// when the data is needed and Gloo moves a message only once both ends have posted it
+// (its receiver announces the receive; docs/calibration.md "Where a pipeline's messages wait"):
+//   - a message is done p2p_s after the later of its send's and its receive's posting;
+//   - a send posted after its receive is written on the sender's own thread: the sender is
+//     busy for those p2p_s (Gloo's isend returns when it has written the message);
+//   - a rank waiting on messages resumes when all of them are done.
+// So under 1F1B a stage whose next input was computed long ago still waits p2p_s for it after
+// posting its receive, and Schedule1F1B's sender waits until its receiver posts (it waits on a
+// send fused with its next receive). The multi-stage schedules (torch's runtime) post every
+// receive as early as the sends they match allow, and keep the dataflow rule above.
 PipelineTimes simulate_pipeline(Schedule schedule, PipelineShape shape, const StagePassTimes& times,
                                 PipelineScratch& scratch);
 

@@ -111,20 +111,28 @@ TEST_CASE("the timelines drawn in pipeline_schedule.h", "[pipeline_schedule]") {
 }
 
 TEST_CASE("transfers delay the next stage", "[pipeline_schedule]") {
-  // S=2, M=2, F=1, B=2, 0.5 s per boundary crossing.
+  // S=2, M=2, F=1, B=2, 0.5 s per boundary crossing. A message moves once both ends have posted
+  // it; a send posted after its receive keeps the sender busy while it is written.
   PipelineScratch scratch;
   const std::vector<double> f{1, 1}, b{2, 2}, p2p{0.5};
-  // GPipe: stage 0 F 0-1, 1-2; stage 1 F 1.5-2.5, 2.5-3.5, B 3.5-5.5, 5.5-7.5;
-  //        stage 0 B ready 5.5+0.5 = 6 -> 6-8, then ready 8 -> 8-10.
+  // GPipe: stage 0 F0 0-1, writes A0 1-1.5 (stage 1 posted its receive at 0), F1 1.5-2.5, posts
+  //        A1 at 2.5 as stage 1 posts its receive: A1 there at 3; stage 0 waits for it, posts
+  //        its gradient receives. Stage 1 F0 1.5-2.5 F1 3-4 B0 4-6, writes G0 6-6.5, B1 6.5-8.5,
+  //        writes G1 8.5-9 (stage 0, B0 6.5-8.5, posted its receive at 8.5); stage 0 B1 9-11.
   const PipelineTimes gpipe = simulate_pipeline(Schedule::kGpipe, {.num_stages = static_cast<int64_t>(f.size()), .num_microbatches = 2}, {f, b, {}, p2p}, scratch);
-  REQUIRE(gpipe.compute_s == 10);
-  REQUIRE(gpipe.bubble_s == 4);       // 10 - 2 * 3
+  REQUIRE(gpipe.compute_s == 11);
+  REQUIRE(gpipe.bubble_s == 5);       // 11 - 2 * 3
   REQUIRE(gpipe.transfer_s == 2);     // 2 micro-batches * 2 directions * 0.5
-  REQUIRE(scratch.last_backward_start_s == std::vector<double>{8, 5.5});
-  // 1F1B: stage 1 F0 1.5-2.5 B0 2.5-4.5 F1 4.5-5.5 B1 5.5-7.5; stage 0 B0 5-7, B1 8-10.
+  REQUIRE(scratch.last_backward_start_s == std::vector<double>{9, 6.5});
+  REQUIRE(scratch.forward_finish_s == std::vector<double>{1, 2.5, 2.5, 4});
+  // 1F1B: stage 0 F0 0-1, writes A0 1-1.5, F1 1.5-2.5, then posts A1 with G0's receive and waits
+  //   for both. Stage 1 F0 1.5-2.5 B0 2.5-4.5, then posts G0 (written 4.5-5) with A1's receive:
+  //   only now does A1 move (there at 5.5, though computed at 2.5). Stage 1 F1 5.5-6.5
+  //   B1 6.5-8.5, writes G1 8.5-9; stage 0 B0 5.5-7.5, B1 9-11.
   const PipelineTimes one_f_one_b = simulate_pipeline(Schedule::k1F1B, {.num_stages = static_cast<int64_t>(f.size()), .num_microbatches = 2}, {f, b, {}, p2p}, scratch);
-  REQUIRE(one_f_one_b.compute_s == 10);
-  REQUIRE(scratch.backward_finish_s == std::vector<double>{7, 10, 4.5, 7.5});
+  REQUIRE(one_f_one_b.compute_s == 11);
+  REQUIRE(scratch.backward_finish_s == std::vector<double>{7.5, 11, 4.5, 8.5});
+  REQUIRE(scratch.forward_finish_s == std::vector<double>{1, 2.5, 2.5, 6.5});
 }
 
 TEST_CASE("stage costs count each value once per boundary it crosses", "[pipeline_schedule]") {
