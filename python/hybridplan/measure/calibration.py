@@ -20,12 +20,12 @@ What is measured (every fit by least squares, its points and residuals under "me
   runtime.schedule_action_s    the fixed cost per schedule action that makes the cost model's own
   (and runtime.action_s)       schedule reproduce measured pipeline steps (one-parameter least
                                squares on evaluate()'s slope), fitted for each schedule on its own
-                               runs: torch's ScheduleGPipe posts every send and receive on its own
-                               and leaves its sends in flight while it computes, Schedule1F1B
-                               posts a send with the next receive and waits for both, and on CPU
-                               ranks that difference is most of an action's cost (measured here:
-                               0.25-0.42 ms per GPipe action against 0.11-0.19 ms per 1F1B
-                               action). action_s is 1F1B's (the value for any other schedule).
+                               runs. The schedule simulation follows torch's messages (when each
+                               schedule posts and waits on them, pipeline_schedule.h); the
+                               action cost prices what remains, on CPU ranks mostly a waiting
+                               rank's wake-up (docs/calibration.md "The stalls"), which the runs
+                               show differs by schedule. action_s is 1F1B's (the value for any
+                               other schedule).
                                With --graph and --model: two-stage pipelines of that model
                                (kModelMicrobatchCounts micro-batches of the --batch) under
                                hybridplan.apply, because on CPU ranks the cost of an action is
