@@ -525,17 +525,18 @@ PipelineTimes simulate_pipeline(Schedule schedule, PipelineShape shape, const St
     if (p.kind == PassKind::kBackwardWeight) return scratch.weight_finish_s[at];
     return scratch.backward_finish_s[at];
   };
-  // The multi-stage schedules' sends find their receives posted (torch's runtime posts each
-  // receive as soon as its sender's pass is scheduled) and are written on the sender's thread:
-  // the rank is busy for the transfer after a pass whose output goes to another rank (p2p_s is
-  // 0 between two stages of one rank).
+  // Over Gloo, the multi-stage schedules' sends find their receives posted (torch's runtime
+  // posts each receive as soon as its sender's pass is scheduled) and are written on the
+  // sender's thread: the rank is busy for the transfer after a pass whose output goes to
+  // another rank (p2p_s is 0 between two stages of one rank).
   const auto send_s = [&](const PipelinePass& p) {
+    if (!times.gloo_messages) return 0.0;
     if (p.kind == PassKind::kForward) return p.stage + 1 < num_stages ? times.p2p_s[p.stage] : 0.0;
     if (p.kind == PassKind::kBackwardWeight || p.stage == 0) return 0.0;
     return times.p2p_s[p.stage - 1];
   };
   double length_s = 0;
-  if (!schedule_is_multi_stage(schedule)) {
+  if (times.gloo_messages && !schedule_is_multi_stage(schedule)) {
     length_s = simulate_messages(schedule, num_stages, m, times.p2p_s, duration, finish_slot, scratch);
     remaining = 0;
   }

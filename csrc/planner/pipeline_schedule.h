@@ -201,6 +201,11 @@ struct StagePassTimes {
   const std::vector<double>& backward_s;
   const std::vector<double>& weight_s;
   const std::vector<double>& p2p_s;
+  // The ranks exchange messages over Gloo (Cluster collectives "gloo": CPU ranks): a message
+  // moves once both ends posted it and the sender's thread writes it (simulate_pipeline).
+  // Otherwise (NCCL) a transfer runs on its own stream as soon as its data is there, the
+  // receives having been queued ahead by a host that runs ahead of the device.
+  bool gloo_messages = false;
 };
 
 // Simulates any schedule as an event schedule: each rank runs its passes in order; a pass
@@ -208,10 +213,11 @@ struct StagePassTimes {
 // B or I (s,i) needs B or I (s+1,i) + p2p_s[s] (the last stage: its own F(s,i)); W(s,i) needs
 // I(s,i).
 //
-// GPipe and 1F1B are simulated message by message, as torch's ScheduleGPipe and Schedule1F1B
-// post and wait on them (single_stage_program), because there the receives are posted only
-// when the data is needed and Gloo moves a message only once both ends have posted it
-// (its receiver announces the receive; docs/calibration.md "Where a pipeline's messages wait"):
+// With gloo_messages (CPU ranks), GPipe and 1F1B are simulated message by message, as torch's
+// ScheduleGPipe and Schedule1F1B post and wait on them (single_stage_program), because there
+// the receives are posted only when the data is needed and Gloo moves a message only once both
+// ends have posted it (its receiver announces the receive; docs/calibration.md "Where a
+// pipeline's messages wait"):
 //   - a message is done p2p_s after the later of its send's and its receive's posting;
 //   - a send posted after its receive is written on the sender's own thread: the sender is
 //     busy for those p2p_s (Gloo's isend returns when it has written the message);
@@ -219,7 +225,9 @@ struct StagePassTimes {
 // So under 1F1B a stage whose next input was computed long ago still waits p2p_s for it after
 // posting its receive, and Schedule1F1B's sender waits until its receiver posts (it waits on a
 // send fused with its next receive). The multi-stage schedules (torch's runtime) post every
-// receive as early as the sends they match allow, and keep the dataflow rule above.
+// receive as early as the sends they match allow: they keep the dataflow rule above, and the
+// sender is busy for p2p_s after each pass whose output goes to another rank (it finds the
+// receive posted and writes the message).
 PipelineTimes simulate_pipeline(Schedule schedule, PipelineShape shape, const StagePassTimes& times,
                                 PipelineScratch& scratch);
 

@@ -27,7 +27,7 @@ def _job(critical_batch, epochs_min=10):
                             "critical_batch": critical_batch}}
 
 
-GROWING = _job([[0, 25], [1, 400]])     # tests/cpp/planner/test_run_schedule.cc's case
+GROWING = _job([[0, 50], [1, 400]])     # tests/cpp/planner/test_run_schedule.cc's case
 
 
 # ---- the binding --------------------------------------------------------------------------------

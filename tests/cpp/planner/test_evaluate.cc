@@ -179,15 +179,15 @@ TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
     const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4,
                                       {0, 1}, 2, schedule);
     const Prediction p = evaluate(problem, plan);
-    REQUIRE(p.compute_s == 11);
-    REQUIRE(p.bubble_s == 5);
+    REQUIRE(p.compute_s == 10);
+    REQUIRE(p.bubble_s == 4);
     REQUIRE(p.transfer_s == 2);
     // ring p=2 with no latency: 0.01 s/byte -> 1 s per stage's 100 bytes.
-    //   stage 1's last backward 6.5-8.5 -> reduce 8.5-9.5, hidden
-    //   stage 0's last backward 9-11 -> reduce 11-12: exposed 1
+    //   stage 1's last backward 5.5-7.5 -> reduce 7.5-8.5, hidden
+    //   stage 0's last backward 8-10 -> reduce 10-11: exposed 1
     REQUIRE(p.allreduce_s == 1);
-    REQUIRE(p.step_s == 12);
-    REQUIRE(p.samples_per_s == 8.0 / 12);
+    REQUIRE(p.step_s == 11);
+    REQUIRE(p.samples_per_s == 8.0 / 11);
     // memory: params 100*2 + 50 bytes per micro-batch in flight
     //   GPipe: 2 in flight on both stages -> 300, 300; 1F1B: min(2, 2-0)=2, min(2, 2-1)=1
     // plus the backward workspace (a: 50 + 0; b: 50 + the 50-byte edge) and one receive buffer
@@ -215,14 +215,46 @@ TEST_CASE("evaluate: each schedule pays its own calibrated cost per action", "[e
                                       {0, 1}, 2, schedule);
     return evaluate(problem, plan).compute_s;
   };
-  // F = 1 + a, B = 2 + a, p2p 0.5 (a message moves once both ends posted it; a send posted
-  // after its receive is written on the sender's thread). GPipe (a = 0.5): stage 0 F0 0-1.5,
-  // writes A0 1.5-2, F1 2-3.5, A1 there at 4; stage 1 F0 2-3.5, F1 4-5.5, B0 5.5-8, writes G0
-  // 8-8.5, B1 8.5-11, writes G1 11-11.5; stage 0 B0 8.5-11, B1 11.5-14.
+  // F = 1 + a, B = 2 + a, p2p 0.5. GPipe (a = 0.5): stage 0 F0 0-1.5, F1 1.5-3; stage 1 F0 2-3.5,
+  // F1 3.5-5, B0 5-7.5, B1 7.5-10; stage 0 B0 8-10.5, B1 10.5-13.
+  REQUIRE(compute_s(Schedule::kGpipe) == Approx(13));
+  // 1F1B (action_s, a = 0.25): stage 0 F0 0-1.25, F1 1.25-2.5; stage 1 F0 1.75-3, B0 3-5.25,
+  // F1 5.25-6.5, B1 6.5-8.75; stage 0 B0 5.75-8, B1 9.25-11.5.
+  REQUIRE(compute_s(Schedule::k1F1B) == Approx(11.5));
+}
+
+TEST_CASE("evaluate: over Gloo a pipeline's messages wait for both ends", "[evaluate]") {
+  // The two cases above on CPU ranks (collectives "gloo"): pipeline_schedule.h's message rules.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
+  problem.cluster = test::make_cluster(1, 4, 100, 0);
+  problem.cluster.collectives = CollectiveLibrary::kGloo;
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
+    const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4,
+                                      {0, 1}, 2, schedule);
+    const Prediction p = evaluate(problem, plan);
+    // test_pipeline_schedule.cc's S=2, M=2 case over Gloo: 11, the last backwards 6.5-8.5 and
+    // 9-11, so stage 0's reduce 11-12 is exposed 1.
+    REQUIRE(p.compute_s == 11);
+    REQUIRE(p.allreduce_s == 1);
+    REQUIRE(p.step_s == 12);
+  }
+  problem.cluster = test::make_cluster(1, 2, 100, 0);
+  problem.cluster.collectives = CollectiveLibrary::kGloo;
+  problem.cluster.runtime.action_s = 0.25;
+  problem.cluster.runtime.schedule_action_s = {{"gpipe", 0.5}};
+  const auto compute_s = [&](Schedule schedule) {
+    const Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
+                                      {0, 1}, 2, schedule);
+    return evaluate(problem, plan).compute_s;
+  };
+  // F = 1 + a, B = 2 + a, p2p 0.5. GPipe (a = 0.5): stage 0 F0 0-1.5, writes A0 1.5-2, F1 2-3.5,
+  // A1 there at 4; stage 1 F0 2-3.5, F1 4-5.5, B0 5.5-8, writes G0 8-8.5, B1 8.5-11, writes G1
+  // 11-11.5; stage 0 B0 8.5-11, B1 11.5-14.
   REQUIRE(compute_s(Schedule::kGpipe) == Approx(14));
-  // 1F1B (action_s, a = 0.25): stage 0 F0 0-1.25, writes A0 1.25-1.75, F1 1.75-3; stage 1
-  // F0 1.75-3, B0 3-5.25, writes G0 5.25-5.75, receives A1 by 6.25, F1 6.25-7.5, B1 7.5-9.75,
-  // writes G1 9.75-10.25; stage 0 B0 6.25-8.5, B1 10.25-12.5.
+  // 1F1B (a = 0.25): stage 0 F0 0-1.25, writes A0 1.25-1.75, F1 1.75-3; stage 1 F0 1.75-3,
+  // B0 3-5.25, writes G0 5.25-5.75, receives A1 by 6.25, F1 6.25-7.5, B1 7.5-9.75, writes G1
+  // 9.75-10.25; stage 0 B0 6.25-8.5, B1 10.25-12.5.
   REQUIRE(compute_s(Schedule::k1F1B) == Approx(12.5));
 }
 
@@ -237,11 +269,10 @@ TEST_CASE("evaluate: a zero-bubble W is the measured share of a node's backward"
   };
   // b's share moves work between the I that stage 0 waits for and the W that waits for
   // nobody: at 0.1 its I (1.8) is on the critical path, 2 x 0.8 longer than at the estimate's
-  // 0.5 (I = 1, which the schedule hides), and at 0.9 the I shrinks behind other work. (Each
-  // rank also writes what it sends, 0.5 a message: three of them lie on the critical path.)
-  CHECK(compute_s(-1) == Approx(16.5));
-  CHECK(compute_s(0.1) == Approx(18.1));
-  CHECK(compute_s(0.9) == Approx(16.5));
+  // 0.5 (I = 1, which the schedule hides), and at 0.9 the I shrinks behind other work.
+  CHECK(compute_s(-1) == Approx(15));
+  CHECK(compute_s(0.1) == Approx(16.6));
+  CHECK(compute_s(0.9) == Approx(15));
   // the split's own cost joins b's backward: at 0.5, 0.8 more in each I (1.8, as at 0.1
   // above) and in each W (1.8 against 0.2 there), so the step is at least that one's and at
   // most two W's of 1.6 longer

@@ -111,28 +111,60 @@ TEST_CASE("the timelines drawn in pipeline_schedule.h", "[pipeline_schedule]") {
 }
 
 TEST_CASE("transfers delay the next stage", "[pipeline_schedule]") {
-  // S=2, M=2, F=1, B=2, 0.5 s per boundary crossing. A message moves once both ends have posted
-  // it; a send posted after its receive keeps the sender busy while it is written.
+  // S=2, M=2, F=1, B=2, 0.5 s per boundary crossing.
   PipelineScratch scratch;
   const std::vector<double> f{1, 1}, b{2, 2}, p2p{0.5};
+  // GPipe: stage 0 F 0-1, 1-2; stage 1 F 1.5-2.5, 2.5-3.5, B 3.5-5.5, 5.5-7.5;
+  //        stage 0 B ready 5.5+0.5 = 6 -> 6-8, then ready 8 -> 8-10.
+  const PipelineTimes gpipe = simulate_pipeline(Schedule::kGpipe, {.num_stages = static_cast<int64_t>(f.size()), .num_microbatches = 2}, {f, b, {}, p2p}, scratch);
+  REQUIRE(gpipe.compute_s == 10);
+  REQUIRE(gpipe.bubble_s == 4);       // 10 - 2 * 3
+  REQUIRE(gpipe.transfer_s == 2);     // 2 micro-batches * 2 directions * 0.5
+  REQUIRE(scratch.last_backward_start_s == std::vector<double>{8, 5.5});
+  // 1F1B: stage 1 F0 1.5-2.5 B0 2.5-4.5 F1 4.5-5.5 B1 5.5-7.5; stage 0 B0 5-7, B1 8-10.
+  const PipelineTimes one_f_one_b = simulate_pipeline(Schedule::k1F1B, {.num_stages = static_cast<int64_t>(f.size()), .num_microbatches = 2}, {f, b, {}, p2p}, scratch);
+  REQUIRE(one_f_one_b.compute_s == 10);
+  REQUIRE(scratch.backward_finish_s == std::vector<double>{7, 10, 4.5, 7.5});
+}
+
+TEST_CASE("over Gloo a message moves once both ends posted it", "[pipeline_schedule]") {
+  // The case above on CPU ranks: a send posted after its receive keeps the sender busy while it
+  // is written, and a message moves only once its receive is posted.
+  PipelineScratch scratch;
+  const std::vector<double> f{1, 1}, b{2, 2}, p2p{0.5};
+  const PipelineShape shape{.num_stages = 2, .num_microbatches = 2};
   // GPipe: stage 0 F0 0-1, writes A0 1-1.5 (stage 1 posted its receive at 0), F1 1.5-2.5, posts
   //        A1 at 2.5 as stage 1 posts its receive: A1 there at 3; stage 0 waits for it, posts
   //        its gradient receives. Stage 1 F0 1.5-2.5 F1 3-4 B0 4-6, writes G0 6-6.5, B1 6.5-8.5,
   //        writes G1 8.5-9 (stage 0, B0 6.5-8.5, posted its receive at 8.5); stage 0 B1 9-11.
-  const PipelineTimes gpipe = simulate_pipeline(Schedule::kGpipe, {.num_stages = static_cast<int64_t>(f.size()), .num_microbatches = 2}, {f, b, {}, p2p}, scratch);
+  const PipelineTimes gpipe = simulate_pipeline(Schedule::kGpipe, shape, {f, b, {}, p2p, true}, scratch);
   REQUIRE(gpipe.compute_s == 11);
-  REQUIRE(gpipe.bubble_s == 5);       // 11 - 2 * 3
-  REQUIRE(gpipe.transfer_s == 2);     // 2 micro-batches * 2 directions * 0.5
+  REQUIRE(gpipe.bubble_s == 5);  // 11 - 2 * 3
   REQUIRE(scratch.last_backward_start_s == std::vector<double>{9, 6.5});
   REQUIRE(scratch.forward_finish_s == std::vector<double>{1, 2.5, 2.5, 4});
   // 1F1B: stage 0 F0 0-1, writes A0 1-1.5, F1 1.5-2.5, then posts A1 with G0's receive and waits
   //   for both. Stage 1 F0 1.5-2.5 B0 2.5-4.5, then posts G0 (written 4.5-5) with A1's receive:
   //   only now does A1 move (there at 5.5, though computed at 2.5). Stage 1 F1 5.5-6.5
   //   B1 6.5-8.5, writes G1 8.5-9; stage 0 B0 5.5-7.5, B1 9-11.
-  const PipelineTimes one_f_one_b = simulate_pipeline(Schedule::k1F1B, {.num_stages = static_cast<int64_t>(f.size()), .num_microbatches = 2}, {f, b, {}, p2p}, scratch);
+  const PipelineTimes one_f_one_b = simulate_pipeline(Schedule::k1F1B, shape, {f, b, {}, p2p, true}, scratch);
   REQUIRE(one_f_one_b.compute_s == 11);
   REQUIRE(scratch.backward_finish_s == std::vector<double>{7.5, 11, 4.5, 8.5});
   REQUIRE(scratch.forward_finish_s == std::vector<double>{1, 2.5, 2.5, 6.5});
+  // With no transfer time the order alone decides, as without Gloo (the timelines above).
+  const std::vector<double> f3{1, 1, 1}, b3{2, 2, 2}, none{0, 0};
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
+    const PipelineShape three{.num_stages = 3, .num_microbatches = 4};
+    const double plain = simulate_pipeline(schedule, three, {f3, b3, {}, none}, scratch).compute_s;
+    const std::vector<double> finish = scratch.backward_finish_s;
+    CHECK(simulate_pipeline(schedule, three, {f3, b3, {}, none, true}, scratch).compute_s == plain);
+    CHECK(scratch.backward_finish_s == finish);
+  }
+  // Multi-stage schedules keep the dataflow rule; each sender writes what it sends to another
+  // rank: that can only lengthen the step.
+  const std::vector<double> f4{0.5, 0.5, 0.5, 0.5}, b4{1, 1, 1, 1}, p4{0.5, 0.5, 0.5};
+  const PipelineShape four{.num_stages = 4, .num_microbatches = 4, .num_ranks = 2};
+  const double dataflow = simulate_pipeline(Schedule::kInterleaved1F1B, four, {f4, b4, {}, p4}, scratch).compute_s;
+  CHECK(simulate_pipeline(Schedule::kInterleaved1F1B, four, {f4, b4, {}, p4, true}, scratch).compute_s > dataflow);
 }
 
 TEST_CASE("stage costs count each value once per boundary it crosses", "[pipeline_schedule]") {

@@ -74,9 +74,9 @@ TEST_CASE("a growing critical batch: the plan changes over the run and the sched
   REQUIRE(one.phases.size() == 1);
   REQUIRE(one.switches == 0);
   REQUIRE(one.time_s == Approx(one.best_single_time_s));
-  // Small critical batch early, 16x larger at the end: small global batches (MP) first, data
+  // Small critical batch early, 8x larger at the end: small global batches (MP) first, data
   // parallelism at the end; the schedule beats every single plan by more than its switches.
-  const Problem growing = problem_with({{0, 25}, {1, 400}});
+  const Problem growing = problem_with({{0, 50}, {1, 400}});
   const RunSchedule s = plan_over_run(growing, options, run);
   INFO(run_schedule_to_json(s, growing).dump(2));
   REQUIRE(s.phases.size() >= 2);
