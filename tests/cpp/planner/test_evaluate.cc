@@ -173,6 +173,17 @@ TEST_CASE("evaluate: hand-computed pipeline plan", "[evaluate]") {
   Problem problem;
   problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
   problem.cluster = test::make_cluster(1, 4, 100, 0);
+  // Over Gloo (CPU ranks) the same plans take 11, their last backwards 6.5-8.5 and 9-11, so
+  // stage 0's reduce 11-12 is exposed 1 (test_pipeline_schedule.cc, "over Gloo").
+  problem.cluster.collectives = CollectiveLibrary::kGloo;
+  for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
+    const Prediction p = evaluate(problem, test::make_plan(problem.graph, problem.cluster, 2, 2,
+                                                           MpMode::kPipeline, 4, {0, 1}, 2, schedule));
+    REQUIRE(p.compute_s == 11);
+    REQUIRE(p.allreduce_s == 1);
+    REQUIRE(p.step_s == 12);
+  }
+  problem.cluster.collectives = CollectiveLibrary::kNccl;
   // per-replica batch 4 in 2 micro-batches of 2 (the profiled batch): F=1, B=2 per stage,
   // p2p 50 bytes / 100 B/s = 0.5 s: the S=2, M=2 case of test_pipeline_schedule.cc.
   for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
@@ -221,40 +232,13 @@ TEST_CASE("evaluate: each schedule pays its own calibrated cost per action", "[e
   // 1F1B (action_s, a = 0.25): stage 0 F0 0-1.25, F1 1.25-2.5; stage 1 F0 1.75-3, B0 3-5.25,
   // F1 5.25-6.5, B1 6.5-8.75; stage 0 B0 5.75-8, B1 9.25-11.5.
   REQUIRE(compute_s(Schedule::k1F1B) == Approx(11.5));
-}
-
-TEST_CASE("evaluate: over Gloo a pipeline's messages wait for both ends", "[evaluate]") {
-  // The two cases above on CPU ranks (collectives "gloo"): pipeline_schedule.h's message rules.
-  Problem problem;
-  problem.graph = test::make_graph({{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}}, {{0, 1, 50}}, 2, "ab");
-  problem.cluster = test::make_cluster(1, 4, 100, 0);
-  problem.cluster.collectives = CollectiveLibrary::kGloo;
-  for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B}) {
-    const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPipeline, 4,
-                                      {0, 1}, 2, schedule);
-    const Prediction p = evaluate(problem, plan);
-    // test_pipeline_schedule.cc's S=2, M=2 case over Gloo: 11, the last backwards 6.5-8.5 and
-    // 9-11, so stage 0's reduce 11-12 is exposed 1.
-    REQUIRE(p.compute_s == 11);
-    REQUIRE(p.allreduce_s == 1);
-    REQUIRE(p.step_s == 12);
-  }
-  problem.cluster = test::make_cluster(1, 2, 100, 0);
-  problem.cluster.collectives = CollectiveLibrary::kGloo;
-  problem.cluster.runtime.action_s = 0.25;
-  problem.cluster.runtime.schedule_action_s = {{"gpipe", 0.5}};
-  const auto compute_s = [&](Schedule schedule) {
-    const Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 4,
-                                      {0, 1}, 2, schedule);
-    return evaluate(problem, plan).compute_s;
-  };
-  // F = 1 + a, B = 2 + a, p2p 0.5. GPipe (a = 0.5): stage 0 F0 0-1.5, writes A0 1.5-2, F1 2-3.5,
-  // A1 there at 4; stage 1 F0 2-3.5, F1 4-5.5, B0 5.5-8, writes G0 8-8.5, B1 8.5-11, writes G1
-  // 11-11.5; stage 0 B0 8.5-11, B1 11.5-14.
-  REQUIRE(compute_s(Schedule::kGpipe) == Approx(14));
-  // 1F1B (a = 0.25): stage 0 F0 0-1.25, writes A0 1.25-1.75, F1 1.75-3; stage 1 F0 1.75-3,
+  // Over Gloo: GPipe stage 0 F0 0-1.5, writes A0 1.5-2, F1 2-3.5, A1 there at 4; stage 1 F0
+  // 2-3.5, F1 4-5.5, B0 5.5-8, writes G0 8-8.5, B1 8.5-11, writes G1 11-11.5; stage 0 B0 8.5-11,
+  // B1 11.5-14. 1F1B: stage 0 F0 0-1.25, writes A0 1.25-1.75, F1 1.75-3; stage 1 F0 1.75-3,
   // B0 3-5.25, writes G0 5.25-5.75, receives A1 by 6.25, F1 6.25-7.5, B1 7.5-9.75, writes G1
   // 9.75-10.25; stage 0 B0 6.25-8.5, B1 10.25-12.5.
+  problem.cluster.collectives = CollectiveLibrary::kGloo;
+  REQUIRE(compute_s(Schedule::kGpipe) == Approx(14));
   REQUIRE(compute_s(Schedule::k1F1B) == Approx(12.5));
 }
 
