@@ -49,7 +49,11 @@ def _log_messages(path: str) -> None:
                         time.perf_counter()))
 
     schedules._batch_p2p, schedules._wait_batch_p2p = logged_post, logged_wait
-    atexit.register(lambda: json.dump(log, open(path, "w")))
+    def write():
+        with open(path, "w") as f:
+            json.dump(log, f)
+
+    atexit.register(write)
 
 
 def _print_last_step(measured: dict, logs: list) -> None:
@@ -84,15 +88,17 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--work-dir", default=None, help="where the ranks write (default: a temp dir)")
     args = p.parse_args()
-    work = args.work_dir or os.environ.get("HP_MESSAGES_DIR") or tempfile.mkdtemp(prefix="hp-msg-")
+    work = args.work_dir or tempfile.mkdtemp(prefix="hp-msg-")
     os.makedirs(work, exist_ok=True)
     argv = sys.argv[1:] if args.work_dir else sys.argv[1:] + ["--work-dir", work]
     code = relaunch(__file__, argv)
     if code is not None:  # the launcher: the ranks have finished
         if code == 0:
-            measured = json.load(open(os.path.join(work, "measured.json")))
-            logs = [json.load(open(os.path.join(work, f"messages-{r}.json"))) for r in (0, 1)]
-            _print_last_step(measured, logs)
+            def read(name):
+                with open(os.path.join(work, name)) as f:
+                    return json.load(f)
+
+            _print_last_step(read("measured.json"), [read(f"messages-{r}.json") for r in (0, 1)])
         return code
     _log_messages(os.path.join(work, f"messages-{os.environ['RANK']}.json"))
     sys.argv = ["validate_worker", "--plan", args.plan, "--model", args.model,

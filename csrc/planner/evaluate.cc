@@ -185,12 +185,12 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   }
   const PipelineShape shape{.num_stages = num_stages, .num_microbatches = plan.num_microbatches,
                             .num_ranks = plan.mp};
-  const bool gloo = problem_.cluster.collectives == CollectiveLibrary::kGloo;
-  PipelineTimes times = simulate_pipeline(
-      plan.schedule, shape, {stages_.forward_s, stages_.backward_s, weight_s_, p2p_s_, gloo}, pipeline_);
+  // (rescale_for_waiting_ranks changes the stage times these refer to, then the schedule runs again)
+  const StagePassTimes pass_times{stages_.forward_s, stages_.backward_s, weight_s_, p2p_s_,
+                                  problem_.cluster.collectives == CollectiveLibrary::kGloo};
+  PipelineTimes times = simulate_pipeline(plan.schedule, shape, pass_times, pipeline_);
   if (rescale_for_waiting_ranks(plan, slowdown, action_s)) {
-    times = simulate_pipeline(plan.schedule, shape,
-                              {stages_.forward_s, stages_.backward_s, weight_s_, p2p_s_, gloo}, pipeline_);
+    times = simulate_pipeline(plan.schedule, shape, pass_times, pipeline_);
   }
   // Gradients become final during each stage's last B (or W), in reverse topological order.
   stage_backward_s_.assign(num_stages, action_s);
