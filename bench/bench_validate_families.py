@@ -5,9 +5,10 @@ language model of torch's TransformerEncoderLayers (transformer_lm) and an LSTM 
 calibrate with the model's own graph, plan, validate 8 plans in 3 interleaved launches each),
 from scratch; the table gives, per run, the median and worst |step error| and the worst
 |memory error| over the plans, the median signed error (a shift every plan shares: the host
-faster or slower than when calibrated) and each round of launches' speed against the plans'
-median launches (the host's speed across the validation). Targets: median <= 10 %, worst
-<= 25 %, memory within 15 %.
+faster or slower than when calibrated), each round of launches' speed against the plans'
+median launches (the host's speed across the validation), and how many predicted steps lie
+within their plan's own 10th-90th percentile of steps (validate's step spread). Targets:
+median <= 10 %, worst <= 25 %, memory within 15 %.
 
     python bench/bench_validate_families.py [--runs 3] [--models transformer_lm biglstm]
                                             [--out-dir out/bench/validate] [--quick]
@@ -44,7 +45,8 @@ def one_run(model: str, out_dir: Path, quick: bool = False) -> dict:
             "memory": max(memory) if memory else None,
             "first_fastest": result["best_predicted_rank_measured"] == 1,
             "signed": result.get("signed_median_error"),
-            "rounds": result.get("round_speed") or []}
+            "rounds": result.get("round_speed") or [],
+            "within": result.get("within_step_spread")}
 
 
 def main(argv=None) -> int:
@@ -56,8 +58,8 @@ def main(argv=None) -> int:
                         help="examples/demo.py --quick per run (a smoke run, not a measurement)")
     args = parser.parse_args(argv)
     print("| model | run | median \\|error\\| | worst (plan) | memory worst | first plan fastest "
-          "| signed median | rounds' speed |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| signed median | rounds' speed | within steps p10-p90 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     missed = False
     for model in args.models:
         for run in range(1, args.runs + 1):
@@ -65,8 +67,8 @@ def main(argv=None) -> int:
             memory = "-" if r["memory"] is None else f"{100 * r['memory']:.1f} %"
             print(f"| {model} | {run} | {100 * r['median']:.1f} % | {100 * r['worst']:.1f} % "
                   f"({r['worst_plan']}) | {memory} | {'yes' if r['first_fastest'] else 'no'} | "
-                  f"{100 * r['signed']:+.1f} % | {', '.join(f'{x:.2f}' for x in r['rounds'])} |",
-                  flush=True)
+                  f"{100 * r['signed']:+.1f} % | {', '.join(f'{x:.2f}' for x in r['rounds'])} | "
+                  f"{'-' if not r['within'] else '{} of {}'.format(*r['within'])} |", flush=True)
             missed |= (r["median"] > 0.10 or r["worst"] > 0.25
                        or (r["memory"] is not None and r["memory"] > 0.15))
     print("targets (median <= 10 %, worst <= 25 %, memory within 15 %):",

@@ -80,6 +80,30 @@ def test_the_rounds_show_the_host_speed_the_launches_saw():
     assert "median signed error +10.0 %" in text and "1.02, 1.00, 0.80" in text
 
 
+def test_the_step_spread_shows_how_far_a_plans_steps_move():
+    terms = {t: 0.0 for t in validation.TERMS}
+    # two clusters of steps (as 1F1B at 32 micro-batches shows on a shared host): the median sits
+    # in the fast one, the 90th percentile in the slow one
+    steps = [0.064] * 12 + [0.090] * 8
+    assert validation.step_spread(steps) == pytest.approx([0.064, 0.090])
+    assert validation.step_spread([0.05]) is None
+    rows = [validation.compare(dict(_plan(1, 2, schedule="1f1b", m=32),
+                                    predicted=dict(terms, step_s=0.085)),
+                               dict(terms, step_s=0.064, step_samples_s=steps)),
+            validation.compare(dict(_plan(2, 1), predicted=dict(terms, step_s=0.030)),
+                               dict(terms, step_s=0.020, step_samples_s=[0.020 + 1e-4 * i
+                                                                         for i in range(20)])),
+            validation.compare(dict(_plan(1, 2, m=2), predicted=dict(terms, step_s=0.030)),
+                               dict(terms, step_s=0.030))]  # a launch without its steps
+    assert rows[0]["step_samples_s"] == steps and rows[2]["step_spread_s"] is None
+    result = validation.summarize(rows, "x")
+    # +33 % off its median, inside its steps' spread; the other's steps lie within 2 ms of 20
+    assert result.within_step_spread == [1, 2]
+    text = validation.markdown(result, "t")
+    assert "| 64.00-90.00 |" in text
+    assert "1 of 2 predicted steps lie within the 10th-90th percentile" in text
+
+
 def test_the_shared_core_bursts_merge_round_by_round():
     def burst(ratios, alone, together, share):
         return {"factor": max(1.0, statistics.median(ratios)), "ratios": ratios,
@@ -457,6 +481,9 @@ def test_validate_runs_the_other_model_families(calibrated, tmp_path, name):
     for row in rows:
         assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
         assert max(row["measured_memory_bytes"]) > 0 and max(row["predicted_memory_bytes"]) > 0
+        # each timed step's slowest rank, and their spread around the median
+        low, high = row["step_spread_s"]
+        assert len(row["step_samples_s"]) == 2 and 0 < low <= high
 
 
 def test_select_plans_measures_a_tensor_parallel_plan_ranked_last():

@@ -244,6 +244,7 @@ def _timed_terms(run: _Run, warmup: int, steps: int) -> dict:
             # line up across ranks (a message's send on one, its use on the other).
             last_start = start
     mine = {t: statistics.median(v) for t, v in samples.items()}
+    mine["step_samples_s"] = samples["step_s"]
     mine["rank"] = dist.get_rank()
     mine["actions"] = actions
     mine["last_step_start_s"] = last_start
@@ -278,6 +279,8 @@ def _write_all_ranks(mine: dict, path: str) -> None:
     if dist.get_rank() == 0:
         slowest = max(ranks, key=lambda r: r["step_s"])
         out = {t: slowest[t] for t in TERMS}
+        # each timed step's slowest rank: how far one step is from the next (step_spread)
+        out["step_samples_s"] = [max(s) for s in zip(*(r.pop("step_samples_s") for r in ranks))]
         out["per_rank"] = ranks
         out["memory_bytes"] = [r["memory_bytes"] for r in ranks]
         out["memory_allocations_bytes"] = [r["memory_allocations_bytes"] for r in ranks]

@@ -11,7 +11,9 @@ torchrun (`python -m hybridplan.measure.validate_worker`, one process per rank),
 optimizer (the one whose state and step the prediction holds: `sgd` for the default job), and
 timed on every rank from the executor's own clock:
 
-    step_s       hp.step() wall time                            (slowest rank, median)
+    step_s       hp.step() wall time                            (slowest rank, median; the
+                                                                 10th-90th percentile of the
+                                                                 steps beside it, step_spread)
     compute_s    step start -> the last gradient accumulated    (placement: forward + backward;
                                                                  pipeline: the schedule)
     allreduce_s  the last gradient -> the optimizer starts      (the exposed all-reduce)
@@ -136,6 +138,10 @@ class ValidationResult:
     # median launch: the host's speed across the validation (1.00, 1.00, 0.85: the last round
     # ran 15 % faster)
     round_speed: Optional[List[float]] = None
+    # how many plans' predicted step lies within the 10th-90th percentile of their median
+    # launch's steps (step_spread), of how many have one: a miss inside that range is no larger
+    # than the plan's own step-to-step variation on this host
+    within_step_spread: Optional[List[int]] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -237,6 +243,18 @@ def median_launch(launches: Sequence[dict]) -> dict:
     return chosen
 
 
+def step_spread(step_samples_s: Sequence[float]) -> Optional[List[float]]:
+    """[10th, 90th] percentile of one launch's timed steps (each step's slowest rank; the
+    exclusive method of statistics.quantiles), or None for fewer than 2 steps. On this project's
+    2-core host one plan's steps can fall into two clusters whose shares drift from minute to
+    minute (docs/calibration.md "A step time that is two clusters"), and the median moves with
+    them; the spread shows how far."""
+    if len(step_samples_s) < 2:
+        return None
+    cuts = statistics.quantiles(step_samples_s, n=10)
+    return [cuts[0], cuts[-1]]
+
+
 def _rank_output(text: str, limit: int = 4000) -> str:
     """A torchrun's output without the launcher's log lines (glog style, "E1201 09:07:06.157000
     ..."), which would otherwise fill the tail and hide why a rank died (e.g. "terminate called
@@ -269,7 +287,9 @@ def compare(plan: dict, measured: dict) -> dict:
            "launch_step_s": measured.get("launch_step_s", [measured["step_s"]]),
            "launch_memory_bytes": measured.get("launch_memory_bytes",
                                                [measured.get("memory_bytes", [])]),
-           "failed_launches": measured.get("failed_launches", [])}
+           "failed_launches": measured.get("failed_launches", []),
+           "step_samples_s": measured.get("step_samples_s", []),
+           "step_spread_s": step_spread(measured.get("step_samples_s", []))}
     row["errors"] = {t: _error(row["predicted"][t], row["measured"][t]) for t in TERMS}
     mem_p, mem_m = max(row["predicted_memory_bytes"] or [0]), max(row["measured_memory_bytes"] or [0])
     row["memory_error"] = _error(mem_p, mem_m)
@@ -291,12 +311,15 @@ def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = 
     fastest = min(measured)
     # rows are in the planner's order: rows[0] is its first choice; rank by measured s/sample
     order = sorted(range(len(rows)), key=lambda i: measured[i])
+    spread = [r for r in rows if r.get("step_spread_s")]
+    within = sum(1 for r in spread
+                 if r["step_spread_s"][0] <= r["predicted"]["step_s"] <= r["step_spread_s"][1])
     return ValidationResult(rows, statistics.median(errors), max(errors), order.index(0) + 1,
                             measured[0] <= 1.05 * fastest, out_dir,
                             baseline_cluster if base else None,
                             statistics.median(base) if base else None,
                             max(base) if base else None, host_speed, statistics.median(signed),
-                            round_speed(rows))
+                            round_speed(rows), [within, len(spread)] if spread else None)
 
 
 def round_speed(rows: Sequence[dict]) -> Optional[List[float]]:
@@ -319,6 +342,10 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.2f}"
 
 
+def _spread(spread: Optional[List[float]]) -> str:
+    return "-" if not spread else f"{_ms(spread[0])}-{_ms(spread[1])}"
+
+
 def markdown(result: ValidationResult, title: str) -> str:
     base = result.baseline_cluster is not None
     lines = [f"# {title}", "",
@@ -326,12 +353,13 @@ def markdown(result: ValidationResult, title: str) -> str:
              "every launch's step under launches); peak memory is each rank's median over the "
              "launches; error = predicted / measured - 1. The first row is the planner's "
              "choice.", "",
-             "| plan | batch | step pred | step meas | launches | error | compute pred | "
+             "| plan | batch | step pred | step meas | steps p10-p90 | launches | error | "
+             "compute pred | "
              "compute meas | "
              "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "
              "| overhead meas | peak mem pred | peak mem meas | mem error |"
              + (f" step pred ({result.baseline_cluster}) | its error |" if base else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
              + ("---|---|" if base else "")]
     for r in result.rows:
         p, m = r["predicted"], r["measured"]
@@ -339,7 +367,8 @@ def markdown(result: ValidationResult, title: str) -> str:
         mem_m = max(r["measured_memory_bytes"] or [0]) / 2**20
         lines.append(
             f"| {r['dp']}x{r['mp']} {r['kind']} | {r['per_replica_batch']} | {_ms(p['step_s'])} | "
-            f"{_ms(m['step_s'])} | {' / '.join(_ms(t) for t in r.get('launch_step_s', []))} | "
+            f"{_ms(m['step_s'])} | {_spread(r.get('step_spread_s'))} | "
+            f"{' / '.join(_ms(t) for t in r.get('launch_step_s', []))} | "
             f"{_pct(r['errors']['step_s'])} | {_ms(p['compute_s'])} | "
             f"{_ms(m['compute_s'])} | {_ms(p['allreduce_s'])} | {_ms(m['allreduce_s'])} | "
             f"{_ms(p['optimizer_s'])} | {_ms(m['optimizer_s'])} | {_ms(p['overhead_s'])} | "
@@ -351,6 +380,12 @@ def markdown(result: ValidationResult, title: str) -> str:
               f"#{result.best_predicted_rank_measured} of {len(result.rows)} by time per sample "
               f"({'within' if result.within_5_percent_of_fastest else 'not within'} 5 % of the "
               f"fastest)", ""]
+    if result.within_step_spread:
+        inside, count = result.within_step_spread
+        lines[-1:-1] = [f"{inside} of {count} predicted steps lie within the 10th-90th "
+                        "percentile of their plan's timed steps (steps p10-p90, of the median "
+                        "launch): a miss there is no larger than the plan's own step-to-step "
+                        "variation"]
     if result.signed_median_error is not None:
         lines[-1:-1] = [f"median signed error {_pct(result.signed_median_error)} (a shift every "
                         "plan shares: the host faster or slower than when calibrated)"

@@ -1,0 +1,97 @@
+"""How much one pipeline plan's step time moves from step to step and from apply to apply: the
+model's two-stage pipeline (calibrate's own even cut, `calibration._graph_pipeline_plan`) applied
+`--applies` times in one 2-rank job, each apply timed over `--steps` steps as calibrate times its
+pipeline runs (slowest rank per step, a barrier before each step; `--no-barrier`: back to back,
+as validate's worker times them). Prints every apply's steps, sorted, and its median. With
+`--pin`, each rank and the threads it starts later (its plan's Gloo threads) run on one core,
+that of its local rank.
+
+    python bench/pipeline_step_spread.py --graph graph.json --model hybridplan.models:branchy_cnn \
+        --schedule 1f1b --microbatches 32
+
+It is how docs/calibration.md "A step time that is two clusters" was measured: at 32 one-sample
+micro-batches, branchy_cnn's 1F1B steps fall into a fast cluster and a slow one within a single
+apply, and the slow share drifts between applies, which moves the median by up to 1.4x; pinned
+or not, with a barrier or without.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from torchrun_relaunch import relaunch  # this folder
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--graph", required=True, help="the model's Graph JSON")
+    p.add_argument("--model", required=True, help="MODULE:FACTORY")
+    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--microbatches", type=int, default=32)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--applies", type=int, default=6)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--pin", action="store_true", help="pin each rank to one core")
+    p.add_argument("--no-barrier", action="store_true",
+                   help="time steps back to back, as validate does (default: a barrier before "
+                        "each step, as calibrate times its pipeline runs)")
+    args = p.parse_args()
+    code = relaunch(__file__, sys.argv[1:])
+    if code is not None:
+        return code
+
+    import torch
+    import torch.distributed as dist
+
+    from hybridplan.executor import apply
+    from hybridplan.factories import load_factory
+    from hybridplan.measure import calibration
+    from hybridplan.measure.timing import median_slowest, timed_samples
+
+    torch.set_num_threads(1)
+    if args.pin:  # this thread; the threads started from here on inherit it
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[int(os.environ["LOCAL_RANK"])]})
+    with open(args.graph, encoding="utf-8") as f:
+        graph = json.load(f)
+    stages = 4 if args.schedule in calibration.kMultiStageSchedules else 2
+    cuts = calibration._even_cuts(graph, stages)
+    device = torch.device("cpu")
+    dist.init_process_group("gloo")
+    try:
+        for i in range(args.applies):
+            torch.manual_seed(0)
+            module = load_factory(args.model)()
+            plan = calibration._graph_pipeline_plan(graph, module, args.schedule,
+                                                    args.microbatches, args.batch, cuts)
+            inputs, target = module.example_inputs(args.batch), module.example_target(args.batch)
+            hp = apply(plan, module, timeout_s=60, example_inputs=inputs,
+                       optimizer=lambda ps: calibration.OPTIMIZERS[calibration.kJobOptimizer](
+                           ps, 0.01))
+            samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device,
+                                    args.warmup, args.steps,
+                                    barrier=not args.no_barrier)
+            hp.close()
+            slowest = [max(t) for t in zip(*_gathered(samples))]  # each step's slowest rank
+            median = median_slowest(samples, device)  # calibrate's figure
+            if dist.get_rank() == 0:
+                print(f"apply {i}: median {1e3 * median:.1f} ms (slowest rank's); each step's "
+                      f"slowest rank, sorted, ms: {sorted(round(1e3 * s) for s in slowest)}",
+                      flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _gathered(samples):
+    """Every rank's `samples` (one list per rank)."""
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, list(samples))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
