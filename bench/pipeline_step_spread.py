@@ -1,5 +1,5 @@
 """How much one pipeline plan's step time moves from step to step and from apply to apply: the
-model's two-stage pipeline (calibrate's own even cut, `calibration._graph_pipeline_plan`) applied
+model's two-stage pipeline (calibrate's own even cut, `calibration.timed_model_pipeline`) applied
 `--applies` times in one 2-rank job, each apply timed over `--steps` steps as calibrate times its
 pipeline runs (slowest rank per step, a barrier before each step; `--no-barrier`: back to back,
 as validate's worker times them). Prints every apply's steps, sorted, and its median. With
@@ -42,13 +42,12 @@ def main() -> int:
     if code is not None:
         return code
 
+    import statistics
+
     import torch
     import torch.distributed as dist
 
-    from hybridplan.executor import apply
-    from hybridplan.factories import load_factory
     from hybridplan.measure import calibration
-    from hybridplan.measure.timing import median_slowest, timed_samples
 
     torch.set_num_threads(1)
     if args.pin:  # this thread; the threads started from here on inherit it
@@ -57,40 +56,22 @@ def main() -> int:
         graph = json.load(f)
     stages = 4 if args.schedule in calibration.kMultiStageSchedules else 2
     cuts = calibration._even_cuts(graph, stages)
-    device = torch.device("cpu")
     dist.init_process_group("gloo")
     try:
         for i in range(args.applies):
-            torch.manual_seed(0)
-            module = load_factory(args.model)()
-            plan = calibration._graph_pipeline_plan(graph, module, args.schedule,
-                                                    args.microbatches, args.batch, cuts)
-            inputs, target = module.example_inputs(args.batch), module.example_target(args.batch)
-            hp = apply(plan, module, timeout_s=60, example_inputs=inputs,
-                       optimizer=lambda ps: calibration.OPTIMIZERS[calibration.kJobOptimizer](
-                           ps, 0.01))
-            samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device,
-                                    args.warmup, args.steps,
-                                    barrier=not args.no_barrier)
-            hp.close()
-            slowest = [max(t) for t in zip(*_gathered(samples))]  # each step's slowest rank
-            median = median_slowest(samples, device)  # calibrate's figure
+            _, samples = calibration.timed_model_pipeline(
+                args.model, graph, args.schedule, args.microbatches, args.batch, cuts,
+                torch.device("cpu"), args.warmup, args.steps, 60.0, barrier=not args.no_barrier)
+            ranks = [None] * dist.get_world_size()
+            dist.all_gather_object(ranks, list(samples))
             if dist.get_rank() == 0:
+                median = max(statistics.median(r) for r in ranks)  # calibrate's median_slowest
+                slowest = sorted(round(1e3 * max(t)) for t in zip(*ranks))  # per step
                 print(f"apply {i}: median {1e3 * median:.1f} ms (slowest rank's); each step's "
-                      f"slowest rank, sorted, ms: {sorted(round(1e3 * s) for s in slowest)}",
-                      flush=True)
+                      f"slowest rank, sorted, ms: {slowest}", flush=True)
     finally:
         dist.destroy_process_group()
     return 0
-
-
-def _gathered(samples):
-    """Every rank's `samples` (one list per rank)."""
-    import torch.distributed as dist
-
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, list(samples))
-    return out
 
 
 if __name__ == "__main__":

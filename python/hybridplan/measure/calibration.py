@@ -346,9 +346,6 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
     `rounds` times in turn (GPipe 8, 16, 1F1B 8, 16, ..., again: on a shared CPU one run can be
     slower throughout, from how the ranks' threads happen to be scheduled): the median step
     (slowest rank) of each run."""
-    from ..executor import apply
-    from ..factories import load_factory as _load_factory
-
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     cuts = {2: _even_cuts(graph, 2), 4: _even_cuts(graph, 4)}
     shapes = [(s, m) for s in kSchedules for m in counts]
@@ -356,20 +353,35 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
         shapes += [(s, counts[-1]) for s in kMultiStageSchedules]
     runs = []
     for _, (schedule, m) in itertools.product(range(rounds), shapes):
-        torch.manual_seed(0)
-        module = _load_factory(model_spec)()
-        plan = _graph_pipeline_plan(graph, module, schedule, m, batch,
-                                    cuts[4 if schedule in kMultiStageSchedules else 2])
-        inputs = module.example_inputs(batch)
-        target = module.example_target(batch)
-        hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
-                   optimizer=lambda p: OPTIMIZERS[kJobOptimizer](p, 0.01))
-        samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup,
-                                max(repeats, 20), barrier=True)
-        hp.close()
+        plan, samples = timed_model_pipeline(
+            model_spec, graph, schedule, m, batch, cuts[4 if schedule in kMultiStageSchedules else 2],
+            device, warmup, max(repeats, 20), timeout_s)
         runs.append({"schedule": schedule, "num_microbatches": m, "per_replica_batch": batch,
                      "step_s": median_slowest(samples, device), "plan": plan})
     return runs
+
+
+def timed_model_pipeline(model_spec: str, graph: dict, schedule: str, microbatches: int,
+                         batch: int, cuts, device, warmup: int, repeats: int, timeout_s: float,
+                         barrier: bool = True) -> Tuple[dict, List[float]]:
+    """(plan, this rank's step seconds): the model built fresh (seed 0) and pipelined at `cuts`
+    under hybridplan.apply, trained with the default job's optimizer and timed over `repeats`
+    steps after `warmup` (`barrier`: every rank starts each step together), then closed. One of
+    calibrate's model pipeline runs; bench/pipeline_step_spread.py times the same runs."""
+    from ..executor import apply
+    from ..factories import load_factory as _load_factory
+
+    torch.manual_seed(0)
+    module = _load_factory(model_spec)()
+    plan = _graph_pipeline_plan(graph, module, schedule, microbatches, batch, cuts)
+    inputs = module.example_inputs(batch)
+    target = module.example_target(batch)
+    hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
+               optimizer=lambda p: OPTIMIZERS[kJobOptimizer](p, 0.01))
+    samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup,
+                            repeats, barrier=barrier)
+    hp.close()
+    return plan, samples
 
 
 # ---- shared cores -----------------------------------------------------------------------------
