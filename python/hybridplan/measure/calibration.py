@@ -363,11 +363,14 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
 
 def timed_model_pipeline(model_spec: str, graph: dict, schedule: str, microbatches: int,
                          batch: int, cuts, device, warmup: int, repeats: int, timeout_s: float,
-                         barrier: bool = True) -> Tuple[dict, List[float]]:
+                         barrier: bool = True, applied: Optional[Callable[[], None]] = None
+                         ) -> Tuple[dict, List[float]]:
     """(plan, this rank's step seconds): the model built fresh (seed 0) and pipelined at `cuts`
     under hybridplan.apply, trained with the default job's optimizer and timed over `repeats`
     steps after `warmup` (`barrier`: every rank starts each step together), then closed. One of
-    calibrate's model pipeline runs; bench/pipeline_step_spread.py times the same runs."""
+    calibrate's model pipeline runs; bench/pipeline_step_spread.py times the same runs (its
+    `applied()` called once the plan is applied, before the first step: the bench places the
+    process's threads there, every one of them started by then)."""
     from ..executor import apply
     from ..factories import load_factory as _load_factory
 
@@ -378,6 +381,8 @@ def timed_model_pipeline(model_spec: str, graph: dict, schedule: str, microbatch
     target = module.example_target(batch)
     hp = apply(plan, module, timeout_s=timeout_s, example_inputs=inputs,
                optimizer=lambda p: OPTIMIZERS[kJobOptimizer](p, 0.01))
+    if applied is not None:
+        applied()
     samples = timed_samples(lambda: hp.step(*hp.shard(inputs, target)), device, warmup,
                             repeats, barrier=barrier)
     hp.close()
