@@ -48,6 +48,7 @@ QUICK_ARGS = {
     "bench_profiler.py": ["--batch", "2", "--rounds", "1", "--steps", "2", "--clock", "thread"],
     "bench_send_while_computing.py": ["--repeats", "2", "--compute-ms", "1"],
     "bench_shard_batch.py": ["--batches", "2,4", "--rounds", "1"],
+    "bench_split_backward.py": ["--steps", "8", "16", "--layers", "1", "--repeats", "1"],
     "bench_stage_code.py": ["--batches", "1", "--repeats", "2"],
     "bench_validate_families.py": ["--runs", "1", "--models", "branchy_cnn", "--quick",
                                    "--out-dir", "{out}/validate"],

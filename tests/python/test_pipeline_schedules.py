@@ -21,6 +21,7 @@ backward on stages where torch's own split fails or is wrong, and the plan's sta
 `pytest -s -k equality_table` prints the measured table (docs).
 """
 
+import collections
 import os
 
 import pytest
@@ -434,6 +435,41 @@ def test_split_backward_with_a_weight_read_twice_along_one_path():
         grads.append((w.grad.clone(), b.grad.clone(), dx.clone()))
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_split_backward_runs_a_recurrence_once(bias):
+    """An LSTM run step by step, whose every step's gates add one bias (a weight-side node that
+    every step's boundary node reaches): W equals one backward's gradients and runs each node of
+    the recurrence at most twice (quiet in the bias's pass, which runs through the recurrence,
+    and from its recorded gradient in its own). Before the boundary nodes that meet at one
+    node ran in one pass, W ran the recurrence below each step again, 12 times at 12 steps."""
+    from hybridplan.executor import split_backward
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(6, 6, proj_size=4, batch_first=True, bias=bias)
+    x = torch.randn(2, 12, 6, requires_grad=True)
+    params = list(lstm.parameters())
+    out, _ = lstm(x.clone())
+    out.backward(torch.ones_like(out))
+    want = [p.grad.clone() for p in params] + [x.grad.clone()]
+    for p in params:
+        p.grad = None
+    out, _ = lstm(x.clone())
+    (dx,), state = split_backward.backward_input([out], [torch.ones_like(out)], [x], params)
+    runs = collections.Counter()
+    seen, stack = set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        node.register_prehook(lambda grads, node=node: runs.update([node]))
+        stack.extend(child for child, _ in node.next_functions)
+    split_backward.backward_weight(state)
+    assert runs and max(runs.values()) <= 2, sorted(
+        (type(n).__name__, k) for n, k in runs.items() if k > 2)[:5]
+    for got, expected in zip([p.grad for p in params] + [dx], want):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
 
 
 def test_stage_layout_of_the_plan():

@@ -506,10 +506,10 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
     a gradient where the originals did), from an output gradient of ones, timed three ways:
     backward_input (I), backward_weight (W) and one plain autograd backward, each the fastest of
     `repeats`. The extra is the split's bookkeeping (the autograd graph walked in Python, a
-    pass per recorded node), which does not grow with the batch: 6.4-8.3 ms for each of
-    BigLSTM's projected nn.LSTMs of 16 steps (run step by step, a weight-gradient product per
-    step) at batch 2 and 32 alike, growing with the square of the steps; 0.1-0.5 ms for a
-    transformer layer's modules. The planner divides the plain backward
+    pre-hook on each node W runs through), which does not grow with the batch: 4.9-6.1 ms
+    for each of BigLSTM's projected nn.LSTMs (run step by step, a weight-gradient product per
+    step) at batch 2 and 32 alike, growing with the steps; 0.1-0.5 ms for a transformer
+    layer's modules. The planner divides the plain backward
     plus the extra by the share (compute_cost.h split_backward). Left out: nodes whose inputs
     carry no gradient (a first stage's, where W is the plain backward) and nodes that cannot
     run alone on their recorded inputs (the planner then estimates)."""
