@@ -121,8 +121,8 @@ class WeightState:
     into."""
 
     def __init__(self):
-        self.boundary: List[Tuple[Node, List[Tuple[Node, int]]]] = []
-        # the boundary nodes as W runs them, a pass per group (_passes)
+        # the boundary nodes, each with its edges into the weight side, in the groups W runs a
+        # pass each (_passes)
         self.passes: List[List[Tuple[Node, List[Tuple[Node, int]]]]] = []
         self.silent: Set[Node] = set()  # nodes a boundary node's own pass must not run through
         self.grads: Dict[Node, Tuple[Optional[torch.Tensor], ...]] = {}
@@ -153,10 +153,11 @@ def backward_input(outputs: Sequence[torch.Tensor], output_grads: Optional[Seque
         if p.requires_grad:
             param_nodes[_node_of(p)] = p
     weight_side, boundary = _reach(list(param_nodes), users, region)
+    boundary_edges: List[Tuple[Node, List[Tuple[Node, int]]]] = []
     for node in boundary:  # its edges into the weight side, each once
         edges = list(dict.fromkeys((child, nr) for child, nr in node.next_functions
                                    if child is not None and child in weight_side))
-        state.boundary.append((node, edges))
+        boundary_edges.append((node, edges))
         state.silent.update(c for c, _ in edges if c.next_functions)
     # the input-region nodes below a boundary node (toward the inputs): W may reach them
     queue = collections.deque(boundary)
@@ -166,7 +167,7 @@ def backward_input(outputs: Sequence[torch.Tensor], output_grads: Optional[Seque
                     and child not in state.silent and child.next_functions:
                 state.silent.add(child)
                 queue.append(child)
-    state.passes = _passes(state.boundary, users)
+    state.passes = _passes(boundary_edges, users)
     state.params = [p for n, p in param_nodes.items() if n in weight_side]
     for (out, grad), node in zip(roots, root_nodes):
         if node in weight_side:  # an output outside the input region that reaches parameters
@@ -177,7 +178,7 @@ def backward_input(outputs: Sequence[torch.Tensor], output_grads: Optional[Seque
         def hook(grad_outputs):
             state.grads[node] = tuple(grad_outputs)
         return hook
-    handles = [node.register_prehook(recorder(node)) for node, _ in state.boundary]
+    handles = [node.register_prehook(recorder(node)) for node in boundary]
     try:
         result: List[Optional[torch.Tensor]] = [None] * len(inputs)
         if needing and roots:
@@ -266,22 +267,19 @@ def backward_weight(state: WeightState) -> None:
     # precedes the node's hooks); a running node takes its recorded gradient, whatever reached
     # it on the way.
     running: Set[Node] = set()
-    boundary = {node for node, _ in state.boundary}
 
     def quiet(node):
         def hook(grad_outputs):
-            if node in running:
-                recorded = state.grads.get(node)
-                return tuple(recorded) if recorded is not None else \
-                    tuple(None for _ in grad_outputs)
-            return tuple(None for _ in grad_outputs)
+            recorded = state.grads.get(node) if node in running else None
+            return tuple(recorded) if recorded is not None else tuple(None for _ in grad_outputs)
         return hook
+    boundary = {node for group in state.passes for node, _ in group}
     handles = [node.register_prehook(quiet(node)) for node in state.silent | boundary]
     try:
         for group in state.passes:
-            saved = [(GradientEdge(node, i), g) for node, edges in group if edges
+            saved = [(GradientEdge(node, i), g) for node, node_edges in group if node_edges
                      for i, g in enumerate(state.grads.get(node, ())) if g is not None]
-            edges = list(dict.fromkeys(e for node, node_edges in group for e in node_edges))
+            edges = list(dict.fromkeys(e for _, node_edges in group for e in node_edges))
             if not saved or not edges:
                 continue
             running.clear()
@@ -294,13 +292,11 @@ def backward_weight(state: WeightState) -> None:
                 if grad is not None:
                     add(key, grad)
     finally:
-        running.clear()
         for handle in handles:
             handle.remove()
     for edge, grad in state.free_roots:
         add((edge.node, edge.output_nr), grad)
-    state.boundary, state.passes, state.grads, state.free_roots, state.silent = \
-        [], [], {}, [], set()
+    state.passes, state.grads, state.free_roots, state.silent = [], {}, [], set()
     if into and state.params:
         torch.autograd.backward([GradientEdge(n, nr) for n, nr in into],
                                 grad_tensors=list(into.values()), inputs=state.params)

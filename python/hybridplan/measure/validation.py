@@ -274,6 +274,7 @@ def compare(plan: dict, measured: dict) -> dict:
     its predicted sharding_s is compared inside compute_s."""
     predicted = dict(plan["predicted"])
     predicted["compute_s"] = predicted.get("compute_s", 0.0) + predicted.get("sharding_s", 0.0)
+    steps = measured.get("step_samples_s", [])  # each timed step's slowest rank
     row = {"kind": plan_kind(plan), "dp": plan["dp"], "mp": plan["mp"], "mode": plan["mode"],
            "schedule": plan["schedule"], "num_microbatches": plan["num_microbatches"],
            "per_replica_batch": plan["per_replica_batch"],
@@ -288,8 +289,8 @@ def compare(plan: dict, measured: dict) -> dict:
            "launch_memory_bytes": measured.get("launch_memory_bytes",
                                                [measured.get("memory_bytes", [])]),
            "failed_launches": measured.get("failed_launches", []),
-           "step_samples_s": measured.get("step_samples_s", []),
-           "step_spread_s": step_spread(measured.get("step_samples_s", []))}
+           "step_samples_s": steps,
+           "step_spread_s": step_spread(steps)}
     row["errors"] = {t: _error(row["predicted"][t], row["measured"][t]) for t in TERMS}
     mem_p, mem_m = max(row["predicted_memory_bytes"] or [0]), max(row["measured_memory_bytes"] or [0])
     row["memory_error"] = _error(mem_p, mem_m)
