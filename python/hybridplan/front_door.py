@@ -30,6 +30,9 @@
      checks once more that the ranks agree (executor/rank_agreement). A pipeline plan whose
      cut fails at apply falls back to the best data-parallel plan, logged.
 
+`sync_batchnorm=True` (apply's: BatchNorm over the global batch, executor/batch_norm.py) plans
+data parallelism only: a pipeline's stages normalise each micro-batch alone.
+
 Returns apply's AppliedPlan, with `hp.parallelized` (a Parallelized: the graph, cluster, job
 and plan used, the log lines, where the graph came from).
 """
@@ -589,7 +592,7 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
                 timeout_s: float = kDefaultTimeoutS,
                 setup_timeout_s: float = kDefaultSetupTimeoutS,
                 profile_options: Optional[Dict[str, Any]] = None, verbose: bool = True,
-                **apply_options: Any):
+                sync_batchnorm: bool = False, **apply_options: Any):
     """Profiles `model` (once: cached), plans it for this job and applies the plan; returns the
     AppliedPlan (hybridplan.apply's) with `.parallelized` (see the module doc).
 
@@ -615,6 +618,9 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
     profile_options hybridplan.profile's keyword arguments (warmup, repeats, batch_sizes, clock,
                     ...); part of the cache key.
     verbose         rank 0 logs to stderr (which graph, which cluster, the plan in two lines).
+    sync_batchnorm  apply's (True: BatchNorm layers normalise over the global batch, torch's
+                    SyncBatchNorm); then only "placement" plans are searched, as apply refuses
+                    it for a pipeline.
     apply_options   further keyword arguments of hybridplan.apply (batch_dim,
                     measure_noise_scale, resume_from, ...).
     """
@@ -627,6 +633,13 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
     if not isinstance(model, nn.Module):
         raise ValueError(f"hybridplan.parallelize: model must be a torch.nn.Module (got "
                          f"{type(model).__name__})")
+    if sync_batchnorm:
+        if "placement" not in modes:
+            raise ValueError(f"hybridplan.parallelize: sync_batchnorm=True applies to placement "
+                             f"(data-parallel) plans: modes must include \"placement\" (got "
+                             f"{tuple(modes)})")
+        modes = ("placement",)
+    apply_options["sync_batchnorm"] = sync_batchnorm
     batch_dim = apply_options.get("batch_dim", 0)
     example_batch = _batch_of(example_inputs, batch_dim)
     if cache_dir is None:

@@ -44,8 +44,10 @@ tuple, a dict or a ModelOutput, which loss_fn(output, target) receives as the mo
 Training under any plan is the same training as on one device with the global batch (up to
 float reassociation): the loss is mean-reduced, micro-batch losses are divided by their number
 (equal micro-batches), replicas average their gradients and tied weights' copies sum theirs.
-BatchNorm: placement (DDP) trains as torch DDP does; a pipeline stage normalises each
-micro-batch alone, as GPipe does (see pipeline).
+BatchNorm: placement (DDP) trains as torch DDP does, which apply() notes once; with
+sync_batchnorm=True it normalises over the global batch (torch's SyncBatchNorm over the
+replicas), as one process does; a pipeline stage normalises each micro-batch alone, as GPipe
+does (see pipeline, batch_norm).
 
 apply(..., measure_noise_scale=N) measures the gradient noise scale every N steps from the
 replicas' local and all-reduced gradients (a DDP comm hook, see noise; not under sharding);
@@ -75,7 +77,8 @@ from torch import nn
 
 from ..profiler import block_list, block_timing, stage_split
 from ..profiler.dataflow import map_tensors
-from . import checkpoint, lost_peer, noise, placement, sharded_checkpoint, sharding, switching
+from . import batch_norm, checkpoint, lost_peer, noise, placement, sharded_checkpoint, sharding
+from . import switching
 from . import tensor_parallel
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
@@ -349,7 +352,8 @@ class AppliedPlan:
                  aliases: Optional[Dict[str, str]] = None,
                  resumed: Optional[Dict[str, Any]] = None, resumed_from: str = "",
                  plan_json: str = "", tp_styles: Optional[Dict[str, str]] = None,
-                 tp_kinds: Optional[Dict[str, str]] = None, tp_sequence: Any = None):
+                 tp_kinds: Optional[Dict[str, str]] = None, tp_sequence: Any = None,
+                 sync_batchnorm: bool = False):
         self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
         # tensor parallelism (tp > 1): node -> style, node module -> weight kind (apply())
         self._tp_styles, self._tp_kinds = tp_styles or {}, tp_kinds or {}
@@ -378,7 +382,7 @@ class AppliedPlan:
             "loss_fn": None if loss_fn == _default_loss(original) else loss_fn,
             "optimizer": optimizer, "timeout_s": timeout.total_seconds(), "batch_dim": batch_dim,
             "measure_noise_scale": measure_noise_scale, "noise_scale_decay": noise_scale_decay,
-            "adapt": None}
+            "adapt": None, "sync_batchnorm": sync_batchnorm}
         self.switches: List[Dict[str, Any]] = []  # one entry per switch(): step, from, to, ...
         self._adapt: Optional[switching.Adapt] = None  # apply(..., adapt=)
         self._adapt_state = {"checked": 0, "switched": 0}  # step_count of the last of each
@@ -407,6 +411,10 @@ class AppliedPlan:
     # ---- construction ---------------------------------------------------------------------------
     def _init_placement(self) -> None:
         spec = self.plan
+        if self._switch_options["sync_batchnorm"]:  # before place(): a BN node may be replaced
+            group = self._new_groups([spec.dp_group_ranks(0)])[0]  # the replicas (tp == 1)
+            self.original = batch_norm.convert_sync(self.original, group,
+                                                    _device(spec, spec.mesh[self.replica][0]))
         self.devices = [_device(spec, g + self.tp_rank) for g in spec.mesh[self.replica]]
         self._hooks = placement.place(self.original, spec.assignment, self.devices,
                                       spec.recompute, spec.selective)
@@ -910,7 +918,7 @@ def _default_loss(module: nn.Module) -> Callable:
 
 # apply() options a switch accepts (the rest are apply's own: resume_from is the running state)
 _OPTIONS = ("loss_fn", "optimizer", "timeout_s", "graph", "batch_dim", "measure_noise_scale",
-            "noise_scale_decay", "adapt", "retain_freed_memory")
+            "noise_scale_decay", "adapt", "retain_freed_memory", "sync_batchnorm")
 _STATE_NOTE = ("The training state at the switch is the exception's .hybridplan_state: "
                "hybridplan.apply(plan, module, resume_from=e.hybridplan_state) resumes it")
 # AppliedPlan's own public attributes: every other public attribute is the user's, carried over
@@ -1028,6 +1036,12 @@ def _switch(hp: "AppliedPlan", plan: Any, *, module: Optional[nn.Module] = None,
         _local_checks(spec, target, settings.get("graph"), world, example_inputs,
                                settings["batch_dim"], settings["measure_noise_scale"],
                                settings["noise_scale_decay"], settings["optimizer"])
+        batch_norm.check_sync(spec, target, settings.get("sync_batchnorm", False))
+        if target is hp.original and hp._switch_options.get("sync_batchnorm") \
+                and not settings.get("sync_batchnorm"):
+            raise ValueError("the running plan converted the module's BatchNorm layers to "
+                             "SyncBatchNorm over its replicas' group: pass switch(..., "
+                             "module=) a freshly built model to train without sync_batchnorm")
     except ValueError as e:
         error = str(e)
     _agree(rank, plan_sha, error, target)
@@ -1076,7 +1090,8 @@ def _switch(hp: "AppliedPlan", plan: Any, *, module: Optional[nn.Module] = None,
             batch_dim=settings["batch_dim"], example_inputs=example_inputs,
             measure_noise_scale=settings["measure_noise_scale"],
             noise_scale_decay=settings["noise_scale_decay"], resume_from=state,
-            retain_freed_memory=settings.get("retain_freed_memory", True))
+            retain_freed_memory=settings.get("retain_freed_memory", True),
+            sync_batchnorm=settings.get("sync_batchnorm", False))
     except BaseException as e:
         _Lifecycle.forget(hp)
         e.hybridplan_state = state
@@ -1114,8 +1129,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           noise_scale_decay: float = 0.99,
           resume_from: Union[str, os.PathLike, Dict[str, Any], None] = None,
           checkpoint_dir: Union[str, os.PathLike, None] = None,
-          retain_freed_memory: bool = True, adapt: Optional[switching.Adapt] = None
-          ) -> AppliedPlan:
+          retain_freed_memory: bool = True, adapt: Optional[switching.Adapt] = None,
+          sync_batchnorm: bool = False) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
     plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
@@ -1157,6 +1172,12 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     adapt      a hybridplan.Adapt policy (needs measure_noise_scale): the adaptive mode, in which
                step() now and then asks switch_advice on rank 0 and switches this AppliedPlan
                in place (AppliedPlan.switch) when it says so; see executor/switching.py.
+    sync_batchnorm  True: the module's BatchNorm layers are converted in place
+               (nn.SyncBatchNorm.convert_sync_batchnorm, the same parameters and buffers) to
+               normalise over the replicas' process group: the global batch's statistics, so
+               data parallelism trains as one process on the global batch. Placement plans
+               with tp = 1 only (ValueError for a pipeline; see executor/batch_norm.py). False:
+               each replica normalises its own share, as torch DDP does (noted once).
 
     Raises ValueError, on every rank, if the plan is malformed or does not fit the module or the
     job's world size, or if ranks run different torch or hybridplan versions or hold different
@@ -1182,6 +1203,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         spec = parse_plan(plan)
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay, optimizer)
+        batch_norm.check_sync(spec, module, sync_batchnorm)
         if spec.tp > 1:  # the profiler's one definition of what splits, on this module
             tp_layout = tensor_parallel.detect(module, spec.assignment, example_inputs,
                                                spec.source)
@@ -1216,7 +1238,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                      batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
                      aliases=aliases, resumed=resumed, resumed_from=resumed_from,
                      plan_json=plan_json, tp_styles=tp_styles, tp_kinds=tp_kinds,
-                     tp_sequence=tp_sequence)
+                     tp_sequence=tp_sequence, sync_batchnorm=sync_batchnorm)
+    batch_norm.note_data_parallel(spec, module, sync_batchnorm, rank)
     hp.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
     hp._adapt = hp._switch_options["adapt"] = adapt
     hp._adapt_state = {"checked": hp.step_count, "switched": hp.step_count}

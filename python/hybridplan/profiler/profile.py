@@ -84,7 +84,10 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     per-replica batch: a micro-batch of 1 costs more than 1/b of a batch of b). "auto": 1, ...,
     b/4, b/2 (halving the example batch b), smallest first, until `batch_time_budget_s` of
     measuring these extra sizes is spent (what was measured is logged); a list: exactly those
-    (each < b, sliced from the example inputs); () or []: the example batch only.
+    (each < b, sliced from the example inputs); () or []: the example batch only. Never below
+    the smallest batch the module's forward runs at, found by trying (BatchNorm in training
+    needs two samples): "auto" leaves the smaller sizes out (logged), a list holding one is
+    refused. The pipeline cut is tried at that smallest batch too.
 
     `clock`: "auto" (CUDA events on GPU, time.perf_counter on CPU), "wall", "cuda", or "thread"
     (CPU time of this thread; for a busy shared CPU, needs torch.set_num_threads(1)).
@@ -121,7 +124,10 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     log = (lambda msg: print(msg, file=sys.stderr)) if verbose else (lambda msg: None)
 
     nodes = block_list.select_nodes(module)
-    flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs, loss_at(None))
+    try:
+        flow, output = dataflow.record_dataflow(module, nodes, inputs, kwargs, loss_at(None))
+    except ValueError as e:
+        raise ValueError(_batch_advice(str(e), e.__cause__)) from e.__cause__
     reused = dataflow.reused_stateless(nodes, flow)
     if reused:
         log(f"profile {graph_name}: parameter-free modules called more than once are treated "
@@ -148,10 +154,14 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     forward_s, backward_s = _measure(module, nodes, flow.order, (inputs, kwargs), clock, warmup,
                                      repeats, verbose, graph_name, loss_at(None))
     first = _first_tensor(inputs, kwargs)
+    floor = _smallest_batch(module, (inputs, kwargs))
+    sizes = _batch_sizes(batch_sizes, first, floor, type(module).__name__)
+    if isinstance(batch_sizes, str) and floor > 1:
+        log(f"profile {graph_name}: the forward runs at batches of {floor} or more; measured "
+            f"sizes start there")
     batch_times = _measure_other_batches(module, nodes, flow.order, (inputs, kwargs), clock,
-                                         warmup, repeats, verbose, graph_name,
-                                         _batch_sizes(batch_sizes, first), batch_time_budget_s,
-                                         log, loss_at)
+                                         warmup, repeats, verbose, graph_name, sizes,
+                                         batch_time_budget_s, log, loss_at)
     flops = block_timing.count_flops(module, nodes, inputs, kwargs)
     graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops, dev,
                    first, batch_times)
@@ -179,7 +189,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                  if loss_fn is not None else {})
         _add_tensor_parallel(graph, module, nodes, flow, (inputs, kwargs), forward_s,
                              backward_s, clock, warmup, repeats, log, whole)
-    _add_pipeline_split(graph, module, flow, inputs, kwargs, log)
+    _add_pipeline_split(graph, module, flow, inputs, kwargs, log, floor)
     # the model's input tensors at the profiled batch: the memory model's input batch term
     graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()
                                            for t in dataflow.tensors_in((inputs, kwargs)))
@@ -246,13 +256,14 @@ def _first_tensor(args, kwargs) -> Optional[torch.Tensor]:
     return next((x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), None)
 
 
-def _add_pipeline_split(graph, module, flow, args, kwargs, log) -> None:
+def _add_pipeline_split(graph, module, flow, args, kwargs, log, floor: int = 1) -> None:
     """Graph `pipeline_split` and nodes' `cut_before` (docs/formats.md): the executor's
     export-based cut tried at profile time with a stage boundary at every node where one can
-    be, on the first sample of the example (the cut needs the shape of a micro-batch, not its
-    size)."""
+    be, on the first `floor` samples of the example, the smallest batch the forward runs at
+    (the cut needs the shape of a micro-batch, not its size, and torch.export runs the
+    module's Python at that shape: BatchNorm's check refuses one sample in training)."""
     def first(v):
-        return v[:1] if isinstance(v, torch.Tensor) and v.dim() else v
+        return v[:floor] if isinstance(v, torch.Tensor) and v.dim() else v
     training = module.training
     try:
         split, cut_before = stage_split.probe(module, tuple(first(a) for a in args),
@@ -327,21 +338,72 @@ def _measure(module, nodes, names, call, clock, warmup, repeats, verbose, graph_
     return forward_s, backward_s
 
 
-def _batch_sizes(batch_sizes, first: torch.Tensor) -> List[int]:
+def _batch_sizes(batch_sizes, first: torch.Tensor, floor: int = 1, model: str = "the module"
+                 ) -> List[int]:
     """The other batch sizes to measure, smallest first: the small ones cost least and are the
-    furthest from the example batch, so they matter most when the budget runs out."""
+    furthest from the example batch, so they matter most when the budget runs out. None below
+    `floor`, the smallest batch the forward runs at (_smallest_batch)."""
     b = int(first.shape[0])
     if isinstance(batch_sizes, str):
         if batch_sizes != "auto":
             raise ValueError(f"profile: batch_sizes must be \"auto\" or a list of batch sizes "
                              f"below the example batch {b} (got {batch_sizes!r})")
-        return list(_C.default_profile_batch_sizes(b))  # the rule the C++ profiler uses too
+        # the rule the C++ profiler uses too, at the sizes the module runs
+        return [x for x in _C.default_profile_batch_sizes(b) if x >= floor]
     sizes = sorted({int(x) for x in batch_sizes})
     bad = [x for x in sizes if not 1 <= x < b]
     if bad:
         raise ValueError(f"profile: batch_sizes must lie in 1..{b - 1} (below the example batch "
                          f"{b}, whose inputs are sliced) (got {bad})")
+    small = [x for x in sizes if x < floor]
+    if small:
+        raise ValueError(f"profile: batch_sizes must be at least {floor}, the smallest batch "
+                         f"{model}'s forward runs at (got {small})")
     return sizes
+
+
+def _smallest_batch(module: nn.Module, call) -> int:
+    """The smallest batch (the first samples of the example `call`, (args, kwargs)) at which
+    `module`'s forward runs, in its current mode, found by trying: the automatic batch sizes'
+    halvings upwards until one runs, then bisection below it (a forward that runs at some batch
+    runs at every larger one). The module's buffers are put back afterwards: the trials must
+    not move BatchNorm's running statistics."""
+    b = int(_first_tensor(*call).shape[0])
+    buffers = list(module.buffers())
+    saved = [t.clone() for t in buffers]
+
+    def runs(size: int) -> bool:
+        try:
+            args, kwargs = _slice_batch(call, b, size)
+            with torch.no_grad():
+                module(*args, **kwargs)
+            return True
+        except Exception:  # any failure means: not at this batch (the example batch ran)
+            return False
+    try:
+        low, high = 0, b  # the forward fails at `low` (0: none tried) and runs at `high`
+        for size in _C.default_profile_batch_sizes(b):
+            if runs(size):
+                high = size
+                break
+            low = size
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if runs(middle) else (middle, high)
+        return high
+    finally:
+        with torch.no_grad():
+            for t, value in zip(buffers, saved):
+                t.copy_(value)
+
+
+def _batch_advice(message: str, cause: Optional[BaseException]) -> str:
+    """The example batch's forward failure, with what to do where the batch is too small."""
+    if cause is not None and "value per channel" in str(cause):
+        return (f"{message}. BatchNorm in training normalises over the batch: give "
+                f"example_inputs a batch of at least 2 samples (the profile measures smaller "
+                f"batches only where the module runs)")
+    return message
 
 
 def _first_samples(t: torch.Tensor, b: int, size: int) -> torch.Tensor:
