@@ -43,6 +43,7 @@ import dataclasses
 import operator
 import re
 import traceback
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -344,7 +345,13 @@ def _split(module, args, kwargs, stages_for, source) -> StageCut:
             policy_error.append(e)
             raise
     try:
-        pipe = pipeline(flat, inputs, split_policy=policy)
+        with warnings.catch_warnings():
+            # torch's pipeline() deep-copies the traced graph's codegen, which holds a pytree
+            # LeafSpec: each copy warns that LeafSpec is deprecated (a FutureWarning meant for
+            # torch's own code, not the user), once per cut and rank.
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                    category=FutureWarning)
+            pipe = pipeline(flat, inputs, split_policy=policy)
         if pipe.num_stages != wanted[0]:
             raise ValueError(f"the cut must give {wanted[0]} stages (got {pipe.num_stages})")
         return _build_cut(pipe, flat, pipe.num_stages)
