@@ -1,9 +1,11 @@
 #include "planner/explain.h"
 
 #include <cctype>
+#include <map>
 #include <sstream>
 
 #include "common/units.h"
+#include "planner/tensor_parallel_cost.h"
 
 namespace hybridplan {
 namespace {
@@ -30,8 +32,46 @@ std::vector<std::string> names_of(const Plan& plan, const Graph* graph) {
   return names;
 }
 
+// Under tp > 1, which nodes with tensor_parallel run whole on every rank of their TP group, by
+// the rule the cost model prices and the executor applies (tensor_parallel_cost.h
+// tp_split_mask): those whose max_degree tp does not divide (a vocabulary of 100 rows under
+// tp 8), by max_degree, and those left whole because a node tied to them is. Without this a
+// plan reads as if tp split the whole model.
+void explain_tp_split(std::ostream& out, const Graph& graph, int64_t tp) {
+  const std::vector<uint8_t> splits = tp_split_mask(graph, tp);
+  std::map<int64_t, std::vector<std::string>> undivided;  // max_degree -> nodes
+  std::vector<std::string> tied;
+  size_t with_tp = 0, split = 0;
+  for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    const Node& node = graph.nodes[v];
+    if (!node.tensor_parallel) continue;
+    ++with_tp;
+    if (splits[v]) {
+      ++split;
+    } else if (node.tensor_parallel->max_degree % tp != 0) {
+      undivided[node.tensor_parallel->max_degree].push_back(node.name);
+    } else {
+      tied.push_back(node.name);
+    }
+  }
+  out << "tensor parallel split at tp " << tp << ": " << split << " of " << with_tp
+      << " nodes with tensor_parallel";
+  if (with_tp < graph.nodes.size()) {
+    out << " (" << graph.nodes.size() - with_tp << " nodes without it run whole)";
+  }
+  out << "\n";
+  for (const auto& [max_degree, whole] : undivided) {
+    out << "  run whole, tp " << tp << " does not divide their max_degree " << max_degree << ": "
+        << compress_names(whole) << "\n";
+  }
+  if (!tied.empty()) {
+    out << "  run whole, a node sharing their weight does not split: " << compress_names(tied)
+        << "\n";
+  }
+}
+
 std::string explain_with(const Plan& plan, const std::vector<std::string>& names,
-                         const Problem* problem) {
+                         const Problem* problem, const Graph* graph) {
   std::ostringstream out;
   const Prediction& p = plan.predicted;
   const bool pipeline = plan.mode == MpMode::kPipeline;
@@ -116,6 +156,8 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
     out << "\n";
   }
 
+  if (plan.tp > 1 && graph != nullptr) explain_tp_split(out, *graph, plan.tp);
+
   out << "predicted\n";
   out << "  step          " << format_seconds(p.step_s) << "\n";
   out << "    compute     " << format_seconds(p.compute_s);
@@ -182,14 +224,16 @@ std::string compress_names(const std::vector<std::string>& names, size_t max_gro
   return text;
 }
 
-std::string explain(const Plan& plan) { return explain_with(plan, names_of(plan, nullptr), nullptr); }
+std::string explain(const Plan& plan) {
+  return explain_with(plan, names_of(plan, nullptr), nullptr, nullptr);
+}
 
 std::string explain(const Plan& plan, const Graph& graph) {
-  return explain_with(plan, names_of(plan, &graph), nullptr);
+  return explain_with(plan, names_of(plan, &graph), nullptr, &graph);
 }
 
 std::string explain(const Problem& problem, const Plan& plan) {
-  std::string text = explain_with(plan, names_of(plan, &problem.graph), &problem);
+  std::string text = explain_with(plan, names_of(plan, &problem.graph), &problem, &problem.graph);
   std::ostringstream links;
   const Cluster& c = problem.cluster;
   links << "cluster \"" << c.name << "\": " << c.num_nodes << " x " << c.devices_per_node << " "

@@ -962,8 +962,17 @@ def _why_whole(name: str, mod: nn.Module, linears: Dict[str, _Linear]) -> str:
 
 # ---- the profiler's graph field --------------------------------------------------------------
 
-# The degrees the profiler times one rank of (those up to the node's max_degree).
+# The degrees the profiler times one rank of (those that divide the node's max_degree).
 kTimedDegrees = (2, 4, 8)
+
+
+def timed_degrees(max_degree: int) -> List[int]:
+    """The degrees of kTimedDegrees a node of `max_degree` is timed at: those that divide it.
+    A plan's tp splits a node only where it divides max_degree (the planner's tp_split_mask);
+    at any other degree the node runs whole, so a split time there would describe a split
+    that never runs, and the graph refuses it (graph.cc validate_split_times). A vocabulary of
+    100 is timed at 2 and 4, a width of 50 at 2 alone."""
+    return [d for d in kTimedDegrees if max_degree % d == 0]
 
 
 def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
@@ -981,7 +990,7 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
     and 5-11 ms backward with the Linear's ratio).
 
     Collective bytes are the node's input or output bytes at the profiled batch, per call.
-    `split_times` per degree in kTimedDegrees up to max_degree: the node's profiled
+    `split_times` per degree in timed_degrees(max_degree): the node's profiled
     `forward_s`/`backward_s` times the ratio, measured with block_timing.StepTimer (the
     profile's own harness, `clock`; the fastest of its steps), of one rank's time at that
     degree over the whole node's time: for a region, on a copy of its parent whose column-wise
@@ -996,7 +1005,7 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
     ratios: Dict[str, Dict[int, Tuple[float, float]]] = {}  # node -> degree -> (fwd, bwd)
     for parent, region in layout.regions.items():
         check = analysis.checks[parent]
-        degrees = [d for d in kTimedDegrees if d <= region.max_degree]
+        degrees = timed_degrees(region.max_degree)
         members = [check.row_name] + list(check.colwise) + list(check.sharded)
         timed = {d: _time_unit(check.narrowed(0, d, as_is=True) if d > 1
                                else copy.deepcopy(check.parent), members, check.call, None,
@@ -1007,7 +1016,7 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
         if tp.style not in ("vocab_rowwise", "colwise_gather"):
             continue
         mod, trace_call = nodes[name], analysis.trace.calls[name]
-        degrees = [d for d in kTimedDegrees if d <= tp.max_degree]
+        degrees = timed_degrees(tp.max_degree)
         timed = {}
         for d in [1] + degrees:
             part = copy.deepcopy(mod)
@@ -1039,9 +1048,12 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
                                "bytes": int(in_bytes if collective.of == "input" else out_bytes)}
         keep_f, keep_b = (whole_s or {}).get(graph_node, (0.0, 0.0))
         keep_f, keep_b = min(keep_f, forward_s[graph_node]), min(keep_b, backward_s[graph_node])
+        # a region node's weight tied to another node's joins their max degrees (_assign),
+        # which can leave a degree timed on the region that no longer divides the node's
         split = [{"degree": d, "forward_s": (forward_s[graph_node] - keep_f) * f + keep_f,
                   "backward_s": (backward_s[graph_node] - keep_b) * b + keep_b}
-                 for d, (f, b) in sorted(ratios.get(name, {}).items())]
+                 for d, (f, b) in sorted(ratios.get(name, {}).items())
+                 if d in timed_degrees(tp.max_degree)]
         if split:
             field_["split_times"] = split
         fields[graph_node] = field_

@@ -589,3 +589,35 @@ TEST_CASE("evaluate: stage boundaries between nodes ride the inter-node link", "
   CHECK(tp_stage_link(problem.cluster, 0, 2, 2).bandwidth_bytes_per_s == 1e9);
   CHECK(tp_stage_link(problem.cluster, 0, 4, 1).bandwidth_bytes_per_s == 1e8);
 }
+
+TEST_CASE("explain names the nodes tp does not split and why", "[tp][explain]") {
+  Problem problem = transformer_problem(1, 4);
+  // layer 1's region splits at most in two (fc1_1, act1, fc2_1), the head in six: under tp 4
+  // both run whole; fc1_0 shares its weight with the head, so it runs whole with it
+  for (NodeIndex v : {5, 6, 7}) problem.graph.nodes[v].tensor_parallel->max_degree = 2;
+  problem.graph.nodes[8].tensor_parallel->max_degree = 6;
+  problem.graph.tied_params = {TiedParams{{1, 8}, 80}};
+  problem.graph.finalize("tiny_transformer");
+  Plan plan = single_replica_plan(problem, 4);
+  plan.graph_sha256 = graph_sha256(problem.graph);
+  plan.predicted = evaluate(problem, plan);
+  std::string text = explain(problem, plan);
+  CAPTURE(text);
+  CHECK_THAT(text, Catch::Matchers::Contains(
+                       "tensor parallel split at tp 4: 2 of 7 nodes with tensor_parallel (2 nodes "
+                       "without it run whole)\n"
+                       "  run whole, tp 4 does not divide their max_degree 2: fc1_1, act1, fc2_1\n"
+                       "  run whole, tp 4 does not divide their max_degree 6: head\n"
+                       "  run whole, a node sharing their weight does not split: fc1_0\n"));
+  // the same text from the graph alone, and none without it (no max_degree to read)
+  CHECK_THAT(explain(plan, problem.graph), Catch::Matchers::Contains("2 of 7 nodes"));
+  CHECK(explain(plan).find("tensor parallel split") == std::string::npos);
+
+  // at tp 2 every node with tensor_parallel splits: nothing runs whole for tp's sake
+  plan = single_replica_plan(problem, 2);
+  plan.predicted = evaluate(problem, plan);
+  text = explain(problem, plan);
+  CAPTURE(text);
+  CHECK_THAT(text, Catch::Matchers::Contains("tensor parallel split at tp 2: 7 of 7 nodes"));
+  CHECK(text.find("run whole, ") == std::string::npos);
+}
