@@ -226,21 +226,23 @@ def _device(spec: PlanSpec, global_device: int) -> torch.device:
 def _check_module(spec: PlanSpec, module: nn.Module) -> None:
     """Assignment names must be graph nodes of `module` (profiler.block_list: a node module, or
     "name@k" for its call k), and every node module that holds parameters or buffers must be
-    assigned (parameter-free nodes may be left out: they run where their inputs are, like
-    functional ops)."""
+    assigned, except one whose parameters are all those of assigned nodes (block_list.
+    uncalled_nodes: a tied embedding that never runs goes where they go). Parameter-free nodes
+    may be left out: they run where their inputs are, like functional ops."""
     nodes = block_list.select_nodes(module)
     unknown = sorted(n for n in spec.assignment if block_list.module_name(n) not in nodes)
     if unknown:
         raise ValueError(f"{spec.source}: assignment names must be graph nodes of "
                          f"{type(module).__name__} (got {len(unknown)} unknown: "
                          f"{unknown[:5]})")
-    stateful = [n for n, m in nodes.items()
-                if any(True for _ in m.parameters()) or any(True for _ in m.buffers())]
-    missing = [n for n in stateful if n not in spec.assignment]
+    _, missing = block_list.uncalled_nodes(
+        nodes, {block_list.module_name(n) for n in spec.assignment})
     if missing:
         raise ValueError(f"{spec.source}: assignment must place every graph node that holds "
-                         f"parameters; missing {len(missing)} of {type(module).__name__}: "
-                         f"{missing[:5]}")
+                         f"parameters or buffers; missing {len(missing)} of "
+                         f"{type(module).__name__}: {missing[:5]}. A profiled graph holds the "
+                         f"modules that ran in forward; for one that never runs, "
+                         f"{block_list.UNCALLED_ADVICE}")
 
 
 def as_call(inputs: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:

@@ -24,9 +24,16 @@ called by the encoder and by the decoder) is one graph node per call: the first 
 by the module's name, the k-th after it by `call_name(name, k)` = "name@k" (torch.export's
 spelling of a module's repeated calls). Every call reads the module's parameters, so its
 graph nodes share them as tied weights do (Graph `tied_params`).
+
+A node module that never runs in forward is no graph node. Where every parameter it holds is a
+parameter of a node module that runs (the same Parameter object: Hugging Face T5's and Bart's
+`shared` embedding, whose weight `encoder.embed_tokens`, `decoder.embed_tokens` and `lm_head`
+hold and call) and it holds no buffer, it needs no place of its own: its tensors are those
+nodes', placed and trained with them (`uncalled_nodes`). Any other such module holds state no
+plan can place, and the profiler and the executor name it (`UNCALLED_ADVICE`).
 """
 
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from torch import nn
 
@@ -54,6 +61,41 @@ def select_nodes(module: nn.Module) -> Dict[str, nn.Module]:
 
     visit("", module)
     return nodes
+
+
+def uncalled_nodes(nodes: Mapping[str, nn.Module], called: Iterable[str]
+                   ) -> Tuple[Dict[str, List[str]], List[str]]:
+    """(tied, untied) over the node modules of `nodes` whose names are not in `called` (node
+    module names that run): `tied` maps each one whose parameters are all parameters of called
+    node modules, and which holds no buffer, to those called modules (it goes where they go);
+    `untied` lists the others that hold a parameter or a buffer. Modules holding neither are in
+    neither."""
+    called = set(called)
+    holders: Dict[int, List[str]] = {}
+    for name in nodes:
+        if name in called:
+            for p in nodes[name].parameters():
+                holders.setdefault(id(p), []).append(name)
+    tied: Dict[str, List[str]] = {}
+    untied: List[str] = []
+    for name, mod in nodes.items():
+        if name in called:
+            continue
+        params = list(mod.parameters())
+        has_buffers = any(True for _ in mod.buffers())
+        if params and not has_buffers and all(id(p) in holders for p in params):
+            tied[name] = sorted({h for p in params for h in holders[id(p)]})
+        elif params or has_buffers:
+            untied.append(name)
+    return tied, untied
+
+
+# What a user can do about a node module that holds state and never runs (`untied` of
+# uncalled_nodes); the profiler's warning and the executor's error both end with it.
+UNCALLED_ADVICE = ("delete it (del model.<name>) if the model does not need it, call it in "
+                   "forward, or tie its parameters to a module that runs (the same Parameter "
+                   "object, as Hugging Face ties an embedding: it is then placed with that "
+                   "module)")
 
 
 def module_aliases(module: nn.Module) -> Dict[str, str]:

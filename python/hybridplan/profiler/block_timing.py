@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from . import block_list
 from .dataflow import tensors_in
@@ -138,13 +139,13 @@ def backward_roots(output: Any, loss: Optional[Loss] = None) -> List[torch.Tenso
 
 def loss_times(output: Any, loss: Loss, clock: str, repeats: int = 5) -> Tuple[float, float]:
     """(forward, backward) seconds of the loss alone on the model's `output`: the loss's forward,
-    and its backward down to the output's gradient (torch.autograd.grad to the output tensors
-    runs nothing of the model before them, as loss_backward_bytes does); the median of
+    and its backward down to the output's gradient (on detached copies of the output tensors,
+    _loss_leaves: nothing of the model runs, as in loss_backward_bytes); the median of
     `repeats` after one warm-up, on the profile's `clock`. A profiled step charges the loss to
     the last node (backward_roots); tensor parallelism splits that node's own work but not the
     loss, which every rank of the group computes whole on the gathered output
     (tensor_parallel.graph_fields)."""
-    roots = [t for t in tensors_in(output) if t.requires_grad]
+    output, roots = _loss_leaves(output)
     timer = _Clock(clock)
     forward, backward = [], []
     for i in range(repeats + 1):
@@ -169,12 +170,47 @@ def loss_backward_bytes(output: Any, loss: Loss) -> int:
     log-softmax and the logits' gradient at once: twice the logits, which a language model's
     large vocabulary makes a large part of a step's peak. Measured from torch.profiler's
     allocation events (the instrument `validate` reads peak memory with)."""
-    roots = [t for t in tensors_in(output) if t.requires_grad]
+    output, roots = _loss_leaves(output)
     value = loss(output)
     with _quiet_profiler() as prof:
         grads = torch.autograd.grad(value, roots, allow_unused=True)
         del grads
     return allocation_peak_bytes(prof)
+
+
+# autograd's message where a backward reaches a graph that an earlier backward freed
+_FREED_GRAPH = "backward through the graph a second time"
+
+
+def _freed_graph_error(module: nn.Module, exc: RuntimeError) -> ValueError:
+    """What to do about `exc`, autograd's _FREED_GRAPH error in a profiled step: the profile
+    back-propagates once per step (from the loss, or from all the outputs together), so the
+    freed graph is one an earlier step built and this step's forward read, which is state the
+    module keeps across calls."""
+    return ValueError(
+        f"profile: {type(module).__name__}'s backward reached a graph an earlier step already "
+        "freed: its forward reads a tensor kept from an earlier forward (a hidden state or a "
+        "cache stored on a module, past_key_values); store it detached (.detach()), or turn "
+        "the cache off (Hugging Face: use_cache=False) (got: "
+        f"{str(exc).splitlines()[0]})")
+
+
+def _loss_leaves(output: Any) -> Tuple[Any, List[torch.Tensor]]:
+    """`output` (any structure, a ModelOutput included) with each tensor that requires grad
+    replaced by a detached copy that requires grad, and those copies. The loss's backward from
+    them stops at the output: with the model's own tensors, an output computed from another
+    (T5's logits from its encoder_last_hidden_state, a model returning (embedding, logits))
+    takes the gradient back through the model between them, which frees that part of its
+    graph, and the next repeat fails with "Trying to backward through the graph a second
+    time"."""
+    leaves: List[torch.Tensor] = []
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        if not t.requires_grad:
+            return t
+        leaves.append(t.detach().requires_grad_())
+        return leaves[-1]
+    return pytree.tree_map_only(torch.Tensor, leaf, output), leaves
 
 
 def profiler_events(prof) -> Iterator[Any]:
@@ -370,7 +406,12 @@ class StepTimer:
         roots = backward_roots(self.module(*inputs, **(kwargs or {})), loss)
         seeds = [torch.ones_like(t) for t in roots]
         forward_end = self.forward_end = self.clock.mark()
-        torch.autograd.backward(roots, seeds)
+        try:
+            torch.autograd.backward(roots, seeds)
+        except RuntimeError as exc:
+            if _FREED_GRAPH not in str(exc):
+                raise
+            raise _freed_graph_error(self.module, exc) from exc
         backward_end = self.backward_end = self.clock.mark()
         self.clock.sync()
         last = self.last_forward

@@ -142,6 +142,12 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     if not block_timing.backward_roots(output):
         raise ValueError(f"profile: no output of {type(module).__name__} requires grad (got "
                          f"output shapes {dataflow.shapes_of(output)}): nothing to train or plan")
+    _, uncalled = block_list.uncalled_nodes(nodes, map(block_list.module_name, flow.order))
+    if uncalled:  # the graph is still worth planning; applying a plan of it is refused
+        warnings.warn(f"profile {graph_name}: {uncalled[:5]} hold parameters or buffers but "
+                      f"never ran in forward, so no plan places them and hybridplan.apply "
+                      f"refuses this module; for each, {block_list.UNCALLED_ADVICE}",
+                      stacklevel=2)
     edges, how = _edges(module, nodes, flow, inputs, kwargs)
     _check_acyclic(flow.order, edges)
     log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
