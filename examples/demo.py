@@ -10,7 +10,9 @@
    and most micro-batches), and the data-parallel plan sharded as zero2 and zero3 (FSDP2), for
    a few steps each with torchrun (Gloo on loopback) and print every
    term of the cost model predicted beside measured (`hybridplan validate`), with the step time
-   the uncalibrated preset `localhost-cpu` predicts for the same runs beside it.
+   the uncalibrated preset `localhost-cpu` predicts for the same runs beside it, and the
+   verdict: the targets met or which missed, and the plans whose median step this host could
+   not pin down within +-5 % in 7 launches (unsteady, each with its interval).
 
 Everything lands in out/demo/. `--model` runs the same job on another built-in model (the cost
 model's other families: transformer_lm, biglstm) and `--out-dir` puts it elsewhere;
@@ -18,10 +20,11 @@ bench/bench_validate_families.py runs it on each family. `--quick` runs every st
 smallest size, a smoke run of the same four commands that the tests use (its
 predicted-vs-measured figures mean nothing): batch 8 profiled at that one batch size, a short
 calibration without the model's own pipeline runs (links and the built-in tiny workload only:
-those runs take most of a calibration), the planner's first plan for 3 steps in one launch, the
-sharded plans left out.
+those runs take most of a calibration), the planner's first plan for 3 steps in one launch (so
+its steadiness is unknown), the sharded plans left out.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -35,6 +38,7 @@ import torch  # noqa: E402
 
 import hybridplan  # noqa: E402
 from hybridplan import models  # noqa: E402
+from hybridplan.measure.verdict import verdict_lines  # noqa: E402
 
 MODEL = "branchy_cnn"
 PROFILE_BATCH = 32
@@ -95,12 +99,18 @@ def main(argv=None) -> int:
               "measured (--quick: not a measurement)", flush=True)
     else:
         print(f"\n== 4. train {plans} plans across the ranking and the sharded data-parallel "
-              f"ones, {steps} steps each, in 3 interleaved launches (each plan's median launch): "
-              "predicted vs measured", flush=True)
+              f"ones, {steps} steps each, in 3 interleaved launches, up to 7 for a plan whose "
+              "median step is not yet known within +-5 % (each plan's median launch): predicted "
+              "vs measured", flush=True)
     run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--model", f"hybridplan.models:{model_name}", "--devices", DEVICES, "--plans", plans,
          "--steps", steps, "--out-dir", out, "--baseline-cluster", "localhost-cpu"]
-        + (["--warmup", 1, "--rounds", 1] if quick else ["--sharding"]), env=env)
+        + (["--warmup", 1, "--rounds", 1, "--max-launches", 1] if quick else ["--sharding"]),
+        env=env)
+
+    verdict = json.loads((out / "validate.json").read_text())["verdict"]
+    print("\n== " + ("the verdict (--quick: not a measurement)" if quick else "the verdict"))
+    print("\n".join(verdict_lines(verdict)), flush=True)
     return 0
 
 

@@ -244,6 +244,10 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--warmup", type=int, default=5)
     val.add_argument("--rounds", type=int, default=3,
                      help="launches per plan, interleaved; each plan's row is its median launch")
+    val.add_argument("--max-launches", type=int, default=None,
+                     help="launches of a plan, in extra rounds, until the bootstrap 90 %% "
+                          "interval of its launches' median step lies within +-5 %% (default 7, "
+                          "or --rounds if more); a plan still wider is unsteady on this host")
     val.add_argument("--timeout-s", type=float, default=120.0)
     val.add_argument("--out-dir", default="out/validate")
     val.add_argument("--baseline-cluster", metavar="CLUSTER",
@@ -454,12 +458,16 @@ def _validate(args) -> int:
         raise ValueError(f"validate: need --devices, --plans, --steps, --rounds >= 1 and "
                          f"--warmup >= 0 (got {args.devices}, {args.plans}, {args.steps}, "
                          f"{args.rounds}, {args.warmup})")
+    if args.max_launches is not None and args.max_launches < args.rounds:
+        raise ValueError(f"validate: --max-launches must be >= --rounds ({args.rounds}) "
+                         f"(got {args.max_launches})")
     _load_factory(args.model, "validate", "--model")  # fail here, not in every rank
     result = validate(args.graph, args.cluster, args.model, job=args.job, devices=args.devices,
                       plans=args.plans, steps=args.steps, warmup=args.warmup,
                       timeout_s=args.timeout_s, out_dir=args.out_dir,
                       baseline_cluster=args.baseline_cluster, rounds=args.rounds,
-                      recompute=args.recompute, sharding=args.sharding)
+                      recompute=args.recompute, sharding=args.sharding,
+                      max_launches=args.max_launches)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

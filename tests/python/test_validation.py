@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
 
-from hybridplan.measure import calibration, validation  # noqa: E402
+from hybridplan.measure import calibration, validation, verdict  # noqa: E402
 from hybridplan.trace import plan_kind  # noqa: E402
 
 
@@ -210,6 +210,125 @@ def test_a_failed_plan_shows_the_ranks_output_not_the_launchers_log():
     assert len(validation._rank_output("x" * 10_000)) == 4000
 
 
+def test_a_plans_median_step_is_known_from_its_launches_interval():
+    # three launches within 1 % of each other: the bootstrap interval of their median is the
+    # launches' range, 99-101, inside +-5 % of 100
+    assert verdict.launch_interval([100, 101, 99]) == [99, 101]
+    assert verdict.is_steady([100, 101, 99]) and not verdict.needs_launch([100, 101, 99])
+    # 1F1B at 32 one-sample micro-batches on this host: launches in a fast and a slow cluster;
+    # the median (63) is anywhere from 61 to 96 after all seven launches
+    two_clusters = [60, 95, 62, 97, 61, 96, 63]
+    assert verdict.launch_interval(two_clusters) == [61, 96]
+    assert verdict.is_steady(two_clusters) is False
+    assert verdict.needs_launch(two_clusters[:6]) and not verdict.needs_launch(two_clusters)
+    assert verdict.needs_launch(two_clusters, max_launches=8)
+    # the seed is fixed: the same launches give the same interval, call after call
+    assert verdict.launch_interval([60, 95, 62, 97]) == verdict.launch_interval([60, 95, 62, 97])
+    # two launches 4 % apart (median 102, interval 100-104) are known; 11 % apart, not
+    assert verdict.is_steady([100, 104]) and verdict.is_steady([100, 111]) is False
+    # one launch: nothing to resample, so no interval, and validate launches it again
+    assert verdict.launch_interval([100]) is None and verdict.is_steady([100]) is None
+    assert verdict.needs_launch([100]) and not verdict.needs_launch([100], max_launches=1)
+
+
+def test_validate_launches_only_the_plans_it_does_not_know_yet_again():
+    steps = {0: [0.100, 0.101, 0.099],                            # steady after its 3 rounds
+             1: [0.060, 0.095, 0.062, 0.097, 0.061, 0.096, 0.063],  # never steady
+             2: [0.100, 0.108, 0.101, 0.101, 0.100, 0.100]}         # one slow launch outvoted
+    calls = []
+
+    def launch(i):
+        calls.append(i)
+        return {"step_s": steps[i][sum(1 for c in calls if c == i) - 1]}
+
+    launches = validation.run_launches(3, launch, rounds=3, max_launches=7)
+    assert [[m["step_s"] for m in runs] for runs in launches] == [steps[0], steps[1], steps[2]]
+    # three interleaved rounds of every plan, then rounds of only the plans still unknown, in
+    # turn: plan 2 is known after 6 launches (its median 100.5 ms within 100.0-104.5), plan 1
+    # stops at 7
+    assert calls == [0, 1, 2] * 3 + [1, 2] * 3 + [1]
+    assert verdict.launch_interval(steps[2][:5]) == [0.100, 0.108]  # 0.108 > 1.05 x 0.101
+    assert verdict.launch_interval(steps[2]) == pytest.approx([0.100, 0.1045])
+    # max_launches = rounds: no extra launch, whatever the spread
+    calls.clear()
+    assert [len(r) for r in validation.run_launches(3, launch, rounds=2, max_launches=2)] == [2] * 3
+
+
+def _verdict_rows(cases):
+    """Rows from (predicted step, launch step times, predicted and measured peak memory)."""
+    terms = {t: 0.0 for t in validation.TERMS}
+    rows = []
+    for predicted, launches, memory in cases:
+        plan = dict(_plan(1, 2, schedule="1f1b", m=32), predicted=dict(
+            terms, step_s=predicted, memory_bytes=[memory[0]]))
+        runs = [dict(terms, step_s=t, memory_bytes=[memory[1]]) for t in launches]
+        rows.append(validation.compare(plan, validation.median_launch(runs)))
+    return rows
+
+
+def test_the_verdict_holds_steady_plans_to_the_targets_and_unsteady_ones_to_their_interval():
+    steady, two_clusters = [0.100, 0.101, 0.099], [0.060, 0.095, 0.062, 0.097, 0.061, 0.096, 0.063]
+    # errors against each row's median launch: +5 %, -3 %, and the unsteady plan's 80 ms
+    # against its 63 ms median launch, +27 %: beyond 25 %, but inside its interval 61-96 ms
+    rows = _verdict_rows([(0.105, steady, (100, 100)), (0.097, steady, (100, 105)),
+                          (0.080, two_clusters, (100, 100))])
+    assert [r["steady"] for r in rows] == [True, True, False]
+    assert rows[2]["launch_interval_s"] == [0.061, 0.096]
+    result = validation.summarize(rows, "x")
+    v = result.verdict
+    assert v["met"] and v["missed"] == [] and v["steady_misses"] == []
+    assert v["median_abs_error"] == pytest.approx(0.05)  # over every plan: 5, 3, 27 %
+    assert v["worst_steady_abs_error"] == pytest.approx(0.05)  # the unsteady 27 % left out
+    assert v["memory_worst_abs_error"] == pytest.approx(1 - 100 / 105)
+    assert v["unsteady"] == [{"row": 2, "plan": "1x2 1f1b M=32 b=8", "launches": 7,
+                              "median_s": 0.063, "interval_s": [0.061, 0.096],
+                              "predicted_s": 0.080, "within": True}]
+    text = validation.markdown(result, "t")
+    assert "## Verdict" in text and "verdict: met" in text
+    assert ("unsteady on this host: 1x2 1f1b M=32 b=8, median of 7 launches 63.00 ms, 90 % "
+            "interval 61.00-96.00 ms") in text
+
+    # an unsteady plan predicted outside its interval fails the verdict
+    rows = _verdict_rows([(0.105, steady, (100, 100)), (0.100, steady, (100, 100)),
+                          (0.120, two_clusters, (100, 100))])
+    v = validation.summarize(rows, "x").verdict
+    assert not v["met"] and not v["unsteady"][0]["within"]
+    assert v["median_abs_error"] == pytest.approx(0.05)  # 5, 0 and 90 %: the median holds
+    assert v["missed"] == ["1x2 1f1b M=32 b=8 (unsteady) predicted 120.00 ms, outside its "
+                           "interval 61.00-96.00 ms"]
+
+    # a steady plan at +30 % is the cost model's miss, named; the median (+17.5 %) misses too
+    rows = _verdict_rows([(0.130, steady, (100, 100)), (0.105, steady, (100, 100))])
+    v = validation.summarize(rows, "x").verdict
+    assert not v["met"] and v["worst_steady_abs_error"] == pytest.approx(0.30)
+    assert v["steady_misses"] == [{"row": 0, "plan": "1x2 1f1b M=32 b=8",
+                                   "error": pytest.approx(0.30)}]
+    assert v["missed"] == ["median |step error| 17.5 % > 10 %",
+                           "1x2 1f1b M=32 b=8 (steady) step error +30.0 % beyond 25 %"]
+    assert "verdict: missed: median |step error| 17.5 %" in validation.markdown(
+        validation.summarize(rows, "x"), "t")
+
+    # peak memory 20 % low on one plan misses the memory target alone
+    rows = _verdict_rows([(0.100, steady, (80, 100)), (0.100, steady, (100, 100))])
+    v = validation.summarize(rows, "x").verdict
+    assert v["missed"] == ["worst |memory error| 20.0 % > 15 %"]
+
+    # one launch: no interval, held to the worst target as a steady plan would be
+    rows = _verdict_rows([(0.130, [0.100], (100, 100))])
+    v = validation.summarize(rows, "x").verdict
+    assert rows[0]["steady"] is None and v["one_launch"] == ["1x2 1f1b M=32 b=8"]
+    assert "1x2 1f1b M=32 b=8 (steady) step error +30.0 % beyond 25 %" in v["missed"]
+
+
+def test_validate_needs_max_launches_at_least_its_rounds(capsys):
+    from hybridplan.__main__ import main
+
+    code = main(["validate", "--graph", "g.json", "--cluster", "c.json", "--model", "m:f",
+                 "--rounds", "3", "--max-launches", "2"])
+    assert code == 2
+    assert "--max-launches must be >= --rounds (3) (got 2)" in capsys.readouterr().err
+
+
 def _launch(args, timeout):
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="lo")
@@ -387,7 +506,8 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
          str(calibrated), "--model", "hybridplan.models:branchy_cnn", "--devices", "2",
-         "--plans", "3", "--steps", "2", "--rounds", "2", "--out-dir", str(out),
+         "--plans", "3", "--steps", "2", "--rounds", "2", "--max-launches", "2",
+         "--out-dir", str(out),
          "--baseline-cluster", "localhost-cpu", "--recompute"],
         env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
         timeout=900)
@@ -423,6 +543,16 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         assert row["baseline_error"] == pytest.approx(
             row["baseline_step_s"] / row["measured"]["step_s"] - 1)
     assert result["baseline_cluster"] == "localhost-cpu"
+    # the verdict, in validate.json, validate.md and on stdout; --max-launches 2 kept every plan
+    # at its 2 rounds, and each unsteady one is listed with its interval
+    verdict = result["verdict"]
+    assert verdict["met"] == (not verdict["missed"])
+    assert [u["row"] for u in verdict["unsteady"]] == [
+        i for i, r in enumerate(rows) if r["steady"] is False]
+    for u in verdict["unsteady"]:
+        assert u["interval_s"] == rows[u["row"]]["launch_interval_s"]
+    assert "## Verdict" in (out / "validate.md").read_text()
+    assert "verdict: " in done.stdout
     assert "predicted with localhost-cpu" in (out / "validate.md").read_text()
     # the calibration's workload timed again before and after the launches, said either way
     speed = result["host_speed"]
@@ -472,7 +602,8 @@ def test_validate_runs_the_other_model_families(calibrated, tmp_path, name):
     done = subprocess.run(
         [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
          str(calibrated), "--model", f"hybridplan.models:{name}", "--devices", "2",
-         "--plans", "2", "--steps", "2", "--rounds", "1", "--out-dir", str(out)],
+         "--plans", "2", "--steps", "2", "--rounds", "1", "--max-launches", "1",
+         "--out-dir", str(out)],
         env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
         timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

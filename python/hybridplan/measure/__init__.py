@@ -3,6 +3,7 @@
     probe            `hybridplan probe`: links and devices into a Cluster (the simpler, older way)
     calibration      `hybridplan calibrate`: what the executor really pays, into a Cluster
     validation       `hybridplan validate`: plans run on this machine, predicted beside measured
+    verdict          validate's verdict: targets met or missed, plans unsteady on this host
     validate_worker  one rank of a validation run
     fitting          the least-squares fits the measurements are reduced with
     timing           timing repeated calls: warm-up, the device synchronized, the slowest rank

@@ -26,21 +26,26 @@ timed on every rank from the executor's own clock:
                  median over the launches
 
 Each plan runs in `rounds` launches, interleaved (every plan once, then every plan again, ...),
-and its row is the launch with the median step time (the lower one of an even count), whole: on
-a shared host one launch can run slower throughout (measured here: a 1F1B plan at 42 ms in one
-launch and 25-30 ms in others, as if both ranks shared one core), and a median of launches,
-unlike a median of one launch's steps, is robust to that. Every launch's step time is kept in
-the row (`launch_step_s`). Before the first launch and after the last, calibrate's own
-shared-core workload is timed again in this process (calibration.host_speed) and validate says
-when the host runs it more than 15 % slower or faster than when it was calibrated: every
-prediction then carries that difference (`host_speed` in validate.json).
+then in extra rounds for only the plans whose median step is not yet known within +-5 % (a
+bootstrap 90 % interval of the median of its launches, hybridplan.measure.verdict), up to
+`max_launches` (7) in all (a plan still wider then is unsteady on this host: the verdict holds
+its prediction to that interval, verdict.decide). Its row is the launch with the median step
+time (the lower one of an even count), whole: on a shared host one launch can run slower
+throughout (measured here: a 1F1B plan at 42 ms in one launch and 25-30 ms in others, as if
+both ranks shared one core), and a median of launches, unlike a median of one launch's steps,
+is robust to that. Every launch's step time is kept in the row (`launch_step_s`), and its
+interval (`launch_interval_s`, `steady`). Before the first launch and after the last,
+calibrate's own shared-core workload is timed again in this process (calibration.host_speed)
+and validate says when the host runs it more than 15 % slower or faster than when it was
+calibrated: every prediction then carries that difference (`host_speed` in validate.json).
 
 The results are written to <out-dir>/validate.json and validate.md (a table per term, the error
-of each plan's step, the median and worst), plus scatter.png (predicted vs measured step time)
-and, for the first pipeline plan, timeline.png (per-stage predicted schedule beside the measured
-forward/backward actions). Every plan's predicted and measured step is also written as a trace
-for Perfetto or chrome://tracing, trace-<row>-<kind>.json (hybridplan.trace; the row's `trace`
-names it).
+of each plan's step, the median and worst, and the verdict: targets met or which missed, the
+plans unsteady on this host with their intervals; validate.json's "verdict"), plus scatter.png
+(predicted vs measured step time) and, for the first pipeline plan, timeline.png (per-stage
+predicted schedule beside the measured forward/backward actions). Every plan's predicted and
+measured step is also written as a trace for Perfetto or chrome://tracing,
+trace-<row>-<kind>.json (hybridplan.trace; the row's `trace` names it).
 """
 
 from __future__ import annotations
@@ -55,10 +60,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..planner import num_processes
 from ..trace import comparison_trace, plan_kind, trace_file_name, write_trace
+from .verdict import decide, is_steady, kMaxLaunches, launch_interval, needs_launch, verdict_lines
 
 __all__ = ["validate", "select_plans", "ValidationResult"]
 
@@ -142,6 +148,8 @@ class ValidationResult:
     # launch's steps (step_spread), of how many have one: a miss inside that range is no larger
     # than the plan's own step-to-step variation on this host
     within_step_spread: Optional[List[int]] = None
+    # the targets met or missed, the plans unsteady on this host (verdict.decide)
+    verdict: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -220,6 +228,26 @@ def run_plan_retrying(plan: dict, model: str, steps: int, warmup: int, timeout_s
         return measured
 
 
+def run_launches(count: int, launch: Callable[[int], dict], rounds: int,
+                 max_launches: int = kMaxLaunches) -> List[List[dict]]:
+    """Per plan (0..count-1), its launches' measurements (`launch(i)` runs plan i once):
+    `rounds` rounds of every plan in turn, then extra rounds of only the plans whose median step
+    is not yet known within +-5 % (verdict.needs_launch), each still in turn, until every plan's
+    is or it ran `max_launches` launches. The rounds stay interleaved so that a slow spell of the
+    host falls on several plans' launches, not on one plan's."""
+    launches: List[List[dict]] = [[] for _ in range(count)]
+    for _ in range(rounds):
+        for i in range(count):
+            launches[i].append(launch(i))
+    while True:
+        wanted = [i for i in range(count)
+                  if needs_launch([m["step_s"] for m in launches[i]], max_launches)]
+        if not wanted:
+            return launches
+        for i in wanted:
+            launches[i].append(launch(i))
+
+
 def median_launch(launches: Sequence[dict]) -> dict:
     """The launch whose step time is the median of the launches' (the lower middle one of an even
     count: a real launch, so that its terms and per-rank timelines stay one run's), with every
@@ -291,6 +319,9 @@ def compare(plan: dict, measured: dict) -> dict:
            "failed_launches": measured.get("failed_launches", []),
            "step_samples_s": steps,
            "step_spread_s": step_spread(steps)}
+    # the median launch's step known within +-5 %? (verdict.py; None for one launch)
+    row["launch_interval_s"] = launch_interval(row["launch_step_s"])
+    row["steady"] = is_steady(row["launch_step_s"])
     row["errors"] = {t: _error(row["predicted"][t], row["measured"][t]) for t in TERMS}
     mem_p, mem_m = max(row["predicted_memory_bytes"] or [0]), max(row["measured_memory_bytes"] or [0])
     row["memory_error"] = _error(mem_p, mem_m)
@@ -320,7 +351,8 @@ def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = 
                             baseline_cluster if base else None,
                             statistics.median(base) if base else None,
                             max(base) if base else None, host_speed, statistics.median(signed),
-                            round_speed(rows), [within, len(spread)] if spread else None)
+                            round_speed(rows), [within, len(spread)] if spread else None,
+                            decide(rows))
 
 
 def round_speed(rows: Sequence[dict]) -> Optional[List[float]]:
@@ -413,6 +445,8 @@ def markdown(result: ValidationResult, title: str) -> str:
         lines[-1:-1] = [f"the same runs predicted with {result.baseline_cluster}: median |error| "
                         f"{100 * result.baseline_median_abs_error:.1f} %, worst "
                         f"{100 * result.baseline_worst_abs_error:.1f} %"]
+    if result.verdict:
+        lines += ["## Verdict", ""] + verdict_lines(result.verdict) + [""]
     return "\n".join(lines)
 
 
@@ -483,17 +517,19 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
              steps: int = 20, warmup: int = 5, timeout_s: float = 120.0,
              out_dir: str = "out/validate", progress: bool = True,
              baseline_cluster=None, rounds: int = 3, recompute: bool = False,
-             sharding: bool = False) -> ValidationResult:
+             sharding: bool = False, max_launches: Optional[int] = None) -> ValidationResult:
     """Runs `plans` plans of `model` (MODULE:FACTORY, whose module has example_inputs /
     example_target and, optionally, loss) on `devices` local ranks and compares each with its
     prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths.
     `baseline_cluster`: also predict each measured plan with this cluster (e.g. the
     uncalibrated preset), so the errors before and after calibration stand side by side on the
     same measurements. `rounds`: launches per plan, interleaved; each row is the median launch
-    (see the module docstring). `recompute`: also run the first data-parallel and the first
-    pipeline plan chosen with every node recomputed (planner.with_recompute), fully and, where
-    the graph measured it, selectively, so activation checkpointing's time and memory are
-    measured beside the same plans without it.
+    (see the module docstring). `max_launches` (default 7, or `rounds` if more): launches of a
+    plan, in extra rounds, until its median step is known within +-5 % (run_launches).
+    `recompute`: also run the first data-parallel and the first pipeline plan chosen with every
+    node recomputed (planner.with_recompute), fully and, where the graph measured it,
+    selectively, so activation checkpointing's time and memory are measured beside the same
+    plans without it.
     `sharding`: also run the first data-parallel plan (mp = 1) chosen as zero2 and as zero3,
     and the first pipeline plan with dp >= 2 as zero2 (planner.with_sharding), each beside the
     same plan unsharded (docs/sharding.md)."""
@@ -527,22 +563,29 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
                     chosen.append(planner.with_sharding(plan, kind, g, c, j))
     if rounds < 1:
         raise ValueError(f"validate: rounds must be >= 1 (got {rounds})")
+    max_launches = max(kMaxLaunches, rounds) if max_launches is None else max_launches
+    if max_launches < rounds:
+        raise ValueError(f"validate: max_launches must be >= rounds ({rounds}) "
+                         f"(got {max_launches})")
     # the ranks train with the optimizer the predictions hold state for: the job's
     optimizer = (j if j is not None else planner.Job.from_dict(
         {"schema_version": 1, "kind": "hybridplan.job"})).to_dict()["optimizer"]
     from .calibration import host_speed
 
-    launches: List[List[dict]] = [[] for _ in chosen]
     shared_host = c.to_dict().get("measured", {}).get("shared_host", {})
     speed_before = host_speed(shared_host)
     with tempfile.TemporaryDirectory(prefix="hybridplan-validate-") as tmp, \
             tqdm(total=rounds * len(chosen), desc="validate", unit="run",
                  disable=not progress) as bar:
-        for _ in range(rounds):
-            for i, plan in enumerate(chosen):
-                launches[i].append(run_plan_retrying(plan, model, steps, warmup, timeout_s,
-                                                      Path(tmp), optimizer))
-                bar.update()
+        def launch(i: int) -> dict:
+            if bar.n >= bar.total:  # a launch of the extra rounds, unknown in advance
+                bar.total += 1
+            measured = run_plan_retrying(chosen[i], model, steps, warmup, timeout_s, Path(tmp),
+                                         optimizer)
+            bar.update()
+            return measured
+
+        launches = run_launches(len(chosen), launch, rounds, max_launches)
     speed = None
     if speed_before is not None:  # the worse of the two is what the launches may have seen
         speed_after = host_speed(shared_host)
