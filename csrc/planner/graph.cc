@@ -443,6 +443,12 @@ void Graph::validate(const std::string& source) const {
   std::unordered_map<std::string, size_t> name_at;
   check_bytes(source, "profiled.input_bytes", profiled.input_bytes);
   check_bytes(source, "profiled.loss_backward_bytes", profiled.loss_backward_bytes);
+  if (profiled.min_batch_size < 1 || profiled.min_batch_size > profiled.batch_size) {
+    throw_input_error(source, "profiled.min_batch_size",
+                      "must be >= 1 and <= profiled.batch_size = " + std::to_string(profiled.batch_size) +
+                          " (the smallest batch the model accepts; it ran at the profiled one)",
+                      std::to_string(profiled.min_batch_size));
+  }
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& node = nodes[i];
     const std::string path = json_index_path("nodes", i);
@@ -569,6 +575,9 @@ Graph graph_from_json(const Json& j, const std::string& source) {
   }
   if (const Json* b = in.optional(profiled, "loss_backward_bytes")) {
     g.profiled.loss_backward_bytes = in.integer(*b, "profiled.loss_backward_bytes");
+  }
+  if (const Json* b = in.optional(profiled, "min_batch_size")) {
+    g.profiled.min_batch_size = in.integer(*b, "profiled.min_batch_size");
   }
 
   if (const Json* split = in.optional(j, "pipeline_split")) {
@@ -751,6 +760,7 @@ Json graph_to_json(const Graph& g) {
   if (g.profiled.loss_backward_bytes > 0) {
     j["profiled"]["loss_backward_bytes"] = g.profiled.loss_backward_bytes;
   }
+  if (g.profiled.min_batch_size > 1) j["profiled"]["min_batch_size"] = g.profiled.min_batch_size;
   // Written only when they say something, so graphs without them keep their hash.
   if (!g.pipeline_split.supported) {
     j["pipeline_split"] = {{"supported", false}, {"reason", g.pipeline_split.reason}};

@@ -178,6 +178,10 @@ struct ProfiledAt {
   // Peak bytes the loss's backward allocates down to the gradient of the model's output, at
   // batch_size (JSON optional; 0 = not profiled with a loss). memory_cost.h.
   int64_t loss_backward_bytes = 0;
+  // The smallest batch the model's forward accepts in training (JSON optional, default 1; the
+  // profiler finds it by trying: BatchNorm needs 2 samples per channel). No device is given a
+  // (micro-)batch below it: the search skips such points and Plan::validate_fit refuses them.
+  int64_t min_batch_size = 1;
 };
 
 // A parameter several nodes hold (tied weights, e.g. GPT-2's wte and lm_head). Its bytes are in

@@ -474,6 +474,19 @@ void Plan::validate_fit(const std::string& source, const Graph& graph, const Clu
       throw_input_error(source, "sequence_parallel", *rule, "true");
     }
   }
+  // the smallest forward: a pipeline's smallest micro-batch (the batch split into chunks of
+  // floor or ceil of per_replica_batch / num_microbatches), placement the per-replica batch
+  const int64_t device_batch = per_replica_batch / (mode == MpMode::kPipeline ? num_microbatches : 1);
+  if (device_batch < graph.profiled.min_batch_size) {
+    throw_input_error(source, mode == MpMode::kPipeline ? "num_microbatches" : "per_replica_batch",
+                      "must leave each forward at least graph " + quoted(graph.name) +
+                          "'s profiled.min_batch_size = " + str(graph.profiled.min_batch_size) +
+                          " samples (the smallest batch the model accepts; " +
+                          str(device_batch) + " per " +
+                          (mode == MpMode::kPipeline ? "micro-batch" : "replica") +
+                          "): use fewer micro-batches or a larger batch",
+                      str(mode == MpMode::kPipeline ? num_microbatches : per_replica_batch));
+  }
   if (world_size > cluster.num_devices()) {
     throw_input_error(source, "world_size",
                       "exceeds the cluster's " + str(cluster.num_devices()) + " devices",

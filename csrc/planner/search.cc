@@ -253,7 +253,13 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
              "replica's devices one after another: the same compute as mp=1 on fewer devices");
         said_serial = true;
       }
+      const int64_t min_batch = graph.profiled.min_batch_size;
       for (int64_t batch : batches) {
+        if (batch < min_batch) {
+          skip(head + " b=" + str(batch) + ": below the smallest batch the model accepts "
+               "(graph profiled.min_batch_size = " + str(min_batch) + ")");
+          continue;
+        }
         SearchSpacePoint p;
         p.mp = mp;
         p.dp = dp;
@@ -273,6 +279,7 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
         // two stages per rank need twice the nodes and places to cut
         const bool multi_ok = n >= 2 * mp && stage_starts >= 2 * mp - 1;
         for (int64_t m : counts) {
+          if (batch / m < min_batch) continue;  // micro-batches the model does not accept
           p.num_microbatches = m;
           for (Schedule s : options.schedules) {
             if (s == Schedule::kNone) continue;

@@ -242,6 +242,13 @@ def test_profile_starts_at_the_smallest_batch_that_runs():
     for node in graph["nodes"]:  # the rule's 1, 2, 4 at the example batch 8, from 2 on
         assert [t["batch_size"] for t in node["batch_times"]] == [2, 4], node
     assert graph["pipeline_split"] == {"supported": True, "reason": ""}
+    assert graph["profiled"]["min_batch_size"] == 2
+    import hybridplan  # the planner gives no replica or micro-batch fewer samples
+    cluster = hybridplan.load_cluster("localhost-cpu").to_dict()
+    found = hybridplan.search(hybridplan.planner.Graph.from_dict(graph), cluster, None,
+                              devices=2, top_k=100).plans
+    assert any(p.mode == "pipeline" for p in found)
+    assert all(p.per_replica_batch // p.num_microbatches >= 2 for p in found)
     assert before.keys() == model.state_dict().keys()
     with pytest.raises(ValueError, match=r"batch_sizes must be at least 2, the smallest batch "
                                          r"BnDictModel's forward runs at \(got \[1\]\)"):

@@ -199,6 +199,8 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     # the model's input tensors at the profiled batch: the memory model's input batch term
     graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()
                                            for t in dataflow.tensors_in((inputs, kwargs)))
+    if floor > 1:  # the planner gives no device a (micro-)batch below it (docs/formats.md)
+        graph["profiled"]["min_batch_size"] = floor
     if loss_fn is not None:  # the memory model's loss workspace (memory_cost.h)
         graph["profiled"]["loss_backward_bytes"] = block_timing.loss_backward_bytes(
             output, loss_at(None))

@@ -82,6 +82,12 @@ TEST_CASE("graph validation names the file, the JSON path and the rule", "[graph
     j["nodes"][0].erase("backward_s");
     REQUIRE(load_error(j) == "graph.json: nodes[0].backward_s is required");
   }
+  SECTION("smallest accepted batch above the profiled one") {
+    j["profiled"]["min_batch_size"] = 64;
+    REQUIRE(load_error(j) == "graph.json: profiled.min_batch_size must be >= 1 and <= "
+                             "profiled.batch_size = 8 (the smallest batch the model accepts; "
+                             "it ran at the profiled one) (got 64)");
+  }
   SECTION("negative flops") {
     j["nodes"][0]["flops"] = -2.5;
     REQUIRE(load_error(j) == "graph.json: nodes[0].flops must be finite and >= 0 (got -2.5)");
@@ -231,6 +237,11 @@ TEST_CASE("batch curves, stage cuts and splittability round-trip; old graphs kee
   REQUIRE(graph_to_json(g)["tied_params"] == Json::parse(R"([{"nodes": [10, 4], "bytes": 100}])"));
   REQUIRE(graph_to_json(graph_from_json(graph_to_json(g), "again")) == graph_to_json(g));
   REQUIRE(graph_sha256(g) != graph_sha256(plain));
+
+  REQUIRE(canonical["profiled"].find("min_batch_size") == canonical["profiled"].end());
+  j["profiled"]["min_batch_size"] = 2;
+  REQUIRE(graph_from_json(j, "graph.json").profiled.min_batch_size == 2);
+  REQUIRE(graph_to_json(graph_from_json(j, "graph.json"))["profiled"]["min_batch_size"] == 2);
 }
 
 TEST_CASE("Graph::validate applies the same rules to graphs built in code", "[graph]") {

@@ -462,3 +462,56 @@ TEST_CASE("search: a pipeline that fits only with recompute is split for recompu
   CHECK(best.recompute[0] == kRecomputeFull);
   CHECK(best.recompute[11] == kRecomputeNone);
 }
+
+TEST_CASE("search: no replica or micro-batch gets fewer samples than the model accepts",
+          "[search]") {
+  // The same graph and 2x4 cluster as "search space on a 2x4 cluster", whose mp=2 pipelines run
+  // M in {1, 2, 4, 12} at per-replica batch 12: with min_batch_size 4 (say, a model whose
+  // forward fails below 4 samples), M = 4 (3 samples) and M = 12 (1 sample) are gone.
+  std::mt19937_64 rng(3);
+  Problem problem;
+  testing::RandomGraphOptions go;
+  go.num_nodes = 3;
+  go.profiled_batch = 12;
+  problem.graph = random_graph(rng, go);
+  testing::RandomClusterOptions co;
+  co.num_nodes = 2;
+  co.devices_per_node = 4;
+  problem.cluster = random_cluster(rng, co);
+  problem.job = default_job();
+  problem.graph.profiled.min_batch_size = 4;
+  const auto points = search_space(problem, SearchOptions{}, nullptr);
+  for (const SearchSpacePoint& p : points) {
+    CHECK(p.per_replica_batch / p.num_microbatches >= 4);
+  }
+  // M in {1, 2}: GPipe at both, 1F1B at 2 (M >= 2 stages)
+  CHECK(std::count_if(points.begin(), points.end(), [](const SearchSpacePoint& p) {
+          return p.mode == MpMode::kPipeline;
+        }) == 3);
+
+  // A replica batch below it is skipped, with the reason.
+  problem.job.global_batches = {16};
+  std::vector<std::string> skipped;
+  const auto eight = search_space(problem, SearchOptions{}, &skipped);
+  CHECK(std::none_of(eight.begin(), eight.end(),
+                     [](const SearchSpacePoint& p) { return p.dp == 8; }));
+  CHECK(std::find(skipped.begin(), skipped.end(),
+                  "dp=8 mp=1 b=2: below the smallest batch the model accepts (graph "
+                  "profiled.min_batch_size = 4)") != skipped.end());
+
+  // A plan that would give a micro-batch fewer samples is refused where every plan is checked.
+  problem.job = default_job();
+  SearchSpacePoint point;
+  point.dp = 4;
+  point.mp = 2;
+  point.mode = MpMode::kPipeline;
+  point.per_replica_batch = 12;
+  point.num_microbatches = 12;
+  point.schedule = Schedule::kGpipe;
+  const Plan plan = plan_skeleton(problem, point, "");
+  CHECK_THROWS_WITH(plan.validate_fit("p.json", problem.graph, problem.cluster),
+                    Catch::Matchers::Contains(
+                        "p.json: num_microbatches must leave each forward at least graph") &&
+                        Catch::Matchers::Contains("profiled.min_batch_size = 4 samples") &&
+                        Catch::Matchers::Contains("(got 12)"));
+}
