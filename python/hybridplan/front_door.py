@@ -55,6 +55,8 @@ import torch.distributed as dist
 from torch import nn
 
 from . import __version__
+from .executor import apply, destroy_groups
+from .executor.rank_agreement import rank_zero_acts
 from .net import free_port
 from .profiler.dataflow import map_tensors
 from .profiler.profile import snake_case
@@ -561,26 +563,14 @@ def _setup_group(setup_timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=setup_timeout_s))
 
 
-def _broadcast(payload: Optional[dict], group: Any) -> dict:
-    """Rank 0's payload on every rank (over `group`, which this destroys)."""
-    if group is None:
-        return payload
-    from .executor import destroy_groups
-    try:
-        box = [payload]
-        dist.broadcast_object_list(box, src=0, group=group)
-    finally:
-        destroy_groups([group])
-    return box[0]
-
-
-def _raise_from_rank0(error: Tuple[str, str]) -> None:
-    kind, message = error
+def _error_from_rank0(kind: str, message: str) -> BaseException:
+    """Rank 0's failure as every other rank raises it: the planner's and the input checks'
+    kinds as they are, anything else a RuntimeError naming it."""
     if kind == "InfeasibleError":
-        raise InfeasibleError(message)
+        return InfeasibleError(message)
     if kind == "ValueError":
-        raise ValueError(message)
-    raise RuntimeError(f"hybridplan.parallelize failed on rank 0: {kind}: {message}")
+        return ValueError(message)
+    return RuntimeError(f"hybridplan.parallelize failed on rank 0: {kind}: {message}")
 
 
 # ---- the front door --------------------------------------------------------------------------
@@ -624,8 +614,6 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
     apply_options   further keyword arguments of hybridplan.apply (batch_dim,
                     measure_noise_scale, resume_from, ...).
     """
-    from .executor import apply
-
     clash = sorted(set(apply_options) & set(_APPLY_OWN))
     if clash:
         raise ValueError(f"hybridplan.parallelize: {clash} are parallelize's to set (got them "
@@ -658,23 +646,20 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
         if verbose:
             print(line, file=sys.stderr, flush=True)
 
+    def decide() -> dict:  # rank 0
+        payload = _decide(model, example_inputs, example_target, loss_fn, optimizer, job,
+                          cluster, cache_dir, profile_options, modes, world, local_world, log)
+        for line in payload["lines"]:
+            log(line)
+        return payload
+
     group = _setup_group(setup_timeout_s)
-    payload, failure = None, None
-    if rank == 0:
-        try:
-            payload = _decide(model, example_inputs, example_target, loss_fn, optimizer, job,
-                              cluster, cache_dir, profile_options, modes, world, local_world,
-                              log)
-            for line in payload["lines"]:
-                log(line)
-        except Exception as e:  # every rank raises it, below
-            failure = e
-            payload = {"error": (type(e).__name__, str(e))}
-    payload = _broadcast(payload, group)
-    if failure is not None:
-        raise failure
-    if "error" in payload:
-        _raise_from_rank0(payload["error"])
+    try:
+        payload = rank_zero_acts(decide, _error_from_rank0, group=group,
+                                 rank_zero_raises_own=True)
+    finally:
+        if group is not None:
+            destroy_groups([group])
     graph = Graph.from_json(payload["graph"], "graph from rank 0")
     plan = Plan.from_json(payload["plan"], "plan from rank 0")
     example = _resize_batch(example_inputs, example_batch, plan.per_replica_batch, batch_dim)

@@ -788,17 +788,10 @@ class AppliedPlan:
         it; rank 0 gathers and broadcasts it."""
         self._check_open("consolidated_state")
         parts = self._gather_parts()
-        box: List[Any] = [None]
-        if self.rank == 0:
-            try:
-                box[0] = self._build_consolidated(parts)
-            except Exception as e:  # every rank raises it, below
-                box[0] = f"{type(e).__name__}: {e}"
-        dist.broadcast_object_list(box, src=0)
-        if not isinstance(box[0], dict):
-            raise RuntimeError(f"hybridplan: the training state could not be gathered (rank 0: "
-                               f"{box[0]})")
-        return box[0]
+        return rank_agreement.rank_zero_acts(
+            lambda: self._build_consolidated(parts), rank_agreement.rank_zero_error(
+                lambda why: f"hybridplan: the training state could not be gathered (rank 0: "
+                            f"{why})"))
 
     def save_checkpoint(self, path: Union[str, os.PathLike]) -> None:
         """Writes one consolidated checkpoint to `path` (docs/formats.md "Checkpoint"): the
@@ -810,16 +803,11 @@ class AppliedPlan:
         self._check_open("save_checkpoint")
         path = os.fspath(path)
         parts = self._gather_parts()
-        status: List[Optional[str]] = [None]
-        if self.rank == 0:
-            try:
-                checkpoint.write_atomic(self._build_consolidated(parts), path)
-            except Exception as e:  # every rank raises it, below
-                status[0] = f"{type(e).__name__}: {e}"
-        dist.broadcast_object_list(status, src=0)
-        if status[0] is not None:
-            raise RuntimeError(f"{path}: checkpoint not written (rank 0: {status[0]}); the "
-                               f"previous file, if any, is unchanged")
+        rank_agreement.rank_zero_acts(
+            lambda: checkpoint.write_atomic(self._build_consolidated(parts), path),
+            rank_agreement.rank_zero_error(
+                lambda why: f"{path}: checkpoint not written (rank 0: {why}); the previous "
+                            f"file, if any, is unchanged"))
 
     def save_sharded(self, directory: Union[str, os.PathLike, None] = None, *,
                      async_save: bool = False, keep: int = 2, extra: Any = None

@@ -46,9 +46,9 @@ import shutil
 from typing import Any, Dict, List, Optional, Union
 
 import torch
-import torch.distributed as dist
 
 from .. import files
+from .rank_agreement import rank_zero_acts, rank_zero_error
 
 kDefaultMaxShardSize = "5GB"  # the Hub's usual shard size (transformers 4.x's default)
 
@@ -170,15 +170,11 @@ def export_pretrained(hp: Any, directory: Union[str, os.PathLike], *,
     _check_serialization(hp.original, safe_serialization)
     directory = os.fspath(directory)
     parts: Optional[List[Any]] = hp._gather_parts()
-    status: List[Optional[str]] = [None]
-    if hp.rank == 0:
-        try:
-            state = retie(hp._build_consolidated(parts)["model"], hp._aliases)
-            write_atomic(hp.original, directory, state, safe_serialization=safe_serialization,
-                         max_shard_size=max_shard_size)
-        except Exception as e:  # every rank raises it, below
-            status[0] = f"{type(e).__name__}: {e}"
-    dist.broadcast_object_list(status, src=0)
-    if status[0] is not None:
-        raise RuntimeError(f"{directory}: export not written (rank 0: {status[0]}); a previous "
-                           f"export there, if any, is unchanged")
+
+    def write() -> None:  # rank 0
+        state = retie(hp._build_consolidated(parts)["model"], hp._aliases)
+        write_atomic(hp.original, directory, state, safe_serialization=safe_serialization,
+                     max_shard_size=max_shard_size)
+    rank_zero_acts(write, rank_zero_error(
+        lambda why: f"{directory}: export not written (rank 0: {why}); a previous export "
+                    f"there, if any, is unchanged"))

@@ -13,12 +13,13 @@ describe_version_difference; tests/data/rank_messages.json holds the two togethe
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Type, Union
 
 import torch.distributed as dist
 from torch import nn
 
 ParamSignature = List[Tuple[str, List[int], str]]  # (state_dict key, shape, dtype)
+Catch = Union[Type[BaseException], Tuple[Type[BaseException], ...]]
 
 
 @dataclasses.dataclass
@@ -119,3 +120,36 @@ def agree_across_ranks(report: RankReport) -> None:
     message = judge([r for r in reports if r is not None])
     if message is not None:
         raise ValueError(message)
+
+
+def rank_zero_acts(action: Callable[[], Any], error: Callable[[str, str], BaseException], *,
+                   group: Any = None, catch: Catch = Exception,
+                   rank_zero_raises_own: bool = False) -> Any:
+    """Runs `action()` on rank 0 alone (it writes a file, gathers a state, profiles) and gives
+    every rank of `group` (None: the default group) its outcome: the value it returned,
+    broadcast, or, when it raised one of `catch`, the exception `error(kind, message)` (kind
+    the exception's class name) raised on every rank. Rank 0 raises its own exception instead
+    where `rank_zero_raises_own` (its traceback tells more). Collective: every rank calls it,
+    so a failure on rank 0 cannot leave the others waiting in a later collective that rank 0
+    never joins. A job of one process broadcasts nothing."""
+    box: List[Any] = [None]
+    failure: Optional[BaseException] = None
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", action())
+        except catch as e:  # every rank raises it, below
+            failure = e
+            box[0] = ("error", type(e).__name__, str(e))
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0, group=group)
+    if box[0][0] == "ok":
+        return box[0][1]
+    if failure is not None and rank_zero_raises_own:
+        raise failure
+    raise error(box[0][1], box[0][2]) from failure
+
+
+def rank_zero_error(message: Callable[[str], str], kind: Type[BaseException] = RuntimeError
+                    ) -> Callable[[str, str], BaseException]:
+    """rank_zero_acts' `error` for the usual message: `kind(message("<Class>: <text>"))`."""
+    return lambda name, text: kind(message(f"{name}: {text}"))

@@ -64,6 +64,7 @@ import torch.distributed as dist
 
 from .. import files
 from . import checkpoint, sharding
+from .rank_agreement import rank_zero_acts, rank_zero_error
 
 kFormat = "hybridplan.sharded-checkpoint"
 kVersion = 1
@@ -177,19 +178,14 @@ def begin(hp: Any, root: str, group: Any, async_save: bool, extra: Any) -> Pendi
     rank = dist.get_rank()
     step = hp.step_count
     partial = os.path.join(root, step_dir_name(step) + ".partial")
-    # rank 0 clears a partial directory a killed writer left, then every rank proceeds
-    status: List[Optional[str]] = [None]
-    if rank == 0:
-        try:
-            os.makedirs(root, exist_ok=True)
-            if os.path.exists(partial):
-                shutil.rmtree(partial)
-            os.makedirs(partial)
-        except OSError as e:
-            status[0] = f"{type(e).__name__}: {e}"
-    dist.broadcast_object_list(status, src=0, group=group)
-    if status[0] is not None:
-        raise RuntimeError(f"{partial}: checkpoint not started (rank 0: {status[0]})")
+
+    def clear() -> None:  # rank 0: a partial directory a killed writer left goes
+        os.makedirs(root, exist_ok=True)
+        if os.path.exists(partial):
+            shutil.rmtree(partial)
+        os.makedirs(partial)
+    rank_zero_acts(clear, rank_zero_error(
+        lambda why: f"{partial}: checkpoint not started (rank 0: {why})"), group=group)
     groups = [None] * dist.get_world_size()
     dist.all_gather_object(groups, _groups_by_name(hp), group=group)
     merged = checkpoint.merge_optimizer_states(groups)
@@ -252,8 +248,8 @@ def finalize(pending: PendingSave, group: Any, keep: int,
     parts: Optional[List[Any]] = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(mine, parts, dst=0, group=group)
     final = os.path.join(pending.root, step_dir_name(pending.step))
-    status: List[Optional[str]] = [None]
-    if rank == 0:
+
+    def complete() -> None:  # rank 0
         try:
             errors = [f"rank {r}: {p['error']}" for r, p in enumerate(parts) if p["error"]]
             if errors:
@@ -271,13 +267,12 @@ def finalize(pending: PendingSave, group: Any, keep: int,
             # and saved it again) is replaced, put back if the rename fails
             files.replace_dir(pending.partial, final)
             _prune(pending.root, keep)
-        except BaseException as e:  # every rank raises it, below
-            status[0] = f"{type(e).__name__}: {e}"
+        except BaseException:
             shutil.rmtree(pending.partial, ignore_errors=True)
-    dist.broadcast_object_list(status, src=0, group=group)
-    if status[0] is not None:
-        raise RuntimeError(f"{final}: checkpoint not written ({status[0]}); the previous "
-                           f"checkpoints are unchanged")
+            raise
+    rank_zero_acts(complete, rank_zero_error(
+        lambda why: f"{final}: checkpoint not written ({why}); the previous checkpoints are "
+                    f"unchanged"), group=group, catch=BaseException)
     if on_complete is not None:
         on_complete(final)
     return final
