@@ -1,5 +1,5 @@
 """BatchNorm end to end, on a plain torch model with BatchNorm1d that takes a dict of inputs and
-returns a tuple (bn_dict_model, in the (model, batch_fn, loss_fn) shape of user_models.py):
+returns a tuple (user_models.bn_dict):
 
 - the profile's automatic batch sizes start at the smallest batch the forward runs at (2: one
   sample per channel is refused in training), the pipeline cut is tried there and supported,
@@ -23,13 +23,13 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dist_harness import format_results, run_ranks
 from plan_builders import pipeline_plan, placement_plan, share
+from user_models import bn_dict as bn_dict_model
 
-STEPS, LR, MOMENTUM, GLOBAL_BATCH, CLASSES = 3, 0.05, 0.9, 8, 4
+STEPS, LR, MOMENTUM, GLOBAL_BATCH = 3, 0.05, 0.9, 8
 CASES = {  # case -> (mode, num_microbatches, recompute, sync_batchnorm)
     "dp": ("placement", 1, None, False),
     "dp+sync": ("placement", 1, None, True),
@@ -39,35 +39,6 @@ CASES = {  # case -> (mode, num_microbatches, recompute, sync_batchnorm)
     "1f1b+rc": ("pipeline", 4, True, False),
     "1f1b+sel": ("pipeline", 4, "selective", False),
 }
-
-
-class BnDictModel(nn.Module):
-    """Dict input {"x", "extra"}, tuple output (logits, a summary), two BatchNorm1d."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed, self.bn = nn.Linear(8, 16), nn.BatchNorm1d(16)
-        self.mix, self.bn2 = nn.Linear(16 + 4, 16), nn.BatchNorm1d(16, momentum=0.2)
-        self.head = nn.Linear(16, CLASSES)
-
-    def forward(self, x, extra):
-        h = torch.relu(self.bn(self.embed(x)))
-        h = torch.relu(self.bn2(self.mix(torch.cat([h, extra], dim=1))))
-        return self.head(h), h.mean(dim=1)
-
-
-def bn_dict_model():
-    torch.manual_seed(0)
-    model = BnDictModel()
-
-    def batch(n, seed):
-        g = torch.Generator().manual_seed(seed)
-        return ({"x": torch.randn(n, 8, generator=g), "extra": torch.randn(n, 4, generator=g)},
-                torch.randint(0, CLASSES, (n,), generator=g))
-
-    def loss_fn(output, target):
-        return F.cross_entropy(output[0], target)
-    return model, batch, loss_fn
 
 
 def sgd(params):

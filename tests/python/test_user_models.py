@@ -18,9 +18,10 @@ planned stages with the plan's "schedule" field switched (its prediction is then
 the executor does not read).
 
 The global batch is the plan's (the planner chooses the per-replica batch). References: one
-process on the global batch; for the BatchNorm CNN, DP-like plans (DP and
-placement, both DDP) are compared with torch DDP on the same ranks, and pipeline plans with one
-process that runs the same micro-batches in turn (per-micro-batch statistics, as GPipe does).
+process on the global batch; for the BatchNorm models (user_models.BATCH_NORM), DP-like plans
+(DP and placement, both DDP) are compared with torch DDP on the same ranks, and pipeline plans
+with one process that runs the same micro-batches in turn (per-micro-batch statistics, as GPipe
+does). `pytest -s -k equality_table` prints the model x plan kind table (docs/models.md).
 """
 
 import os
@@ -30,7 +31,7 @@ import torch
 
 from dist_harness import format_results, run_ranks
 from plan_builders import share
-from user_models import FACTORIES, call
+from user_models import BATCH_NORM, FACTORIES, call
 
 STEPS, PROFILE_BATCH, LR, MOMENTUM = 3, 8, 0.05, 0.9
 KINDS = {  # kind -> (mode, planner devices, dp, mp, schedule)
@@ -212,7 +213,7 @@ def trained(tmp_path_factory):
             if name == "albert" and plans[case_id]["mode"] == "pipeline":
                 plans[case_id] = shared_layer_across_stages(plans[case_id])
             case = {"model": name, "plan": plans[case_id], "graph": graph.to_dict(),
-                    "id": case_id, "with_ddp": name == "bn_cnn" and kind in ("dp", "placement")}
+                    "id": case_id, "with_ddp": name in BATCH_NORM and kind in ("dp", "placement")}
             by_world.setdefault(world_of(kind), []).append(case)
     failures = {}
     for world, cases in by_world.items():
@@ -234,9 +235,9 @@ def trained(tmp_path_factory):
 
 def _expected_states(outs, plan, name):
     """Per rank, the state a correct run ends in (see the module doc for the references)."""
-    if name == "bn_cnn" and plan["mode"] == "placement":
+    if name in BATCH_NORM and plan["mode"] == "placement":
         return [out["ddp_state"] for out in outs]
-    m = plan["num_microbatches"] if name == "bn_cnn" else 1
+    m = plan["num_microbatches"] if name in BATCH_NORM else 1
     return [reference_state(name, plan["global_batch"], m)] * len(outs)
 
 

@@ -13,12 +13,28 @@ one-process and distributed training draw no random numbers and can be compared 
     llama              Hugging Face LlamaForCausalLM: rotary position embedding computed once
                        (under no_grad) and read by every layer, grouped-query attention
     mistral            Hugging Face MistralForCausalLM with a sliding attention window
+    qwen2              Hugging Face Qwen2ForCausalLM at awkward sizes: a vocabulary of 50 (4 and 8
+                       do not divide it), an MLP width of 36, untied head, biased q/k/v
+    hf_vit             Hugging Face ViTForImageClassification: patch embedding, class token,
+                       position embedding, a pooled head
     mixtral            Hugging Face MixtralForCausalLM: a mixture of 4 experts, top-2 routing
     albert             Hugging Face AlbertForSequenceClassification: one layer applied 3 times
                        (weights shared across depth)
     shared_seq2seq     an encoder-decoder whose encoder and decoder share one embedding
                        module, an attribute of the root and of both halves
     lstm_lm            an nn.LSTM language model (embedding, 2-layer LSTM, vocabulary head)
+    t5                 Hugging Face T5ForConditionalGeneration: `shared`, `encoder.embed_tokens`,
+                       `decoder.embed_tokens` and `lm_head` are four modules holding one
+                       Parameter, `shared` never called; returns the logits and
+                       encoder_last_hidden_state, the second upstream of the first
+    bart               Hugging Face BartForConditionalGeneration: the same tie (model.shared
+                       never called), learned positions, a root buffer (final_logits_bias)
+    tuple_out          a torch model returning (embedding, logits computed from it); the loss
+                       reads both
+    dict_out           a torch model returning {"hidden", "logits", "pooled"}, each computed
+                       from the one before; the loss reads all three
+    bn_dict            a torch model with two BatchNorm1d (no batch of one sample in training),
+                       a dict input {"x", "extra"} and a tuple output
 """
 
 from typing import Any, Callable, Dict, Tuple
@@ -29,6 +45,8 @@ from torch import nn
 
 Factory = Callable[[], Tuple[nn.Module, Callable, Callable]]
 D_MODEL, SEQ, VOCAB, CLASSES = 16, 6, 32, 4
+QWEN_VOCAB = 50  # awkward: 4 and 8 do not divide it
+SEQ2SEQ_VOCAB = 48
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -182,6 +200,42 @@ def mistral():
     return model, _causal_lm_batch, _next_token_loss
 
 
+def qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=D_MODEL, intermediate_size=36,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=SEQ * 2, use_cache=False, attention_dropout=0.0,
+                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=0,
+                         eos_token_id=0)
+
+    def batch(n, seed):
+        g = _generator(seed)
+        ids = torch.randint(0, QWEN_VOCAB, (n, SEQ + 1), generator=g)
+        return {"input_ids": ids[:, :-1]}, ids[:, 1:]
+    return Qwen2ForCausalLM(config), batch, _next_token_loss
+
+
+def hf_vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    config = ViTConfig(hidden_size=D_MODEL, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=32, image_size=8, patch_size=4, num_channels=3,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                       num_labels=CLASSES)
+
+    def batch(n, seed):
+        g = _generator(seed)
+        return ({"pixel_values": torch.randn(n, 3, 8, 8, generator=g)},
+                torch.randint(0, CLASSES, (n,), generator=g))
+
+    def loss(output, target):
+        return F.cross_entropy(output.logits, target)
+    return ViTForImageClassification(config), batch, loss
+
+
 def mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
@@ -246,6 +300,130 @@ def shared_seq2seq():
     return SharedSeq2Seq(), batch, _next_token_loss
 
 
+def _seq2seq_batch(n, seed):
+    """input_ids, attention_mask (the last source position masked in odd samples),
+    decoder_input_ids (the labels shifted right behind token 0), and the labels."""
+    g = _generator(seed)
+    src = torch.randint(1, SEQ2SEQ_VOCAB, (n, SEQ), generator=g)
+    labels = torch.randint(1, SEQ2SEQ_VOCAB, (n, SEQ), generator=g)
+    mask = torch.ones(n, SEQ, dtype=torch.long)
+    mask[1::2, -1] = 0
+    decoder_ids = torch.cat([torch.zeros(n, 1, dtype=torch.long), labels[:, :-1]], dim=1)
+    return ({"input_ids": src, "attention_mask": mask, "decoder_input_ids": decoder_ids},
+            labels)
+
+
+def t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=SEQ2SEQ_VOCAB, d_model=D_MODEL, d_kv=8, d_ff=32, num_layers=2,
+                      num_decoder_layers=2, num_heads=2, dropout_rate=0.0, use_cache=False,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(config)
+    assert model.shared.weight is model.encoder.embed_tokens.weight is model.lm_head.weight
+    return model, _seq2seq_batch, _next_token_loss
+
+
+def bart():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = BartConfig(vocab_size=SEQ2SEQ_VOCAB, d_model=D_MODEL, encoder_layers=2,
+                        decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=16,
+                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                        use_cache=False, pad_token_id=0, bos_token_id=0, eos_token_id=2,
+                        decoder_start_token_id=0, forced_eos_token_id=None)
+    model = BartForConditionalGeneration(config)
+    assert model.model.shared.weight is model.model.decoder.embed_tokens.weight
+    return model, _seq2seq_batch, _next_token_loss
+
+
+class TupleOut(nn.Module):
+    """(embedding, logits of a layer over it): the first output is upstream of the second."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(SEQ2SEQ_VOCAB, D_MODEL)
+        self.body = nn.Linear(D_MODEL, D_MODEL)
+        self.head = nn.Linear(D_MODEL, SEQ2SEQ_VOCAB)
+
+    def forward(self, ids):
+        e = self.embed(ids)
+        return e, self.head(torch.tanh(self.body(e)))
+
+
+def _token_batch(n, seed):
+    g = _generator(seed)
+    return (torch.randint(0, SEQ2SEQ_VOCAB, (n, SEQ), generator=g),), torch.randint(
+        0, SEQ2SEQ_VOCAB, (n, SEQ), generator=g)
+
+
+def tuple_out():
+    torch.manual_seed(0)
+
+    def loss(output, target):
+        embedding, logits = output
+        return (F.cross_entropy(logits.flatten(0, 1), target.flatten())
+                + 0.1 * embedding.pow(2).mean())
+    return TupleOut(), _token_batch, loss
+
+
+class DictOut(nn.Module):
+    """{"hidden", "logits", "pooled"}: each computed from the one before."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(SEQ2SEQ_VOCAB, D_MODEL)
+        self.body = nn.Linear(D_MODEL, D_MODEL)
+        self.head = nn.Linear(D_MODEL, SEQ2SEQ_VOCAB)
+        self.pool = nn.Linear(SEQ2SEQ_VOCAB, 4)
+
+    def forward(self, ids):
+        hidden = torch.tanh(self.body(self.embed(ids)))
+        logits = self.head(hidden)
+        return {"hidden": hidden, "logits": logits, "pooled": self.pool(logits.mean(dim=1))}
+
+
+def dict_out():
+    torch.manual_seed(0)
+
+    def loss(output, target):
+        return (F.cross_entropy(output["logits"].flatten(0, 1), target.flatten())
+                + 0.1 * output["hidden"].pow(2).mean() + output["pooled"].pow(2).mean())
+    return DictOut(), _token_batch, loss
+
+
+class BnDictModel(nn.Module):
+    """Dict input {"x", "extra"}, tuple output (logits, a summary), two BatchNorm1d."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.bn = nn.Linear(8, 16), nn.BatchNorm1d(16)
+        self.mix, self.bn2 = nn.Linear(16 + 4, 16), nn.BatchNorm1d(16, momentum=0.2)
+        self.head = nn.Linear(16, CLASSES)
+
+    def forward(self, x, extra):
+        h = torch.relu(self.bn(self.embed(x)))
+        h = torch.relu(self.bn2(self.mix(torch.cat([h, extra], dim=1))))
+        return self.head(h), h.mean(dim=1)
+
+
+def bn_dict():
+    torch.manual_seed(0)
+    model = BnDictModel()
+
+    def batch(n, seed):
+        g = _generator(seed)
+        return ({"x": torch.randn(n, 8, generator=g), "extra": torch.randn(n, 4, generator=g)},
+                torch.randint(0, CLASSES, (n,), generator=g))
+
+    def loss_fn(output, target):
+        return F.cross_entropy(output[0], target)
+    return model, batch, loss_fn
+
+
 class LstmLM(nn.Module):
     def __init__(self):
         super().__init__()
@@ -268,8 +446,13 @@ def lstm_lm():
 
 FACTORIES: Dict[str, Factory] = {
     "transformer_stack": transformer_stack, "gpt2": gpt2, "bert": bert, "vit": vit,
-    "bn_cnn": bn_cnn, "llama": llama, "mistral": mistral, "mixtral": mixtral, "albert": albert,
-    "shared_seq2seq": shared_seq2seq, "lstm_lm": lstm_lm}
+    "bn_cnn": bn_cnn, "llama": llama, "mistral": mistral, "qwen2": qwen2, "hf_vit": hf_vit,
+    "mixtral": mixtral, "albert": albert,
+    "shared_seq2seq": shared_seq2seq, "lstm_lm": lstm_lm, "t5": t5, "bart": bart,
+    "tuple_out": tuple_out, "dict_out": dict_out, "bn_dict": bn_dict}
+# Models with BatchNorm: data-parallel plans compare with torch DDP (each replica normalises its
+# share), pipelines with one process running the same micro-batches in turn.
+BATCH_NORM = ("bn_cnn", "bn_dict")
 
 
 def call(model: nn.Module, inputs: Any):
