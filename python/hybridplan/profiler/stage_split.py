@@ -351,6 +351,11 @@ def _split(module, args, kwargs, stages_for, source) -> StageCut:
             # torch's own code, not the user), once per cut and rank.
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
                                     category=FutureWarning)
+            # export notes that nn.LSTM assigns its own _flat_weights list while traced: torch's
+            # module, nothing the user can register; a user module's attributes still warn
+            warnings.filterwarnings("ignore", message=r"The tensor attributes (\S*_flat_weights"
+                                    r"\[\d+\](, )?)+ were assigned during export",
+                                    category=UserWarning)
             pipe = pipeline(flat, inputs, split_policy=policy)
         if pipe.num_stages != wanted[0]:
             raise ValueError(f"the cut must give {wanted[0]} stages (got {pipe.num_stages})")
