@@ -297,3 +297,44 @@ def test_calibrate_leaves_a_sharded_collective_uncalibrated_when_no_cost_shows()
     rising = [(4 << 10, 1e-4), (1 << 20, 1e-3), (4 << 20, 4e-3)]
     link = calibration.shard_collective_link(rising, 2, fits, "reduce_scatter")
     assert link["bandwidth_bytes_per_s"] > 0 and link["latency_s"] >= 0
+
+
+# ---- the documents' links -------------------------------------------------------------------
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _relative_links(page: Path):
+    """(line number, target) of each relative markdown link outside fenced code blocks."""
+    fenced = False
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        for target in _LINK.findall(line):
+            if target.startswith(("http://", "https://", "mailto:", "#")):
+                continue
+            yield number, target.split("#", 1)[0]
+
+
+def test_every_relative_link_in_the_docs_and_records_resolves():
+    """A page or record moved without its links fixed sends readers to nothing; links are
+    relative to the page that holds them, as GitHub resolves them."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "benchmarks").glob("*.md"))]
+    assert len(pages) > 20 and (ROOT / "benchmarks" / "README.md") in pages
+    broken = [f"{page.relative_to(ROOT)}:{number}: {target}"
+              for page in pages for number, target in _relative_links(page)
+              if not (page.parent / target).exists()]
+    assert not broken, "links to no file:\n" + "\n".join(broken)
+
+
+def test_docs_hold_no_dated_records():
+    """docs/ explains each subject with its current figures; dated series and logs are records
+    in benchmarks/ (the docs link them), so no heading in docs/ is a date and no log lives there."""
+    dated = re.compile(r"^#+ .*20\d\d-[01]\d-[0-3]\d", re.MULTILINE)
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert [p.name for p in pages if dated.search(p.read_text())] == []
+    assert sorted(p.name for p in (ROOT / "docs").glob("*.log")) == []
