@@ -29,10 +29,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.fx
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import block_list
 
 EdgeKey = Tuple[str, str]  # (producer node name, consumer node name)
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """A key for `t`'s storage, unique while the storage lives: its address, or for a fake
+    tensor (whose address is 0 for every storage) the storage object's own identity."""
+    storage = t.untyped_storage()
+    return storage._cdata if isinstance(t, FakeTensor) else storage.data_ptr()
 
 
 def reused_stateless(nodes: Dict[str, nn.Module], flow: "Dataflow") -> List[str]:
@@ -120,7 +128,7 @@ class _Producers:
         self.by_id: Dict[int, Tuple[str, int]] = {}        # id(tensor) -> (node, bytes)
         # id(grad_fn) -> (node, output_nr -> bytes)
         self.by_grad_fn: Dict[int, Tuple[str, Dict[int, int]]] = {}
-        self.by_storage: Dict[int, Tuple[str, int]] = {}    # storage data_ptr -> (node, bytes)
+        self.by_storage: Dict[int, Tuple[str, int]] = {}    # storage_key -> (node, bytes)
         # (id(grad_fn), output_nr) of a functional value -> (its first reader, bytes, grad_fn,
         # output_nr); holding grad_fn keeps the id unique
         self.first_reader: Dict[Tuple[int, int], Tuple[str, int, Any, int]] = {}
@@ -141,7 +149,7 @@ class _Producers:
                 _, per_output = self.by_grad_fn.setdefault(id(t.grad_fn), (name, {}))
                 per_output[t.output_nr] = per_output.get(t.output_nr, 0) + nbytes
             if t.numel() and t.layout == torch.strided and t.device.type != "meta":
-                self.by_storage[t.untyped_storage().data_ptr()] = (name, nbytes)
+                self.by_storage[storage_key(t)] = (name, nbytes)
 
     def add_parameter(self, name: str, p: torch.Tensor) -> None:
         """Marks an orphan parameter as a producer: a node whose input is computed from it (a
@@ -166,8 +174,8 @@ class _Producers:
             name, nbytes = self.by_id[id(t)]
             return {(name, id(t)): nbytes}
         if (t.numel() and t.layout == torch.strided and t.device.type != "meta"
-                and t.untyped_storage().data_ptr() in self.by_storage):
-            name, nbytes = self.by_storage[t.untyped_storage().data_ptr()]
+                and storage_key(t) in self.by_storage):
+            name, nbytes = self.by_storage[storage_key(t)]
             return {(name, ("storage", name)): nbytes}
         return {}
 
@@ -265,7 +273,7 @@ class _SavedBytes:
 
     def __init__(self, module: nn.Module, flow: "Dataflow", running: List[Tuple[str, Any]]):
         self.flow, self.running = flow, running
-        self.model_storages = {t.untyped_storage().data_ptr()
+        self.model_storages = {storage_key(t)
                                for t in list(module.parameters()) + list(module.buffers())
                                if t.layout == torch.strided and t.device.type != "meta"}
         self.seen: set = set()
@@ -274,7 +282,7 @@ class _SavedBytes:
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         if t.layout != torch.strided or t.device.type == "meta" or not t.numel():
             return t
-        key = t.untyped_storage().data_ptr()
+        key = storage_key(t)
         if key in self.model_storages or key in self.seen:
             return t
         self.seen.add(key)

@@ -48,7 +48,7 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
             batch_sizes: Union[str, Sequence[int]] = "auto",
             batch_time_budget_s: float = kBatchTimeBudgetS,
             loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None, target: Any = None,
-            tensor_parallel: bool = True):
+            tensor_parallel: bool = True, mode: str = "auto", device_model: Any = None):
     """Measures `module` on `example_inputs` (a tensor, a tuple of positional inputs or a dict
     of keyword inputs; dim 0 of the first tensor is the batch) and returns a
     hybridplan.planner.Graph. See profile_dict."""
@@ -61,7 +61,8 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
                                         batch_sizes=batch_sizes,
                                         batch_time_budget_s=batch_time_budget_s,
                                         loss_fn=loss_fn, target=target,
-                                        tensor_parallel=tensor_parallel))
+                                        tensor_parallel=tensor_parallel, mode=mode,
+                                        device_model=device_model))
 
 
 def profile_dict(module: nn.Module, example_inputs: Inputs,
@@ -72,7 +73,8 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
                  batch_sizes: Union[str, Sequence[int]] = "auto",
                  batch_time_budget_s: float = kBatchTimeBudgetS,
                  loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None,
-                 target: Any = None, tensor_parallel: bool = True) -> Dict[str, Any]:
+                 target: Any = None, tensor_parallel: bool = True, mode: str = "auto",
+                 device_model: Any = None) -> Dict[str, Any]:
     """Like profile, but returns the Graph JSON as a dict (not yet validated by the planner).
 
     `loss_fn`, `target`: the training loss, loss_fn(output, target) -> scalar, and the target
@@ -99,11 +101,33 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     `retain_freed_memory`: keep freed memory in the process (glibc mallopt, process-wide, and it
     stays) so that page faults do not enter op times; see block_timing.retain_freed_memory.
 
+    `mode`: "real" measures the module on `device`; "fake" runs it under fake tensors and prices
+    each node with `device_model` (fake_profile: nothing of the model's size is allocated, and
+    the fields that need real values are left out, docs/fake_profile.md); "auto": "fake" for
+    a module with parameters on the meta device or where a device_model is given, else
+    "real". `device_model` (fake only):
+    "cpu" (this CPU, measured; the default), a cluster preset name such as "dgx-h100", a
+    cluster dict or a device_model.DeviceModel.
+
     Raises ValueError for: a module without parameters, a device that does not exist, inputs
     the module cannot run (naming the module that failed and the shapes), a module none of
     whose node modules runs, and dataflow between nodes that forms a cycle."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"profile: module must be a torch.nn.Module (got {type(module).__name__})")
+    if mode not in ("auto", "real", "fake"):
+        raise ValueError(f"profile: mode must be \"auto\", \"real\" or \"fake\" (got {mode!r})")
+    if mode == "fake" or (mode == "auto" and (device_model is not None or any(
+            p.device.type == "meta" for p in module.parameters()))):
+        # fake_profile builds on this module's helpers, so it is imported here, not above
+        from .fake_profile import fake_profile_dict
+
+        return fake_profile_dict(module, example_inputs, device_model=device_model or "cpu",
+                                 verbose=verbose, name=name, batch_sizes=batch_sizes,
+                                 batch_time_budget_s=batch_time_budget_s, loss_fn=loss_fn,
+                                 target=target)
+    if device_model is not None:
+        raise ValueError("profile: device_model prices a fake profile; a real profile measures "
+                         f"(got device_model={device_model!r} with mode=\"real\")")
     if warmup < 0 or repeats < 1:
         raise ValueError(f"profile: need warmup >= 0 and repeats >= 1 (got {warmup}, {repeats})")
     if not any(p.requires_grad for p in module.parameters()):

@@ -1,0 +1,146 @@
+"""How close is the fake profile (fake tensors, priced by a device model) to a real one? Per
+model family, the real profile and the fake profile priced for the same device, node by node.
+
+    python3 bench/bench_fake_profile.py [--models branchy_cnn transformer_lm biglstm]
+                                        [--batch 16] [--repeats 10] [--device cpu|cuda]
+                                        [--device-model auto|cpu|H100|dgx-h100|...]
+
+Per family: the median and worst relative error of a node's forward + backward seconds
+(|fake - real| / real), the same over the nodes that make up 90 % of the real step (the small
+ones are mostly fixed per-op cost, which is where a shape-only model is weakest), the whole
+step's error, and whether the planner ranks the plans alike: hybridplan.search's top plans on
+`--cluster` (default localhost-cpu) with `--devices` devices from each graph.
+
+On a CPU both run with one intra-op thread and the device model is this CPU measured the same
+way (device_model.measure_cpu: a float32 matmul's rate, a copy's bandwidth, a one-element op's
+cost): the rates a calibrated cluster gives it. On CUDA, `--device-model auto` takes the GPU's
+name ("H100" in "NVIDIA H100 80GB HBM3") from from_config's table. Neither profile carries
+tensor-parallel fields or other batch sizes here (the fake one cannot know the first; both
+would only add time), so the two graphs differ in their times alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "python")]
+
+import torch  # noqa: E402
+
+from hybridplan import models  # noqa: E402
+from hybridplan.planner import search  # noqa: E402
+from hybridplan.profiler import device_model as dm_lib, profile_dict  # noqa: E402
+from hybridplan.profiler.from_config import DEVICES  # noqa: E402
+
+kMajorShare = 0.9  # "major nodes": the largest nodes that together make this share of the step
+
+
+def _device_model(spec: str, device: str):
+    if spec != "auto":
+        return dm_lib.device_model(spec)
+    if device == "cpu":
+        return dm_lib.measure_cpu()
+    name = torch.cuda.get_device_name(0).upper()
+    key = next((k for k in DEVICES if k in name), None)
+    if key is None:
+        raise SystemExit(f"bench_fake_profile: no device model for {name!r}; pass "
+                         f"--device-model with a preset (known GPUs: {sorted(DEVICES)})")
+    return dm_lib.device_model(key)
+
+
+def _errors(real: dict, fake: dict) -> dict:
+    times = {n["name"]: n["forward_s"] + n["backward_s"] for n in real["nodes"]}
+    priced = {n["name"]: n["forward_s"] + n["backward_s"] for n in fake["nodes"]}
+    if sorted(times) != sorted(priced):
+        raise SystemExit(f"bench_fake_profile: {real['name']}: the two graphs' nodes differ")
+    error = {n: abs(priced[n] - t) / t for n, t in times.items() if t > 0}
+    step = sum(times.values())
+    major, share = [], 0.0
+    for n in sorted(times, key=times.get, reverse=True):
+        if share >= kMajorShare * step:
+            break
+        major.append(n)
+        share += times[n]
+    worst = max(error, key=error.get)
+    return {"nodes": len(times), "median": statistics.median(error.values()),
+            "worst": error[worst], "worst_node": worst,
+            "major_nodes": len(major), "major_median": statistics.median(error[n] for n in major),
+            "major_worst": max(error[n] for n in major),
+            "real_step_s": step, "fake_step_s": sum(priced.values())}
+
+
+def _plan_key(plan) -> tuple:
+    p = plan.to_dict()
+    return " ".join(f"{k}={p[k]}" for k in ("mode", "dp", "mp", "tp", "sharding", "schedule",
+                                            "num_microbatches") if p.get(k) is not None)
+
+
+kZeroBubbleFields = ("weight_backward_fraction", "split_backward_extra_s", "split_held_bytes")
+
+
+def _without_split_backward(graph: dict) -> dict:
+    """`graph` without the zero-bubble split's measured fields, which a fake profile lacks."""
+    return {**graph, "nodes": [{k: v for k, v in n.items() if k not in kZeroBubbleFields}
+                               for n in graph["nodes"]]}
+
+
+def _ranking(graph: dict, cluster: str, devices: int, top_k: int) -> list:
+    return [_plan_key(p) for p in search(graph, cluster, devices=devices, top_k=top_k).plans]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+",
+                        default=["branchy_cnn", "transformer_lm", "biglstm"])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device-model", default="auto")
+    parser.add_argument("--cluster", default="localhost-cpu")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--top-k", type=int, default=5)
+    args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # the thread clock measures one thread's work
+    dm = _device_model(args.device_model, args.device)
+    print(f"device model: {dm.name}: {dm.source}")
+    print()
+    print("| model | nodes | median error | worst error (node) | major nodes | major median "
+          "| major worst | step real / fake (ms) | same top plan | same top-k order | "
+          "same top-k, zero-bubble fields dropped | fake profile (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        torch.manual_seed(0)
+        model = models.get(name)
+        inputs = model.example_inputs(args.batch)
+        loss, target = models.loss_and_target(model, args.batch)
+        common = dict(verbose=False, batch_sizes=(), loss_fn=loss, target=target)
+        real = profile_dict(model, inputs, device=args.device, repeats=args.repeats,
+                            clock="thread" if args.device == "cpu" else "auto",
+                            tensor_parallel=False, **common)
+        started = time.monotonic()
+        fake = profile_dict(model, inputs, mode="fake", device_model=dm, **common)
+        fake_s = time.monotonic() - started
+        e = _errors(real, fake)
+        rank_real = _ranking(real, args.cluster, args.devices, args.top_k)
+        rank_fake = _ranking(fake, args.cluster, args.devices, args.top_k)
+        rank_plain = _ranking(_without_split_backward(real), args.cluster, args.devices,
+                              args.top_k)
+        print(f"| {name} | {e['nodes']} | {e['median']:.0%} | {e['worst']:.0%} "
+              f"({e['worst_node']}) | {e['major_nodes']} | {e['major_median']:.0%} | "
+              f"{e['major_worst']:.0%} | {e['real_step_s'] * 1e3:.1f} / "
+              f"{e['fake_step_s'] * 1e3:.1f} | {rank_real[0] == rank_fake[0]} | "
+              f"{rank_real == rank_fake} | {rank_plain == rank_fake} | {fake_s:.1f} |",
+              flush=True)
+        if rank_real != rank_fake:
+            print(f"  real top plans: {rank_real}\n  fake top plans: {rank_fake}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""What one aten op costs on a device, from its shapes alone: the price list of the fake
+profile (fake_profile), which runs a model without values.
+
+    dm = device_model("dgx-h100")        # a preset, a cluster dict, "A100"/"H100", or "cpu"
+    seconds = dm.op_s(func, args, kwargs, out)
+
+Each op is priced by the kind of work it does (`op_s`):
+
+- **matrix products** (mm, addmm, bmm, baddbmm): from_config's GEMM efficiency model
+  (`gemm_time`: FLOPs at the device's achievable matmul rate for the operands' dtype, with
+  tile and wave quantization on GPUs; never below its operands' bytes at memory bandwidth);
+- **other counted FLOPs** (convolutions and their backward, fused attention):
+  torch.utils.flop_counter's count at the same achievable rate (no tile model: a convolution
+  runs as an implicit GEMM whose tiles the count does not see), or its bytes at memory
+  bandwidth where that is longer;
+- **everything else that runs a kernel**: the bytes its tensor inputs and outputs hold, at
+  memory bandwidth;
+- **views** (an op whose output aliases its input without writing it: view, transpose,
+  expand, slice), allocations without a fill (empty) and queries that return no tensor
+  (prim.device, sizes): nothing;
+- every op that runs a kernel costs at least `kernel_floor_s`: a GPU kernel's launch, or on a
+  CPU the eager dispatcher's fixed cost per op.
+
+**Rates.** 16-bit operands on a GPU: the measured maximum achievable matmul FLOP/s of
+from_config's table (MAMF). float32 on a GPU (torch's default keeps TF32 off for matmuls):
+the datasheet FP32 peak x the same MAMF / peak fraction, an assumption (no float32 MAMF is
+tabled). A cluster's GPU that the table lacks: its `peak_flops` x kDefaultAchievable, no tile
+model. A CPU: `measure_cpu` times a float32 matmul, a copy and a one-element add on this
+process's threads, or a calibrated cluster (`hybridplan calibrate`: device.peak_flops, the
+fastest 512 x 512 float32 matmul; device.memory_bandwidth_bytes_per_s) gives them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable, Dict, Tuple, Union
+
+import torch
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from ..planner import load_cluster
+from .from_config import DEVICES, GemmDevice, gemm_time
+
+__all__ = ["DeviceModel", "device_model", "measure_cpu"]
+
+# Where a cluster's GPU is not in from_config's MAMF table: the achievable share of its peak
+# (the table's A100 and H100 measure 0.87 and 0.80).
+kDefaultAchievable = 0.8
+# A GPU kernel launch as the presets' call_floor_s gives it, where a cluster has none.
+kDefaultGpuFloorS = 5e-6
+# Datasheet dense FP32 (non-tensor-core) FLOP/s of the table's GPUs (A100: 19.5 TFLOP/s;
+# H100 SXM5: 67 TFLOP/s).
+kFp32PeakFlops = {"A100": 19.5e12, "H100": 67e12}
+
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+_NO_KERNEL = {"empty", "empty_like", "empty_strided", "empty_permuted", "lift_fresh",
+              "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceModel:
+    """A device's rates (see the module doc). `gemm` is from_config's GEMM model device: its
+    mamf_flops the 16-bit achievable rate, its tile and SMs the quantization (a CPU: tile
+    (1, 1) on one "SM", which makes the quantization factor 1)."""
+    name: str
+    gemm: GemmDevice
+    fp32_flops: float          # achievable float32 matmul FLOP/s
+    kernel_floor_s: float      # the least an op that runs a kernel costs
+    source: str = ""
+    # (working-set bytes, bytes/s) ascending, measured where caches make small working sets
+    # faster than memory (a CPU); empty: gemm.memory_bandwidth at every size
+    bandwidth_curve: Tuple[Tuple[int, float], ...] = ()
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.gemm.memory_bandwidth
+
+    def memory_s(self, nbytes: float) -> float:
+        """Seconds to read and write `nbytes`: at the bandwidth curve's rate for that working
+        set (log-log interpolation between its points, its end points beyond them)."""
+        curve = self.bandwidth_curve
+        if not curve or nbytes <= 0:
+            return nbytes / self.gemm.memory_bandwidth
+        if nbytes <= curve[0][0]:
+            return nbytes / curve[0][1]
+        for (x0, b0), (x1, b1) in zip(curve, curve[1:]):
+            if nbytes <= x1:
+                w = math.log(nbytes / x0) / math.log(x1 / x0)
+                return nbytes / math.exp((1 - w) * math.log(b0) + w * math.log(b1))
+        return nbytes / curve[-1][1]
+
+    def matmul_flops(self, dtype: torch.dtype) -> float:
+        """Achievable matmul FLOP/s for operands of `dtype`."""
+        return self.fp32_flops if dtype.itemsize >= 4 else self.gemm.mamf_flops
+
+    def gemm_s(self, m: int, n: int, k: int, count: int, dtype: torch.dtype) -> float:
+        """`count` (m x k) @ (k x n) products: from_config.gemm_time at the dtype's rate."""
+        scale = self.matmul_flops(dtype) / self.gemm.mamf_flops
+        return gemm_time(m, n, k, self.gemm, count, scale, dtype.itemsize)
+
+    def op_s(self, func: Any, args: tuple, kwargs: dict, out: Any) -> float:
+        """Seconds of one aten op (an OpOverload) from its arguments' and outputs' shapes."""
+        name = func.overloadpacket.__name__
+        if name in _NO_KERNEL or _is_view(func) or not _tensor_bytes(out) and out is not None:
+            return 0.0  # a view, an allocation, or a query of metadata (prim.device, sizes)
+        if name in _GEMMS:
+            seconds = self._gemm_op_s(name, args)
+        else:
+            nbytes = _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+            seconds = self.memory_s(nbytes)
+            flops = op_flops(func, args, kwargs, out)
+            if flops:
+                seconds = max(seconds, flops / self.matmul_flops(_dtype_of(args, out)))
+        return max(seconds, self.kernel_floor_s)
+
+    def _gemm_op_s(self, name: str, args: tuple) -> float:
+        a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+        if a.dim() == 3:
+            count, m, k = a.shape
+            n = b.shape[-1]
+        else:
+            count, (m, k), n = 1, a.shape, b.shape[-1]
+        if 0 in (count, m, n, k):
+            return 0.0
+        return self.gemm_s(int(m), int(n), int(k), int(count), a.dtype)
+
+
+def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
+    """torch.utils.flop_counter's FLOPs of one op (0 for ops it does not count). The counter
+    has no entry for the CPU's fused attention; its flash-attention formulas count it."""
+    name = func.overloadpacket.__name__
+    if name == "_scaled_dot_product_flash_attention_for_cpu":
+        return float(sdpa_flop_count(*(t.shape for t in args[:3])))
+    if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        return float(sdpa_backward_flop_count(*(t.shape for t in args[:4])))
+    formula = flop_registry.get(func.overloadpacket)
+    return float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
+
+
+def _is_view(func: Any) -> bool:
+    """An op whose outputs alias its inputs and that writes none of them."""
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                 for r in returns)
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes the tensors in `value` hold (an expanded tensor: its storage, not its view)."""
+    if isinstance(value, torch.Tensor):
+        full = value.numel() * value.element_size()
+        try:
+            return min(full, value.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+            return full
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0
+
+
+def _dtype_of(args: tuple, out: Any) -> torch.dtype:
+    for v in (*args, out):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return v.dtype
+    return torch.float32
+
+
+def device_model(spec: Union[str, dict, DeviceModel, None] = "cpu") -> DeviceModel:
+    """The DeviceModel named by `spec`: a DeviceModel as it is; "cpu" (or None): this CPU,
+    measured now (measure_cpu); "A100" / "H100": from_config's table; a cluster preset name
+    ("dgx-h100", hybridplan.load_cluster) or a cluster dict: from its device (from_cluster)."""
+    if isinstance(spec, DeviceModel):
+        return spec
+    if spec is None or spec == "cpu":
+        return measure_cpu()
+    if isinstance(spec, dict):
+        return from_cluster(spec)
+    if isinstance(spec, str):
+        if spec in DEVICES:
+            return _from_table(spec, DEVICES[spec].memory_bandwidth, kDefaultGpuFloorS)
+        try:
+            cluster = load_cluster(spec)
+        except (ValueError, FileNotFoundError, OSError) as exc:
+            raise ValueError(f"device_model: {spec!r} is neither \"cpu\", a GPU of "
+                             f"{sorted(DEVICES)} nor a cluster preset ({exc})") from None
+        return from_cluster(cluster.to_dict())
+    raise ValueError(f"device_model: device_model must be \"cpu\", a preset name, a cluster "
+                     f"dict or a DeviceModel (got {type(spec).__name__})")
+
+
+def _from_table(key: str, bandwidth: float, floor_s: float) -> DeviceModel:
+    dev = dataclasses.replace(DEVICES[key], memory_bandwidth=bandwidth)
+    fp32 = kFp32PeakFlops[key] * dev.mamf_flops / dev.peak_flops
+    return DeviceModel(dev.name, dev, fp32, floor_s,
+                       f"{dev.source}; float32: datasheet FP32 peak x the MAMF fraction")
+
+
+def from_cluster(cluster: dict) -> DeviceModel:
+    """The DeviceModel of a cluster's device (docs/formats.md "Cluster"): a GPU in
+    from_config's table by its MAMF and tiles, another by peak_flops x kDefaultAchievable; a CPU
+    by its calibrated peak_flops (a measured matmul rate) and memory bandwidth."""
+    device = cluster.get("device", {})
+    where = f"cluster {cluster.get('name', '?')!r}"
+    name, kind = str(device.get("name", "")), device.get("type", "cuda")
+    bandwidth = device.get("memory_bandwidth_bytes_per_s")
+    peak = device.get("peak_flops")
+    if not bandwidth or not peak:
+        raise ValueError(f"device_model: {where} device.memory_bandwidth_bytes_per_s and "
+                         f"device.peak_flops must be given (got {bandwidth!r}, {peak!r}); "
+                         f"`hybridplan calibrate` measures both, or pass \"cpu\" to measure "
+                         f"this CPU now")
+    floor_s = device.get("call_floor_s")
+    if kind == "cuda":
+        for key in DEVICES:
+            if name.upper().startswith(key):
+                return _from_table(key, float(bandwidth), floor_s or kDefaultGpuFloorS)
+        rate = float(peak) * kDefaultAchievable
+        dev = GemmDevice(name, float(peak), rate, float(bandwidth), 1, (1, 1))
+        return DeviceModel(name, dev, rate, floor_s or kDefaultGpuFloorS,
+                           f"{where}: peak_flops x {kDefaultAchievable}, no tile model")
+    dev = GemmDevice(name, float(peak), float(peak), float(bandwidth), 1, (1, 1))
+    return DeviceModel(name, dev, float(peak), floor_s or measure_op_floor_s(),
+                       f"{where}: calibrated peak_flops and memory bandwidth")
+
+
+def _clock() -> Callable[[], float]:
+    """This thread's CPU time where torch computes on this thread alone (one intra-op thread:
+    other processes on a shared CPU then do not enter the figures), else the wall clock."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def _best_s(fn, repeats: int) -> float:
+    clock = _clock()
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = clock()
+        fn()
+        times.append(clock() - started)
+    return min(times)
+
+
+def measure_op_floor_s(repeats: int = 200) -> float:
+    """The median time of an add of one-element tensors: the eager dispatcher's cost per op."""
+    a, b = torch.ones(1), torch.ones(1)
+    clock = _clock()
+    _best_s(lambda: torch.add(a, b), 10)
+    times = []
+    for _ in range(repeats):
+        started = clock()
+        torch.add(a, b)
+        times.append(clock() - started)
+    return statistics.median(times)
+
+
+# Working sets of the copies measure_cpu times (source and destination together): within a
+# core's L2, within a shared L3, and far beyond any cache.
+kCopyWorkingSets = (256 << 10, 4 << 20, 128 << 20)
+
+
+def measure_cpu(n: int = 1024, repeats: int = 5) -> DeviceModel:
+    """This CPU on this process's intra-op threads: the fastest float32 n x n matmul (2 n^3
+    FLOPs), the fastest copy at each of kCopyWorkingSets (bytes read and written over the time:
+    the bandwidth curve; the largest is the memory bandwidth) and measure_op_floor_s. Timed on
+    this thread's CPU clock with one intra-op thread, else the wall clock. About a second."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    rate = 2.0 * n ** 3 / _best_s(lambda: torch.mm(a, b), repeats)
+    curve = []
+    for working_set in kCopyWorkingSets:
+        src = torch.empty(working_set // 8)
+        dst = torch.empty_like(src)
+        copies = max(1, (64 << 20) // working_set)  # long enough to time
+        seconds = _best_s(lambda: [dst.copy_(src) for _ in range(copies)], repeats) / copies
+        curve.append((working_set, working_set / seconds))
+    floor_s = measure_op_floor_s()
+    dev = GemmDevice("cpu", rate, rate, curve[-1][1], 1, (1, 1))
+    return DeviceModel(f"cpu ({torch.get_num_threads()} threads)", dev, rate, floor_s,
+                       f"measured: float32 {n}x{n} matmul {rate / 1e9:.1f} GFLOP/s, copy "
+                       + ", ".join(f"{b / 1e9:.1f} GB/s at {w >> 10} KiB" for w, b in curve)
+                       + f", one-element add {floor_s * 1e6:.1f} us", tuple(curve))
+
+
+def describe(dm: DeviceModel) -> Dict[str, Any]:
+    """The rates as a dict (logs and bench tables)."""
+    return {"name": dm.name, "matmul_flops_16bit": dm.gemm.mamf_flops,
+            "matmul_flops_fp32": dm.fp32_flops,
+            "memory_bandwidth_bytes_per_s": dm.gemm.memory_bandwidth,
+            "kernel_floor_s": dm.kernel_floor_s, "sms": dm.gemm.sms, "tile": list(dm.gemm.tile),
+            "source": dm.source}

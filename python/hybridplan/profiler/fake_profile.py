@@ -1,0 +1,318 @@
+"""Profiles a module without materialising it: the same Graph as profile.profile_dict, from one
+run of the model under torch's FakeTensorMode (tensors with shapes, dtypes and autograd history
+but no memory and no values), each node's time priced by a device model (device_model) instead
+of measured.
+
+    graph = hybridplan.profile(model, inputs, mode="fake", device_model="dgx-h100")
+
+A model built under `torch.device("meta")` is profiled this way without asking
+(profile's mode="auto"). Its parameters and buffers are swapped for fake tensors for the run
+and put back afterwards: the module is left as it was, and nothing of its size is allocated.
+
+**What is the real profiler's, unchanged**: the node rule (block_list), the dataflow, edges and
+saved bytes (dataflow.record_dataflow, torch.fx where the model traces), parameter and output
+bytes, tied parameters, the smallest batch the forward accepts, the pipeline cut
+(stage_split.probe, torch.export), and the attribution of a step to nodes (block_timing's
+StepTimer: a functional op between nodes is charged to the node that consumes its result,
+forward and backward), which here reads a clock that advances by each op's modelled seconds.
+
+**What is priced**: forward and backward per node and at the other batch sizes
+(`batch_times`), FLOPs (torch.utils.flop_counter's formulas), and selective recompute's fields:
+the bytes of the outputs of recompute.SAVED_OPS and the share of the node's modelled forward
+in the other ops.
+
+**What is left out, and why** (the planner treats each as absent, as for a graph that lacks
+it): `tensor_parallel` and `sequence_parallel` (a split is found by running each candidate
+split on real values and comparing; fake tensors have none), `backward_workspace_bytes` and
+`profiled.loss_backward_bytes` (read from the allocator's events, which a fake run has none
+of), and the zero-bubble split of the backward (`backward_input_s`/`backward_weight_s`, timed
+separately by the real profiler). The log names them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import block_list, block_timing, dataflow
+# the real profiler's steps that need no values, shared so both modes build one Graph
+from .profile import (Inputs, _add_pipeline_split, _batch_advice, _batch_sizes, _build,
+                      _check_acyclic, _check_inputs, _edges, _first_tensor, _loss_at,
+                      _slice_batch, _smallest_batch, kBatchTimeBudgetS, snake_case)
+from .device_model import DeviceModel, device_model as make_device_model, op_flops
+
+__all__ = ["fake_profile_dict", "on_meta_device", "LEFT_OUT"]
+
+LEFT_OUT = ("tensor_parallel (a split is checked on real values)",
+            "backward_workspace_bytes and loss_backward_bytes (read from allocator events)",
+            "the zero-bubble backward split (timed apart by the real profiler)")
+
+
+def on_meta_device(module: nn.Module) -> bool:
+    """Whether any of `module`'s parameters is on the meta device (built without memory)."""
+    return any(p.device.type == "meta" for p in module.parameters())
+
+
+class _Meter(TorchDispatchMode):
+    """Prices each aten op the model runs (DeviceModel.op_s) into a running total; while
+    `log` is a list, also appends (seconds, flops, kept-by-selective-recompute storages) per
+    op."""
+
+    def __init__(self, dm: DeviceModel):
+        super().__init__()
+        self.dm = dm
+        self.total_s = 0.0
+        self.log: Optional[List[Tuple[float, float, Optional[Dict[int, int]]]]] = None
+        self.saves: Callable[[Any], bool] = lambda func: False  # recompute.saves while logging
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        seconds = self.dm.op_s(func, args, kwargs, out)
+        self.total_s += seconds
+        if self.log is not None:
+            kept = ({dataflow.storage_key(t): t.untyped_storage().nbytes()
+                     for t in dataflow.tensors_in(out) if t.layout == torch.strided
+                     and t.numel()} if self.saves(func) else None)
+            self.log.append((seconds, op_flops(func, args, kwargs, out), kept))
+        return out
+
+
+class _PricedClock:
+    """block_timing.StepTimer's clock, reading the meter's modelled seconds instead of time."""
+
+    def __init__(self, meter: _Meter):
+        self.meter = meter
+
+    def mark(self) -> float:
+        return self.meter.total_s
+
+    def sync(self) -> None:
+        pass
+
+    @staticmethod
+    def seconds(start: float, end: float) -> float:
+        return end - start
+
+
+def _fake_like(t: torch.Tensor) -> torch.Tensor:
+    """A fake CPU tensor of t's shape, strides, dtype and requires_grad (under a FakeTensorMode:
+    one CPU device whatever t's, so that a meta-built model meets its inputs on one device)."""
+    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    if isinstance(t, nn.Parameter):
+        return nn.Parameter(fake, requires_grad=t.requires_grad)
+    return fake.requires_grad_(t.requires_grad) if t.is_floating_point() else fake
+
+
+@contextlib.contextmanager
+def _fake_state(module: nn.Module, mode: FakeTensorMode) -> Iterator[None]:
+    """Every parameter and buffer of `module` replaced by a fake tensor (one per tensor: tied
+    weights stay tied) until the block ends, then the originals put back."""
+    swapped: List[Tuple[Dict[str, Any], str, torch.Tensor]] = []
+    fakes: Dict[int, torch.Tensor] = {}
+    try:
+        with mode:
+            for mod in module.modules():
+                for table in (mod._parameters, mod._buffers):
+                    for key, t in list(table.items()):
+                        if t is None:
+                            continue
+                        if id(t) not in fakes:
+                            fakes[id(t)] = _fake_like(t)
+                        swapped.append((table, key, t))
+                        table[key] = fakes[id(t)]
+        yield
+    finally:
+        for table, key, t in reversed(swapped):
+            table[key] = t
+
+
+def _fake_values(value: Any, mode: FakeTensorMode) -> Any:
+    with mode:
+        return dataflow.map_tensors(value, _fake_like)
+
+
+def fake_profile_dict(module: nn.Module, example_inputs: Inputs,
+                      device_model: Union[str, dict, DeviceModel] = "cpu", verbose: bool = True,
+                      name: Optional[str] = None,
+                      batch_sizes: Union[str, Sequence[int]] = "auto",
+                      batch_time_budget_s: float = kBatchTimeBudgetS,
+                      loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None,
+                      target: Any = None) -> Dict[str, Any]:
+    """profile.profile_dict's Graph, priced by `device_model` (device_model.device_model: "cpu"
+    measures this CPU; a preset name such as "dgx-h100", a cluster dict or a DeviceModel) from a
+    fake run (the module doc). `example_inputs`, `name`, `batch_sizes`, `loss_fn`, `target` as
+    profile_dict's; only their shapes and dtypes are read. `batch_time_budget_s` bounds the
+    wall time of the runs at the other batch sizes, as profile_dict's bounds its measurements.
+    Raises ValueError as profile_dict does."""
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"profile: module must be a torch.nn.Module (got {type(module).__name__})")
+    if not any(p.requires_grad for p in module.parameters()):
+        raise ValueError(f"profile: {type(module).__name__} has no trainable parameters: "
+                         "nothing to train or plan")
+    if (loss_fn is None) != (target is None):
+        raise ValueError("profile: loss_fn and target go together: give both for a training "
+                         "step's loss, or neither for the gradient of sum(output) (got "
+                         f"loss_fn={'given' if loss_fn else 'None'}, target="
+                         f"{'given' if target is not None else 'None'})")
+    dm = make_device_model(device_model)
+    graph_name = name or snake_case(type(module).__name__)
+    log = (lambda msg: print(msg, file=sys.stderr)) if verbose else (lambda msg: None)
+    started = time.monotonic()
+    # shapes only: the meta device takes real and meta inputs alike without copying values
+    args, kwargs = _check_inputs(example_inputs, torch.device("meta"))
+    mode = FakeTensorMode()
+    args, kwargs = _fake_values((args, kwargs), mode)
+    target = _fake_values(target, mode)
+    with _fake_state(module, mode), mode:
+        graph = _profile_fake(module, (args, kwargs), dm, graph_name, log, batch_sizes,
+                              batch_time_budget_s, loss_fn, target)
+    log(f"profile {graph_name}: fake run priced for {dm.name} in "
+        f"{time.monotonic() - started:.1f} s; left out: {'; '.join(LEFT_OUT)}")
+    return graph
+
+
+def _profile_fake(module, call, dm, graph_name, log, batch_sizes, budget_s, loss_fn, target):
+    args, kwargs = call
+    first = _first_tensor(args, kwargs)
+    loss_at = _loss_at(loss_fn, target, int(first.shape[0]))
+    nodes = block_list.select_nodes(module)
+    flow, output = _record(module, nodes, call, loss_at(None))
+    reused = dataflow.reused_stateless(nodes, flow)
+    if reused:
+        log(f"profile {graph_name}: parameter-free modules called more than once are treated "
+            f"as functional ops: {', '.join(reused)}")
+        nodes = {n: m for n, m in nodes.items() if n not in reused}
+        flow, output = _record(module, nodes, call, loss_at(None))
+    if not flow.order:
+        raise ValueError(f"profile: none of {type(module).__name__}'s {len(nodes)} graph nodes "
+                         "ran in forward; the profiler splits a model by the submodules it calls")
+    if not block_timing.backward_roots(output):
+        raise ValueError(f"profile: no output of {type(module).__name__} requires grad (got "
+                         f"output shapes {dataflow.shapes_of(output)}): nothing to train or plan")
+    del output
+    edges, how = _edges(module, nodes, flow, args, kwargs)
+    _check_acyclic(flow.order, edges)
+    log(f"profile {graph_name}: {len(flow.order)} nodes, {len(edges)} edges ({how})")
+
+    meter = _Meter(dm)
+    forward_s, backward_s = _priced_step(module, nodes, flow.order, call, meter, loss_at(None))
+    floor = _smallest_batch(module, call)
+    sizes = _batch_sizes(batch_sizes, first, floor, type(module).__name__)
+    batch_times, started = {}, time.monotonic()
+    b = int(first.shape[0])
+    for size in sizes:
+        if batch_times and time.monotonic() - started > budget_s:
+            log(f"profile {graph_name}: batch-size budget of {budget_s:.0f} s spent; not "
+                f"priced: {sizes[len(batch_times):]}")
+            break
+        batch_times[size] = _priced_step(module, nodes, flow.order,
+                                         _slice_batch(call, b, size), meter, loss_at(size))
+    per_node = _forward_fields(module, nodes, call, meter)
+    flops = {n: fields.pop("flops") for n, fields in per_node.items()}
+    graph = _build(graph_name, module, nodes, flow, edges, forward_s, backward_s, flops,
+                        dm.name, first, batch_times)
+    for node in graph["nodes"]:
+        node.update(per_node.get(node["name"], {}))
+    try:
+        _add_pipeline_split(graph, module, flow, args, kwargs, log, floor)
+    except Exception as exc:  # export under fake tensors failing means: no pipeline plans
+        graph["pipeline_split"] = {"supported": False,
+                                   "reason": f"torch.export failed under fake tensors: "
+                                             f"{str(exc).strip().splitlines()[0][:200]}"}
+        log(f"profile {graph_name}: no pipeline plans: {graph['pipeline_split']['reason']}")
+    graph["profiled"]["input_bytes"] = sum(t.numel() * t.element_size()
+                                           for t in dataflow.tensors_in(call))
+    if floor > 1:
+        graph["profiled"]["min_batch_size"] = floor
+    return graph
+
+
+def _record(module, nodes, call, loss):
+    try:
+        return dataflow.record_dataflow(module, nodes, *call, loss)
+    except ValueError as e:
+        raise ValueError(_batch_advice(str(e), e.__cause__)) from e.__cause__
+
+
+def _priced_step(module, nodes, order, call, meter: _Meter, loss
+                 ) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """One forward and backward, each node's share of the modelled seconds (StepTimer's
+    attribution, on the meter's clock)."""
+    timer = block_timing.StepTimer(module, nodes, "wall")
+    timer.clock = _PricedClock(meter)
+    try:
+        with meter:
+            step = timer.step(*call, loss=loss)
+    finally:
+        timer.remove()
+        module.zero_grad(set_to_none=True)
+    return ({n: step[0].get(n, 0.0) for n in order}, {n: step[1].get(n, 0.0) for n in order})
+
+
+def _forward_fields(module, nodes, call, meter: _Meter) -> Dict[str, Dict[str, float]]:
+    """Per node, from one logged forward: "flops", and selective recompute's
+    "selective_saved_bytes", "selective_recompute_fraction", "selective_ops" as
+    block_timing.selective_recompute defines them, the ops charged like FLOPs (count_flops: a
+    functional op between nodes to the next node). RNN nodes carry no selective fields there
+    (the policy cannot see into their fused kernels); here neither, to plan alike."""
+    # the executor's list of kept ops; imported here because the executor imports the profiler
+    from ..executor.recompute import saves
+
+    marks: List[Tuple[int, str]] = []
+    calls = block_list.CallCounter()
+    meter.log, meter.saves = [], saves
+
+    def mark(name, ends):
+        def hook(mod, args, *output):
+            marks.append((len(meter.log), calls.finish(name) if ends else calls.current(name)))
+        return hook
+
+    handles = []
+    for name, mod in nodes.items():
+        handles.append(mod.register_forward_pre_hook(mark(name, False)))
+        handles.append(mod.register_forward_hook(mark(name, True)))
+    try:
+        with meter, torch.no_grad():
+            module(*call[0], **call[1])
+        ops = meter.log
+    finally:
+        meter.log = None
+        for h in handles:
+            h.remove()
+    owner = [marks[-1][1] if marks else ""] * len(ops)
+    start = 0
+    for end, node in marks:  # ops before a mark belong to the node the mark names
+        for i in range(start, end):
+            owner[i] = node
+        start = max(start, end)
+    out: Dict[str, Dict[str, Any]] = {node: {"flops": 0.0, "_total": 0.0, "_again": 0.0,
+                                             "_kept": {}, "selective_ops": 0}
+                                      for _, node in marks}
+    for node, (seconds, flops, kept) in zip(owner, ops):
+        if not node:
+            continue
+        fields = out[node]
+        fields["flops"] += flops
+        fields["_total"] += seconds
+        fields["selective_ops"] += 1
+        if kept is None:
+            fields["_again"] += seconds
+        else:
+            fields["_kept"].update(kept)
+    rnn = {name for name, mod in nodes.items() if isinstance(mod, nn.RNNBase)}
+    for node, fields in out.items():
+        total, again, kept = fields.pop("_total"), fields.pop("_again"), fields.pop("_kept")
+        if block_list.module_name(node) in rnn:
+            del fields["selective_ops"]
+            continue
+        fields["selective_saved_bytes"] = int(sum(kept.values()))
+        fields["selective_recompute_fraction"] = again / total if total > 0 else 0.0
+    return out
