@@ -60,6 +60,26 @@ QUICK_ARGS = {
 TIMEOUTS = {"bench_checkpoint.py": 3600.0}
 
 
+def search_inputs(folder: Path) -> list:
+    """bench_search's arguments: the MT-NLG 530B graph it plans (Smith et al. 2022: 105 layers,
+    hidden 20480, 128 heads, sequence 2048), written by hybridplan.profiler.from_config into
+    `folder` (the graph comes from Python; the benchmark is C++). [] when it cannot be written
+    (bench_search then says it skipped that part)."""
+    path = folder / "mtnlg-530b.graph.json"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[2]); "
+            "from hybridplan.profiler.from_config import TransformerConfig, graph_from_config; "
+            "cfg = TransformerConfig('mt-nlg-530b', 105, 20480, 128, 2048, 51200); "
+            "open(sys.argv[1], 'w').write(json.dumps(graph_from_config("
+            "cfg, device='A100', parallel_cross_entropy=True)))")
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-c", code, str(path), str(ROOT / "python")],
+                          cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"run_all: bench_search runs without MT-NLG: {done.stderr.strip()[-300:]}")
+        return []
+    return ["--mtnlg-graph", str(path)]
+
+
 def find_benchmarks(build_dir: Path) -> list:
     """[(name, argv)] for the compiled and the Python benchmarks, each group sorted by name."""
     compiled = sorted(p for p in (build_dir / "bin").glob("bench_*")
@@ -135,6 +155,8 @@ def main(argv=None) -> int:
         folder = str(args.out.resolve().parent)
         benchmarks = [(name, cmd + [a.replace("{out}", folder) for a in QUICK_ARGS.get(name, [])])
                       for name, cmd in benchmarks]
+    benchmarks = [(name, cmd + search_inputs(args.out.resolve().parent) if name == "bench_search"
+                   else cmd) for name, cmd in benchmarks]
     if not benchmarks:
         print(f"run_all: no benchmarks found ({args.build_dir}/bin/bench_*, bench/bench_*.py)")
     results = []

@@ -472,6 +472,20 @@ void Evaluator::count_hybrid_groups_on_nodes(const Plan& plan, bool shard_groups
   }
 }
 
+const AllReduceCost& Evaluator::shard_group_cost(Collective kind, bool allreduce,
+                                                 int64_t concurrent) const {
+  auto key = std::make_tuple(group_devices_, static_cast<int>(kind), allreduce, concurrent);
+  auto it = shard_cost_cache_.find(key);
+  if (it == shard_cost_cache_.end()) {
+    if (shard_cost_cache_.size() > kAllReduceCacheEntries) shard_cost_cache_.clear();
+    const Cluster& cluster = problem_.cluster;
+    const AllReduceCost cost = allreduce ? group_allreduce(cluster, group_devices_, concurrent)
+                                         : group_shard_collective(cluster, group_devices_, kind, concurrent);
+    it = shard_cost_cache_.emplace(std::move(key), cost).first;
+  }
+  return it->second;
+}
+
 double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double slowdown) const {
   const Graph& graph = problem_.graph;
   const Cluster& cluster = problem_.cluster;
@@ -488,14 +502,14 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   }
   for (int64_t k = 0; k < plan.mp; ++k) {  // the shard group of replica 0 (all alike)
     const int64_t concurrent = fill_group_devices(plan, k, 0, 1, plan.shard_degree());
-    gather_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kAllGather, concurrent);
-    scatter_cost_[k] = group_shard_collective(cluster, group_devices_, Collective::kReduceScatter, concurrent);
+    gather_cost_[k] = shard_group_cost(Collective::kAllGather, false, concurrent);
+    scatter_cost_[k] = shard_group_cost(Collective::kReduceScatter, false, concurrent);
   }
   if (hybrid) {
     count_hybrid_groups_on_nodes(plan, false);
     for (int64_t k = 0; k < plan.mp; ++k) {  // the replicate group of replica 0
       const int64_t across = fill_group_devices(plan, k, 0, plan.shard_degree(), plan.dp_replicate());
-      replicate_cost_[k] = group_allreduce(cluster, group_devices_, across);
+      replicate_cost_[k] = shard_group_cost(Collective::kAllReduce, true, across);
     }
   }
   // A unit's gradient leaves as a reduce-scatter over its shard group, then (HSDP) an all-reduce

@@ -237,6 +237,12 @@ class Evaluator {
   mutable std::map<std::pair<std::vector<DeviceIndex>, int64_t>,
                    std::pair<AllReduceCost, std::vector<DeviceIndex>>>
       allreduce_cache_;
+  // group_shard_collective (kind, 0) or group_allreduce (kind, 1) of group_devices_ sharing
+  // its busiest node with `concurrent` groups, remembered like allreduce_cache_ (the sharded
+  // plans of a search price the same groups for every split).
+  const AllReduceCost& shard_group_cost(Collective kind, bool allreduce, int64_t concurrent) const;
+  mutable std::map<std::tuple<std::vector<DeviceIndex>, int, bool, int64_t>, AllReduceCost>
+      shard_cost_cache_;
   mutable std::vector<DeviceIndex> group_devices_;
   mutable std::vector<int64_t> groups_on_node_;
   mutable std::vector<int64_t> node_stamp_;

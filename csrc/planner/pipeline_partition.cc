@@ -13,14 +13,13 @@ namespace hybridplan {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The bottleneck of the split at equal compute shares (stage s begins at the first allowed
-// position whose prefix compute reaches s/k of the total, leaving a position for every later
-// stage), +infinity where that split does not exist or does not fit: an upper bound on the
-// optimum (optimal_partition narrows its DP with it).
-double balanced_split_bottleneck(const PartitionCosts& costs) {
+// The split at equal shares of `prefix` (n+1 non-decreasing entries): stage s begins at the
+// first allowed position whose prefix reaches s/k of the total, leaving a position for every
+// later stage; nullopt where that split does not exist.
+std::optional<std::vector<int64_t>> balanced_starts(const PartitionCosts& costs,
+                                                    const std::vector<double>& prefix) {
   const int64_t n = costs.num_positions();
   const int k = costs.num_stages();
-  const std::vector<double>& prefix = costs.prefix_compute_s;
   std::vector<int64_t> starts(k + 1, 0);
   starts[k] = n;
   int64_t p = 0;
@@ -28,10 +27,18 @@ double balanced_split_bottleneck(const PartitionCosts& costs) {
     const double share = prefix[n] * s / k;
     p = std::max<int64_t>(p + 1, std::lower_bound(prefix.begin(), prefix.end(), share) - prefix.begin());
     while (p < n && !costs.cut_allowed(p)) ++p;
-    if (p > n - (k - s)) return kInf;
+    if (p > n - (k - s)) return std::nullopt;
     starts[s] = p;
   }
-  return partition_bottleneck_s(costs, starts);
+  return starts;
+}
+
+// The bottleneck of the split at equal compute shares, +infinity where that split does not
+// exist or does not fit: an upper bound on the optimum (optimal_partition narrows its DP with
+// it).
+double balanced_split_bottleneck(const PartitionCosts& costs) {
+  const std::optional<std::vector<int64_t>> starts = balanced_starts(costs, costs.prefix_compute_s);
+  return starts ? partition_bottleneck_s(costs, *starts) : kInf;
 }
 
 }  // namespace
@@ -115,17 +122,76 @@ double PartitionCosts::stage_bytes(int stage, int64_t first, int64_t end, StageR
          rebuilt;
 }
 
+namespace {
+
+// stage_bytes_floor, defined here so that the DPs' inner loops inline it (they call it for
+// nearly every state they scan).
+inline double bytes_floor(const PartitionCosts& c, int stage, int64_t first, int64_t end,
+                          double workspace) {
+  const double act = c.prefix_activation_bytes[end] - c.prefix_activation_bytes[first];
+  const double mult = c.activation_multiplier[stage];
+  double least = mult * act;
+  if (!c.prefix_full_recompute_s.empty()) least = std::min(least, act);
+  if (selective_allowed(c, first, end)) {
+    least = std::min(least, mult * (c.prefix_selective_kept_bytes[end] - c.prefix_selective_kept_bytes[first]) +
+                                c.prefix_selective_rebuilt_bytes[end] - c.prefix_selective_rebuilt_bytes[first]);
+  }
+  return c.prefix_static_bytes[end] - c.prefix_static_bytes[first] + workspace + least;
+}
+
+// The ends each stage can have in a split whose every stage's memory floor (bytes_floor) is at
+// most `limit`: stage s ends within [lo[s], hi[s]]; nullopt when no split has every floor
+// within it. The floor only grows with the stage's extent, so taking each stage as long as it
+// may from the front bounds every such split's ends from above (hi), and from the back its
+// starts from below (lo: stage s ends where stage s + 1 starts): a split's stages end no later
+// and start no earlier than these greedy ones, by induction over the stages. A necessary
+// condition only (cuts where the graph forbids them are allowed here), found in O(n + k).
+struct EndWindows {
+  std::vector<int64_t> lo, hi;
+};
+std::optional<EndWindows> end_windows(const PartitionCosts& c, double limit) {
+  const int64_t n = c.num_positions();
+  const int k = c.num_stages();
+  const bool workspaces = !c.workspace_bytes.empty();
+  EndWindows w;
+  w.lo.assign(k, n);
+  w.hi.assign(k, n);
+  int64_t start = 0;
+  for (int s = 0; s < k; ++s) {
+    double workspace = 0;
+    int64_t end = start;
+    while (end < n) {
+      const double widened = workspaces ? std::max(workspace, c.workspace_bytes[end]) : 0.0;
+      if (bytes_floor(c, s, start, end + 1, widened) > limit) break;
+      workspace = widened;
+      ++end;
+    }
+    w.hi[s] = end;
+    start = end;
+  }
+  if (w.hi[k - 1] < n) return std::nullopt;
+  int64_t end = n;
+  for (int s = k - 1; s >= 1; --s) {
+    double workspace = 0;
+    int64_t first = end;
+    while (first > 0) {
+      const double widened = workspaces ? std::max(workspace, c.workspace_bytes[first - 1]) : 0.0;
+      if (bytes_floor(c, s, first - 1, end, widened) > limit) break;
+      workspace = widened;
+      --first;
+    }
+    w.lo[s - 1] = first;
+    end = first;
+  }
+  if (end > 0 && bytes_floor(c, 0, 0, end, c.workspace_max(0, end)) > limit) return std::nullopt;
+  return w;
+}
+
+}  // namespace
+
 double PartitionCosts::stage_bytes_floor(int stage, int64_t first, int64_t end,
                                          double workspace) const {
-  const double act = prefix_activation_bytes[end] - prefix_activation_bytes[first];
-  const double mult = activation_multiplier[stage];
-  double least = mult * act;
-  if (!prefix_full_recompute_s.empty()) least = std::min(least, act);
-  if (selective_allowed(*this, first, end)) {
-    least = std::min(least, mult * (prefix_selective_kept_bytes[end] - prefix_selective_kept_bytes[first]) +
-                                prefix_selective_rebuilt_bytes[end] - prefix_selective_rebuilt_bytes[first]);
-  }
-  return prefix_static_bytes[end] - prefix_static_bytes[first] + workspace + least;
+  return bytes_floor(*this, stage, first, end, workspace);
 }
 
 PartitionCosts::Choice PartitionCosts::choose(int stage, int64_t first, int64_t end,
@@ -195,14 +261,24 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
     }
   }
   const double capacity = costs.memory_capacity_bytes;
+  // Under a memory limit only the ends a split of stages within it can have (end_windows): a
+  // state outside them is on no split that fits, and decides none (a start another state
+  // takes lies on the split it completes).
+  std::optional<EndWindows> windows;
+  if (limited) {
+    windows = end_windows(costs, capacity);
+    if (!windows) return std::nullopt;
+  }
+  const auto lowest = [&](int s) { return windows ? windows->lo[s] : int64_t{0}; };
+  const auto highest = [&](int s) { return windows ? windows->hi[s] : n; };
   {
-    auto [j, last] = ends(0, 1, n - (k - 1));
+    auto [j, last] = ends(0, std::max<int64_t>(1, lowest(0)), std::min(n - (k - 1), highest(0)));
     double workspace = costs.workspace_max(0, j - 1);  // [0, j) as j grows, below
     const double fixed = costs.first_stage_bytes + (k > 1 ? fewest_received
                                                           : costs.activation_multiplier[0] * costs.last_stage_bytes);
     for (; j <= last; ++j) {
       if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[j - 1]);
-      if (limited && costs.stage_bytes_floor(0, 0, j, workspace) + fixed > capacity) break;
+      if (limited && bytes_floor(costs, 0, 0, j, workspace) + fixed > capacity) break;
       const PartitionCosts::Choice c = costs.choose(0, 0, j, workspace);
       best[0][j] = c.time_s;
       kind[0][j] = c.recompute;
@@ -210,8 +286,11 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
   }
   for (int s = 1; s < k; ++s) {
     // Stage s ends at j; stages after it need at least k-1-s positions.
-    for (auto [j, last] = ends(s, s + 1, n - (k - 1 - s)); j <= last; ++j) {
+    for (auto [j, last] = ends(s, std::max<int64_t>(s + 1, lowest(s)),
+                               std::min(n - (k - 1 - s), highest(s)));
+         j <= last; ++j) {
       const double out_s = s + 1 < k ? costs.boundary_s[s][j] : 0.0;
+      const int64_t first_start = std::max<int64_t>(s, lowest(s - 1));
       double b = bound;
       int64_t b_arg = -1;
       StageRecompute b_kind = kRecomputeNone;
@@ -219,13 +298,13 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
       const double fixed =
           fewest_received + (s + 1 < k ? (costs.receive_bytes.empty() ? 0.0 : costs.receive_bytes[j])
                                        : costs.activation_multiplier[s] * costs.last_stage_bytes);
-      for (int64_t i = j - 1; i >= s; --i) {
+      for (int64_t i = j - 1; i >= first_start; --i) {
         if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[i]);
         const double compute_s = costs.prefix_compute_s[j] - costs.prefix_compute_s[i];
         // compute_s and the memory floor only grow as i decreases: nothing further left can
         // win or fit.
         if (compute_s + out_s >= b) break;
-        if (limited && costs.stage_bytes_floor(s, i, j, workspace) + fixed > capacity) break;
+        if (limited && bytes_floor(costs, s, i, j, workspace) + fixed > capacity) break;
         const double prev = best[s - 1][i];
         if (prev >= b || !costs.cut_allowed(i)) continue;
         const PartitionCosts::Choice c = costs.choose(s, i, j, workspace);
@@ -267,6 +346,48 @@ std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
     }
     return out;
   };
+  // An upper bound on the answer: the fullest stage of the splits at equal shares of compute,
+  // of parameter state and of activations, each stage at its least kind (the DP's own value of
+  // that split, so the answer is at most it), with a slack for rounding. Only states worth at
+  // most `upper` can lie on the answer's split or decide which split it is (its stages' values
+  // are at most the answer; a state's choice is the latest start of the least value, and a
+  // start whose value exceeds `upper` is never that): a state worth more stays above `upper`
+  // (+infinity or a value over it) and is not computed exactly. Scans stop where the stage alone
+  // exceeds `upper` instead of where it exceeds the state's best so far, which with many stages
+  // shortens them from most of the chain to a few stages' width.
+  double upper = kInf;
+  for (const std::vector<double>* prefix :
+       {&costs.prefix_compute_s, &costs.prefix_static_bytes, &costs.prefix_activation_bytes}) {
+    if (prefix->size() != static_cast<size_t>(n + 1)) continue;
+    const std::optional<std::vector<int64_t>> starts = balanced_starts(costs, *prefix);
+    if (!starts) continue;
+    double fullest = 0;
+    for (int s = 0; s < k; ++s) {
+      const int64_t i = (*starts)[s], j = (*starts)[s + 1];
+      fullest = std::max(fullest, least(s, i, j, costs.workspace_max(i, j)).first);
+    }
+    upper = std::min(upper, fullest);
+  }
+  upper = upper * (1 + 1e-9) + std::numeric_limits<double>::min();
+  // Stage s ends at j only where stages 0..s can hold the parameter state before j and stages
+  // s+1..k-1 the rest, each at most `upper` (a stage's bytes are at least its parameter state).
+  const std::vector<double>& state = costs.prefix_static_bytes;
+  const auto ends = [&](int s, int64_t first, int64_t last) {
+    if (upper < kInf) {
+      const double after = (k - 1 - s) * upper, upto = (s + 1) * upper;
+      first = std::max<int64_t>(
+          first, std::lower_bound(state.begin(), state.end(), state[n] - after) - state.begin());
+      last = std::min<int64_t>(last,
+                               std::upper_bound(state.begin(), state.end(), upto) - state.begin() - 1);
+    }
+    return std::make_pair(first, last);
+  };
+  // and only the ends a split of stages within `upper` can have (end_windows)
+  std::optional<EndWindows> windows;
+  if (upper < kInf) windows = end_windows(costs, upper);
+  HP_INTERNAL_ASSERT(upper == kInf || windows, "the split `upper` comes from is within it");
+  const auto lowest = [&](int s) { return windows ? windows->lo[s] : int64_t{0}; };
+  const auto highest = [&](int s) { return windows ? windows->hi[s] : n; };
   double fewest_received = 0;  // as optimal_partition's scans
   if (!costs.receive_bytes.empty() && k > 1) {
     fewest_received = kInf;
@@ -277,24 +398,33 @@ std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
   std::vector<std::vector<double>> best(k, std::vector<double>(n + 1, kInf));
   std::vector<std::vector<int64_t>> arg(k, std::vector<int64_t>(n + 1, -1));
   std::vector<std::vector<StageRecompute>> kind(k, std::vector<StageRecompute>(n + 1, kRecomputeNone));
-  double workspace = 0;
-  for (int64_t j = 1; j <= n - (k - 1); ++j) {
-    if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[j - 1]);
-    std::tie(best[0][j], kind[0][j]) = least(0, 0, j, workspace);
+  {
+    const auto [first, last] = ends(0, std::max<int64_t>(1, lowest(0)), std::min(n - (k - 1), highest(0)));
+    double workspace = costs.workspace_max(0, first - 1);  // [0, j) as j grows, below
+    for (int64_t j = first; j <= last; ++j) {
+      if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[j - 1]);
+      // the stage's floor only grows with j: no later end is worth at most `upper`
+      if (bytes_floor(costs, 0, 0, j, workspace) > upper) break;
+      std::tie(best[0][j], kind[0][j]) = least(0, 0, j, workspace);
+    }
   }
   for (int s = 1; s < k; ++s) {
-    for (int64_t j = s + 1; j <= n - (k - 1 - s); ++j) {
+    for (auto [j, last] = ends(s, std::max<int64_t>(s + 1, lowest(s)),
+                               std::min(n - (k - 1 - s), highest(s)));
+         j <= last; ++j) {
       const double fixed =
           fewest_received + (s + 1 < k ? (costs.receive_bytes.empty() ? 0.0 : costs.receive_bytes[j])
                                        : costs.activation_multiplier[s] * costs.last_stage_bytes);
       double b = kInf;
-      workspace = 0;
-      for (int64_t i = j - 1; i >= s; --i) {
+      double workspace = 0;
+      for (int64_t i = j - 1; i >= std::max<int64_t>(s, lowest(s - 1)); --i) {
         if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[i]);
-        // the stage's floor only grows as i decreases: nothing further left needs less
-        if (costs.stage_bytes_floor(s, i, j, workspace) + fixed >= b) break;
+        // the stage's floor only grows as i decreases: nothing further left needs less, or
+        // stays within `upper`
+        const double floor = bytes_floor(costs, s, i, j, workspace) + fixed;
+        if (floor >= b || floor > upper) break;
         const double prev = best[s - 1][i];
-        if (prev >= b || !costs.cut_allowed(i)) continue;
+        if (prev >= b || prev > upper || !costs.cut_allowed(i)) continue;
         const auto [bytes, r] = least(s, i, j, workspace);
         const double cand = std::max(prev, bytes);
         if (cand < b) {
@@ -308,6 +438,7 @@ std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
   }
   if (best[k - 1][n] == kInf) return std::nullopt;
   Partition p = walk_back(arg, kind, k, n);
+  p.fullest_bytes = best[k - 1][n];
   for (int s = 0; s < k; ++s) {
     const int64_t i = p.stage_starts[s], j = p.stage_starts[s + 1];
     const double again = p.recompute[s] == kRecomputeFull        ? between(costs.prefix_full_recompute_s, i, j)

@@ -111,6 +111,7 @@ struct Partition {
   std::vector<int64_t> stage_starts;   // k+1 entries: a_0 = 0, ..., a_k = n
   std::vector<StageRecompute> recompute;  // k entries: each stage's kind
   double bottleneck_s = 0;             // max over stages of stage_s
+  double fullest_bytes = 0;            // least_memory_partition only: its fullest stage's bytes
 };
 
 // The optimal partition, or nullopt when no partition into non-empty fitting stages exists.
@@ -123,7 +124,9 @@ double partition_bottleneck_s(const PartitionCosts& costs, const std::vector<int
 // least (none, selective, full: the first of the least), whatever the capacity: what a point
 // that fits nowhere is reported with. bottleneck_s is that split's with those kinds (memory
 // unlimited); nullopt when no split exists (fewer positions or places to cut than stages).
-// min over splits of max over stages of min over kinds of bytes_s, by the DP above on bytes.
+// min over splits of max over stages of min over kinds of bytes_s, by the DP above on bytes
+// (fullest_bytes). Some split fits (optimal_partition has one) exactly when fullest_bytes is at
+// most memory_capacity_bytes.
 std::optional<Partition> least_memory_partition(const PartitionCosts& costs);
 
 // A given split with each stage's fastest fitting kind and the bottleneck (+infinity when a

@@ -185,7 +185,8 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
 }
 
 std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& costs,
-                                                         const Plan& base, bool* unconstrained) {
+                                                         const Plan& base, bool* unconstrained,
+                                                         std::optional<Partition>* least_memory) {
   if (unconstrained) *unconstrained = false;
   // The proxy is M * (per-micro-batch stage time) for compute and transfers alike, so without
   // memory limits the best split depends on the micro-batch size, not on M or the schedule.
@@ -217,6 +218,12 @@ std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& c
                                      [](StageRecompute r) { return r == kRecomputeNone; });
       }
       return p;
+    }
+  }
+  if (least_memory && costs.memory_capacity_bytes > 0) {
+    *least_memory = least_memory_partition(costs);
+    if (!*least_memory || (*least_memory)->fullest_bytes > costs.memory_capacity_bytes) {
+      return std::nullopt;
     }
   }
   return optimal_partition(costs);
@@ -259,8 +266,9 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
   } else {
     const PartitionCosts costs = pipeline_partition_costs(evaluator, base);
     bool unconstrained = false;
+    std::optional<Partition> least;  // the least-memory split, where found on the way
     const std::optional<Partition> part =
-        cache ? cache->optimal(costs, base, &unconstrained) : optimal_partition(costs);
+        cache ? cache->optimal(costs, base, &unconstrained, &least) : optimal_partition(costs);
     if (part) consider(part->stage_starts, part->recompute);
     // The check above is per stage; evaluate() holds a rank's stages together (several stages a
     // rank: the check gave each a share of the memory). Where the split recomputes, it is also
@@ -304,7 +312,7 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
            << (kept ? "; the split for keeping them under a looser memory check evaluated too" : "")
            << ")";
     } else {
-      const std::optional<Partition> least = least_memory_partition(costs);
+      if (!least) least = least_memory_partition(costs);
       HP_INTERNAL_ASSERT(least.has_value(), "a point's pipeline has a split (search_space)");
       consider(least->stage_starts, least->recompute);
       note << "no split fits in memory; the least-memory split is reported";

@@ -50,9 +50,14 @@ struct PipelineOutcome {
 class PipelinePartitionCache {
  public:
   // `unconstrained` (optional): set to whether the result is the split without memory limits
-  // (no stage recomputes, none moved for memory).
+  // (no stage recomputes, none moved for memory). `least_memory` (optional): where the split
+  // without limits does not fit, the least-memory split (least_memory_partition) is found
+  // first and left here; when even it does not fit, no split does, and nullopt is returned
+  // without the constrained DP (most points of a large model that fit nowhere cost one DP
+  // instead of two).
   std::optional<Partition> optimal(const PartitionCosts& costs, const Plan& base,
-                                   bool* unconstrained = nullptr);
+                                   bool* unconstrained = nullptr,
+                                   std::optional<Partition>* least_memory = nullptr);
 
  private:
   // (stages, V mapping, micro-batch, the replica's devices, tp) -> the split without memory limits

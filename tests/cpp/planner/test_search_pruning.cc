@@ -1,0 +1,176 @@
+// The pruned partition DPs against plain ones: on chains long enough for the pruning to act
+// (up to 160 positions, up to 40 stages), with every memory term (recompute kinds, receive
+// buffers, workspaces, tied copies, the first and last stages' bytes, forbidden cuts),
+// least_memory_partition (narrowed by the split at equal shares and the end windows) and
+// optimal_partition (narrowed by the end windows under its memory limit) return the very split,
+// kinds and value of a DP that scans every state.
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <random>
+#include <tuple>
+#include <utility>
+
+#include "catch.h"
+#include "planner/pipeline_partition.h"
+#include "planner/plan.h"
+
+using namespace hybridplan;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+PartitionCosts random_memory_costs(std::mt19937_64& rng, int64_t n, int k) {
+  std::uniform_real_distribution<double> t(0.0, 1.0);
+  PartitionCosts c;
+  const auto prefix = [&](double scale) {
+    std::vector<double> p(n + 1, 0.0);
+    for (int64_t i = 0; i < n; ++i) p[i + 1] = p[i] + scale * t(rng);
+    return p;
+  };
+  c.prefix_compute_s = prefix(1.0);
+  c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
+  for (auto& row : c.boundary_s)
+    for (auto& x : row) x = 0.3 * t(rng) * t(rng);
+  c.prefix_static_bytes = prefix(100.0);
+  c.prefix_activation_bytes = prefix(50.0);
+  c.activation_multiplier.resize(k);
+  for (int s = 0; s < k; ++s) c.activation_multiplier[s] = k - s;  // 1F1B-like in flight
+  c.prefix_full_recompute_s.assign(n + 1, 0);
+  c.prefix_selective_recompute_s.assign(n + 1, 0);
+  c.prefix_selective_kept_bytes.assign(n + 1, 0);
+  c.prefix_selective_rebuilt_bytes.assign(n + 1, 0);
+  c.prefix_unselective.assign(n + 1, 0);
+  c.workspace_bytes.assign(n, 0);
+  c.receive_bytes.assign(n + 1, 0);
+  for (int64_t p = 0; p < n; ++p) {
+    const double forward = (c.prefix_compute_s[p + 1] - c.prefix_compute_s[p]) / 3;
+    const double act = c.prefix_activation_bytes[p + 1] - c.prefix_activation_bytes[p];
+    const double kept = act * t(rng);
+    c.prefix_full_recompute_s[p + 1] = c.prefix_full_recompute_s[p] + forward;
+    c.prefix_selective_recompute_s[p + 1] = c.prefix_selective_recompute_s[p] + forward * t(rng);
+    c.prefix_selective_kept_bytes[p + 1] = c.prefix_selective_kept_bytes[p] + kept;
+    c.prefix_selective_rebuilt_bytes[p + 1] = c.prefix_selective_rebuilt_bytes[p] + act - kept;
+    c.prefix_unselective[p + 1] = c.prefix_unselective[p] + (rng() % 8 == 0 ? 1 : 0);
+    c.workspace_bytes[p] = 20 * t(rng);
+  }
+  for (int64_t p = 1; p < n; ++p) c.receive_bytes[p] = 40 * t(rng) * t(rng);
+  c.first_stage_bytes = 200 * t(rng);
+  c.last_stage_bytes = 20 * t(rng);
+  if (rng() % 2 == 0) c.tied_copies.push_back({{0, n - 1}, 300 * t(rng)});
+  if (rng() % 3 == 0) {
+    c.cut_before.assign(n + 1, 1);
+    for (int64_t p = 1; p < n; ++p) c.cut_before[p] = rng() % 5 != 0;
+  }
+  return c;
+}
+
+// The least bytes of stage s on [i, j) over the kinds and that kind (none, selective, full:
+// the first of the least), as least_memory_partition defines them.
+std::pair<double, StageRecompute> least_kind(const PartitionCosts& c, int s, int64_t i, int64_t j) {
+  const double w = c.workspace_max(i, j);
+  std::pair<double, StageRecompute> out{c.stage_bytes(s, i, j, kRecomputeNone, w), kRecomputeNone};
+  if (c.prefix_unselective[j] == c.prefix_unselective[i]) {
+    const double b = c.stage_bytes(s, i, j, kRecomputeSelective, w);
+    if (b < out.first) out = std::make_pair(b, kRecomputeSelective);
+  }
+  const double b = c.stage_bytes(s, i, j, kRecomputeFull, w);
+  if (b < out.first) out = std::make_pair(b, kRecomputeFull);
+  return out;
+}
+
+// A DP over every state: best[s][j] = min over allowed i of max(best[s-1][i], cost(s, i, j)),
+// each state taking the latest start of its least value (the pruned DPs' rule), then the split
+// walked back. `cost` returns (value, kind); +infinity where the stage is not allowed.
+template <typename Cost>
+std::optional<Partition> plain_dp(const PartitionCosts& c, Cost cost) {
+  const int64_t n = c.num_positions();
+  const int k = c.num_stages();
+  if (n < k) return std::nullopt;
+  std::vector<std::vector<double>> best(k, std::vector<double>(n + 1, kInf));
+  std::vector<std::vector<int64_t>> arg(k, std::vector<int64_t>(n + 1, -1));
+  std::vector<std::vector<StageRecompute>> kind(k, std::vector<StageRecompute>(n + 1, 0));
+  for (int64_t j = 1; j <= n; ++j) std::tie(best[0][j], kind[0][j]) = cost(0, 0, j);
+  for (int s = 1; s < k; ++s) {
+    for (int64_t j = s + 1; j <= n; ++j) {
+      for (int64_t i = j - 1; i >= s; --i) {
+        if (!c.cut_allowed(i) || best[s - 1][i] == kInf) continue;
+        const auto [v, r] = cost(s, i, j);
+        const double cand = std::max(best[s - 1][i], v);
+        if (cand < best[s][j]) best[s][j] = cand, arg[s][j] = i, kind[s][j] = r;
+      }
+    }
+  }
+  if (best[k - 1][n] == kInf) return std::nullopt;
+  Partition p;
+  p.stage_starts.assign(k + 1, 0);
+  p.recompute.assign(k, 0);
+  p.stage_starts[k] = n;
+  int64_t end = n;
+  for (int s = k - 1; s >= 1; --s) {
+    p.recompute[s] = kind[s][end];
+    end = arg[s][end];
+    p.stage_starts[s] = end;
+  }
+  p.recompute[0] = kind[0][end];
+  p.bottleneck_s = best[k - 1][n];
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("search pruning: the least-memory split equals the plain DP's", "[search_pruning]") {
+  std::mt19937_64 rng(20261206);
+  int compared = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t n = 20 + static_cast<int64_t>(rng() % 141);
+    const int k = 2 + static_cast<int>(rng() % std::min<int64_t>(n / 2, 39));
+    const PartitionCosts c = random_memory_costs(rng, n, k);
+    INFO("trial " << trial << ": " << n << " positions, " << k << " stages");
+    const auto plain = plain_dp(c, [&](int s, int64_t i, int64_t j) { return least_kind(c, s, i, j); });
+    const auto pruned = least_memory_partition(c);
+    REQUIRE(static_cast<bool>(plain) == static_cast<bool>(pruned));
+    if (!plain) continue;
+    ++compared;
+    CHECK(pruned->stage_starts == plain->stage_starts);
+    CHECK(pruned->recompute == plain->recompute);
+    CHECK(pruned->fullest_bytes == plain->bottleneck_s);
+  }
+  CHECK(compared > 40);
+}
+
+TEST_CASE("search pruning: under a memory limit the time DP equals the plain DP",
+          "[search_pruning]") {
+  std::mt19937_64 rng(20261207);
+  int feasible = 0, infeasible = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t n = 20 + static_cast<int64_t>(rng() % 141);
+    const int k = 2 + static_cast<int>(rng() % std::min<int64_t>(n / 2, 39));
+    PartitionCosts c = random_memory_costs(rng, n, k);
+    // a capacity around the least-memory split's need: often binding, sometimes too small
+    const auto least = least_memory_partition(c);
+    REQUIRE(least);
+    std::uniform_real_distribution<double> t(0.0, 1.0);
+    c.memory_capacity_bytes = least->fullest_bytes * (0.9 + 0.6 * t(rng));
+    INFO("trial " << trial << ": " << n << " positions, " << k << " stages");
+    const auto plain = plain_dp(c, [&](int s, int64_t i, int64_t j) {
+      const PartitionCosts::Choice choice = c.choose(s, i, j, c.workspace_max(i, j));
+      return std::make_pair(choice.time_s, choice.recompute);
+    });
+    const auto pruned = optimal_partition(c);
+    // no split fits exactly when the least-memory split does not (what the search screens by)
+    CHECK(static_cast<bool>(pruned) == (least->fullest_bytes <= c.memory_capacity_bytes));
+    REQUIRE(static_cast<bool>(plain) == static_cast<bool>(pruned));
+    if (!plain) {
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    CHECK(pruned->bottleneck_s == plain->bottleneck_s);
+    CHECK(pruned->stage_starts == plain->stage_starts);
+    CHECK(pruned->recompute == plain->recompute);
+  }
+  CHECK(feasible > 20);
+  CHECK(infeasible > 5);
+}
