@@ -10,6 +10,7 @@ from torch import nn
 
 import hybridplan.models as models
 from hybridplan.executor.executor import _check_module, _first_microbatch, _local_checks
+from hybridplan.executor.layout import Layout
 from hybridplan.executor.pipeline import merge_states
 from hybridplan.executor.plan_spec import parse_plan, sha256_hex
 from hybridplan.executor.rank_agreement import RankReport, judge, param_signature
@@ -36,8 +37,9 @@ def test_plan_is_accepted_as_dict_path_or_object(tmp_path):
     assert {s.sha256 for s in specs} == {sha256_hex(plan)}
     spec = specs[0]
     assert spec.num_processes == 4
-    assert (spec.dp_group_ranks(1), spec.replica_ranks(1)) == ([1, 3], [2, 3])
-    assert (spec.replica_of(3), spec.stage_of(3)) == (1, 1)
+    layout = Layout.of(spec)
+    assert (layout.dp_group_ranks(1), layout.replica_ranks(1)) == ([1, 3], [2, 3])
+    assert (layout.replica_of(3), layout.stage_of(3)) == (1, 1)
 
 
 def test_bad_plans_get_the_cores_message():

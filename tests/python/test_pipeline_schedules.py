@@ -476,6 +476,7 @@ def test_stage_layout_of_the_plan():
     """The stages each pipeline rank holds (PlanSpec, from the core's stage_ranks)."""
     pytest.importorskip("hybridplan.planner",
                         reason="needs the compiled planner hybridplan._C (make build)")
+    from hybridplan.executor.layout import Layout
     from hybridplan.executor.plan_spec import parse_plan
     model, batch, _ = FACTORIES["transformer_stack"]()
     example = batch(PER_REPLICA, 0)[0]
@@ -485,7 +486,8 @@ def test_stage_layout_of_the_plan():
         spec = parse_plan(plan_of((None, schedule, 2, "none", ()), model, example))
         assert (spec.virtual_stages, spec.num_stages) == (2, 4)
         assert [spec.stages_of(k) for k in range(2)] == stages
-        assert spec.stage_of(3) == 1 and spec.dp_group_ranks(1) == [1, 3]
+        layout = Layout.of(spec)
+        assert layout.stage_of(3) == 1 and layout.dp_group_ranks(1) == [1, 3]
     from hybridplan.hand_plans import hand_plan
     spec = parse_plan(hand_plan(model, mode="pipeline", dp=1, mp=2, schedule="1f1b",
                                 num_microbatches=MICROBATCHES, per_replica_batch=PER_REPLICA,

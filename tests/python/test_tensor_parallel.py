@@ -281,11 +281,13 @@ def test_ranks_put_tp_innermost():
     partitions the world, and tp = 1 gives the old ranks."""
     pytest.importorskip("hybridplan.planner",
                         reason="needs the compiled planner hybridplan._C (make build)")
+    from hybridplan.executor.layout import Layout
     from hybridplan.executor.plan_spec import parse_plan
     model = encoder_stack()[0]
     pipe = parse_plan(with_tp(pipeline_plan(model, dp=2, mp=2, schedule="1f1b",
                                             num_microbatches=2, per_replica_batch=BATCH), 2))
     assert pipe.tp == 2 and pipe.num_processes == 8
+    pipe = Layout.of(pipe)  # where each rank sits
     for rank in range(8):
         r, s, t = pipe.replica_of(rank), pipe.stage_of(rank), pipe.tp_rank_of(rank)
         assert rank == (r * 2 + s) * 2 + t == pipe.rank_of(r, s, t)
@@ -299,12 +301,14 @@ def test_ranks_put_tp_innermost():
         assert sorted(x for g in groups for x in g) == list(range(8))
     place = parse_plan(with_tp(placement_plan(model, dp=2, mp=1, per_replica_batch=BATCH), 2))
     assert place.num_processes == 4
+    place = Layout.of(place)
     assert [place.replica_of(x) for x in range(4)] == [0, 0, 1, 1]
     assert [place.tp_rank_of(x) for x in range(4)] == [0, 1, 0, 1]
     assert place.dp_group_ranks(0, 1) == [1, 3] and place.tp_group_ranks(1) == [2, 3]
     old = parse_plan(pipeline_plan(model, dp=2, mp=2, schedule="1f1b", num_microbatches=2,
                                    per_replica_batch=BATCH))
     assert old.tp == 1 and old.num_processes == 4
+    old = Layout.of(old)
     assert [old.replica_of(x) for x in range(4)] == [0, 0, 1, 1]
     assert old.dp_group_ranks(1) == [1, 3] and old.replica_ranks(1) == [2, 3]
 

@@ -80,6 +80,7 @@ from ..profiler.dataflow import map_tensors
 from . import batch_norm, checkpoint, lost_peer, noise, placement, sharded_checkpoint, sharding
 from . import switching
 from . import tensor_parallel
+from .layout import Layout
 from .pipeline import PipelineRunner, merge_states
 from ..planner import canonical_json
 from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
@@ -332,7 +333,7 @@ def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int,
     args, kwargs = _first_microbatch(spec, example_inputs, batch_dim)
     if spec.tp > 1 and tp_styles:
         module = tensor_parallel.narrowed_for_export(
-            module, tp_styles, spec.tp_rank_of(dist.get_rank()), spec.tp)
+            module, tp_styles, Layout.of(spec).tp_rank_of(dist.get_rank()), spec.tp)
     return stage_split.split(module, args, kwargs, spec.assignment, spec.num_stages, spec.source)
 
 
@@ -362,18 +363,22 @@ class AppliedPlan:
         self._tp_sequence = tp_sequence  # sequence parallelism's SpLayout, or None
         self._plan_dict = plan_dict  # the plan as applied: switch_advice() evaluates it
         self.rank = dist.get_rank()
-        self.replica, self.stage = spec.replica_of(self.rank), spec.stage_of(self.rank)
-        self.tp_rank = spec.tp_rank_of(self.rank)
+        self.layout = Layout.of(spec)  # where this rank sits; its groups: self._mesh
+        self.replica = self.layout.replica_of(self.rank)
+        self.stage = self.layout.stage_of(self.rank)
+        self.tp_rank = self.layout.tp_rank_of(self.rank)
         self.stages: List[int] = [self.stage]  # pipeline: the stages this rank holds
         self.predicted_step_s = spec.predicted_step_s
         self._timeout = timeout
         self.recorded_actions: List[tuple] = []  # record_actions()
         self.step_count = 0
-        self._groups: List[Any] = []  # the process groups this plan created (close())
+        # every process group this plan uses, created here at once (collective); close()
+        # destroys them (self._groups: the same list)
+        self._mesh = self.layout.build(timeout)
+        self._groups: List[Any] = self._mesh.groups
         self.shard_units: List[str] = []  # sharded placement: the nodes sharded on their own
         self._closed = False
         self.checkpoint_dir: Optional[str] = None  # apply's: save_sharded's default directory
-        self._checkpoint_group: Any = None  # save_sharded's Gloo group (made on first use)
         self._pending_save: Any = None  # an asynchronous save not yet complete
         self.last_save_stall_s = 0.0  # how long the last save_sharded held the training thread
         self.resumed_from = resumed_from  # the checkpoint resumed ("" if none)
@@ -412,110 +417,59 @@ class AppliedPlan:
 
     # ---- construction ---------------------------------------------------------------------------
     def _init_placement(self) -> None:
-        spec = self.plan
+        spec, mesh = self.plan, self._mesh
         if self._switch_options["sync_batchnorm"]:  # before place(): a BN node may be replaced
-            group = self._new_groups([spec.dp_group_ranks(0)])[0]  # the replicas (tp == 1)
-            self.original = batch_norm.convert_sync(self.original, group,
+            self.original = batch_norm.convert_sync(self.original, mesh.dp_group(),  # tp == 1
                                                     _device(spec, spec.mesh[self.replica][0]))
         self.devices = [_device(spec, g + self.tp_rank) for g in spec.mesh[self.replica]]
         self._hooks = placement.place(self.original, spec.assignment, self.devices,
                                       spec.recompute, spec.selective)
-        # DDP (or FSDP) on a group of its own, not the default group (which the user may own):
-        # close() must be able to destroy every group whose Gloo threads ran its collectives
-        dp_groups = self._new_groups([spec.dp_group_ranks(0, t) for t in range(spec.tp)])
-        ddp_group = dp_groups[self.tp_rank]
         if spec.tp > 1:  # mp == 1 (plan rule): TP over the replica's group, DP over the dp dim
-            tp_groups = self._new_groups([spec.tp_group_ranks(r) for r in range(spec.dp)])
-            mesh = self._tp_mesh(ddp_group, tp_groups[self.replica], 0)
             tensor_parallel.parallelize(self.original, self._tp_styles, self._tp_kinds,
-                                        tensor_parallel.tp_dim(mesh),
-                                        sequence=self._tp_sequence)
+                                        mesh.tp(), sequence=self._tp_sequence)
             self.ddp = None
             if spec.dp > 1 and spec.sharding != "none":
                 self.shard_units = sharding.shard_placement(
-                    self.original, spec.assignment, tensor_parallel.dp_dim(mesh), spec.sharding)
+                    self.original, spec.assignment, mesh.dp(), spec.sharding)
             elif spec.dp > 1:
-                tensor_parallel.replicate_placement(self.original, spec.assignment, mesh)
+                tensor_parallel.replicate_placement(self.original, spec.assignment, mesh.dp_tp())
         elif spec.sharding == "none":
-            self.ddp = placement.wrap_ddp(self.original, self.devices, ddp_group)
+            self.ddp = placement.wrap_ddp(self.original, self.devices, mesh.dp_group())
         else:  # mp == 1 (plan rule): one device; recompute was applied above, before sharding
             self.ddp = None
-            mesh = (self._hybrid_mesh([list(range(spec.dp))], 0, self.devices[0])
-                    if spec.dp_shard < spec.dp
-                    else sharding.data_parallel_mesh(ddp_group, self.devices[0]))
-            self.shard_units = sharding.shard_placement(self.original, spec.assignment, mesh,
-                                                        spec.sharding)
+            self.shard_units = sharding.shard_placement(
+                self.original, spec.assignment, mesh.hsdp() if self.layout.hybrid else mesh.dp(),
+                spec.sharding)
         self.module = self.original
         self._params = list(self.original.parameters())  # FSDP's DTensors when sharded
 
-    def _tp_mesh(self, dp_group: Any, tp_group: Any, stage: int) -> Any:
-        """This rank's (dp, tp) DeviceMesh of pipeline rank `stage` (0 in placement mode) from
-        its DP and TP groups (tensor_parallel.mesh_2d)."""
-        spec = self.plan
-        ranks = [spec.tp_group_ranks(r, stage) for r in range(spec.dp)]
-        device = self.devices[0] if spec.mode == "placement" else self.device
-        return tensor_parallel.mesh_2d(dp_group, tp_group, ranks, device,
-                                       next(sharding.mesh_serial))
-
-    def _hybrid_mesh(self, dp_rank_lists: List[List[int]], mine: int, device: torch.device
-                     ) -> Any:
-        """Hybrid sharding's 2-D (replicate, shard) DeviceMesh over this rank's data-parallel
-        group dp_rank_lists[mine] (ranks in replica order). Every rank builds every DP group's
-        shard and replicate process groups (collective: the same calls, in the same order)."""
-        meshes = [sharding.hybrid_mesh(self._new_groups, ranks, self.plan.dp_shard, self.rank,
-                                       device) for ranks in dp_rank_lists]
-        return meshes[mine]
-
-    def _new_groups(self, rank_lists: List[List[int]]) -> List[Any]:
-        """One process group per rank list; every rank creates every group, in the same order
-        (new_group is collective)."""
-        groups = [dist.new_group(ranks, timeout=self._timeout) for ranks in rank_lists]
-        self._groups.extend(groups)
-        return groups
-
     def _init_pipeline(self, cut: stage_split.StageCut) -> None:
-        spec = self.plan
-        tp, t = spec.tp, self.tp_rank
-        # per (pipeline rank k, TP rank t): its DP group; per (replica r, TP rank t): that TP
-        # rank's pipeline of the replica (with tp = 1: per k, per r)
-        dp_groups = self._new_groups([spec.dp_group_ranks(k, u) for k in range(spec.mp)
-                                      for u in range(tp)])
-        replica_groups = self._new_groups([spec.replica_ranks(r, u) for r in range(spec.dp)
-                                           for u in range(tp)])
-        # per tied parameter, per replica and TP rank: the ranks holding a copy (a group where
-        # they are several; where one rank holds every copy, it sums them alone: see pipeline)
+        spec, layout, mesh = self.plan, self.layout, self._mesh
+        # per tied parameter: the ranks of this replica and TP rank holding a copy (a group
+        # where they are several; where one rank holds every copy, it sums them alone: see
+        # pipeline)
         stage_ranks = spec.stage_ranks
         tie_groups: Dict[int, Any] = {}
         for i, uses in enumerate(cut.tied):
             holders = sorted({stage_ranks[s] for s in uses})
             if len(holders) > 1:
-                groups = self._new_groups([[spec.rank_of(r, k, u) for k in holders]
-                                           for r in range(spec.dp) for u in range(tp)])
-                tie_groups[i] = groups[self.replica * tp + t]
-        self._replica_group = replica_groups[self.replica * tp + t]
-        self.device = _device(spec, spec.mesh[self.replica][self.stage] + t)
-        tp_mesh = None  # the (dp, tp) mesh of this rank's pipeline rank (tp > 1)
-        if tp > 1:
-            tp_groups = self._new_groups([spec.tp_group_ranks(r, k) for r in range(spec.dp)
-                                          for k in range(spec.mp)])
-            tp_mesh = self._tp_mesh(dp_groups[self.stage * tp + t],
-                                    tp_groups[self.replica * spec.mp + self.stage], self.stage)
-        dp_mesh = None  # hybrid sharding: a 2-D mesh per DP group (else the stages' own)
-        if spec.sharding != "none" and spec.dp_shard < spec.dp:
-            dp_mesh = self._hybrid_mesh([spec.dp_group_ranks(k) for k in range(spec.mp)],
-                                        self.stage, self.device)
+                tie_groups[i] = mesh.tied_group(holders)
+        self._replica_group = mesh.pp_group()  # this TP rank's pipeline of the replica
+        self.device = _device(spec, spec.mesh[self.replica][self.stage] + self.tp_rank)
         self.stages = spec.stages_of(self.stage)
         recomputed = {spec.assignment[n] for n in spec.recompute}
         selective = {spec.assignment[n] for n in spec.selective}  # whole stages (plan rule)
         self._runner = PipelineRunner(
             cut, self.stages, self.device, spec.schedule, spec.num_microbatches, self.loss_fn,
-            self._replica_group, dp_groups[self.stage * tp + t], spec.dp, tie_groups,
-            recompute_stages=sorted(recomputed), sharding=spec.sharding, dp_mesh=dp_mesh,
+            self._replica_group, mesh.dp_group(), spec.dp, tie_groups,
+            recompute_stages=sorted(recomputed), sharding=spec.sharding,
+            dp_mesh=mesh.hsdp() if layout.hybrid else mesh.dp(),
             selective_stages=sorted(selective),
-            tensor_parallel=(self._tp_styles, self._tp_kinds, tp_mesh) if tp > 1 else None)
+            tensor_parallel=((self._tp_styles, self._tp_kinds, mesh.dp_tp()) if spec.tp > 1
+                             else None))
         # the ranks of this TP rank's pipeline holding stage 0 (the batch's inputs) and the last
-        self._first_rank = spec.rank_of(self.replica, stage_ranks[0], t)
-        self._last_rank = spec.rank_of(self.replica, stage_ranks[-1], t)
+        self._first_rank = layout.rank_of(self.replica, stage_ranks[0], self.tp_rank)
+        self._last_rank = layout.rank_of(self.replica, stage_ranks[-1], self.tp_rank)
         self._cut = cut
         self.module = self._runner.module
         self._params = self._runner.parameters()
@@ -834,10 +788,8 @@ class AppliedPlan:
         if not isinstance(keep, int) or keep < 0:
             raise ValueError(f"save_sharded: keep must be an int >= 0 (got {keep!r})")
         completed = self.wait_checkpoint()
-        if self._checkpoint_group is None:  # Gloo: DCP's writer thread runs its collectives
-            self._checkpoint_group = self._new_groups([list(range(dist.get_world_size()))])[0]
         started = time.perf_counter()
-        pending = sharded_checkpoint.begin(self, os.fspath(directory), self._checkpoint_group,
+        pending = sharded_checkpoint.begin(self, os.fspath(directory), self._mesh.world_group(),
                                            async_save, extra)
         pending.keep = keep
         pending.stall_s = time.perf_counter() - started
@@ -853,7 +805,7 @@ class AppliedPlan:
         pending, self._pending_save = getattr(self, "_pending_save", None), None
         if pending is None:
             return None
-        return sharded_checkpoint.finalize(pending, self._checkpoint_group, pending.keep)
+        return sharded_checkpoint.finalize(pending, self._mesh.world_group(), pending.keep)
 
     def export_pretrained(self, directory: Union[str, os.PathLike], **kw: Any) -> None:
         """Writes the trained model to `directory` as a Hugging Face checkpoint (config.json +
@@ -914,7 +866,7 @@ _STATE_NOTE = ("The training state at the switch is the exception's .hybridplan_
 # AppliedPlan's own public attributes: every other public attribute is the user's, carried over
 _OWN = {"plan", "original", "loss_fn", "batch_dim", "rank", "replica", "stage", "stages",
         "predicted_step_s", "recorded_actions", "step_count", "shard_units", "optimizer",
-        "module", "ddp", "devices", "device", "switches"}
+        "module", "ddp", "devices", "device", "switches", "layout", "tp_rank"}
 
 
 def _agree(rank: int, plan_sha: Optional[str], error: Optional[str], module: nn.Module) -> None:

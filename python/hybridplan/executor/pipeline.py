@@ -198,8 +198,7 @@ class PipelineRunner:
             if dp > 1 and has_params and tensor_parallel is not None:  # over the dp dimension
                 _tp.replicate(module, tp_mesh)  # (sharding with tp > 1: placement only)
             elif dp > 1 and has_params and sharding != "none":  # one FSDP unit: the stage
-                _sharding.shard(module, dp_mesh if dp_mesh is not None  # HSDP: 2-D
-                                else _sharding.data_parallel_mesh(dp_group, device), sharding)
+                _sharding.shard(module, dp_mesh, sharding)  # HSDP: a 2-D dp_mesh
             elif dp > 1 and has_params:
                 wrapped = DistributedDataParallel(module, process_group=dp_group,
                                                   **ddp_bucket_kwargs())

@@ -1,18 +1,11 @@
 """The executor's view of a Plan (docs/formats.md "Plan"): accepts a hybridplan Plan, a dict or a
 path, has the core validate it, and answers what the plan means for one process.
 
-Process layout (docs/formats.md; docs/tensor_parallel.md for tp > 1, TP rank t innermost):
-    placement  one process per replica and TP rank: rank = r * tp + t, world = dp * tp; the
-               rank owns mesh[r][0..mp-1] (mp = 1 when tp > 1: device mesh[r][0] + t)
-    pipeline   one process per device:  rank = (r * mp + k) * tp + t, world = dp * mp * tp,
-               where k (0..mp-1) is the pipeline rank within the replica; the DP group of
-               pipeline rank k, TP rank t is {(r * mp + k) * tp + t for r in 0..dp-1}, its TP
-               group {(r * mp + k) * tp + t for t in 0..tp-1}, and the ranks of one t form that
-               TP rank's pipeline of the replica. The plan's mp * virtual_stages stages lie on the
-               pipeline ranks as its schedule says (hybridplan.planner.stage_ranks, torch's
-               generate_stage_to_rank_mapping): stage s on k = s with one stage per rank, on
-               s % mp for the interleaved schedules, along a V for "zbv" (stages s and
-               2 * mp - 1 - s on rank s), so the last stage is on rank 0 there.
+Which process runs which part of the plan (ranks, process groups) is executor/layout.py's. The
+plan's mp * virtual_stages stages lie on the pipeline ranks (0..mp-1) as its schedule says
+(hybridplan.planner.stage_ranks, torch's generate_stage_to_rank_mapping): stage s on k = s with
+one stage per rank, on s % mp for the interleaved schedules, along a V for "zbv" (stages s and
+2 * mp - 1 - s on rank s), so the last stage is on rank 0 there.
 
 Validation and graph hashing are the core's (C++ Plan::validate_structure and graph_sha256,
 through hybridplan._C): this module adds no rule of its own beyond what the Python executor
@@ -104,25 +97,6 @@ class PlanSpec:
         """Processes the plan's mode runs: dp * tp (placement) or dp * mp * tp (pipeline)."""
         return num_processes({"mode": self.mode, "dp": self.dp, "mp": self.mp, "tp": self.tp})
 
-    def replica_of(self, rank: int) -> int:
-        return rank // (self.tp if self.mode == "placement" else self.mp * self.tp)
-
-    def stage_of(self, rank: int) -> int:
-        """Pipeline rank of `rank` within its replica, 0..mp-1 (0 in placement mode, where a
-        process holds all stages); with one stage per rank it is the stage's index, and it is
-        always the index of the first stage the rank holds (stages_of)."""
-        return 0 if self.mode == "placement" else (rank // self.tp) % self.mp
-
-    def tp_rank_of(self, rank: int) -> int:
-        """TP rank of `rank` within its TP group, 0..tp-1."""
-        return rank % self.tp
-
-    def rank_of(self, replica: int, stage: int, tp_rank: int = 0) -> int:
-        """Process rank of pipeline rank `stage` (0..mp-1, see stage_of; 0 in placement mode)
-        of `replica`, TP rank `tp_rank`."""
-        stages = self.mp if self.mode == "pipeline" else 1
-        return (replica * stages + stage) * self.tp + tp_rank
-
     @property
     def num_stages(self) -> int:
         """Pipeline stages of a replica: mp * virtual_stages (the assignment's range)."""
@@ -136,22 +110,6 @@ class PlanSpec:
     def stages_of(self, pipeline_rank: int) -> List[int]:
         """The stages pipeline rank `pipeline_rank` (0..mp-1) holds, in increasing order."""
         return [s for s, k in enumerate(self.stage_ranks) if k == pipeline_rank]
-
-    def dp_group_ranks(self, stage: int, tp_rank: int = 0) -> List[int]:
-        """Ranks of pipeline rank `stage` (0..mp-1; 0 in placement mode), TP rank `tp_rank`,
-        in every replica: {(r * mp + stage) * tp + tp_rank}; they hold the same stages (the
-        same slice of them)."""
-        return [self.rank_of(r, stage, tp_rank) for r in range(self.dp)]
-
-    def tp_group_ranks(self, replica: int, stage: int = 0) -> List[int]:
-        """Ranks splitting pipeline rank `stage` (0 in placement mode) of `replica`: tp
-        consecutive ranks."""
-        return [self.rank_of(replica, stage, t) for t in range(self.tp)]
-
-    def replica_ranks(self, replica: int, tp_rank: int = 0) -> List[int]:
-        """Ranks holding the stages of one replica (pipeline), TP rank `tp_rank`: that TP
-        rank's pipeline, (r * mp + 0..mp-1) * tp + tp_rank."""
-        return [self.rank_of(replica, s, tp_rank) for s in range(self.mp)]
 
 
 def stage_ranks(schedule: str, mp: int, virtual_stages: int) -> List[int]:

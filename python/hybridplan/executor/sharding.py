@@ -24,8 +24,8 @@ group; torch.distributed.pipelining's PipelineStage turns off gradient reduction
 micro-batch's backward and reduce-scatters once after the last (`perform_reduce_grad`).
 
 Hybrid sharding (the plan's "dp_shard" < dp, HSDP): the data-parallel group is a 2-D mesh of
-dp / dp_shard replicate groups by dp_shard shards (hybrid_mesh); FSDP2 shards over the second
-dimension and all-reduces each unit's gradient shard over the first after its reduce-scatter.
+dp / dp_shard replicate groups by dp_shard shards (executor/layout.py); FSDP2 shards over the
+second dimension and all-reduces each unit's gradient shard over the first after its reduce-scatter.
 
 The training is the same as DDP's: the reduce-scatter averages what the all-reduce averaged.
 FSDP does not synchronize buffers (DDP broadcasts replica 0's before every forward), so
@@ -37,55 +37,12 @@ AppliedPlan.state_dict() or save_checkpoint() before.
 from __future__ import annotations
 
 import collections
-import itertools
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List
 
 import torch
 from torch import nn
 
 from ..profiler import block_list
-
-mesh_serial = itertools.count()  # numbers the meshes this process builds (their names)
-
-
-def data_parallel_mesh(group: Any, device: torch.device):
-    """A 1-D DeviceMesh over an existing process group (no new group is created), its one
-    dimension named "dp<k>" for the k-th mesh this process builds. DeviceMesh equality (and
-    hash) compares ranks, device type and dimension names, not the process group, and DTensor
-    caches each op's output layout, mesh included, by its inputs' layouts: without a name of
-    its own, a plan applied after another over the same ranks was closed got tensors on the
-    closed plan's mesh from that cache (`detach()` of a parameter, the optimizer's
-    `zeros_like`), whose collectives then failed on the destroyed group ("Could not resolve
-    the process group registered under the name 1")."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return DeviceMesh.from_group(group, device.type, mesh_dim_names=(f"dp{next(mesh_serial)}",))
-
-
-def hybrid_mesh(new_groups: Any, ranks: List[int], dp_shard: int, rank: int,
-                device: torch.device) -> Optional[Any]:
-    """The 2-D (replicate, shard) DeviceMesh of hybrid sharding (HSDP, the plan's "dp_shard")
-    over one data-parallel group: `ranks` are the group's ranks in replica order; replicas r
-    with the same r // dp_shard shard among themselves, those with the same r % dp_shard
-    all-reduce their shards. fully_shard on a 2-D mesh replicates over its first dimension and
-    shards over its second, which is FSDP2's HSDP. `new_groups(rank_lists)` creates process
-    groups (collective: every rank creates every group, in order, so every rank calls this for
-    every data-parallel group); None for a `rank` outside `ranks`."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    dp = len(ranks)
-    replicate = dp // dp_shard
-    shard_groups = new_groups([ranks[i * dp_shard:(i + 1) * dp_shard] for i in range(replicate)])
-    replicate_groups = new_groups([ranks[j::dp_shard] for j in range(dp_shard)])
-    if rank not in ranks:
-        return None
-    me = ranks.index(rank)
-    serial = next(mesh_serial)
-    return DeviceMesh.from_group(
-        [replicate_groups[me % dp_shard], shard_groups[me // dp_shard]], device.type,
-        mesh=torch.tensor(ranks).reshape(replicate, dp_shard),
-        mesh_dim_names=(f"dp_replicate{serial}", f"dp_shard{serial}"))
-
 
 def shard(module: nn.Module, mesh: Any, sharding: str) -> nn.Module:
     """fully_shard(module) as one unit with `sharding`'s reshard_after_forward."""

@@ -478,24 +478,13 @@ def _layout(param: torch.Tensor) -> str:
         f"{list(param.shape)} whole"
 
 
-def mesh_2d(dp_group: Any, tp_group: Any, ranks: List[List[int]], device: torch.device,
-            serial: int) -> Any:
-    """The (dp, tp) DeviceMesh of this rank from its DP and TP process groups (no new group is
-    created): ranks[r][t] is the rank of replica r, TP rank t. Its dimensions are named
-    "dp<serial>" and "tp<serial>" (a name per mesh, see sharding.data_parallel_mesh)."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return DeviceMesh.from_group([dp_group, tp_group], device.type, mesh=torch.tensor(ranks),
-                                 mesh_dim_names=(f"dp{serial}", f"tp{serial}"))
-
-
 def dp_dim(mesh: Any) -> Any:
-    """mesh_2d's data-parallel dimension (a 1-D mesh)."""
+    """A (dp, tp) mesh's data-parallel dimension (a 1-D mesh; layout.Mesh.dp_tp)."""
     return mesh[mesh.mesh_dim_names[0]]
 
 
 def tp_dim(mesh: Any) -> Any:
-    """mesh_2d's tensor-parallel dimension (a 1-D mesh)."""
+    """A (dp, tp) mesh's tensor-parallel dimension (a 1-D mesh)."""
     return mesh[mesh.mesh_dim_names[1]]
 
 
