@@ -119,3 +119,37 @@ def test_llama_on_meta_is_profiled_without_allocating_it():
     assert "model.layers.0.self_attn.q_proj" in names and "lm_head" in names
     assert sum(n["param_bytes"] for n in graph["nodes"]) == param_bytes
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_gpt_matrix_products_agree_with_graph_from_config():
+    """The fake profile of a Hugging Face GPT-2 block at GPT-3 6.7B's width on H100 against
+    graph-from-config for the same configuration: their matrix-product nodes (the QKV and first
+    MLP projections forward and backward, the LM head's backward) within 5 %. Both price a
+    product with from_config.gemm_time; the fake profile adds what the model runs beside it
+    (the bias gradient's sum, the kernel floor). Not compared: the LM head's forward, which
+    carries the step's all-ones output gradient as a real profile's does (block_timing: what
+    runs after the last node is the last node's), the nodes after the attention core and the
+    element-wise ones, where the two graphs cut the model differently (HF charges the
+    attention core to c_proj, from_config gives it its own node)."""
+    transformers = pytest.importorskip("transformers")
+    from hybridplan.profiler.from_config import TransformerConfig, graph_from_config
+
+    h, heads, seq, vocab = 4096, 32, 2048, 50304
+    config = transformers.GPT2Config(n_embd=h, n_head=heads, n_layer=1, n_positions=seq,
+                                     vocab_size=vocab, torch_dtype=torch.bfloat16)
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)
+    fake = profile_dict(model, torch.zeros(1, seq, dtype=torch.long), device_model="H100",
+                        verbose=False, batch_sizes=())
+    planned = graph_from_config(TransformerConfig("gpt", layers=1, hidden=h, heads=heads,
+                                                  seq_len=seq, vocab=vocab), device="H100",
+                                batch_multiples=())
+    by_name = {n["name"]: n for n in fake["nodes"]}
+    ours = {n["name"]: n for n in planned["nodes"]}
+    pairs = {("transformer.h.0.attn.c_attn", "layers.0.qkv"): ("forward_s", "backward_s"),
+             ("transformer.h.0.mlp.c_fc", "layers.0.fc1"): ("forward_s", "backward_s"),
+             ("lm_head", "lm_head"): ("backward_s",)}
+    for (hf, theirs), fields in pairs.items():
+        for field in fields:
+            assert by_name[hf][field] == pytest.approx(ours[theirs][field], rel=0.05), \
+                (hf, field, by_name[hf][field], ours[theirs][field])

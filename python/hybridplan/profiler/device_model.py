@@ -14,7 +14,7 @@ Each op is priced by the kind of work it does (`op_s`):
   runs as an implicit GEMM whose tiles the count does not see), or its bytes at memory
   bandwidth where that is longer;
 - **everything else that runs a kernel**: the bytes its tensor inputs and outputs hold, at
-  memory bandwidth;
+  memory bandwidth (an embedding lookup: the rows it gathers, read and written);
 - **views** (an op whose output aliases its input without writing it: view, transpose,
   expand, slice), allocations without a fill (empty) and queries that return no tensor
   (prim.device, sizes): nothing;
@@ -39,9 +39,11 @@ import time
 from typing import Any, Callable, Dict, Tuple, Union
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from ..planner import load_cluster
+from .block_timing import StepTimer
 from .from_config import DEVICES, GemmDevice, gemm_time
 
 __all__ = ["DeviceModel", "device_model", "measure_cpu"]
@@ -57,6 +59,7 @@ kFp32PeakFlops = {"A100": 19.5e12, "H100": 67e12}
 
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
 _NO_KERNEL = {"empty", "empty_like", "empty_strided", "empty_permuted", "lift_fresh",
+              "_unsafe_view",  # a view whose schema does not say so
               "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel"}
 
 
@@ -73,6 +76,13 @@ class DeviceModel:
     # (working-set bytes, bytes/s) ascending, measured where caches make small working sets
     # faster than memory (a CPU); empty: gemm.memory_bandwidth at every size
     bandwidth_curve: Tuple[Tuple[int, float], ...] = ()
+    # (forward, backward) seconds each graph node costs beyond its ops in an eager step (the
+    # module call, its hooks, the autograd engine's visit); 0 where not measured
+    node_overhead_s: Tuple[float, float] = (0.0, 0.0)
+    # (FLOPs of one product, achieved float32 FLOP/s) ascending, measured where small products
+    # run below the large ones' rate for want of tiles rather than waves (a CPU); empty: the
+    # tile model alone
+    matmul_curve: Tuple[Tuple[float, float], ...] = ()
 
     @property
     def memory_bandwidth_bytes_per_s(self) -> float:
@@ -81,16 +91,9 @@ class DeviceModel:
     def memory_s(self, nbytes: float) -> float:
         """Seconds to read and write `nbytes`: at the bandwidth curve's rate for that working
         set (log-log interpolation between its points, its end points beyond them)."""
-        curve = self.bandwidth_curve
-        if not curve or nbytes <= 0:
+        if not self.bandwidth_curve or nbytes <= 0:
             return nbytes / self.gemm.memory_bandwidth
-        if nbytes <= curve[0][0]:
-            return nbytes / curve[0][1]
-        for (x0, b0), (x1, b1) in zip(curve, curve[1:]):
-            if nbytes <= x1:
-                w = math.log(nbytes / x0) / math.log(x1 / x0)
-                return nbytes / math.exp((1 - w) * math.log(b0) + w * math.log(b1))
-        return nbytes / curve[-1][1]
+        return nbytes / _on_curve(self.bandwidth_curve, nbytes)
 
     def matmul_flops(self, dtype: torch.dtype) -> float:
         """Achievable matmul FLOP/s for operands of `dtype`."""
@@ -98,7 +101,10 @@ class DeviceModel:
 
     def gemm_s(self, m: int, n: int, k: int, count: int, dtype: torch.dtype) -> float:
         """`count` (m x k) @ (k x n) products: from_config.gemm_time at the dtype's rate."""
-        scale = self.matmul_flops(dtype) / self.gemm.mamf_flops
+        rate = self.matmul_flops(dtype)
+        if self.matmul_curve:
+            rate = min(rate, _on_curve(self.matmul_curve, 2.0 * m * n * k))
+        scale = rate / self.gemm.mamf_flops
         return gemm_time(m, n, k, self.gemm, count, scale, dtype.itemsize)
 
     def op_s(self, func: Any, args: tuple, kwargs: dict, out: Any) -> float:
@@ -108,6 +114,8 @@ class DeviceModel:
             return 0.0  # a view, an allocation, or a query of metadata (prim.device, sizes)
         if name in _GEMMS:
             seconds = self._gemm_op_s(name, args)
+        elif name == "embedding":  # a gather reads the rows it returns, not the whole table
+            seconds = self.memory_s(2 * _tensor_bytes(out) + _tensor_bytes(args[1]))
         else:
             nbytes = _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
             seconds = self.memory_s(nbytes)
@@ -126,6 +134,18 @@ class DeviceModel:
         if 0 in (count, m, n, k):
             return 0.0
         return self.gemm_s(int(m), int(n), int(k), int(count), a.dtype)
+
+
+def _on_curve(curve: Tuple[Tuple[float, float], ...], x: float) -> float:
+    """The curve's value at x: log-log interpolation between its points, its end values
+    beyond them."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x <= x1:
+            w = math.log(x / x0) / math.log(x1 / x0)
+            return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
+    return curve[-1][1]
 
 
 def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
@@ -262,13 +282,22 @@ def measure_op_floor_s(repeats: int = 200) -> float:
 kCopyWorkingSets = (256 << 10, 4 << 20, 128 << 20)
 
 
-def measure_cpu(n: int = 1024, repeats: int = 5) -> DeviceModel:
+# The square float32 products measure_cpu times: from a few cache-resident tiles to well past
+# where the rate levels off.
+kMatmulSizes = (64, 128, 256, 512, 1024)
+
+
+def measure_cpu(repeats: int = 5) -> DeviceModel:
     """This CPU on this process's intra-op threads: the fastest float32 n x n matmul (2 n^3
-    FLOPs), the fastest copy at each of kCopyWorkingSets (bytes read and written over the time:
+    FLOPs) at each of kMatmulSizes (the matmul curve; the largest is the rate), the fastest
+    copy at each of kCopyWorkingSets (bytes read and written over the time:
     the bandwidth curve; the largest is the memory bandwidth) and measure_op_floor_s. Timed on
     this thread's CPU clock with one intra-op thread, else the wall clock. About a second."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    rate = 2.0 * n ** 3 / _best_s(lambda: torch.mm(a, b), repeats)
+    matmuls = []
+    for n in kMatmulSizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        matmuls.append((2.0 * n ** 3, 2.0 * n ** 3 / _best_s(lambda: torch.mm(a, b), repeats)))
+    rate = matmuls[-1][1]
     curve = []
     for working_set in kCopyWorkingSets:
         src = torch.empty(working_set // 8)
@@ -277,11 +306,43 @@ def measure_cpu(n: int = 1024, repeats: int = 5) -> DeviceModel:
         seconds = _best_s(lambda: [dst.copy_(src) for _ in range(copies)], repeats) / copies
         curve.append((working_set, working_set / seconds))
     floor_s = measure_op_floor_s()
+    overhead = measure_node_overhead_s(floor_s)
     dev = GemmDevice("cpu", rate, rate, curve[-1][1], 1, (1, 1))
     return DeviceModel(f"cpu ({torch.get_num_threads()} threads)", dev, rate, floor_s,
-                       f"measured: float32 {n}x{n} matmul {rate / 1e9:.1f} GFLOP/s, copy "
+                       "measured: float32 matmul "
+                       + ", ".join(f"{r / 1e9:.0f}" for _, r in matmuls)
+                       + f" GFLOP/s at n = {', '.join(map(str, kMatmulSizes))}, copy "
                        + ", ".join(f"{b / 1e9:.1f} GB/s at {w >> 10} KiB" for w, b in curve)
-                       + f", one-element add {floor_s * 1e6:.1f} us", tuple(curve))
+                       + f", one-element add {floor_s * 1e6:.1f} us, per node "
+                       f"{overhead[0] * 1e6:.0f} us forward, {overhead[1] * 1e6:.0f} us "
+                       f"backward", tuple(curve), overhead, tuple(matmuls))
+
+
+# A Linear(8, 8) at batch 1 runs one kernel forward (addmm) and three backward (two matrix
+# products and the bias gradient's sum), each at the floor: the rest of its time is the node's.
+kTinyNodeOps = (1, 3)
+
+
+def measure_node_overhead_s(floor_s: float, nodes: int = 16, steps: int = 20
+                            ) -> Tuple[float, float]:
+    """(forward, backward) seconds a graph node costs beyond its ops, as the real profiler
+    sees it: the median per-node times (block_timing.StepTimer, this thread's clock) of a chain
+    of `nodes` Linear(8, 8) at batch 1, less kTinyNodeOps op floors each."""
+    chain = nn.Sequential(*[nn.Linear(8, 8) for _ in range(nodes)])
+    names = {str(i): mod for i, mod in enumerate(chain)}
+    timer = StepTimer(chain, names, "thread" if torch.get_num_threads() == 1 else "wall")
+    x = torch.randn(1, 8)
+    forward, backward = [], []
+    try:
+        for step in range(steps + 2):
+            f, b = timer.step((x,))
+            if step >= 2:  # two warm-up steps
+                forward += f.values()
+                backward += b.values()
+    finally:
+        timer.remove()
+    return (max(0.0, statistics.median(forward) - kTinyNodeOps[0] * floor_s),
+            max(0.0, statistics.median(backward) - kTinyNodeOps[1] * floor_s))
 
 
 def describe(dm: DeviceModel) -> Dict[str, Any]:

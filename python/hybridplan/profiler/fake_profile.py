@@ -254,7 +254,11 @@ def _priced_step(module, nodes, order, call, meter: _Meter, loss
     finally:
         timer.remove()
         module.zero_grad(set_to_none=True)
-    return ({n: step[0].get(n, 0.0) for n in order}, {n: step[1].get(n, 0.0) for n in order})
+    # each node's fixed cost beyond its ops (DeviceModel.node_overhead_s), where it ran any
+    forward_extra, backward_extra = meter.dm.node_overhead_s
+    return ({n: step[0].get(n, 0.0) + forward_extra for n in order},
+            {n: step[1].get(n, 0.0) + (backward_extra if step[1].get(n, 0.0) > 0 else 0.0)
+             for n in order})
 
 
 def _forward_fields(module, nodes, call, meter: _Meter) -> Dict[str, Dict[str, float]]:
