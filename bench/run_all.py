@@ -37,6 +37,7 @@ QUICK_ARGS = {
     "bench_checkpoint.py": ["--quick", "--out-dir", "{out}/checkpoint"],
     "bench_cpp_ddp.py": ["--widths", "16,32,8", "--global-batch", "8", "--steps", "3",
                          "--warmup-steps", "1", "--rounds", "1"],
+    "bench_fake_profile.py": ["--models", "branchy_cnn", "--batch", "4", "--repeats", "2"],
     "bench_host_noise.py": ["--seconds", "2", "--model", "hybridplan.models:digits_cnn",
                             "--batch", "4"],
     "bench_executor.py": ["--steps", "3", "--warmup-steps", "1", "--global-batch", "8",

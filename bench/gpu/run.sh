@@ -6,6 +6,8 @@
 #   3. calibrates the machine at world size 1 with NCCL (python -m hybridplan calibrate);
 #   4. validates data-parallel plans of branchy_cnn at per-replica batches 16..256 on the GPU
 #      (python -m hybridplan validate: predicted beside measured per term, peak memory);
+#   5. compares the fake profile priced for this GPU (its device model from from_config's
+#      table) with a real profile, node by node (bench/bench_fake_profile.py);
 # and writes everything to $OUT (or out/gpu): results.md (with date and device), the graph,
 # the calibrated cluster and validate.json.
 #   bash bench/gpu/prepare.sh                      # here first: the headers it carries
@@ -62,11 +64,21 @@ JSON
   --model hybridplan.models:branchy_cnn --devices 1 --plans 5 --steps 30 --warmup 10 \
   --out-dir "$OUT_DIR" > "$OUT_DIR/validate-table.md"
 
+echo "== 5. fake profile (device model) vs real profile"
+FAKE_MODEL=auto
+[ "$DRY" = 1 ] && FAKE_MODEL=cpu
+"$PY" bench/bench_fake_profile.py --device "$DEVICE" --device-model "$FAKE_MODEL" \
+  --batch 64 --repeats 20 > "$OUT_DIR/fake-profile.md"
+
 {
   echo "# hybridplan on $( [ "$DRY" = 1 ] && echo "CPU (dry run)" || "$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname), torch $("$PY" -c 'import torch; print(torch.__version__)'), $(( $(date +%s) - started )) s (bench/gpu/run.sh)"
   echo
   cat "$OUT_DIR/validate-table.md"
+  echo
+  echo "## Fake profile vs real profile"
+  echo
+  cat "$OUT_DIR/fake-profile.md"
 } > "$OUT_DIR/results.md"
 cat "$OUT_DIR/results.md"
