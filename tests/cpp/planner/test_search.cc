@@ -87,6 +87,22 @@ Problem random_problem(std::mt19937_64& rng, int trial) {
   return problem;
 }
 
+// A 3-node graph profiled at batch 12 on a 2-node x 4-device cluster, the default job.
+Problem three_nodes_on_two_by_four() {
+  std::mt19937_64 rng(3);
+  Problem problem;
+  testing::RandomGraphOptions go;
+  go.num_nodes = 3;
+  go.profiled_batch = 12;
+  problem.graph = random_graph(rng, go);
+  testing::RandomClusterOptions co;
+  co.num_nodes = 2;
+  co.devices_per_node = 4;
+  problem.cluster = random_cluster(rng, co);
+  problem.job = default_job();
+  return problem;
+}
+
 }  // namespace
 
 TEST_CASE("search: best plan equals brute force over the whole space", "[search]") {
@@ -138,17 +154,7 @@ TEST_CASE("search: best plan equals brute force over the whole space", "[search]
 }
 
 TEST_CASE("search: search space on a 2x4 cluster", "[search]") {
-  std::mt19937_64 rng(3);
-  Problem problem;
-  testing::RandomGraphOptions go;
-  go.num_nodes = 3;
-  go.profiled_batch = 12;
-  problem.graph = random_graph(rng, go);
-  testing::RandomClusterOptions co;
-  co.num_nodes = 2;
-  co.devices_per_node = 4;
-  problem.cluster = random_cluster(rng, co);
-  problem.job = default_job();
+  Problem problem = three_nodes_on_two_by_four();
   std::vector<std::string> skipped;
   const auto points = search_space(problem, SearchOptions{}, &skipped);
   // mp=1 (dp=8) placement; mp=2 (dp=4) placement + pipeline M in {1,2,4,12} (12 = profiled
@@ -465,20 +471,10 @@ TEST_CASE("search: a pipeline that fits only with recompute is split for recompu
 
 TEST_CASE("search: no replica or micro-batch gets fewer samples than the model accepts",
           "[search]") {
-  // The same graph and 2x4 cluster as "search space on a 2x4 cluster", whose mp=2 pipelines run
+  // The problem of "search space on a 2x4 cluster", whose mp=2 pipelines run
   // M in {1, 2, 4, 12} at per-replica batch 12: with min_batch_size 4 (say, a model whose
   // forward fails below 4 samples), M = 4 (3 samples) and M = 12 (1 sample) are gone.
-  std::mt19937_64 rng(3);
-  Problem problem;
-  testing::RandomGraphOptions go;
-  go.num_nodes = 3;
-  go.profiled_batch = 12;
-  problem.graph = random_graph(rng, go);
-  testing::RandomClusterOptions co;
-  co.num_nodes = 2;
-  co.devices_per_node = 4;
-  problem.cluster = random_cluster(rng, co);
-  problem.job = default_job();
+  Problem problem = three_nodes_on_two_by_four();
   problem.graph.profiled.min_batch_size = 4;
   const auto points = search_space(problem, SearchOptions{}, nullptr);
   for (const SearchSpacePoint& p : points) {
