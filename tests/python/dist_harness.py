@@ -65,6 +65,34 @@ def run_ranks(target: str, world_size: int, kwargs: Dict[str, Any], *, timeout_s
                         env_per_rank=env_per_rank)
 
 
+def run_cases(target: str, by_world: Dict[int, List[Dict[str, Any]]], out_dir: Any, *,
+              timeout_s: float, kwargs_for: Any = None) -> Tuple[Dict[str, Any], Dict[int, str]]:
+    """Runs `target` ("module:function(cases_file, out_dir, **kwargs)") once per world size on
+    that many ranks, with the cases of that size (dicts with an "id", torch.save'd to a file:
+    graphs and plans are too long for a command line); the function saves each case's result
+    as <out_dir>/<id>.rank<r>.pt. Returns ({id: [rank 0's result, ...], or the failed launch's
+    output}, {world: output of a launch that failed}). `kwargs_for(world)`: more arguments."""
+    import torch
+
+    failures: Dict[int, str] = {}
+    for world, cases in by_world.items():
+        cases_file = os.path.join(str(out_dir), f"cases-world{world}.pt")
+        torch.save(cases, cases_file)
+        kwargs = {"cases_file": cases_file, "out_dir": str(out_dir),
+                  **(kwargs_for(world) if kwargs_for else {})}
+        results = run_ranks(target, world, kwargs, timeout_s=timeout_s)
+        if not all(r.returncode == 0 for r in results):
+            failures[world] = format_results(results)
+    loaded: Dict[str, Any] = {}
+    for world, cases in by_world.items():
+        for case in cases:
+            paths = [os.path.join(str(out_dir), f"{case['id']}.rank{r}.pt") for r in range(world)]
+            loaded[case["id"]] = ([torch.load(p) for p in paths]
+                                  if all(os.path.exists(p) for p in paths)
+                                  else failures.get(world, "no output"))
+    return loaded, failures
+
+
 def run_phases(module: str, phases: Sequence[str], out_dir: Any, *, world_size: int = 2,
                timeout_s: float = 300) -> Tuple[Any, Dict[str, Tuple[bool, str]]]:
     """Runs `module:phase` on world_size ranks for each phase in turn (each with out_dir),

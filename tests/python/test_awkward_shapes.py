@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dist_harness import format_results, run_ranks
+from dist_harness import run_cases
 from plan_builders import share
 
 STEPS, PROFILE_BATCH, SEQ, LR, MOMENTUM = 3, 4, 6, 0.05, 0.9
@@ -344,21 +344,9 @@ def trained(graphs, tmp_path_factory):
                 plans[case_id] = plan
                 by_world[world].append({"model": name, "plan": plan, "id": case_id,
                                         "graph": graph.to_dict()})
-    failures = {}
-    for world, cases in by_world.items():
-        cases_file = out_dir / f"cases-world{world}.pt"
-        torch.save(cases, cases_file)
-        results = run_ranks("test_awkward_shapes:train_cases", world,
-                            {"cases_file": str(cases_file), "out_dir": str(out_dir),
-                             "parallelize": world == 2}, timeout_s=600)
-        if not all(r.returncode == 0 for r in results):
-            failures[world] = format_results(results)
-    loaded = {}
-    for world, cases in by_world.items():
-        for case in cases:
-            paths = [out_dir / f"{case['id']}.rank{r}.pt" for r in range(world)]
-            loaded[case["id"]] = ([torch.load(p) for p in paths] if all(p.exists() for p in paths)
-                                  else failures.get(world, "no output"))
+    loaded, failures = run_cases("test_awkward_shapes:train_cases", by_world, out_dir,
+                                 timeout_s=600,
+                                 kwargs_for=lambda world: {"parallelize": world == 2})
     parallelized = out_dir / "parallelized.rank0.pt"
     loaded["parallelized"] = (torch.load(parallelized) if parallelized.exists()
                               else failures.get(2, "no output"))

@@ -23,11 +23,10 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
 
 from dist_harness import format_results, run_ranks
 from plan_builders import pipeline_plan, placement_plan, share
-from user_models import bn_dict as bn_dict_model
+from user_models import bn_dict as bn_dict_model, train_one_process, train_torch_ddp
 
 STEPS, LR, MOMENTUM, GLOBAL_BATCH = 3, 0.05, 0.9, 8
 CASES = {  # case -> (mode, num_microbatches, recompute, sync_batchnorm)
@@ -93,43 +92,16 @@ def train_rank(out_dir):
         results["refused"] = ""
     except ValueError as e:
         results["refused"] = str(e)
-    results["ddp"] = train_torch_ddp()
+    results["ddp"] = train_torch_ddp(bn_dict_model, GLOBAL_BATCH, STEPS, sgd)
     torch.save(results, os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
     destroy_groups()
-
-
-def train_torch_ddp():
-    import torch.distributed as dist
-    model, batch, loss_fn = bn_dict_model()
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = sgd(ddp.parameters())
-    world, rank = dist.get_world_size(), dist.get_rank()
-    for step in range(STEPS):
-        inputs, target = batch(GLOBAL_BATCH, 100 + step)
-        opt.zero_grad()
-        loss_fn(ddp(**share(inputs, world, rank)), share(target, world, rank)).backward()
-        opt.step()
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    del ddp, opt
-    return state
 
 
 # ---- test side --------------------------------------------------------------------------------
 
 def one_process(num_microbatches=1):
-    """One process on the global batch, in `num_microbatches` parts whose mean losses are
-    averaged (the same gradient; BatchNorm sees each part alone)."""
-    model, batch, loss_fn = bn_dict_model()
-    opt = sgd(model.parameters())
-    for step in range(STEPS):
-        inputs, target = batch(GLOBAL_BATCH, 100 + step)
-        opt.zero_grad()
-        for j in range(num_microbatches):
-            part = share(inputs, num_microbatches, j)
-            (loss_fn(model(**part), share(target, num_microbatches, j))
-             / num_microbatches).backward()
-        opt.step()
-    return model.state_dict()
+    """One process on the global batch, in `num_microbatches` parts (user_models)."""
+    return train_one_process(bn_dict_model, GLOBAL_BATCH, STEPS, sgd, num_microbatches)
 
 
 def max_difference(state, reference):

@@ -29,9 +29,9 @@ import os
 import pytest
 import torch
 
-from dist_harness import format_results, run_ranks
+from dist_harness import run_cases
 from plan_builders import share
-from user_models import BATCH_NORM, FACTORIES, call
+from user_models import BATCH_NORM, FACTORIES, train_one_process, train_torch_ddp
 
 STEPS, PROFILE_BATCH, LR, MOMENTUM = 3, 8, 0.05, 0.9
 KINDS = {  # kind -> (mode, planner devices, dp, mp, schedule)
@@ -104,23 +104,10 @@ def train_cases(cases_file, out_dir):
         result = {"state": hp.state_dict(),  # sharded plans: every parameter a DTensor shard
                   "sharded": [isinstance(p, DTensor) for p in hp.parameters()]}
         if case.get("with_ddp"):
-            result["ddp_state"] = train_torch_ddp(case["model"], global_batch)
+            result["ddp_state"] = train_torch_ddp(FACTORIES[case["model"]], global_batch, STEPS,
+                                                  sgd)
         torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
     destroy_groups()  # train_torch_ddp's wrapper is gone: collect, then destroy
-
-
-def train_torch_ddp(name, global_batch):
-    import torch.distributed as dist
-    model, batch, loss_fn = FACTORIES[name]()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = sgd(ddp.parameters())
-    for step in range(STEPS):
-        inputs, target = batch(global_batch, 100 + step)
-        world, rank = dist.get_world_size(), dist.get_rank()
-        opt.zero_grad()
-        loss_fn(call(ddp, share(inputs, world, rank)), share(target, world, rank)).backward()
-        opt.step()
-    return model.state_dict()
 
 
 # ---- test side --------------------------------------------------------------------------------
@@ -129,17 +116,7 @@ def reference_state(name, global_batch, num_microbatches=1):
     """One process on the global batch, in `num_microbatches` equal parts whose mean losses are
     averaged (the same gradient; BatchNorm sees each part alone)."""
     torch.set_num_threads(1)
-    model, batch, loss_fn = FACTORIES[name]()
-    opt = sgd(model.parameters())
-    for step in range(STEPS):
-        inputs, target = batch(global_batch, 100 + step)
-        opt.zero_grad()
-        for j in range(num_microbatches):
-            part = share(inputs, num_microbatches, j)
-            (loss_fn(call(model, part), share(target, num_microbatches, j))
-             / num_microbatches).backward()
-        opt.step()
-    return model.state_dict()
+    return train_one_process(FACTORIES[name], global_batch, STEPS, sgd, num_microbatches)
 
 
 def shared_layer_across_stages(plan):
@@ -215,21 +192,7 @@ def trained(tmp_path_factory):
             case = {"model": name, "plan": plans[case_id], "graph": graph.to_dict(),
                     "id": case_id, "with_ddp": name in BATCH_NORM and kind in ("dp", "placement")}
             by_world.setdefault(world_of(kind), []).append(case)
-    failures = {}
-    for world, cases in by_world.items():
-        cases_file = out_dir / f"cases-world{world}.pt"
-        torch.save(cases, cases_file)
-        results = run_ranks("test_user_models:train_cases", world,
-                            {"cases_file": str(cases_file), "out_dir": str(out_dir)},
-                            timeout_s=900)
-        if not all(r.returncode == 0 for r in results):
-            failures[world] = format_results(results)
-    loaded = {}
-    for world, cases in by_world.items():
-        for case in cases:
-            paths = [out_dir / f"{case['id']}.rank{r}.pt" for r in range(world)]
-            loaded[case["id"]] = ([torch.load(p) for p in paths] if all(p.exists() for p in paths)
-                                  else failures.get(world, "no output"))
+    loaded, _ = run_cases("test_user_models:train_cases", by_world, out_dir, timeout_s=900)
     return loaded, plans
 
 

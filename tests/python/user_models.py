@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plan_builders import share
+
 Factory = Callable[[], Tuple[nn.Module, Callable, Callable]]
 D_MODEL, SEQ, VOCAB, CLASSES = 16, 6, 32, 4
 QWEN_VOCAB = 50  # awkward: 4 and 8 do not divide it
@@ -457,3 +459,42 @@ BATCH_NORM = ("bn_cnn", "bn_dict")
 
 def call(model: nn.Module, inputs: Any):
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def train_one_process(factory: Factory, global_batch: int, steps: int, optimizer: Callable,
+                      num_microbatches: int = 1, first_seed: int = 100) -> Dict[str, Any]:
+    """The reference the distributed runs are compared with: `factory`'s model trained `steps`
+    steps in one process on batches batch_fn(global_batch, first_seed + step), each in
+    `num_microbatches` equal parts whose mean losses are averaged (the same gradient; BatchNorm
+    sees each part alone, as a pipeline's stages do); its final state_dict."""
+    model, batch, loss_fn = factory()
+    opt = optimizer(model.parameters())
+    for step in range(steps):
+        inputs, target = batch(global_batch, first_seed + step)
+        opt.zero_grad()
+        for j in range(num_microbatches):
+            part = share(inputs, num_microbatches, j)
+            (loss_fn(call(model, part), share(target, num_microbatches, j))
+             / num_microbatches).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def train_torch_ddp(factory: Factory, global_batch: int, steps: int, optimizer: Callable,
+                    first_seed: int = 100) -> Dict[str, Any]:
+    """The same training under torch's DistributedDataParallel on this rank's process group
+    (each rank its share of every batch: BatchNorm normalises each share alone, and DDP
+    broadcasts rank 0's buffers at each forward); a copy of the final state_dict."""
+    import torch.distributed as dist
+    model, batch, loss_fn = factory()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = optimizer(ddp.parameters())
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for step in range(steps):
+        inputs, target = batch(global_batch, first_seed + step)
+        opt.zero_grad()
+        loss_fn(call(ddp, share(inputs, world, rank)), share(target, world, rank)).backward()
+        opt.step()
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    del ddp, opt  # the wrapper's hooks gone before the caller destroys the group
+    return state
