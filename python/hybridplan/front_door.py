@@ -25,16 +25,19 @@
         plans that run one process per device (data parallelism, dp = world; pipelines, dp x
         mp = world); a model that cannot be cut into stages is planned without pipelines, and
         the log says which module and why;
-  3. rank 0 broadcasts graph, cluster, job and plan (or its error, raised on every rank), logs
-     the choice in two lines, and every rank applies the same plan with hybridplan.apply, which
-     checks once more that the ranks agree (executor/rank_agreement). A pipeline plan whose
-     cut fails at apply falls back to the best data-parallel plan, logged.
+  3. rank 0 broadcasts graph, cluster, job and plan as JSON, the one time they travel as text
+     (or its error, raised on every rank; executor/rank_agreement.rank_zero_acts), logs the
+     choice in two lines, and every rank applies the same plan with hybridplan.apply, which
+     checks once more that the ranks agree (the plan's sha256). Rank 0 keeps the objects it
+     made; the other ranks read each document once. A pipeline plan whose cut fails at apply
+     falls back to the best data-parallel plan, logged.
 
 `sync_batchnorm=True` (apply's: BatchNorm over the global batch, executor/batch_norm.py) plans
 data parallelism only: a pipeline's stages normalise each micro-batch alone.
 
-Returns apply's AppliedPlan, with `hp.parallelized` (a Parallelized: the graph, cluster, job
-and plan used, the log lines, where the graph came from).
+Returns apply's AppliedPlan: `hp.plan` is the hybridplan Plan applied (the search's object on
+rank 0), and `hp.parallelized` a Parallelized (the graph, cluster, job and that plan, the log
+lines, where the graph came from).
 """
 
 from __future__ import annotations
@@ -305,7 +308,7 @@ def describe(p: Plan, mode: bool = True) -> str:
     text += f" b={p.per_replica_batch}"
     if p.sharding != "none":
         text += f" {p.sharding}"
-    recomputed = sum(1 for a in p.to_dict()["assignment"] if a.get("recompute"))
+    recomputed = len(p.recompute)
     if recomputed:
         text += f" recompute {recomputed} nodes"
     return text
@@ -537,8 +540,9 @@ def _graph(model, example_inputs, example_target, loss_fn, cache_dir, profile_op
 
 
 def _decide(model, example_inputs, example_target, loss_fn, optimizer, job, cluster, cache_dir,
-            profile_options, modes, world, local_world, log) -> dict:
-    """Rank 0's work; returns the payload broadcast to every rank."""
+            profile_options, modes, world, local_world, log) -> Tuple[dict, dict]:
+    """Rank 0's work: the payload broadcast to every rank (the documents as JSON text) and the
+    same documents as the objects rank 0 holds (graph, cluster, job, plan, fallback)."""
     c, how = resolve_cluster(cluster, cache_dir, world, local_world)  # cheap errors first
     j = resolve_job(job, _batch_of(example_inputs, 0), optimizer)
     if how:
@@ -547,10 +551,11 @@ def _decide(model, example_inputs, example_target, loss_fn, optimizer, job, clus
                                  profile_options, log)
     choice = choose_plan(graph, c, j, world, modes)
     lines = plan_lines(choice, c)
-    return {"graph": graph.to_json(), "cluster": c.to_json(), "job": j.to_json(),
-            "plan": choice.plan.to_json(),
-            "fallback": choice.fallback.to_json() if choice.fallback is not None else None,
-            "lines": lines, "source": source, "path": path}
+    objects = {"graph": graph, "cluster": c, "job": j, "plan": choice.plan,
+               "fallback": choice.fallback}
+    payload = {k: v.to_json() if v is not None else None for k, v in objects.items()}
+    payload.update(lines=lines, source=source, path=path)
+    return payload, objects
 
 
 def _setup_group(setup_timeout_s: float) -> Any:
@@ -646,9 +651,13 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
         if verbose:
             print(line, file=sys.stderr, flush=True)
 
+    mine: Dict[str, Any] = {}  # rank 0's objects: the other ranks read them from the payload
+
     def decide() -> dict:  # rank 0
-        payload = _decide(model, example_inputs, example_target, loss_fn, optimizer, job,
-                          cluster, cache_dir, profile_options, modes, world, local_world, log)
+        payload, objects = _decide(model, example_inputs, example_target, loss_fn, optimizer,
+                                   job, cluster, cache_dir, profile_options, modes, world,
+                                   local_world, log)
+        mine.update(objects)
         for line in payload["lines"]:
             log(line)
         return payload
@@ -660,8 +669,14 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
     finally:
         if group is not None:
             destroy_groups([group])
-    graph = Graph.from_json(payload["graph"], "graph from rank 0")
-    plan = Plan.from_json(payload["plan"], "plan from rank 0")
+    def received(kind: Any, key: str) -> Any:
+        """rank 0's object, or the one its payload holds read (and validated) once."""
+        if key in mine:
+            return mine[key]
+        return kind.from_json(payload[key], f"{key} plan from rank 0" if key == "fallback"
+                              else f"{key} from rank 0")
+
+    graph, plan = received(Graph, "graph"), received(Plan, "plan")
     example = _resize_batch(example_inputs, example_batch, plan.per_replica_batch, batch_dim)
     try:
         hp = apply(plan, model, loss_fn=loss_fn, optimizer=optimizer, timeout_s=timeout_s,
@@ -669,7 +684,7 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
     except ValueError as e:  # raised on every rank alike (apply's rank agreement)
         if payload["fallback"] is None:
             raise
-        plan = Plan.from_json(payload["fallback"], "fallback plan from rank 0")
+        plan = received(Plan, "fallback")
         if rank == 0:
             log(f"hybridplan: the pipeline plan could not be applied ({_first_line(e, 300)}); "
                 f"falling back to {describe(plan)}")
@@ -678,7 +693,6 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
         hp = apply(plan, model, loss_fn=loss_fn, optimizer=optimizer, timeout_s=timeout_s,
                    graph=graph, example_inputs=example, **apply_options)
     hp.parallelized = Parallelized(
-        graph, Cluster.from_json(payload["cluster"], "cluster from rank 0"),
-        Job.from_json(payload["job"], "job from rank 0"), plan,
+        graph, received(Cluster, "cluster"), received(Job, "job"), plan,
         lines if rank == 0 else list(payload["lines"]), payload["source"], payload["path"])
     return hp

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import hashlib
 import json
+import math
 import os
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
@@ -82,11 +85,14 @@ class _Document:
 
     _kind = "document"
 
-    def __init__(self, text: str, _validated: bool = False):
+    def __init__(self, text: Optional[str], _validated: bool = False,
+                 _parsed: Optional[dict] = None):
         if not _validated:
             raise TypeError(f"use {type(self).__name__}.from_dict / .load to build one")
+        # `_parsed`: the document already parsed (a search's plans come out of one JSON text,
+        # parsed once); its canonical text is then written when first asked for (to_json)
         self._text = text
-        self._dict = json.loads(text)
+        self._dict = json.loads(text) if _parsed is None else _parsed
 
     @classmethod
     def _validate(cls, text: str, source: str) -> str:
@@ -110,11 +116,13 @@ class _Document:
 
     def to_json(self) -> str:
         """The canonical JSON text (sorted keys, no spaces), as the C++ planner writes it."""
+        if self._text is None:
+            self._text = canonical_json(self._dict)
         return self._text
 
     def save(self, path: PathLike) -> None:
         """Writes the canonical JSON atomically (temporary file + rename)."""
-        _atomic_write(path, self._text)
+        _atomic_write(path, self.to_json())
 
     @property
     def name(self) -> str:
@@ -124,7 +132,7 @@ class _Document:
         return type(other) is type(self) and other._dict == self._dict
 
     def __hash__(self) -> int:
-        return hash(self._text)
+        return hash(self.to_json())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -237,10 +245,30 @@ class Plan(_Document):
     """One complete decision (kind "hybridplan.plan"): the contract read by the executor.
 
     `from_dict`/`load` check the plan's structure; `validate(graph, cluster)` checks it against
-    what it is applied to (graph sha256, world size, mesh, assignment).
+    what it is applied to (graph sha256, world size, mesh, assignment). One Plan object goes from
+    the search to the running job (hybridplan.apply, parallelize, switch, checkpoints hold it);
+    its identity is `sha256`, of its canonical JSON, computed once.
     """
 
     _kind = "plan"
+    source = "plan"  # what messages about it name: the file it was loaded from, else "plan"
+
+    @classmethod
+    def load(cls, path: PathLike) -> "Plan":
+        plan = super().load(path)
+        plan.source = os.fspath(path)
+        return plan
+
+    @classmethod
+    def _of(cls, d: dict) -> "Plan":
+        """A plan the core itself wrote (search, plan_over_run), already parsed: no second
+        validation, no text until one is asked for."""
+        return cls(None, _validated=True, _parsed=d)
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """sha256 of the canonical JSON: what every rank of a job must agree on."""
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
 
     @classmethod
     def _validate(cls, text: str, source: str) -> str:
@@ -252,8 +280,8 @@ class Plan(_Document):
                  cluster: Union["Cluster", dict, PathLike]) -> "Plan":
         """This plan checked against `graph` and `cluster` (ValueError on any mismatch)."""
         g, c = _as_graph(graph), _as_cluster(cluster)
-        text = _C.validate_plan(self._text, "plan", g.to_json(), c.to_json())
-        return Plan(text, _validated=True)
+        text = _C.validate_plan(self.to_json(), "plan", g.to_json(), c.to_json())
+        return Plan._of(json.loads(text))  # the canonical text is Python's (sha256)
 
     @property
     def name(self) -> str:
@@ -325,21 +353,69 @@ class Plan(_Document):
 
     @property
     def global_batch(self) -> int:
-        return self._dict["global_batch"]
+        """Samples per optimizer step over all replicas: dp * per_replica_batch."""
+        return self.dp * self.per_replica_batch
 
     @property
     def mesh(self) -> list:
         """mesh[replica][k]: global device index of replica's k-th device."""
         return copy.deepcopy(self._dict["mesh"])
 
-    @property
+    @functools.cached_property
     def assignment(self) -> dict:
-        """Node name -> replica-local device (placement) or stage (pipeline)."""
+        """Node name -> replica-local device (placement) or stage (pipeline). Shared: read it,
+        do not change it."""
         return {a["name"]: a["device"] for a in self._dict["assignment"]}
+
+    @property
+    def assigned_names(self) -> list:
+        """Each assignment entry's "name", in order (None where an entry has none)."""
+        return [a.get("name") for a in self._dict["assignment"]]
+
+    @functools.cached_property
+    def recompute(self) -> frozenset:
+        """The nodes whose forward is recomputed in backward (docs/recompute.md)."""
+        return frozenset(a["name"] for a in self._dict["assignment"] if a.get("recompute"))
+
+    @functools.cached_property
+    def selective(self) -> frozenset:
+        """Those of them recomputed selectively (the matmuls' and attention's outputs kept)."""
+        return frozenset(a["name"] for a in self._dict["assignment"]
+                         if a.get("recompute") == "selective")
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """With tp > 1: norms and dropout on 1/tp of the sequence (docs/tensor_parallel.md)."""
+        return bool(self._dict.get("sequence_parallel", False))
+
+    @property
+    def devices_per_node(self) -> int:
+        """The cluster's devices per node (the plan's own device count when it names none)."""
+        return int(self._dict["cluster"].get("devices_per_node")
+                   or max(1, self.dp * self.mp * self.tp))
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages of a replica: mp * virtual_stages (the assignment's range)."""
+        return self.mp * self.virtual_stages
+
+    @functools.cached_property
+    def stage_ranks(self) -> List[int]:
+        """Pipeline rank (0..mp-1) of each stage (stage_ranks()). Shared: do not change it."""
+        return stage_ranks(self.schedule, self.mp, self.virtual_stages)
+
+    def stages_of(self, pipeline_rank: int) -> List[int]:
+        """The stages pipeline rank `pipeline_rank` (0..mp-1) holds, in increasing order."""
+        return [s for s, k in enumerate(self.stage_ranks) if k == pipeline_rank]
 
     @property
     def predicted(self) -> dict:
         return copy.deepcopy(self._dict.get("predicted", {}))
+
+    @property
+    def predicted_step_s(self) -> float:
+        """The predicted step time (NaN when the plan carries no prediction)."""
+        return float(self._dict.get("predicted", {}).get("step_s", math.nan))
 
     def explain(self, graph=None, cluster=None, job=None) -> str:
         """The plan as text for people (as `hybridplan explain`); see explain()."""
@@ -509,8 +585,7 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
                                shardings=_shardings(shardings),
                                schedules=_schedules(schedules), tensor_degrees=degrees,
                                sequence_parallel=str(sequence_parallel), **exact))
-    plans = [Plan(json.dumps(p, sort_keys=True, separators=(",", ":")), _validated=True)
-             for p in out["plans"]]
+    plans = [Plan._of(p) for p in out["plans"]]
     return SearchResult(plans, out["candidates_evaluated"], out["notes"], out["infeasible"])
 
 
@@ -622,7 +697,7 @@ class RunSchedule:
 
 
 def _plan_of(d: dict) -> Plan:
-    return Plan(json.dumps(d, sort_keys=True, separators=(",", ":")), _validated=True)
+    return Plan._of(d)
 
 
 def plan_over_run(graph, cluster, job, devices: Optional[int] = None, segments: int = 16,

@@ -157,10 +157,11 @@ def _label(plan: dict) -> str:
 
 # ---- predicted -----------------------------------------------------------------------------
 
-def _prediction(plan: dict, graph, cluster, job) -> Dict[str, Any]:
+def _prediction(plan: dict, plan_object: "planner.Plan", graph, cluster, job) -> Dict[str, Any]:
     """The plan's predicted terms and, for a pipeline, the cost model's schedule per pipeline
     rank. With graph and cluster the plan is checked against them and evaluated again (as
-    `hybridplan explain` does); without them its own `predicted` is taken."""
+    `hybridplan explain` does); without them its own `predicted` is taken. `plan` is
+    `plan_object`'s dict: the object goes to the core as it is (its text, not parsed again)."""
     if cluster is not None and graph is None:
         raise ValueError("trace: a cluster needs the graph too (got cluster without graph)")
     if graph is None or cluster is None:
@@ -173,11 +174,11 @@ def _prediction(plan: dict, graph, cluster, job) -> Dict[str, Any]:
                              "the cluster to evaluate the plan")
         return {"terms": predicted, "timeline": None}
     g, c, j = planner._as_graph(graph), planner._as_cluster(cluster), planner._as_job(job)
-    terms = planner.evaluate(g, c, plan, j)
+    terms = planner.evaluate(g, c, plan_object, j)
     timeline = None
     if plan["mode"] == "pipeline":
         timeline = json.loads(planner._C.pipeline_timeline(
-            g.to_json(), c.to_json(), None if j is None else j.to_json(), json.dumps(plan)))
+            g.to_json(), c.to_json(), None if j is None else j.to_json(), plan_object.to_json()))
     return {"terms": terms, "timeline": timeline}
 
 
@@ -212,8 +213,9 @@ def predicted_trace(plan, graph=None, cluster=None, job=None) -> dict:
     placement plan without them is drawn from its own `predicted` terms. With graph and cluster
     the plan is checked against them and evaluated again (the terms `hybridplan explain`
     prints). `plan`, `graph`, `cluster`, `job`: values, dicts or paths (cluster: or a preset)."""
-    p = planner._as_plan(plan).to_dict()
-    prediction = _prediction(p, graph, cluster, job)
+    plan = planner._as_plan(plan)
+    p = plan.to_dict()
+    prediction = _prediction(p, plan, graph, cluster, job)
     names = _thread_names(p, _predicted_ranks(p))
     return _trace(p, [_metadata(PREDICTED_PID, f"predicted: {_label(p)}", 0, names),
                       _predicted_events(p, prediction, PREDICTED_PID)],
@@ -327,9 +329,10 @@ def comparison_trace(plan, measured: dict, graph=None, cluster=None, job=None,
     [{"kind", "stage", "microbatch", "start_s", "end_s"}], "step_s", "compute_s",
     "allreduce_s", "optimizer_s", "overhead_s", "last_step_start_s"}, ...], "step_s": ...});
     `source` names it in error messages."""
-    p = planner._as_plan(plan).to_dict()
+    plan = planner._as_plan(plan)
+    p = plan.to_dict()
     ranks = _checked_measured(p, measured, source)
-    prediction = _prediction(p, graph, cluster, job)
+    prediction = _prediction(p, plan, graph, cluster, job)
     label = _label(p)
     other = _other(p, prediction)
     if isinstance(measured.get("step_s"), (int, float)):

@@ -174,7 +174,7 @@ def test_applied_plan_switch_advice_uses_its_plan_and_estimate():
 
     class _Stub(hybridplan.AppliedPlan):
         def __init__(self, meter):
-            self._noise, self._plan_dict = meter, running.to_dict()
+            self._noise, self.plan = meter, running
 
     advice = _Stub(_Meter()).switch_advice(TINY, "dgx1-v100", _job(1301))
     assert advice.switch and (advice.best.dp, advice.best.mp) == (2, 4)

@@ -17,7 +17,7 @@ groups the plan needs, then:
   pipeline   (one process per device, rank = replica * mp + k, world = dp * mp): the module
              is cut into the plan's mp * virtual_stages stages by torch.export
              (profiler.stage_split) and this rank's stage (or, under the interleaved and
-             zero-bubble schedules, stages; plan_spec says which) runs in
+             zero-bubble schedules, stages; the plan's stage_ranks say which) runs in
              torch.distributed.pipelining's PipelineStage under the plan's schedule, wrapped in
              DDP over its DP group {r * mp + k} (see pipeline).
 
@@ -82,8 +82,8 @@ from . import switching
 from . import tensor_parallel
 from .layout import Layout
 from .pipeline import PipelineRunner, merge_states
-from ..planner import canonical_json
-from .plan_spec import PlanSpec, graph_sha256, load_plan_dict, parse_plan, sha256_hex
+from ..planner import Plan
+from .plan_spec import graph_sha256, parse_plan
 from . import rank_agreement
 from .rank_agreement import RankReport, agree_across_ranks, param_signature
 
@@ -217,14 +217,14 @@ def _job_store(timeout: datetime.timedelta) -> Any:
     return _Lifecycle.store
 
 
-def _device(spec: PlanSpec, global_device: int) -> torch.device:
+def _device(spec: Plan, global_device: int) -> torch.device:
     """cuda:<local index> for mesh entry node * devices_per_node + local; CPU without CUDA."""
     if torch.cuda.is_available():
         return torch.device("cuda", global_device % spec.devices_per_node)
     return torch.device("cpu")
 
 
-def _check_module(spec: PlanSpec, module: nn.Module) -> None:
+def _check_module(spec: Plan, module: nn.Module) -> None:
     """Assignment names must be graph nodes of `module` (profiler.block_list: a node module, or
     "name@k" for its call k), and every node module that holds parameters or buffers must be
     assigned, except one whose parameters are all those of assigned nodes (block_list.
@@ -256,7 +256,7 @@ def as_call(inputs: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     return (inputs,), {}
 
 
-def _first_microbatch(spec: PlanSpec, example_inputs: Any, batch_dim: int
+def _first_microbatch(spec: Plan, example_inputs: Any, batch_dim: int
                       ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """One micro-batch of the example: the shape the stages are traced at."""
     if example_inputs is None:
@@ -281,7 +281,7 @@ def _first_microbatch(spec: PlanSpec, example_inputs: Any, batch_dim: int
     return tuple(part(v) for v in args), {k: part(v) for k, v in kwargs.items()}
 
 
-def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int,
+def _local_checks(spec: Plan, module: nn.Module, graph: Any, world_size: int,
                   example_inputs: Any = None, batch_dim: int = 0,
                   measure_noise_scale: int = 0, noise_scale_decay: float = 0.99,
                   optimizer: Any = None) -> None:
@@ -325,7 +325,7 @@ def _local_checks(spec: PlanSpec, module: nn.Module, graph: Any, world_size: int
         _first_microbatch(spec, example_inputs, batch_dim)
 
 
-def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int,
+def _cut(spec: Plan, module: nn.Module, example_inputs: Any, batch_dim: int,
          tp_styles: Optional[Dict[str, str]] = None) -> stage_split.StageCut:
     """The plan's stages (pipeline mode): the export-based cut at one micro-batch; with
     tensor parallelism, of a copy holding this TP rank's shards (tensor_parallel.
@@ -340,7 +340,8 @@ def _cut(spec: PlanSpec, module: nn.Module, example_inputs: Any, batch_dim: int,
 class AppliedPlan:
     """A module trained under a plan on this rank. Attributes: `module` (this rank's part: the
     whole replica in placement mode, the stage module in pipeline mode, an nn.ModuleList of
-    the stage modules where the rank holds several), `plan` (PlanSpec), `rank`, `replica`,
+    the stage modules where the rank holds several), `plan` (the hybridplan Plan applied),
+    `layout` (its process grid, executor/layout.py), `rank`, `replica`,
     `stage` (the pipeline rank within the replica, 0..mp-1: with one stage per rank, the stage),
     `stages` (the stages this rank holds; [stage] unless the schedule runs several per rank),
     `optimizer`, `predicted_step_s`, `step_count` (optimizer steps
@@ -348,20 +349,19 @@ class AppliedPlan:
     nodes FSDP shards as units of their own; the root is one more, see sharding), `switches`
     (one dict per switch(): step, from, to, reason, and the advice's figures)."""
 
-    def __init__(self, spec: PlanSpec, original: nn.Module, cut: Optional[stage_split.StageCut],
+    def __init__(self, spec: Plan, original: nn.Module, cut: Optional[stage_split.StageCut],
                  loss_fn: Callable, optimizer: Union[Callable, torch.optim.Optimizer, None],
-                 timeout: datetime.timedelta, batch_dim: int, plan_dict: Optional[dict] = None,
+                 timeout: datetime.timedelta, batch_dim: int,
                  measure_noise_scale: int = 0, noise_scale_decay: float = 0.99,
                  aliases: Optional[Dict[str, str]] = None,
                  resumed: Optional[Dict[str, Any]] = None, resumed_from: str = "",
-                 plan_json: str = "", tp_styles: Optional[Dict[str, str]] = None,
+                 tp_styles: Optional[Dict[str, str]] = None,
                  tp_kinds: Optional[Dict[str, str]] = None, tp_sequence: Any = None,
                  sync_batchnorm: bool = False):
         self.plan, self.original, self.loss_fn, self.batch_dim = spec, original, loss_fn, batch_dim
         # tensor parallelism (tp > 1): node -> style, node module -> weight kind (apply())
         self._tp_styles, self._tp_kinds = tp_styles or {}, tp_kinds or {}
         self._tp_sequence = tp_sequence  # sequence parallelism's SpLayout, or None
-        self._plan_dict = plan_dict  # the plan as applied: switch_advice() evaluates it
         self.rank = dist.get_rank()
         self.layout = Layout.of(spec)  # where this rank sits; its groups: self._mesh
         self.replica = self.layout.replica_of(self.rank)
@@ -383,7 +383,6 @@ class AppliedPlan:
         self.last_save_stall_s = 0.0  # how long the last save_sharded held the training thread
         self.resumed_from = resumed_from  # the checkpoint resumed ("" if none)
         self.resumed_extra = resumed.get("extra") if resumed is not None else None
-        self._plan_json = plan_json  # the plan's canonical JSON, stored in checkpoints
         # what switch() carries over to the next plan (loss_fn None: the module's default)
         self._switch_options: Dict[str, Any] = {
             "loss_fn": None if loss_fn == _default_loss(original) else loss_fn,
@@ -599,9 +598,7 @@ class AppliedPlan:
         estimate = self.noise_scale()
         if estimate is None:
             return None
-        if self._plan_dict is None:
-            raise ValueError("hybridplan: switch_advice() needs the plan as applied")
-        return switch_advice(self._plan_dict, estimate, graph, cluster, job, devices=devices,
+        return switch_advice(self.plan, estimate, graph, cluster, job, devices=devices,
                              min_gain=min_gain, processes=processes, modes=modes)
 
     def switch(self, plan: Any, *, module: Optional[nn.Module] = None, example_inputs: Any = None,
@@ -733,7 +730,7 @@ class AppliedPlan:
         return checkpoint.build(
             merge_states(self.original, [p["model"] for p in mine]),
             checkpoint.merge_optimizer_states([p["optimizer"] for p in mine]),
-            self.step_count, self._plan_json, self.plan.graph_sha256)
+            self.step_count, self.plan.to_json(), self.plan.graph_sha256)
 
     def consolidated_state(self) -> Dict[str, Any]:
         """The whole training state in memory, on every rank, as save_checkpoint writes it
@@ -820,7 +817,7 @@ class AppliedPlan:
                 f"rank={self.rank}, replica={self.replica}, stage={self.stage})")
 
 
-def _check_batch(spec: PlanSpec, flat: List[Any]) -> None:
+def _check_batch(spec: Plan, flat: List[Any]) -> None:
     for t in flat:
         if t.dim() == 0 or t.shape[0] != spec.per_replica_batch:
             raise ValueError(f"{spec.source}: a pipeline step takes per_replica_batch="
@@ -950,9 +947,8 @@ def _switch(hp: "AppliedPlan", plan: Any, *, module: Optional[nn.Module] = None,
                              f"undone: pass switch(..., module=) a freshly built model (the "
                              f"same architecture; its weights are replaced by the running "
                              f"state)")
-        plan_dict = load_plan_dict(plan)[0]
-        plan_sha = sha256_hex(plan_dict)
-        spec = parse_plan(plan)
+        spec = parse_plan(plan)  # read once: the new plan's object from here on
+        plan_sha = spec.sha256
         if ("measure_noise_scale" not in options and settings["measure_noise_scale"]
                 and (spec.dp < 2 or spec.sharding != "none" or spec.tp > 1)):
             settings["measure_noise_scale"] = 0  # the new plan cannot measure it (noise.py)
@@ -1027,7 +1023,7 @@ def _switch(hp: "AppliedPlan", plan: Any, *, module: Optional[nn.Module] = None,
             raise error
     try:
         new = apply(
-            plan, target, loss_fn=settings["loss_fn"], optimizer=settings["optimizer"],
+            spec, target, loss_fn=settings["loss_fn"], optimizer=settings["optimizer"],
             timeout_s=settings["timeout_s"], graph=settings.get("graph"),
             batch_dim=settings["batch_dim"], example_inputs=example_inputs,
             measure_noise_scale=settings["measure_noise_scale"],
@@ -1131,8 +1127,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         block_timing.retain_freed_memory()
     _init_process_group(timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    plan_sha, plan_json, spec, cut, error = None, "", None, None, None
-    resumed, plan_dict, resumed_from = None, None, ""
+    plan_sha, spec, cut, error = None, None, None, None
+    resumed, resumed_from = None, ""
     tp_styles: Dict[str, str] = {}
     tp_kinds: Dict[str, str] = {}
     tp_sequence = None
@@ -1140,9 +1136,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     aliases = checkpoint.parameter_aliases(module)  # likewise
     versions = rank_agreement.local_versions()
     try:
-        plan_dict = load_plan_dict(plan)[0]
-        plan_json, plan_sha = canonical_json(plan_dict), sha256_hex(plan_dict)
-        spec = parse_plan(plan)
+        spec = parse_plan(plan)  # the one plan object this job holds
+        plan_sha = spec.sha256
         _local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                       measure_noise_scale, noise_scale_decay, optimizer)
         batch_norm.check_sync(spec, module, sync_batchnorm)
@@ -1177,9 +1172,9 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             error = str(e)
         agree_across_ranks(RankReport(rank, plan_sha, error, signature, *versions))
     hp = AppliedPlan(spec, module, cut, loss_fn or _default_loss(module), optimizer, timeout,
-                     batch_dim, plan_dict, measure_noise_scale, noise_scale_decay,
+                     batch_dim, measure_noise_scale, noise_scale_decay,
                      aliases=aliases, resumed=resumed, resumed_from=resumed_from,
-                     plan_json=plan_json, tp_styles=tp_styles, tp_kinds=tp_kinds,
+                     tp_styles=tp_styles, tp_kinds=tp_kinds,
                      tp_sequence=tp_sequence, sync_batchnorm=sync_batchnorm)
     batch_norm.note_data_parallel(spec, module, sync_batchnorm, rank)
     hp.checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None

@@ -11,7 +11,7 @@ the rank is the row-major index, as torch's init_device_mesh numbers it):
                dimension, shard over its second).
 
 r is the replica (0..dp-1), k the pipeline rank within it (0..mp-1: which stages it holds is
-the schedule's, PlanSpec.stage_ranks), t the TP rank (0..tp-1). "tp" is left out when tp == 1;
+the schedule's, Plan.stage_ranks), t the TP rank (0..tp-1). "tp" is left out when tp == 1;
 a placement plan has no "pp" (one process runs all its replica's devices).
 
 Every group a rank needs is a slice of that grid: its data-parallel group is the "dp" slice
@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 # Each built mesh's dimension names carry a serial of their own. DeviceMesh equality (and
 # hash) compares ranks, device type and dimension names, not the process groups, and DTensor
@@ -54,8 +55,8 @@ class Layout:
 
     @classmethod
     def of(cls, plan: Any) -> "Layout":
-        """The layout of a plan (a PlanSpec or a planner Plan: mode, dp, mp, tp, sharding and
-        dp_shard)."""
+        """The layout of a plan (a hybridplan Plan, or anything with its mode, dp, mp, tp,
+        sharding and dp_shard)."""
         hybrid = plan.sharding != "none" and plan.dp_shard < plan.dp
         return cls(plan.mode, plan.dp, plan.mp, plan.tp, plan.dp_shard if hybrid else 0)
 
@@ -155,8 +156,6 @@ class Layout:
         data-parallel dimension under hybrid sharding. Groups of their own, never the default
         group (which the user may own): close() must be able to destroy every group whose
         Gloo threads ran the plan's collectives."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
         serial = next(_serial)
         names = {n: f"{n}{serial}" for n, _ in self.dims}

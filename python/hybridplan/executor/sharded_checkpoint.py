@@ -190,7 +190,7 @@ def begin(hp: Any, root: str, group: Any, async_save: bool, extra: Any) -> Pendi
     dist.all_gather_object(groups, _groups_by_name(hp), group=group)
     merged = checkpoint.merge_optimizer_states(groups)
     meta = {"format": kFormat, "version": kVersion, "step": int(step),
-            "plan": hp._plan_json, "graph_sha256": hp.plan.graph_sha256,
+            "plan": hp.plan.to_json(), "graph_sha256": hp.plan.graph_sha256,
             "optimizer_class": merged["class"], "param_groups": merged["param_groups"],
             "extra": extra}
     state = local_state(hp)

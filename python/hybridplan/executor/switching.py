@@ -43,6 +43,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch.distributed as dist
 
+from ..planner import Plan
+from .plan_spec import parse_plan
+
 __all__ = ["Adapt", "maybe_adapt", "describe"]
 
 
@@ -130,8 +133,9 @@ def _advice_inputs(hp: Any, policy: Adapt):
     return parallelized.graph, parallelized.cluster, parallelized.job
 
 
-def _decide(hp: Any, policy: Adapt) -> Dict[str, Any]:
-    """Rank 0's decision: {"switch": bool, "plan": dict, "record": {...}, "line": str}."""
+def _decide(hp: Any, policy: Adapt, chosen: Dict[str, Any]) -> Dict[str, Any]:
+    """Rank 0's decision: {"switch": bool, "plan": the plan's JSON, "record": {...}, "line":
+    str}; the Plan itself goes into chosen["plan"] (rank 0 switches to that object)."""
     graph, cluster, job = _advice_inputs(hp, policy)
     advice = hp.switch_advice(graph, cluster, job, min_gain=policy.min_gain,
                               processes=dist.get_world_size(), modes=policy.modes)
@@ -140,9 +144,7 @@ def _decide(hp: Any, policy: Adapt) -> Dict[str, Any]:
                                          f"noise-scale estimate yet"}
     if not advice.switch:
         return {"switch": False, "line": f"hybridplan adapt: step {hp.step_count}: {advice}"}
-    from .plan_spec import parse_plan
-
-    new = parse_plan(advice.best.to_dict())
+    new = chosen["plan"] = parse_plan(advice.best)  # the search's Plan, as it is
     lo, hi = (100 * g for g in advice.gain_range)
     record = {"critical_batch": advice.critical_batch, "stderr": advice.stderr,
               "gain": advice.gain, "gain_range": tuple(advice.gain_range),
@@ -151,7 +153,7 @@ def _decide(hp: Any, policy: Adapt) -> Dict[str, Any]:
             f"{advice.critical_batch:.4g} +- {advice.stderr:.2g} (1 stderr); switching from "
             f"{describe(hp.plan)} to {describe(new)}: predicted {100 * advice.gain:.1f} % "
             f"faster to train ({lo:.1f} to {hi:.1f} % within 2 stderr)")
-    return {"switch": True, "plan": advice.best.to_dict(), "record": record, "line": line}
+    return {"switch": True, "plan": new.to_json(), "record": record, "line": line}
 
 
 def maybe_adapt(hp: Any) -> bool:
@@ -166,9 +168,10 @@ def maybe_adapt(hp: Any) -> bool:
         return False
     state["checked"] = step
     box: List[Any] = [None]
+    chosen: Dict[str, Any] = {}
     if hp.rank == 0:
         try:
-            box[0] = _decide(hp, policy)
+            box[0] = _decide(hp, policy, chosen)
         except Exception as e:  # training goes on; the next check may succeed
             box[0] = {"switch": False,
                       "line": f"hybridplan adapt: step {step}: no advice "
@@ -181,8 +184,9 @@ def maybe_adapt(hp: Any) -> bool:
         print(decision["line"], file=sys.stderr, flush=True)
     if not decision["switch"]:
         return False
+    plan = chosen.get("plan") or Plan.from_json(decision["plan"], "plan from rank 0")
     try:
-        hp.switch(decision["plan"], record=decision["record"])
+        hp.switch(plan, record=decision["record"])
     except ValueError as e:  # refused before anything changed (every rank alike)
         if hp.rank == 0 and policy.log:
             print(f"hybridplan adapt: step {step}: switch refused, training on under "

@@ -1,0 +1,116 @@
+"""One plan object from the search to the run: how often one hybridplan.parallelize call on one
+process serialises, parses, copies, validates and broadcasts its plan, and that hp.plan is that
+Plan (python/hybridplan/planner.py Plan, front_door.py, executor/plan_spec.py).
+
+The counters wrap json.dumps / json.loads / copy.deepcopy (counting only calls whose input or
+output is a whole plan document) and the core's entry points (hybridplan._C: a plan's
+structure check and validation, a graph's canonical form and hash)."""
+
+import copy
+import json
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("hybridplan.planner", reason="needs the compiled planner hybridplan._C "
+                                                 "(make build)")
+
+import hybridplan  # noqa: E402
+from hybridplan import _C  # noqa: E402
+
+
+def _is_plan(value):
+    return isinstance(value, dict) and {"assignment", "mode", "dp", "mesh"} <= set(value)
+
+
+class Counts(dict):
+    def bump(self, key):
+        self[key] = self.get(key, 0) + 1
+
+
+def count_plan_handling(monkeypatch):
+    """Installs the counters; returns the dict they fill."""
+    counts = Counts()
+    dumps, loads, deepcopy = json.dumps, json.loads, copy.deepcopy
+
+    def counted_dumps(obj, *a, **k):
+        if _is_plan(obj):
+            counts.bump("json.dumps")
+        return dumps(obj, *a, **k)
+
+    def counted_loads(text, *a, **k):
+        out = loads(text, *a, **k)
+        if _is_plan(out) or (isinstance(out, dict) and any(
+                _is_plan(p) for p in out.get("plans", []))):  # a search's plans, parsed
+            counts.bump("json.loads")
+        return out
+
+    def counted_deepcopy(obj, *a, **k):
+        if _is_plan(obj):
+            counts.bump("deepcopy")
+        return deepcopy(obj, *a, **k)
+
+    monkeypatch.setattr(json, "dumps", counted_dumps)
+    monkeypatch.setattr(json, "loads", counted_loads)
+    monkeypatch.setattr(copy, "deepcopy", counted_deepcopy)
+    broadcast = torch.distributed.broadcast_object_list
+
+    def counted_broadcast(*a, **k):
+        counts.bump("broadcast")
+        return broadcast(*a, **k)
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", counted_broadcast)
+    for name in ("check_plan", "validate_plan", "canonical_graph", "graph_sha256", "search"):
+        real = getattr(_C, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            counts.bump(f"_C.{_name}")
+            return _real(*a, **k)
+        monkeypatch.setattr(_C, name, counted)
+    return counts
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _parallelize(tmp_path):
+    torch.manual_seed(0)
+    model = Mlp()
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    return hybridplan.parallelize(model, x, example_target=y, cache_dir=str(tmp_path),
+                                  verbose=False, profile_options={"warmup": 1, "repeats": 2}), x, y
+
+
+def test_one_parallelize_call_parses_the_plan_once(tmp_path, monkeypatch):
+    _parallelize(tmp_path)[0].close()  # the graph is cached now: the second call plans only
+    counts = count_plan_handling(monkeypatch)
+    hp, x, y = _parallelize(tmp_path)
+    try:
+        hp.step(*hp.shard(x, y))
+    finally:
+        hp.close()
+    print(dict(counts), file=sys.stderr)
+    # the search's plans come out of the core as one JSON text, parsed once; the plan's
+    # canonical text is written once, for its sha256 (the ranks' agreement, checkpoints);
+    # nothing copies or re-validates it, and a job of one process broadcasts nothing. The
+    # graph is read from the cache once and hashed once (apply checks the plan's graph).
+    assert counts == {"_C.search": 1, "json.loads": 1, "json.dumps": 1,
+                      "_C.canonical_graph": 1, "_C.graph_sha256": 1}, counts
+
+
+def test_hp_plan_is_the_planners_plan(tmp_path):
+    hp, x, y = _parallelize(tmp_path)
+    try:
+        assert isinstance(hp.plan, hybridplan.planner.Plan)
+        assert hp.plan is hp.parallelized.plan
+        assert hp.plan.to_dict()["dp"] == hp.plan.dp == 1
+        assert hp.plan.sha256 == hp.plan.sha256 and len(hp.plan.sha256) == 64
+    finally:
+        hp.close()
