@@ -102,6 +102,9 @@ void timed_search(const std::string& name, const Problem& problem, int repeats,
               wall_s, cpu_s, repeats > 1 ? "fastest" : "one", repeats, target,
               format_bytes(peak_rss_bytes()).c_str(),
               static_cast<long long>(r.candidates_evaluated));
+  for (const std::string& note : r.notes) {  // how many points the bound left unsearched
+    if (note.find("not searched") != std::string::npos) std::printf("%s\n", note.c_str());
+  }
   std::printf("%-4s %-5s %-3s %-3s %-5s %-10s %-16s %-4s %-5s %14s %14s\n", "rank", "dp", "mp",
               "tp", "b", "mode", "sched", "M", "shard", "step", "samples/s");
   for (size_t i = 0; i < r.plans.size(); ++i) {

@@ -217,7 +217,8 @@ bool PartitionCosts::fits(int stage, int64_t first, int64_t end) const {
   return choose(stage, first, end, workspace_max(first, end)).time_s < kInf;
 }
 
-std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
+std::optional<Partition> optimal_partition(const PartitionCosts& costs,
+                                           const std::vector<std::vector<int64_t>>& hints) {
   const int64_t n = costs.num_positions();
   const int k = costs.num_stages();
   HP_INTERNAL_ASSERT(k >= 1, "need at least one stage");
@@ -233,8 +234,14 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
   // a state worth `bound` or more stays +infinity. Every state worth less, hence the optimum and
   // its split, is what the full DP gives; for many stages the window of ends is a few stages
   // wide (O(n^2 / k) instead of O(n^2 log k) steps).
-  const double bound =
-      balanced_split_bottleneck(costs) * (1 + 1e-9) + std::numeric_limits<double>::min();
+  double upper = balanced_split_bottleneck(costs);
+  for (const std::vector<int64_t>& starts : hints) {
+    HP_INTERNAL_ASSERT(starts.size() == static_cast<size_t>(k + 1) && starts.front() == 0 &&
+                           starts.back() == n,
+                       "a hint is a split of the positions into the stages");
+    upper = std::min(upper, partition_bottleneck_s(costs, starts));
+  }
+  const double bound = upper * (1 + 1e-9) + std::numeric_limits<double>::min();
   const std::vector<double>& prefix = costs.prefix_compute_s;
   const auto ends = [&](int s, int64_t first, int64_t last) {  // stage s's ends to compute
     if (bound < kInf) {
@@ -307,7 +314,10 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs) {
         if (limited && bytes_floor(costs, s, i, j, workspace) + fixed > capacity) break;
         const double prev = best[s - 1][i];
         if (prev >= b || !costs.cut_allowed(i)) continue;
-        const PartitionCosts::Choice c = costs.choose(s, i, j, workspace);
+        // without a limit every stage keeps its activations: stage_s, inlined (the same sum)
+        const PartitionCosts::Choice c =
+            limited ? costs.choose(s, i, j, workspace)
+                    : PartitionCosts::Choice{compute_s + costs.boundary_s[s - 1][i] + out_s, kRecomputeNone};
         const double cand = std::max(prev, c.time_s);
         if (cand < b) {
           b = cand;

@@ -115,7 +115,11 @@ struct Partition {
 };
 
 // The optimal partition, or nullopt when no partition into non-empty fitting stages exists.
-std::optional<Partition> optimal_partition(const PartitionCosts& costs);
+// `hints` (optional): other splits (k+1 starts each, e.g. the optimum at another micro-batch
+// size); the best of their bottlenecks bounds the DP like the equal-share split does, so a good
+// hint narrows it further, and the result is the same.
+std::optional<Partition> optimal_partition(const PartitionCosts& costs,
+                                           const std::vector<std::vector<int64_t>>& hints = {});
 
 // The bottleneck of a given partition (+infinity when a stage does not fit).
 double partition_bottleneck_s(const PartitionCosts& costs, const std::vector<int64_t>& starts);

@@ -149,10 +149,18 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
     c.tied_copies.push_back(std::move(copy));
   }
   c.boundary_s.assign(k - 1, std::vector<double>(n + 1, 0.0));
+  // a row per distinct link, copied to the cuts that ride it (a pipeline spanning nodes has
+  // many stages and two or three kinds of link between them)
+  std::map<std::pair<double, double>, int> row_of_link;  // (bandwidth, latency) -> a row
   for (int l = 0; l + 1 < k; ++l) {
     const int64_t from = base.device_of(l), to = base.device_of(l + 1);
     if (from == to) continue;  // zbv's turn: two stages of one rank
     const Link link = tp_stage_link(problem.cluster, base.mesh[0][from], base.mesh[0][to], base.tp);
+    const auto [seen, fresh] = row_of_link.emplace(std::make_pair(link.bandwidth_bytes_per_s, link.latency_s), l);
+    if (!fresh) {
+      c.boundary_s[l] = c.boundary_s[seen->second];
+      continue;
+    }
     for (int64_t p = 0; p <= n; ++p) {
       if (cut_bytes[p] <= 0) continue;
       c.boundary_s[l][p] = 2 * m * boundary_p2p_s(link, cut_tensors[p], cut_bytes[p] * micro_scale);
@@ -200,7 +208,16 @@ std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& c
   if (it == unconstrained_.end()) {
     PartitionCosts unlimited = costs;
     unlimited.memory_capacity_bytes = 0;
-    it = unconstrained_.emplace(key, optimal_partition(unlimited)).first;
+    // the splits found for the same stages at other micro-batch sizes bound the DP (often
+    // nearly optimal here too: the split moves little with the micro-batch)
+    std::vector<std::vector<int64_t>> hints;
+    for (const auto& [other, split] : unconstrained_) {
+      if (split && std::get<0>(other) == std::get<0>(key) && std::get<1>(other) == std::get<1>(key) &&
+          std::get<4>(other) == std::get<4>(key) && std::get<3>(other) == std::get<3>(key)) {
+        hints.push_back(split->stage_starts);
+      }
+    }
+    it = unconstrained_.emplace(key, optimal_partition(unlimited, hints)).first;
   }
   // Optimal under the limits too when, with each stage's fastest kind that fits, its bottleneck
   // is the unconstrained one at these costs (M scales it: the cached split is another M's
@@ -220,13 +237,17 @@ std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& c
       return p;
     }
   }
+  // the split without limits and the least-memory one bound the constrained DP where they fit
+  std::vector<std::vector<int64_t>> hints;
+  if (it->second) hints.push_back(it->second->stage_starts);
   if (least_memory && costs.memory_capacity_bytes > 0) {
     *least_memory = least_memory_partition(costs);
     if (!*least_memory || (*least_memory)->fullest_bytes > costs.memory_capacity_bytes) {
       return std::nullopt;
     }
+    hints.push_back((*least_memory)->stage_starts);
   }
-  return optimal_partition(costs);
+  return optimal_partition(costs, hints);
 }
 
 PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,

@@ -305,10 +305,7 @@ void Plan::validate_structure(const std::string& source) const {
     throw_input_error(source, "mesh", "must have dp = " + str(dp) + " rows",
                       str(static_cast<int64_t>(mesh.size())) + " rows");
   }
-  // (device, flat position r * mp + k), sorted: a reused device shows as equal neighbours. No
-  // string is built unless the check fails (evaluate() runs this for every candidate plan).
-  std::vector<std::pair<DeviceIndex, int64_t>> devices;
-  devices.reserve(static_cast<size_t>(dp * mp));
+  // No string is built unless a check fails (evaluate() runs this for every candidate plan).
   const auto mesh_path = [&](int64_t flat) {
     return json_index_path(json_index_path("mesh", static_cast<size_t>(flat / mp)),
                            static_cast<size_t>(flat % mp));
@@ -329,15 +326,38 @@ void Plan::validate_structure(const std::string& source) const {
                               " (the first of its TP group's tp consecutive devices)",
                           str(mesh[r][k]));
       }
-      devices.emplace_back(mesh[r][k], flat);
     }
   }
-  std::sort(devices.begin(), devices.end());
-  for (size_t i = 1; i < devices.size(); ++i) {
-    if (devices[i].first == devices[i - 1].first) {
-      throw_input_error(source, mesh_path(devices[i].second),
-                        "must not reuse a device (also " + mesh_path(devices[i - 1].second) + ")",
-                        str(devices[i].first));
+  // A reused device: marked off in a table where the indices are few (a cluster's devices;
+  // thousands of them in a search's every evaluate()), else, and to name it, found as equal
+  // neighbours of the (device, flat position r * mp + k) sorted.
+  DeviceIndex most = 0;
+  for (const auto& row : mesh) {
+    for (DeviceIndex d : row) most = std::max(most, d);
+  }
+  bool reused = true;
+  if (most < 4 * dp * mp + 4096) {
+    std::vector<uint8_t> seen(static_cast<size_t>(most) + 1, 0);
+    reused = false;
+    for (const auto& row : mesh) {
+      for (DeviceIndex d : row) reused = reused || seen[d]++ != 0;
+    }
+  }
+  if (reused) {
+    std::vector<std::pair<DeviceIndex, int64_t>> devices;
+    devices.reserve(static_cast<size_t>(dp * mp));
+    for (size_t r = 0; r < mesh.size(); ++r) {
+      for (size_t k = 0; k < mesh[r].size(); ++k) {
+        devices.emplace_back(mesh[r][k], static_cast<int64_t>(r) * mp + static_cast<int64_t>(k));
+      }
+    }
+    std::sort(devices.begin(), devices.end());
+    for (size_t i = 1; i < devices.size(); ++i) {
+      if (devices[i].first == devices[i - 1].first) {
+        throw_input_error(source, mesh_path(devices[i].second),
+                          "must not reuse a device (also " + mesh_path(devices[i - 1].second) + ")",
+                          str(devices[i].first));
+      }
     }
   }
   const int64_t values = num_stages();
