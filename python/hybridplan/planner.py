@@ -271,10 +271,18 @@ class Plan(_Document):
         return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
 
     @classmethod
-    def _validate(cls, text: str, source: str) -> str:
+    def from_json(cls, text: str, source: str = "<json>") -> "Plan":
+        """Checks `text` in the core and parses it once. Without the graph there is no C++
+        canonical form (names come from it): the canonical text is Python's (sorted keys, no
+        spaces), written when first asked for."""
         _C.check_plan(text, source)
-        # Without the graph there is no C++ canonical form (names come from it).
-        return canonical_json(json.loads(text))
+        return cls._of(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>") -> "Plan":
+        """Validates `d` (ValueError naming `source` and the JSON path when it is bad); the
+        Plan holds a copy."""
+        return cls.from_json(_dumps(d, source), source)
 
     def validate(self, graph: Union["Graph", dict, PathLike],
                  cluster: Union["Cluster", dict, PathLike]) -> "Plan":

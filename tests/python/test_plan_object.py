@@ -8,6 +8,7 @@ structure check and validation, a graph's canonical form and hash)."""
 
 import copy
 import json
+import os
 import sys
 
 import pytest
@@ -19,6 +20,10 @@ pytest.importorskip("hybridplan.planner", reason="needs the compiled planner hyb
 
 import hybridplan  # noqa: E402
 from hybridplan import _C  # noqa: E402
+from dist_harness import format_results, run_ranks  # noqa: E402
+
+PLAN_KEYS = ("json.dumps", "json.loads", "deepcopy", "broadcast", "_C.check_plan",
+             "_C.validate_plan", "_C.search")
 
 
 def _is_plan(value):
@@ -30,8 +35,10 @@ class Counts(dict):
         self[key] = self.get(key, 0) + 1
 
 
-def count_plan_handling(monkeypatch):
-    """Installs the counters; returns the dict they fill."""
+def count_plan_handling(monkeypatch=None):
+    """Installs the counters (through `monkeypatch`, else for the life of the process: a rank
+    of run_ranks); returns the dict they fill."""
+    patch = monkeypatch.setattr if monkeypatch is not None else setattr
     counts = Counts()
     dumps, loads, deepcopy = json.dumps, json.loads, copy.deepcopy
 
@@ -52,22 +59,22 @@ def count_plan_handling(monkeypatch):
             counts.bump("deepcopy")
         return deepcopy(obj, *a, **k)
 
-    monkeypatch.setattr(json, "dumps", counted_dumps)
-    monkeypatch.setattr(json, "loads", counted_loads)
-    monkeypatch.setattr(copy, "deepcopy", counted_deepcopy)
+    patch(json, "dumps", counted_dumps)
+    patch(json, "loads", counted_loads)
+    patch(copy, "deepcopy", counted_deepcopy)
     broadcast = torch.distributed.broadcast_object_list
 
     def counted_broadcast(*a, **k):
         counts.bump("broadcast")
         return broadcast(*a, **k)
-    monkeypatch.setattr(torch.distributed, "broadcast_object_list", counted_broadcast)
+    patch(torch.distributed, "broadcast_object_list", counted_broadcast)
     for name in ("check_plan", "validate_plan", "canonical_graph", "graph_sha256", "search"):
         real = getattr(_C, name)
 
         def counted(*a, _real=real, _name=name, **k):
             counts.bump(f"_C.{_name}")
             return _real(*a, **k)
-        monkeypatch.setattr(_C, name, counted)
+        patch(_C, name, counted)
     return counts
 
 
@@ -80,12 +87,13 @@ class Mlp(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _parallelize(tmp_path):
+def _parallelize(tmp_path, **options):
     torch.manual_seed(0)
     model = Mlp()
     x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
     return hybridplan.parallelize(model, x, example_target=y, cache_dir=str(tmp_path),
-                                  verbose=False, profile_options={"warmup": 1, "repeats": 2}), x, y
+                                  verbose=False, profile_options={"warmup": 1, "repeats": 2},
+                                  **options), x, y
 
 
 def test_one_parallelize_call_parses_the_plan_once(tmp_path, monkeypatch):
@@ -114,3 +122,33 @@ def test_hp_plan_is_the_planners_plan(tmp_path):
         assert hp.plan.sha256 == hp.plan.sha256 and len(hp.plan.sha256) == 64
     finally:
         hp.close()
+
+
+def parallelize_rank(out_dir):
+    """One rank of a 2-process job: one parallelize call and a step under the counters."""
+    counts = count_plan_handling()
+    torch.set_num_threads(1)
+    # data parallelism only: no runner-up or fallback plan (each would be one more plan,
+    # written once when evaluated or sent)
+    hp, x, y = _parallelize(out_dir, modes=("placement",))
+    hp.step(*hp.shard(torch.cat([x, x]), torch.cat([y, y])))
+    rank, sha = torch.distributed.get_rank(), hp.plan.sha256
+    hp.close()
+    with open(os.path.join(out_dir, f"counts{rank}.json"), "w") as f:
+        json.dump({"counts": {k: v for k, v in counts.items() if k in PLAN_KEYS},
+                   "sha": sha}, f)
+
+
+def test_two_ranks_one_search_one_broadcast_one_read(tmp_path):
+    """Rank 0 searches and parses the plan once; the plan crosses to rank 1 once, as JSON, in
+    the one broadcast, and rank 1 checks and parses it once; each writes the canonical text
+    once, for the sha256 the ranks agree on."""
+    results = run_ranks("test_plan_object:parallelize_rank", 2, {"out_dir": str(tmp_path)},
+                        timeout_s=180)
+    assert all(r.returncode == 0 for r in results), format_results(results)
+    got = [json.loads((tmp_path / f"counts{r}.json").read_text()) for r in range(2)]
+    assert got[0]["sha"] == got[1]["sha"]
+    assert got[0]["counts"] == {"_C.search": 1, "json.loads": 1, "json.dumps": 1,
+                                "broadcast": 1}, got[0]
+    assert got[1]["counts"] == {"_C.check_plan": 1, "json.loads": 1, "json.dumps": 1,
+                                "broadcast": 1}, got[1]
