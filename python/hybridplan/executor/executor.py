@@ -9,7 +9,7 @@
 apply() initialises the default process group if needed (env:// rendezvous as torchrun sets it
 up; Gloo on CPU, NCCL for CUDA tensors), checks the plan against the module and the job, makes
 every rank agree on torch and hybridplan versions, plan and parameter shapes, builds the process
-groups the plan needs, then:
+groups the plan needs (one named DeviceMesh, executor/layout.py), then:
 
   placement  (one process per replica, rank = replica, world = dp): each assigned graph node
              moves to its replica device, inputs follow, and the replica is wrapped in
