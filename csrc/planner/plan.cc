@@ -396,9 +396,10 @@ void validate_recompute(const Plan& plan, const std::string& source, const Graph
   };
   for (size_t v = 0; v < graph.nodes.size(); ++v) {
     const uint8_t flag = plan.recompute[v];
-    const std::string path = json_index_path("assignment", v) + ".recompute";
+    // built only to throw (evaluate() checks every candidate plan)
+    const auto path = [v]() { return json_index_path("assignment", v) + ".recompute"; };
     if (flag == kRecomputeSelective && !graph.nodes[v].has_selective()) {
-      throw_input_error(source, path,
+      throw_input_error(source, path(),
                         "may be \"selective\" only where the graph measured it (node " +
                             quoted(graph.nodes[v].name) +
                             " has no selective_saved_bytes: profile it again, or recompute it "
@@ -407,7 +408,7 @@ void validate_recompute(const Plan& plan, const std::string& source, const Graph
     }
     const auto [it, fresh] = first_call.emplace(module_of_call(graph.nodes[v].name), v);
     if (!fresh && plan.recompute[it->second] != flag) {
-      throw_input_error(source, path,
+      throw_input_error(source, path(),
                         "must equal that of " + quoted(graph.nodes[it->second].name) +
                             ": the calls of one module recompute together",
                         text(flag));
@@ -417,7 +418,7 @@ void validate_recompute(const Plan& plan, const std::string& source, const Graph
     if (stage_first[s] == graph.nodes.size()) {
       stage_first[s] = v;
     } else if (plan.recompute[stage_first[s]] != flag) {
-      throw_input_error(source, path,
+      throw_input_error(source, path(),
                         "must equal that of " + quoted(graph.nodes[stage_first[s]].name) +
                             " on the same stage " + str(s) +
                             ": a pipeline recomputes whole stages (the executor checkpoints "

@@ -379,7 +379,18 @@ double objective_of_step(const Problem& problem, const Plan& plan, double step_s
 // (placement) or stage (pipeline) over the device's memory, closed under the plan rules (the
 // calls of one module together; whole pipeline stages). Returns the number of nodes recomputed
 // when the plan then fits (its prediction updated), else 0 (the plan unchanged).
-int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
+// The calls of one module, grouped (module_of_call), in module-name order: what recompute_to_fit
+// closes its choice under, found once per search.
+std::vector<std::vector<size_t>> module_call_groups(const Graph& graph) {
+  std::map<std::string, std::vector<size_t>> calls;
+  for (size_t v = 0; v < graph.nodes.size(); ++v) calls[module_of_call(graph.nodes[v].name)].push_back(v);
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [module, group] : calls) groups.push_back(std::move(group));
+  return groups;
+}
+
+int64_t recompute_to_fit(const Evaluator& evaluator, const std::vector<std::vector<size_t>>& module_groups,
+                         Plan& plan) {
   const Graph& graph = evaluator.problem().graph;
   const int64_t have = evaluator.problem().cluster.device.memory_bytes;
   const size_t n = graph.nodes.size();
@@ -387,22 +398,22 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   for (size_t v = 0; v < n; ++v) {
     flags[v] = plan.predicted.memory_bytes[plan.device_of(plan.assignment[v])] > have ? 1 : 0;
   }
-  // the groups that recompute together: the calls of one module; a pipeline's stages
-  std::map<std::string, std::vector<size_t>> calls;
-  for (size_t v = 0; v < n; ++v) calls[module_of_call(graph.nodes[v].name)].push_back(v);
-  std::vector<std::vector<size_t>> groups;
-  for (auto& [module, group] : calls) groups.push_back(std::move(group));
+  // the groups that recompute together: the calls of one module; a pipeline's stages (each
+  // closure below grows to its one fixed point, whatever the order of the groups)
+  std::vector<std::vector<size_t>> stages;
   if (plan.mode == MpMode::kPipeline) {
-    const size_t first_stage = groups.size();
-    groups.resize(first_stage + plan.num_stages());
-    for (size_t v = 0; v < n; ++v) groups[first_stage + plan.assignment[v]].push_back(v);
+    stages.resize(plan.num_stages());
+    for (size_t v = 0; v < n; ++v) stages[plan.assignment[v]].push_back(v);
   }
+  const std::vector<std::vector<size_t>>* kinds_of_group[] = {&module_groups, &stages};
   for (bool changed = true; changed;) {  // to a fixed point: a module's calls span stages
     changed = false;
-    for (const auto& group : groups) {
-      if (std::none_of(group.begin(), group.end(), [&](size_t v) { return flags[v]; })) continue;
-      for (size_t v : group) {
-        if (!flags[v]) flags[v] = 1, changed = true;
+    for (const auto* groups : kinds_of_group) {
+      for (const auto& group : *groups) {
+        if (std::none_of(group.begin(), group.end(), [&](size_t v) { return flags[v]; })) continue;
+        for (size_t v : group) {
+          if (!flags[v]) flags[v] = 1, changed = true;
+        }
       }
     }
   }
@@ -418,13 +429,15 @@ int64_t recompute_to_fit(const Evaluator& evaluator, Plan& plan) {
   }
   for (bool changed = true; changed;) {
     changed = false;
-    for (const auto& group : groups) {
-      if (std::none_of(group.begin(), group.end(),
-                       [&](size_t v) { return selective[v] == kRecomputeFull; })) {
-        continue;
-      }
-      for (size_t v : group) {
-        if (selective[v] == kRecomputeSelective) selective[v] = kRecomputeFull, changed = true;
+    for (const auto* groups : kinds_of_group) {
+      for (const auto& group : *groups) {
+        if (std::none_of(group.begin(), group.end(),
+                         [&](size_t v) { return selective[v] == kRecomputeFull; })) {
+          continue;
+        }
+        for (size_t v : group) {
+          if (selective[v] == kRecomputeSelective) selective[v] = kRecomputeFull, changed = true;
+        }
       }
     }
   }
@@ -522,6 +535,7 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   std::optional<std::pair<int64_t, std::string>> least_memory;  // (peak bytes, point)
   std::map<std::string, std::string> pipeline_notes;
   PipelinePartitionCache partitions;
+  std::vector<std::vector<size_t>> module_groups;  // recompute_to_fit's, on first need
   for (const auto& [bound, index] : by_bound) {
     if (static_cast<int>(best_k.size()) == options.top_k && bound > best_k.top()) {
       ++pruned;
@@ -573,7 +587,8 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
       result.candidates_evaluated += choose_sharding(evaluator, options.shardings, plan);
     }
     if (plan.sharding != Sharding::kNone) ++sharded;
-    if (!plan.predicted.feasible && recompute_to_fit(evaluator, plan) > 0) {
+    if (!plan.predicted.feasible && module_groups.empty()) module_groups = module_call_groups(problem.graph);
+    if (!plan.predicted.feasible && recompute_to_fit(evaluator, module_groups, plan) > 0) {
       ++recomputed;
     }
     if (!plan.predicted.feasible) {
