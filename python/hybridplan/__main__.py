@@ -24,6 +24,7 @@ import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .factories import load_factory
+from .trainers import cli as trainers_cli
 
 EXIT_BAD_INPUT = 2
 
@@ -293,6 +294,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_convergence_parser(sub)
     _add_run_parser(sub)
     _add_graph_from_config_parser(sub)
+    trainers_cli.add_parsers(sub)   # export, evaluate-config
     return parser
 
 
@@ -667,6 +669,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command["run"] = _run
         command["convergence"] = _convergence
         command["graph-from-config"] = _graph_from_config
+        command.update(trainers_cli.COMMANDS)
         return command[args.command](args)
     except ValueError as exc:
         print(f"python -m hybridplan {args.command}: error: {exc}", file=sys.stderr)

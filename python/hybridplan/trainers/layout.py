@@ -1,0 +1,243 @@
+"""The layout every trainer's configuration names, between a hybridplan Plan and a trainer's file.
+
+A trainer does not name nodes: it names degrees (data-parallel replicate and shard, tensor,
+pipeline), a schedule, a micro-batch size, one activation-checkpointing mode for every layer
+and a precision. `layout_of` reduces a Plan to that, listing what the trainer cannot hold;
+`plan_of` builds the nearest Plan back for a graph and cluster (an even contiguous split of the
+graph's nodes over the pipeline stages, as the trainers split layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..planner import Cluster, Graph, Job, Plan, evaluate
+
+RECOMPUTES = ("none", "selective", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One trainer-neutral configuration: what export writes and parse reads back."""
+    dp_replicate: int = 1          # replicas that all-reduce (DDP; HSDP's outer group)
+    dp_shard: int = 1              # replicas that shard among themselves (FSDP; HSDP's inner)
+    tp: int = 1
+    pp: int = 1
+    schedule: str = "none"         # hybridplan's names (planner.SCHEDULES), "none" without pp
+    virtual_stages: int = 1        # pipeline stages per rank
+    micro_batch: int = 1           # samples per micro-batch per data-parallel rank
+    global_batch: int = 1          # samples per optimizer step over all replicas
+    recompute: str = "none"        # RECOMPUTES, applied to every layer
+    sharding: str = "none"         # "none", "zero2", "zero3"
+    precision: str = "bf16"        # "bf16" or "fp32"
+    sequence_parallel: bool = False
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def per_replica_batch(self) -> int:
+        return self.global_batch // self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.per_replica_batch // self.micro_batch if self.pp > 1 else 1
+
+    def to_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), dp=self.dp, world_size=self.world_size,
+                    num_microbatches=self.num_microbatches)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a trainer's configuration can say. `schedules` maps hybridplan's schedule names to
+    the trainer's own; a schedule absent from it is written as `nearest_schedule`'s choice."""
+    name: str
+    schedules: Dict[str, str]
+    shardings: Sequence[str]
+    tensor_parallel: bool
+    hybrid_sharding: bool           # dp_shard < dp with sharding (HSDP)
+    sequence_parallel_optional: bool  # False: the trainer always splits the sequence under TP
+    recompute_kinds: Sequence[str] = RECOMPUTES
+    sequence_parallel: bool = True    # has sequence parallelism at all
+    pipeline_note: str = ""           # where its pipeline is set when not in its file
+
+    def nearest_schedule(self, schedule: str, virtual_stages: int) -> str:
+        if schedule in self.schedules:
+            return schedule
+        # the multi-stage schedules fall back to the other multi-stage one, then to 1F1B
+        for candidate in (("interleaved-1f1b",) if virtual_stages > 1 else ()) + ("1f1b",
+                                                                                  "gpipe"):
+            if candidate in self.schedules:
+                return candidate
+        return ""
+
+    @property
+    def modes(self) -> Tuple[str, ...]:
+        return ("placement", "pipeline") if self.schedules else ("placement",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduced:
+    layout: Layout
+    unexpressed: List[str]    # each thing of the plan the trainer's file does not hold, in words
+    lost_axes: List[str]      # "dp", "mp", "tp": parallel axes (degree > 1) it cannot run at all
+
+
+def _recompute_of(plan: Plan, caps: Capabilities, unexpressed: List[str]) -> str:
+    kinds = [("selective" if a.get("recompute") == "selective" else "full")
+             if a.get("recompute") else "none" for a in plan.to_dict()["assignment"]]
+    used = sorted(set(kinds), key=RECOMPUTES.index)
+    # the trainers apply one mode to every layer: the most recomputation the plan uses, so
+    # that what fit in memory still fits
+    chosen = used[-1]
+    if len(used) > 1:
+        counted = ", ".join(f"{kinds.count(k)} {k}" for k in used)
+        unexpressed.append(f"recompute differs between nodes ({counted} of {len(kinds)}): "
+                           f"{caps.name} applies one mode to every layer; wrote {chosen!r}")
+    if chosen not in caps.recompute_kinds:
+        nearest = "full" if "full" in caps.recompute_kinds else "none"
+        unexpressed.append(f"recompute {chosen!r}: {caps.name} has no such mode; wrote "
+                           f"{nearest!r}")
+        chosen = nearest
+    return chosen
+
+
+def _precision_of(graph: Optional[Graph], job: Optional[Job]) -> str:
+    mixed = job is not None and job.to_dict().get("mixed_precision", False)
+    dtype = None if graph is None else graph.to_dict()["profiled"].get("dtype")
+    # a graph measured in float32 without a mixed-precision job trains in float32; the 16-bit
+    # graphs (and a plan without a graph) in bf16, the trainers' common choice
+    return "fp32" if dtype == "float32" and not mixed else "bf16"
+
+
+def layout_of(plan: Plan, caps: Capabilities, graph: Optional[Graph] = None,
+              job: Optional[Job] = None) -> Reduced:
+    """`plan` as `caps`'s trainer can hold it, with what it cannot."""
+    unexpressed: List[str] = []
+    lost: List[str] = []
+    schedule, pp, vs, microbatches = plan.schedule, 1, 1, 1
+    if plan.mode == "pipeline":
+        pp, vs, microbatches = plan.mp, plan.virtual_stages, plan.num_microbatches
+    elif plan.mp > 1:
+        # concurrent branches on a replica's devices: no trainer places layers that way; a
+        # pipeline of one micro-batch runs the same split one device at a time
+        unexpressed.append(f"placement of each replica's nodes on {plan.mp} devices (branches "
+                           f"running concurrently): {caps.name} has no such mode; wrote a "
+                           f"{plan.mp}-stage pipeline of one micro-batch")
+        pp, schedule = plan.mp, "gpipe"
+    if pp > 1:
+        if not caps.schedules:
+            unexpressed.append(f"pipeline of {pp} stages ({plan.schedule}): {caps.name} sets "
+                               f"no pipeline in its configuration; wrote none")
+            lost.append("mp")
+            pp, vs, schedule, microbatches = 1, 1, "none", 1
+        else:
+            nearest = caps.nearest_schedule(schedule, vs)
+            if nearest != schedule:
+                unexpressed.append(f"schedule {schedule!r}: {caps.name} lacks it; wrote "
+                                   f"{nearest!r}")
+                if vs > 1 and nearest not in ("interleaved-1f1b", "interleaved-zb"):
+                    unexpressed.append(f"{vs} stages per rank: {nearest!r} holds one")
+                    vs = 1
+                schedule = nearest
+            if caps.pipeline_note:
+                unexpressed.append(f"pipeline of {pp} stages: {caps.pipeline_note}")
+    else:
+        schedule = "none"
+    tp = plan.tp
+    if tp > 1 and not caps.tensor_parallel:
+        unexpressed.append(f"tensor parallelism of degree {tp}: {caps.name} has none in its "
+                           f"configuration; wrote 1")
+        lost.append("tp")
+        tp = 1
+    sequence_parallel = plan.sequence_parallel and tp > 1
+    if sequence_parallel and not caps.sequence_parallel:
+        unexpressed.append(f"sequence parallelism: {caps.name} has none; wrote tensor "
+                           f"parallelism alone")
+        sequence_parallel = False
+    if tp > 1 and not plan.sequence_parallel and not caps.sequence_parallel_optional:
+        unexpressed.append(f"tensor parallelism without sequence parallelism: {caps.name} "
+                           f"always splits the norms' sequence under tensor parallelism")
+        sequence_parallel = True
+    sharding = plan.sharding
+    if sharding not in caps.shardings:
+        nearest = "zero2" if sharding == "zero3" and "zero2" in caps.shardings else "none"
+        unexpressed.append(f"sharding {sharding!r}: {caps.name} lacks it; wrote {nearest!r}")
+        sharding = nearest
+    dp_shard = plan.dp_shard if sharding != "none" else 1
+    if sharding != "none" and dp_shard < plan.dp and not caps.hybrid_sharding:
+        unexpressed.append(f"hybrid sharding (shard groups of {dp_shard} of {plan.dp} "
+                           f"replicas): {caps.name} lacks it; wrote one shard group of "
+                           f"{plan.dp}")
+        dp_shard = plan.dp
+    layout = Layout(dp_replicate=plan.dp // dp_shard, dp_shard=dp_shard, tp=tp, pp=pp,
+                    schedule=schedule, virtual_stages=vs,
+                    micro_batch=plan.per_replica_batch // microbatches,
+                    global_batch=plan.global_batch,
+                    recompute=_recompute_of(plan, caps, unexpressed), sharding=sharding,
+                    precision=_precision_of(graph, job), sequence_parallel=sequence_parallel)
+    return Reduced(layout, unexpressed, lost)
+
+
+def even_stages(num_nodes: int, num_stages: int) -> List[int]:
+    """Node i (in graph order) -> stage floor(i * num_stages / num_nodes): contiguous runs of
+    near-equal length, as a trainer splits its layers evenly."""
+    return [i * num_stages // num_nodes for i in range(num_nodes)]
+
+
+def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] = None,
+            source: str = "layout") -> Plan:
+    """The hybridplan Plan that runs `layout` on `graph` and `cluster`, evaluated (its
+    "predicted"), validated by the planner (ValueError naming `source` when the layout does not
+    fit the graph or cluster, e.g. a degree the graph's nodes cannot split at)."""
+    dp, mp, tp = layout.dp, layout.pp, layout.tp
+    if layout.global_batch % dp:
+        raise ValueError(f"{source}: global batch must be a multiple of the data-parallel "
+                         f"degree {dp} (got {layout.global_batch})")
+    if layout.pp > 1 and layout.per_replica_batch % layout.micro_batch:
+        raise ValueError(f"{source}: each replica's batch {layout.per_replica_batch} must be a "
+                         f"multiple of the micro-batch (got {layout.micro_batch})")
+    nodes = graph.nodes
+    order = sorted(n["id"] for n in nodes)
+    names = {n["id"]: n["name"] for n in nodes}
+    stages = even_stages(len(order), mp * layout.virtual_stages) if mp > 1 else [0] * len(order)
+    entry = {} if layout.recompute == "none" else {
+        "recompute": "selective" if layout.recompute == "selective" else True}
+    d = {"schema_version": 1, "kind": "hybridplan.plan",
+         "graph": {"name": graph.name, "sha256": graph.sha256},
+         "cluster": {"name": cluster.name, "num_nodes": cluster.num_nodes,
+                     "devices_per_node": cluster.devices_per_node},
+         "world_size": dp * mp * tp, "dp": dp, "mp": mp,
+         "mode": "pipeline" if mp > 1 else "placement",
+         "per_replica_batch": layout.per_replica_batch, "global_batch": layout.global_batch,
+         "num_microbatches": layout.num_microbatches,
+         "schedule": layout.schedule if mp > 1 else "none",
+         # replica r's k-th device group: consecutive, a TP group's tp devices together
+         "mesh": [[(r * mp + k) * tp for k in range(mp)] for r in range(dp)],
+         "assignment": [dict({"node": i, "name": names[i], "device": s}, **entry)
+                        for i, s in zip(order, stages)],
+         "device_mapping": f"from a {source} configuration: replica r on device groups "
+                           f"r*{mp}..r*{mp}+{mp - 1}"}
+    if tp > 1:
+        d["tp"] = tp
+    # the planner prices sequence parallelism on placement plans of graphs that allow it; a
+    # trainer that splits the sequence elsewhere too is priced without it there
+    if layout.sequence_parallel and mp == 1 and any("sequence_parallel" in n for n in nodes):
+        d["sequence_parallel"] = True
+    if layout.virtual_stages > 1:
+        d["virtual_stages"] = layout.virtual_stages
+    if layout.sharding != "none":
+        d["sharding"] = layout.sharding
+        if layout.dp_shard < dp:
+            d["dp_shard"] = layout.dp_shard
+    predicted = evaluate(graph, cluster, d, job)
+    predicted.pop("objective", None)
+    d["predicted"] = predicted
+    return Plan.from_dict(d, source).validate(graph, cluster)
