@@ -216,3 +216,11 @@ def test_cli_export_and_evaluate_config(tmp_path, problem):
     r = _cli("export", str(tmp_path / "one.json"), "--to", "accelerate")
     assert r.returncode == EXIT_NOTHING_EXPRESSED
     assert "Accelerate can run none of the plan's parallelism (mp)" in r.stderr
+
+
+def test_torchtitan_default_reshard_is_zero2_under_a_pipeline():
+    """torchtitan's "default" keeps parameters gathered across a pipeline's micro-batches."""
+    text = ("[training]\nlocal_batch_size = 8\n[parallelism]\ndata_parallel_shard_degree = 2\n"
+            "pipeline_parallel_degree = {pp}\npipeline_parallel_microbatch_size = 2\n")
+    assert trainers.parse("torchtitan", text.format(pp=2)).sharding == "zero2"
+    assert trainers.parse("torchtitan", text.format(pp=1)).sharding == "zero3"

@@ -237,7 +237,8 @@ def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] =
         d["sharding"] = layout.sharding
         if layout.dp_shard < dp:
             d["dp_shard"] = layout.dp_shard
-    predicted = evaluate(graph, cluster, d, job)
+    plan = Plan.from_dict(d, source).validate(graph, cluster)
+    predicted = evaluate(graph, cluster, plan, job)
     predicted.pop("objective", None)
     d["predicted"] = predicted
-    return Plan.from_dict(d, source).validate(graph, cluster)
+    return Plan.from_dict(d, source)

@@ -121,8 +121,11 @@ def read(text: str, source: str = "torchtitan config",
                          f"selective (got {mode!r})")
     sharding = "none"
     if shard > 1:
-        # "default" reshards after forward except where torchtitan knows better: ZeRO-3
-        sharding = "zero2" if par.get("fsdp_reshard_after_forward") == "never" else "zero3"
+        # "default" reshards after forward (ZeRO-3) but under a pipeline, where torchtitan
+        # keeps the parameters gathered across the micro-batches (ZeRO-2)
+        reshard = par.get("fsdp_reshard_after_forward", "default")
+        sharding = "zero2" if reshard == "never" or (reshard == "default" and pp > 1) \
+            else "zero3"
     tp = int(par.get("tensor_parallel_degree", 1))
     return Layout(dp_replicate=replicate if shard > 1 else dp, dp_shard=shard if shard > 1 else 1,
                   tp=tp, pp=pp, schedule=schedule, virtual_stages=vs,
