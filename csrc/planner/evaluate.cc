@@ -401,12 +401,15 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
     // A group's cost depends only on its devices and sharing; search re-evaluates the same
     // mesh many times with other assignments, and grouping thousands of devices by node
     // dominated evaluate() at large dp.
-    auto key = std::make_pair(group_devices_, concurrent);
-    auto it = allreduce_cache_.find(key);
+    group_devices_.push_back(concurrent);  // the key: the devices, then the sharing
+    auto it = allreduce_cache_.find(group_devices_);
+    group_devices_.pop_back();
     if (it == allreduce_cache_.end()) {
       if (allreduce_cache_.size() > kAllReduceCacheEntries) allreduce_cache_.clear();
       std::vector<DeviceIndex> ring;
       const AllReduceCost cost = group_allreduce(cluster, group_devices_, concurrent, &ring);
+      std::vector<DeviceIndex> key = group_devices_;
+      key.push_back(concurrent);
       it = allreduce_cache_.emplace(std::move(key), std::make_pair(cost, std::move(ring))).first;
     }
     out.allreduce_rings[k] = it->second.second;
@@ -474,15 +477,21 @@ void Evaluator::count_hybrid_groups_on_nodes(const Plan& plan, bool shard_groups
 
 const AllReduceCost& Evaluator::shard_group_cost(Collective kind, bool allreduce,
                                                  int64_t concurrent) const {
-  auto key = std::make_tuple(group_devices_, static_cast<int>(kind), allreduce, concurrent);
-  auto it = shard_cost_cache_.find(key);
+  // the key: the devices, then the collective and the sharing (appended for the lookup)
+  const size_t size = group_devices_.size();
+  group_devices_.insert(group_devices_.end(),
+                        {static_cast<DeviceIndex>(kind), allreduce ? 1 : 0, concurrent});
+  auto it = shard_cost_cache_.find(group_devices_);
   if (it == shard_cost_cache_.end()) {
     if (shard_cost_cache_.size() > kAllReduceCacheEntries) shard_cost_cache_.clear();
+    std::vector<DeviceIndex> key = group_devices_;
+    group_devices_.resize(size);
     const Cluster& cluster = problem_.cluster;
     const AllReduceCost cost = allreduce ? group_allreduce(cluster, group_devices_, concurrent)
                                          : group_shard_collective(cluster, group_devices_, kind, concurrent);
     it = shard_cost_cache_.emplace(std::move(key), cost).first;
   }
+  group_devices_.resize(size);
   return it->second;
 }
 

@@ -234,15 +234,15 @@ class Evaluator {
   mutable std::vector<BucketedAllReduce> buckets_;
   // group_allreduce() memo: (group devices, concurrent groups per node) -> (cost, ring order).
   static constexpr size_t kAllReduceCacheEntries = 4096;
-  mutable std::map<std::pair<std::vector<DeviceIndex>, int64_t>,
-                   std::pair<AllReduceCost, std::vector<DeviceIndex>>>
+  // keyed by the group's devices with its `concurrent` appended (looked up without a copy:
+  // group_devices_ takes the extra entry for the lookup)
+  mutable std::map<std::vector<DeviceIndex>, std::pair<AllReduceCost, std::vector<DeviceIndex>>>
       allreduce_cache_;
   // group_shard_collective (kind, 0) or group_allreduce (kind, 1) of group_devices_ sharing
   // its busiest node with `concurrent` groups, remembered like allreduce_cache_ (the sharded
   // plans of a search price the same groups for every split).
   const AllReduceCost& shard_group_cost(Collective kind, bool allreduce, int64_t concurrent) const;
-  mutable std::map<std::tuple<std::vector<DeviceIndex>, int, bool, int64_t>, AllReduceCost>
-      shard_cost_cache_;
+  mutable std::map<std::vector<DeviceIndex>, AllReduceCost> shard_cost_cache_;  // likewise, + kind
   mutable std::vector<DeviceIndex> group_devices_;
   mutable std::vector<int64_t> groups_on_node_;
   mutable std::vector<int64_t> node_stamp_;
