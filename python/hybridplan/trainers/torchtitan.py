@@ -17,7 +17,11 @@ counts the embedding and the output layer as one layer each when it splits stage
 from __future__ import annotations
 
 import math
-import tomllib
+import sys
+try:  # Python 3.11+; the package supports 3.10, where reading a TOML config is refused (read)
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover (3.10)
+    tomllib = None
 from typing import Optional
 
 from .layout import Capabilities, Layout
@@ -87,6 +91,9 @@ def write(layout: Layout, num_layers: Optional[int] = None) -> str:
 
 def read(text: str, source: str = "torchtitan config",
          num_layers: Optional[int] = None) -> Layout:
+    if tomllib is None:
+        raise ValueError(f"{source}: reading TOML needs Python 3.11's tomllib (this is "
+                         f"Python {sys.version.split()[0]})")
     try:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
