@@ -187,12 +187,13 @@ class Mesh:
                  timeout: datetime.timedelta):
         self.layout, self.root, self._names, self._timeout = layout, root, names, timeout
         self.groups: List[Any] = list(root.get_all_groups())
-        self._dp = root[names["dp"]] if not layout.hybrid else None
         if layout.hybrid:  # the data-parallel group: both dimensions flattened
             self._dp = root[tuple(names[d] for d in layout.dp_dims)]._flatten(
                 f"dp{serial}", backend_override=(dist.get_backend(),
                                                 _options(root.device_type, timeout)))
             self.groups.append(self._dp.get_group())
+        else:
+            self._dp = root[names["dp"]]
         self._world: Any = None
 
     def dp(self) -> Any:
@@ -233,8 +234,8 @@ class Mesh:
         return mine
 
     def world_group(self) -> Any:
-        """A Gloo group of every rank (made on first use; collective): the sharded
-        checkpoint's writer thread runs its collectives there."""
+        """A group of every rank (made on first use; collective): the sharded checkpoint's
+        writer thread runs its collectives there, apart from the training's groups."""
         if self._world is None:
             self._world = dist.new_group(list(range(self.layout.world_size)),
                                          timeout=self._timeout)
