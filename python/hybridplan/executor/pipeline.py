@@ -7,7 +7,7 @@
   one stage per rank, or with mp * virtual_stages stages over mp ranks `ScheduleInterleaved1F1B`
   (Megatron-LM's interleaving, https://arxiv.org/abs/2104.04473), `ScheduleInterleavedZeroBubble`
   (ZB1P) or `ScheduleZBVZeroBubble` (ZB-V, https://arxiv.org/abs/2401.10241). Stage s lies on
-  pipeline rank plan_spec.stage_ranks (s % mp; along a V for "zbv", whose last stage is on rank
+  pipeline rank Plan.stage_ranks[s] (s % mp; along a V for "zbv", whose last stage is on rank
   0, beside the first). The cut passes every value from stage to adjacent stage (CarryStage),
   which is all the multi-stage runtime sends.
 - Zero-bubble schedules split each backward into I (input gradients, which the previous stage
