@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import block_list, block_timing, dataflow
 # the real profiler's steps that need no values, shared so both modes build one Graph
-from .profile import (Inputs, _add_pipeline_split, _batch_advice, _batch_sizes, _build,
+from .graph_steps import (Inputs, _add_pipeline_split, _batch_advice, _batch_sizes, _build,
                       _check_acyclic, _check_inputs, _edges, _first_tensor, _loss_at,
                       _slice_batch, _smallest_batch, kBatchTimeBudgetS, snake_case)
 from .device_model import DeviceModel, device_model as make_device_model, op_flops
