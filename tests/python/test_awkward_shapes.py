@@ -33,6 +33,7 @@ from torch import nn
 
 from dist_harness import run_cases
 from plan_builders import share
+from user_models import train_one_process
 
 STEPS, PROFILE_BATCH, SEQ, LR, MOMENTUM = 3, 4, 6, 0.05, 0.9
 TOP_K = 50
@@ -116,10 +117,6 @@ EXPECTED_DEGREES = {
                   "mlp2.fc_in": 50, "mlp2.fc_out": 50},
 }
 FOUR_RANKS = ("plain_odd", "llama_odd")  # their tp = 4 plans: a node of max_degree 50 whole
-
-
-def call(model, inputs):
-    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
 
 
 def sgd(params):
@@ -218,14 +215,7 @@ def reference_state(name, global_batch):
     """One process on the global batch (every plan's loss is the mean over the global batch:
     its micro-batches and replicas are equal shares)."""
     torch.set_num_threads(1)
-    model, batch, loss_fn = FACTORIES[name]()
-    opt = sgd(model.parameters())
-    for step in range(STEPS):
-        inputs, target = batch(global_batch, 100 + step)
-        opt.zero_grad()
-        loss_fn(call(model, inputs), target).backward()
-        opt.step()
-    return model.state_dict()
+    return train_one_process(FACTORIES[name], global_batch, STEPS, sgd)
 
 
 def _needs_planner():

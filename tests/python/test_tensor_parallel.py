@@ -24,6 +24,7 @@ from torch import nn
 
 from dist_harness import format_results, run_ranks
 from plan_builders import pipeline_plan, placement_plan, share
+from user_models import call, train_one_process
 
 STEPS, LR, MOMENTUM, BATCH, SEQ, VOCAB, D = 3, 0.05, 0.9, 4, 6, 32, 16
 
@@ -119,10 +120,6 @@ CASES = [(m, c) for m in MODELS for c in ("tp", "dp.tp", "pp.tp")] + [
     ("llama", "tp+rc"), ("encoder_stack", "tp+rc"), ("gpt2", "dp.tp+z2"),
     ("llama", "dp.tp+z3"), ("encoder_stack", "tp+sp"), ("llama", "tp+sp"),
     ("encoder_stack", "tp+sp+rc"), ("llama", "dp.tp+sp+z3")]
-
-
-def call(model, inputs):
-    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
 
 
 def ranks_of(composition):
@@ -241,14 +238,7 @@ def checkpoint_round_trip(out_dir):
 
 def reference_state(name, global_batch):
     torch.set_num_threads(1)
-    model, batch, loss_fn = MODELS[name]()
-    opt = sgd(model.parameters())
-    for step in range(STEPS):
-        inputs, target = batch(global_batch, 100 + step)
-        opt.zero_grad()
-        loss_fn(call(model, inputs), target).backward()
-        opt.step()
-    return model.state_dict()
+    return train_one_process(MODELS[name], global_batch, STEPS, sgd)
 
 
 @pytest.fixture(scope="module")

@@ -458,7 +458,11 @@ BATCH_NORM = ("bn_cnn", "bn_dict")
 
 
 def call(model: nn.Module, inputs: Any):
-    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+    """model(inputs) as the executor calls it: a dict as keyword arguments, a tuple as
+    positional ones, a lone tensor as the one input."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
 
 
 def train_one_process(factory: Factory, global_batch: int, steps: int, optimizer: Callable,
