@@ -15,7 +15,7 @@ export CMAKE_CXX_COMPILER_LAUNCHER = $(shell command -v ccache)
 # and the wheel's CMake (from PyPI) picks g++ where Debian's picks c++.
 export CXX
 
-.PHONY: all deps build core test test-core test-torch test-python test-install test-asan fuzz demo bench paper megatron tta clean
+.PHONY: all deps build core test test-core test-torch test-python test-full test-install test-asan fuzz demo bench paper megatron tta clean
 
 all: build
 
@@ -42,8 +42,14 @@ test-core: core
 test-torch: build
 	cd $(BUILD) && ctest --output-on-failure
 
+# The long matrices' full form (every model under every plan kind, 4-rank variants; pytest marker
+# `full`, tests/python/conftest.py) runs in `make test-full`, which `make bench` runs too;
+# `make test` runs their reduced form.
 test-python: build
-	$(PYTHON) -m pytest -q tests/python
+	$(PYTHON) -m pytest -q tests/python -m "not full"
+
+test-full: build
+	$(PYTHON) -m pytest -q tests/python -m full
 
 test: test-core test-torch test-python test-install
 

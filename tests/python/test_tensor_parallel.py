@@ -10,6 +10,9 @@ LlamaForCausalLM from tiny configs, under each composition:
     pp.tp     pipeline 1F1B mp=2 x tp=2                   4 ranks
     +sp       with sequence parallelism (tp+sp, tp+sp+rc: 2 ranks; dp.tp+sp+z3: 4 ranks)
 
+`make test` trains every model under tp and each other composition on one model (REDUCED);
+the other cases are marked `full` (`make test-full`, run by `make bench`).
+
 The splits are the profiler's (detect_layout, which apply() calls on the module). A TP run's
 consolidated checkpoint resumes under a non-TP plan and back, training on equal to one process.
 `pytest -s -k equality_table` prints the table docs/tensor_parallel.md holds.
@@ -120,6 +123,13 @@ CASES = [(m, c) for m in MODELS for c in ("tp", "dp.tp", "pp.tp")] + [
     ("llama", "tp+rc"), ("encoder_stack", "tp+rc"), ("gpt2", "dp.tp+z2"),
     ("llama", "dp.tp+z3"), ("encoder_stack", "tp+sp"), ("llama", "tp+sp"),
     ("encoder_stack", "tp+sp+rc"), ("llama", "dp.tp+sp+z3")]
+# `make test` trains these (the rest is marked `full`: `make test-full`, run by `make bench`):
+# every model under tp (2 ranks), and each other composition on one model.
+REDUCED = {(m, "tp") for m in MODELS} | {
+    ("gpt2", "dp.tp"), ("llama", "pp.tp"), ("llama", "tp+rc"), ("gpt2", "dp.tp+z2"),
+    ("llama", "dp.tp+z3"), ("encoder_stack", "tp+sp"), ("llama", "tp+sp"),
+    ("encoder_stack", "tp+sp+rc"), ("llama", "dp.tp+sp+z3")}
+assert REDUCED <= set(CASES)
 
 
 def ranks_of(composition):
@@ -242,13 +252,15 @@ def reference_state(name, global_batch):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, selected_cases):
     pytest.importorskip("hybridplan.planner",
                         reason="needs the compiled planner hybridplan._C (make build)")
     pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
     out_dir = tmp_path_factory.mktemp("tensor_parallel")
+    wanted = (set(selected_cases("test_tensor_parallel_trains_like_one_process", "name",
+                                 "composition")) or REDUCED)  # the table alone: the reduced
     by_world = {}
-    for case in CASES:
+    for case in [c for c in CASES if c in wanted]:
         by_world.setdefault(ranks_of(case[1]), []).append(case)
     failures = {}
     for world, cases in by_world.items():
@@ -344,7 +356,9 @@ def worst(outs, expected):
                for out in outs for k, v in expected.items())
 
 
-@pytest.mark.parametrize("name,composition", CASES, ids=[f"{m}-{c}" for m, c in CASES])
+@pytest.mark.parametrize("name,composition", [
+    pytest.param(m, c, id=f"{m}-{c}", marks=() if (m, c) in REDUCED else pytest.mark.full)
+    for m, c in CASES])
 def test_tensor_parallel_trains_like_one_process(trained, name, composition):
     outs = trained[(name, composition)]
     if isinstance(outs, str):
@@ -365,9 +379,10 @@ def test_tensor_parallel_trains_like_one_process(trained, name, composition):
 
 
 def test_equality_table(trained):
-    """model x composition -> max |difference| from one process, as a markdown table."""
+    """model x composition -> max |difference| from one process, as a markdown table: of the
+    cases this run trained (all of them without -m)."""
     rows = ["| model | composition | ranks | max abs difference |", "|---|---|---|---|"]
-    for name, composition in CASES:
+    for name, composition in [c for c in CASES if c in trained]:
         outs = trained[(name, composition)]
         assert not isinstance(outs, str), f"{name}-{composition} did not run"
         diff = worst(outs, reference_state(name, COMPOSITIONS[composition][1] * BATCH))

@@ -17,6 +17,9 @@ ranks one pipeline schedule above the other for a given model; the other schedul
 planned stages with the plan's "schedule" field switched (its prediction is then stale, which
 the executor does not read).
 
+`make test` trains the cases of REDUCED (every model under DP, each other kind on one model
+of each family); the others are marked `full` (`make test-full`, run by `make bench`).
+
 The global batch is the plan's (the planner chooses the per-replica batch). References: one
 process on the global batch; for the BatchNorm models (user_models.BATCH_NORM), DP-like plans
 (DP and placement, both DDP) are compared with torch DDP on the same ranks, and pipeline plans
@@ -49,6 +52,19 @@ CASES = [(m, k) for m in FACTORIES for k in ("dp", "placement", "gpipe", "1f1b")
     ("gpt2", "dp+z3"), ("llama", "dp+z3+rc"), ("gpt2", "hybrid+z2"), ("llama", "hybrid+z2+rc"),
     ("transformer_stack", "dp+sel"), ("llama", "1f1b+sel"), ("gpt2", "gpipe+sel"),
     ("llama", "dp+z3+sel")]
+# `make test` trains these (the rest is marked `full`: `make test-full`, run by `make bench`):
+# every model under DP, its cheapest kind; each other kind on at least one model, the pipeline
+# kinds on one model of each family (decoders, encoders, vision, BatchNorm, encoder-decoders
+# with ties across stages, torch models with tuple / dict outputs), the cases named for a
+# property (ALBERT's shared layer across stages, BatchNorm against DDP and per micro-batch)
+# among them; one 4-rank launch (a hybrid pipeline sharded zero2 with recompute).
+REDUCED = {(m, "dp") for m in FACTORIES} | {
+    ("gpt2", "placement"), ("bn_dict", "placement"), ("t5", "gpipe"), ("bn_cnn", "gpipe"),
+    ("albert", "1f1b"), ("vit", "1f1b"), ("dict_out", "1f1b"), ("llama", "hybrid+z2+rc"),
+    ("transformer_stack", "dp+rc"), ("albert", "placement+rc"), ("llama", "1f1b+rc"),
+    ("gpt2", "gpipe+rc"), ("transformer_stack", "dp+z2"), ("gpt2", "dp+z3"),
+    ("llama", "dp+z3+rc"), ("transformer_stack", "dp+sel"), ("gpt2", "gpipe+sel")}
+assert REDUCED <= set(CASES)
 RC = "+rc"
 SEL = "+sel"
 RECOMPUTE = {RC: True, SEL: "selective"}  # suffix -> the assignment's "recompute"
@@ -169,7 +185,7 @@ def planned(graph, kind):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, selected_cases):
     pytest.importorskip("hybridplan.planner",
                         reason="needs the compiled planner hybridplan._C (make build)")
     pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
@@ -177,14 +193,16 @@ def trained(tmp_path_factory):
     from hybridplan.profiler import profile_dict
     out_dir = tmp_path_factory.mktemp("user_models")
     torch.set_num_threads(1)
+    wanted = (set(selected_cases("test_plan_trains_like_one_process", "name", "kind"))
+              or REDUCED)  # the table alone: the reduced cases
     by_world, plans = {}, {}
-    for name in FACTORIES:
+    for name in [m for m in FACTORIES if any(w == m for w, _ in wanted)]:
         model, batch, _ = FACTORIES[name]()
         graph = profile_dict(model, batch(PROFILE_BATCH, 0)[0], warmup=0, repeats=1,
                              verbose=False, name=name)
         assert graph["pipeline_split"] == {"supported": True, "reason": ""}, name
         graph = hybridplan.planner.Graph.from_dict(graph)
-        for kind in [k for m, k in CASES if m == name]:
+        for kind in [k for m, k in CASES if m == name and (m, k) in wanted]:
             case_id = f"{name}-{kind}"
             plans[case_id] = planned(graph, kind)
             if name == "albert" and plans[case_id]["mode"] == "pipeline":
@@ -204,7 +222,9 @@ def _expected_states(outs, plan, name):
     return [reference_state(name, plan["global_batch"], m)] * len(outs)
 
 
-@pytest.mark.parametrize("name,kind", CASES, ids=[f"{m}-{k}" for m, k in CASES])
+@pytest.mark.parametrize("name,kind", [
+    pytest.param(m, k, id=f"{m}-{k}", marks=() if (m, k) in REDUCED else pytest.mark.full)
+    for m, k in CASES])
 def test_plan_trains_like_one_process(trained, name, kind):
     outs, plans = trained
     outs, plan = outs[f"{name}-{kind}"], plans[f"{name}-{kind}"]
@@ -235,8 +255,8 @@ def test_plan_trains_like_one_process(trained, name, kind):
 
 def test_equality_table(trained):
     """Model x plan kind -> max |difference| from the reference over every rank and state entry,
-    printed as a markdown table (`pytest -s -k equality_table`; docs/models.md holds one);
-    every case must have run."""
+    printed as a markdown table (`pytest -s -k equality_table`; docs/models.md holds one): of
+    the cases this run trained (all of them without -m), each of which must have run."""
     outs, plans = trained
     kinds = list(KINDS) + sorted({k for _, k in CASES if "+" in k})
     rows = ["| model | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
