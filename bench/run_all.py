@@ -5,6 +5,9 @@ owned by whoever measures that part). Each runs in turn (they would disturb each
 if run together); its stdout is printed as it arrives and copied into the report. A benchmark
 that fails is reported with its exit status and the run carries on; the script exits 1 if any did.
 
+After them it runs the long test matrices' full form (`make test-full`: pytest -m full, the
+cases `make test` leaves out), reported as the benchmark "test-full".
+
 `--quick` runs each benchmark at its smallest size (QUICK_ARGS: a step or two, one round, the
 smallest model), writing what a benchmark writes beside the report instead of into out/bench/:
 a smoke run proving every benchmark still runs, whose figures are not measurements. `--only`
@@ -58,7 +61,8 @@ QUICK_ARGS = {
 
 # Benchmarks that need more than --timeout-s at full size (seconds; the larger is used).
 # bench_checkpoint.py: four 100M-parameter save/load runs, 20 restarted 4-rank jobs, an elastic run.
-TIMEOUTS = {"bench_checkpoint.py": 3600.0}
+# test-full: every model under every plan kind and the 4-rank variants (pytest -m full).
+TIMEOUTS = {"bench_checkpoint.py": 3600.0, "test-full": 3600.0}
 
 
 def search_inputs(folder: Path) -> list:
@@ -81,13 +85,20 @@ def search_inputs(folder: Path) -> list:
     return ["--mtnlg-graph", str(path)]
 
 
+# The long test matrices' full form (`make test-full`: pytest -m full), which `make test` runs
+# reduced; run here after the benchmarks, left out of --quick unless --only names it.
+TEST_FULL = ("test-full", [sys.executable, "-m", "pytest", "-q", "tests/python", "-m", "full",
+                           "-p", "no:cacheprovider"])
+
+
 def find_benchmarks(build_dir: Path) -> list:
-    """[(name, argv)] for the compiled and the Python benchmarks, each group sorted by name."""
+    """[(name, argv)] for the compiled and the Python benchmarks, each group sorted by name,
+    then the full test matrix (TEST_FULL)."""
     compiled = sorted(p for p in (build_dir / "bin").glob("bench_*")
                       if p.is_file() and os.access(p, os.X_OK))
     scripts = sorted((ROOT / "bench").glob("bench_*.py"))
     return ([(p.name, [str(p)]) for p in compiled]
-            + [(p.name, [sys.executable, str(p)]) for p in scripts])
+            + [(p.name, [sys.executable, str(p)]) for p in scripts] + [TEST_FULL])
 
 
 def run_one(argv: list, timeout_s: float) -> tuple:
@@ -152,6 +163,8 @@ def main(argv=None) -> int:
             parser.error(f"--only: no such benchmark {', '.join(unknown)} (found: "
                          f"{', '.join(name for name, _ in benchmarks)})")
         benchmarks = [(name, cmd) for name, cmd in benchmarks if name in args.only]
+    elif args.quick:  # the full matrix has no smaller size: a smoke run leaves it out
+        benchmarks = [(name, cmd) for name, cmd in benchmarks if name != TEST_FULL[0]]
     if args.quick:
         folder = str(args.out.resolve().parent)
         benchmarks = [(name, cmd + [a.replace("{out}", folder) for a in QUICK_ARGS.get(name, [])])
