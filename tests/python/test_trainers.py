@@ -3,7 +3,9 @@ configurations and read back. For a GPT-2-like and a Llama-like graph (graph_fro
 Llama-like one has Llama's proportions: SwiGLU-wide MLP, 32k vocabulary) on dgx-h100, the
 planner's plans of several kinds survive export -> parse -> plan_from with the same layout
 wherever the trainer can express it, and say in words what it cannot. No trainer package is
-needed (bench/bench_trainer_configs.py loads the files with the trainers' own parsers)."""
+needed (bench/bench_trainer_parsers.py loads the files with the trainers' own parsers). Megatron-
+LM's published layouts (docs/megatron_reproduction.md) read from their arguments price exactly
+as the reproduction prices them."""
 
 import json
 import subprocess
@@ -12,9 +14,13 @@ import sys
 import pytest
 
 from hybridplan import planner, trainers
-from hybridplan.planner import Cluster, Graph, Job
+from hybridplan.planner import Cluster, Graph
 from hybridplan.profiler.from_config import TransformerConfig, graph_from_config
 from hybridplan.trainers.cli import EXIT_NOTHING_EXPRESSED
+from hybridplan.trainers.layout import layer_stages
+from test_from_config import _reproduction   # reproductions/megatron2021/reproduce.py
+from trainer_plans import JOB, layout_of_layout as _expected_layout, layout_of_plan as _layout, \
+    plan_kinds
 
 CONFIGS = {
     "gpt2": TransformerConfig("gpt2-like", layers=4, hidden=256, heads=8, seq_len=256,
@@ -22,8 +28,6 @@ CONFIGS = {
     "llama": TransformerConfig("llama-like", layers=4, hidden=256, heads=8, seq_len=256,
                                vocab=32000, ffn_hidden=688),
 }
-JOB = Job.from_dict({"schema_version": 1, "kind": "hybridplan.job", "global_batch": 64,
-                     "optimizer": "adam", "mixed_precision": True}, "job")
 DEVICES = 8
 
 
@@ -38,51 +42,8 @@ def _best(g, c, **kwargs):
     return planner.search(g, c, JOB, devices=DEVICES, top_k=1, **kwargs).plans[0]
 
 
-def _best_pipeline(g, c, schedule, tp):
-    """The best plan with a real pipeline (mp > 1; the search also offers mp = 1)."""
-    plans = planner.search(g, c, JOB, devices=DEVICES, top_k=200, modes=["pipeline"],
-                           schedules=[schedule], tensor_degrees=[tp]).plans
-    return next(p for p in plans if p.mode == "pipeline" and p.mp > 1 and p.tp == tp)
-
-
 def _kinds(g, c):
-    """The planner's best plan of each kind a trainer names."""
-    plans = {
-        "dp": _best(g, c, modes=["placement"], dp_only=True, shardings=["none"]),
-        "zero2": _best(g, c, modes=["placement"], dp_only=True, shardings=["zero2"],
-                       tensor_degrees=[1]),
-        "zero3": _best(g, c, modes=["placement"], dp_only=True, shardings=["zero3"],
-                       tensor_degrees=[1]),
-        "tp2": _best(g, c, modes=["placement"], shardings=["none"], tensor_degrees=[2]),
-    }
-    for schedule in planner.SCHEDULES:
-        plans[schedule] = _best_pipeline(g, c, schedule, 1)
-    plans["1f1b+tp2"] = _best_pipeline(g, c, "1f1b", 2)
-    hsdp = planner.with_sharding(plans["dp"], "zero3", g, c, JOB, dp_shard=4)
-    plans["hsdp"] = planner.Plan.from_dict(hsdp)
-    plans["full"] = planner.Plan.from_dict(planner.with_recompute(plans["1f1b"], g, c, JOB))
-    plans["selective"] = planner.Plan.from_dict(
-        planner.with_recompute(plans["dp"], g, c, JOB, selective=True))
-    return plans
-
-
-def _layout(p):
-    kinds = {"selective" if n in p.selective else "full" for n in p.recompute}
-    return {"dp": p.dp, "dp_shard": p.dp_shard if p.sharding != "none" else 1, "tp": p.tp,
-            "pp": p.mp if p.mode == "pipeline" else 1, "schedule": p.schedule,
-            "virtual_stages": p.virtual_stages, "num_microbatches": p.num_microbatches,
-            "global_batch": p.global_batch, "sharding": p.sharding,
-            "recompute": kinds.pop() if kinds else "none"}
-
-
-def _expected(reduced):
-    """What the trainer's file holds: the reduced layout in the plan's terms."""
-    lay = reduced.layout
-    return {"dp": lay.dp, "dp_shard": lay.dp_shard if lay.sharding != "none" else 1,
-            "tp": lay.tp, "pp": lay.pp, "schedule": lay.schedule,
-            "virtual_stages": lay.virtual_stages, "num_microbatches": lay.num_microbatches,
-            "global_batch": lay.global_batch, "sharding": lay.sharding,
-            "recompute": lay.recompute}
+    return plan_kinds(g, c, JOB, DEVICES)
 
 
 @pytest.mark.parametrize("trainer", sorted(trainers.TRAINERS))
@@ -92,18 +53,33 @@ def test_round_trip_keeps_what_the_trainer_expresses(problem, trainer):
         text, unexpressed = trainers.export(plan, trainer, g, JOB)
         back = trainers.plan_from(trainer, text, g, c, JOB, source=f"{trainer} {kind}")
         reduced = trainers.reduce(plan, trainer, g, JOB)
-        assert _layout(back) == _expected(reduced), (kind, text)
+        assert _layout(back) == _expected_layout(reduced.layout), (kind, text)
         if not unexpressed:
             # the trainer said nothing was lost: the plan came back as it was
             assert _layout(back) == _layout(plan), (kind, text)
         assert back.predicted["step_s"] > 0
 
 
+def _boundaries(plan, trainer, unexpressed):
+    """`unexpressed` without its note on pipeline stage boundaries, checking that the note is
+    there exactly when the trainer's split of whole layers is not the plan's."""
+    order = sorted(plan.to_dict()["assignment"], key=lambda a: a["node"])
+    differs = plan.mode == "pipeline" and layer_stages(
+        [a["name"] for a in order], plan.num_stages,
+        trainers.capabilities(trainer).stage_split) != [a["device"] for a in order]
+    rest = [u for u in unexpressed if not u.startswith("pipeline stage boundaries")]
+    assert (len(rest) < len(unexpressed)) == differs, (trainer, unexpressed)
+    return rest
+
+
 def test_torchtitan_and_megatron_express_every_searched_kind_but_their_schedules(problem):
+    """...and the stage boundaries of a pipeline the planner splits inside a layer, or not as
+    evenly as the trainer splits whole layers: said in words."""
     g, c = problem
     plans = _kinds(g, c)
     for kind, plan in plans.items():
         _, unexpressed = trainers.export(plan, "torchtitan", g, JOB)
+        unexpressed = _boundaries(plan, "torchtitan", unexpressed)
         if plan.tp > 1:   # torchtitan always adds sequence parallelism to TP
             assert unexpressed == ["tensor parallelism without sequence parallelism: "
                                    "torchtitan always splits the norms' sequence under tensor "
@@ -111,6 +87,7 @@ def test_torchtitan_and_megatron_express_every_searched_kind_but_their_schedules
         else:
             assert unexpressed == [], kind
         _, unexpressed = trainers.export(plan, "megatron", g, JOB)
+        unexpressed = _boundaries(plan, "megatron", unexpressed)
         lacks = {"gpipe": "'1f1b'", "interleaved-zb": "'interleaved-1f1b'",
                  "zbv": "'interleaved-1f1b'"}
         if kind in lacks:
@@ -129,7 +106,7 @@ def test_what_deepspeed_and_accelerate_cannot_say(problem):
     _, unexpressed = trainers.export(plans["selective"], "deepspeed", g, JOB)
     assert unexpressed == ["recompute 'selective': DeepSpeed has no such mode; wrote 'full'"]
     _, unexpressed = trainers.export(plans["1f1b"], "deepspeed", g, JOB)
-    assert unexpressed == [f"pipeline of {plans['1f1b'].mp} stages: DeepSpeed sets its stages "
+    assert _boundaries(plans["1f1b"], "deepspeed", unexpressed) == [f"pipeline of {plans['1f1b'].mp} stages: DeepSpeed sets its stages "
                            f"in code (deepspeed.pipe.PipelineModule(layers, num_stages=N)); "
                            f"written under hybridplan_pipeline for the reader, with the "
                            f"micro-batches as gradient_accumulation_steps"]
@@ -224,3 +201,157 @@ def test_torchtitan_default_reshard_is_zero2_under_a_pipeline():
             "pipeline_parallel_degree = {pp}\npipeline_parallel_microbatch_size = 2\n")
     assert trainers.parse("torchtitan", text.format(pp=2)).sharding == "zero2"
     assert trainers.parse("torchtitan", text.format(pp=1)).sharding == "zero3"
+
+
+def test_stages_split_whole_layers_as_each_trainer_does():
+    """Megatron-LM: whole layers evenly, the embedding with the first stage, the final norm and
+    head with the last; torchtitan (generate_llm_fqn_per_model_part) and DeepSpeed's uniform
+    partition: the embedding and the output count as a layer each, the first stages one unit
+    longer when the count does not divide."""
+    names = ["embedding"] + [f"layers.{i}.{part}" for i in range(5) for part in ("attn", "mlp")] \
+        + ["final_ln", "lm_head"]
+    megatron = layer_stages(names, 5, "layers")
+    assert megatron == [0] + [i for i in range(5) for _ in range(2)] + [4, 4]
+    # 5 layers + 2 ends = 7 units over 2 stages: 4 (embedding, layers 0-2) and 3 (layers 3-4,
+    # output), as torchtitan's generate_llm_fqn_per_model_part(2, 5) splits them
+    titan = layer_stages(names, 2, "layers+ends")
+    assert titan == [0] + [0] * 6 + [1] * 4 + [1, 1]
+    with pytest.raises(ValueError, match=r"^args.txt: a pipeline of 6 stages needs at least as "
+                                         r"many layers to split: the graph has 5 layers "
+                                         r"\(got 6 stages\)"):
+        layer_stages(names, 6, "layers", source="args.txt")
+    assert layer_stages(["conv1", "fc"], 2) is None   # no named layers: the caller splits nodes
+
+
+def test_world_size_is_taken_from_the_launch_line_or_checked():
+    args = "--tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 32"
+    launch = f"torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py {args}"
+    assert trainers.parse("megatron", launch).dp == 8
+    assert trainers.parse("megatron", args, world_size=4).dp == 2
+    with pytest.raises(ValueError, match=r"torchrun's --nproc-per-node must be an integer >= 1"):
+        trainers.parse("megatron", "--nproc-per-node gpu " + args)
+    with pytest.raises(ValueError, match=r"^a.txt: --num-layers must be the graph's layer count"):
+        g = Graph.from_dict(graph_from_config(CONFIGS["gpt2"], device="H100"), "g")
+        trainers.parse("megatron", args + " --num-layers 6", g, source="a.txt", world_size=4)
+    toml = "[parallelism]\ndata_parallel_shard_degree = 4\ntensor_parallel_degree = 2\n"
+    assert trainers.parse("torchtitan", toml, world_size=8).world_size == 8
+    with pytest.raises(ValueError, match=r"^t.toml: the configuration runs on 8 devices .* it "
+                                         r"must match the world size \(got 16\)"):
+        trainers.parse("torchtitan", toml, source="t.toml", world_size=16)
+
+
+# ---- Megatron-LM's published layouts (docs/megatron_reproduction.md, Table 1) -------------------
+
+def _megatron_launch(rep, row) -> str:
+    """The launch line of a Table 1 run, as a Megatron-LM user writes it: their (t, p), micro-
+    batch 1, the global batch, full recompute, fp16."""
+    return (f"torchrun --nnodes {row.gpus // 8} --nproc-per-node 8 pretrain_gpt.py \\\n"
+            f"  --num-layers {row.layers} --hidden-size {row.hidden} "
+            f"--num-attention-heads {row.heads} --seq-length {rep.SEQ} "
+            f"--max-position-embeddings {rep.SEQ} \\\n"
+            f"  --tensor-model-parallel-size {row.t} --pipeline-model-parallel-size {row.p} "
+            f"--micro-batch-size 1 --global-batch-size {row.batch} \\\n"
+            f"  --recompute-granularity full --recompute-method uniform "
+            f"--recompute-num-layers 1 --fp16\n")
+
+
+@pytest.mark.parametrize("label", ["1.7B", "18.4B", "39.1B", "145.6B"])
+def test_megatron_table1_layouts_price_as_the_reproduction(label):
+    """evaluate-config's reading of a Table 1 launch line is the plan the reproduction prices
+    for the same row: the same stages, ranks and recompute, so the same step, memory and
+    TFLOP/s per GPU (p = 1 rows and pipelines of 2 and 8 stages)."""
+    rep = _reproduction()
+    row = next(r for r in rep.TABLE1 if r.label == label)
+    g, cluster, job = rep.graph_for(row), rep.cluster_for(row.gpus), rep.job_for(row.batch)
+    theirs = rep.price(g, cluster, rep.megatron_plan(g, cluster, row.t, row.p, row.d, row.batch),
+                       job)
+    ours = trainers.plan_from("megatron", _megatron_launch(rep, row), g, cluster, job).predicted
+    assert (ours["step_s"], ours["memory_bytes"]) == (theirs["step_s"], theirs["memory_bytes"])
+    assert rep.tflops(row, row.batch, row.gpus, ours["step_s"]) == \
+        rep.tflops(row, row.batch, row.gpus, theirs["step_s"])
+
+
+def test_cli_evaluate_config_prices_a_table1_launch_line(tmp_path):
+    """The command a user runs on their own launch line prints the reproduction's step."""
+    rep = _reproduction()
+    row = next(r for r in rep.TABLE1 if r.label == "1.7B")
+    g, cluster, job = rep.graph_for(row), rep.cluster_for(row.gpus), rep.job_for(row.batch)
+    theirs = rep.price(g, cluster, rep.megatron_plan(g, cluster, row.t, row.p, row.d, row.batch),
+                       job)
+    (tmp_path / "g.json").write_text(g.to_json())
+    (tmp_path / "c.json").write_text(cluster.to_json())
+    (tmp_path / "j.json").write_text(job.to_json())
+    (tmp_path / "launch.sh").write_text(_megatron_launch(rep, row))
+    r = _cli("evaluate-config", "--from", "megatron", str(tmp_path / "launch.sh"), "--graph",
+             str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.json"), "--job",
+             str(tmp_path / "j.json"))
+    assert r.returncode == 0, r.stderr
+    assert "your Megatron-LM configuration (32 devices): dp 32, tp 1, recompute full" in r.stdout
+    step = next(line for line in r.stdout.splitlines() if line.startswith("| step_s |"))
+    assert step.split("|")[2].strip() == f"{theirs['step_s']:.4g}"
+
+
+# ---- python -m hybridplan plan [--for TRAINER] -------------------------------------------------
+
+def test_cli_plan_for_a_trainer(tmp_path, problem):
+    g, c = problem
+    (tmp_path / "g.json").write_text(g.to_json())
+    (tmp_path / "j.json").write_text(JOB.to_json())
+    common = ["plan", "--graph", str(tmp_path / "g.json"), "--cluster", "dgx-h100", "--job",
+              str(tmp_path / "j.json"), "--devices", str(DEVICES)]
+    r = _cli(*common, "--for", "megatron", "--out", str(tmp_path / "p.json"),
+             "--config-out", str(tmp_path / "args.txt"))
+    assert r.returncode == 0, r.stderr
+    plan = planner.Plan.load(tmp_path / "p.json")
+    want, text = trainers.best_for("megatron", g, c, JOB, devices=DEVICES)
+    assert plan.predicted["step_s"] == want.predicted["step_s"]
+    assert (tmp_path / "args.txt").read_text() == text
+    assert r.stdout.startswith(f"best Megatron-LM can run on {DEVICES} devices: ")
+    # Accelerate runs no pipeline: its best is a placement plan, its YAML on stdout
+    r = _cli(*common, "--for", "accelerate")
+    assert r.returncode == 0, r.stderr
+    assert "distributed_type:" in r.stdout and "pp " not in r.stdout.splitlines()[0]
+    # without --for: the planner's own best, which no trainer limits
+    r = _cli(*common, "--out", str(tmp_path / "free.json"))
+    assert r.returncode == 0, r.stderr
+    free = planner.Plan.load(tmp_path / "free.json")
+    assert free.predicted["step_s"] == _best(g, c).predicted["step_s"]
+    r = _cli(*common, "--config-out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "--config-out needs --for TRAINER" in r.stderr
+
+
+def test_accelerate_batch_comes_from_the_job_when_the_file_has_none(problem):
+    """A user's own Accelerate YAML has no batch (the script sets it): the Job says it."""
+    g, c = problem
+    yaml = ("distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 8\n"
+            "fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n")
+    plan = trainers.plan_from("accelerate", yaml, g, c, JOB)
+    assert (plan.dp, plan.global_batch, plan.sharding) == (8, 64, "zero3")
+    with pytest.raises(ValueError, match=r"^a.yaml: an Accelerate configuration holds no batch"):
+        trainers.plan_from("accelerate", yaml, g, c, None, source="a.yaml")
+
+
+def test_export_keeps_to_what_the_trainers_own_parsers_accept(problem):
+    """What the trainers' own parsers refused (bench/bench_trainer_parsers.py): Accelerate's
+    ParallelismConfig takes tensor parallelism only beside sharded data parallelism (it refuses
+    dp_replicate > 1 with dp_shard 1), and DeepSpeed 0.19.8 refuses MiCS's mics_shard_size."""
+    g, c = problem
+    plans = _kinds(g, c)
+    tp2 = plans["tp2"]
+    assert tp2.dp > 1 and tp2.sharding == "none"
+    text, unexpressed = trainers.export(tp2, "accelerate", g, JOB)
+    assert unexpressed == [f"tensor parallelism with unsharded data parallelism: Accelerate "
+                           f"composes tensor parallelism with sharded data parallelism only; "
+                           f"wrote 'zero2' over the {tp2.dp} replicas"]
+    assert "parallelism_config_dp_replicate_size: 1\n" in text
+    assert f"parallelism_config_dp_shard_size: {tp2.dp}\n" in text
+    hsdp = plans["hsdp"]
+    text, unexpressed = trainers.export(hsdp, "deepspeed", g, JOB)
+    assert "mics_shard_size" not in text and '"stage": 3' in text
+    assert unexpressed == [f"hybrid sharding (shard groups of {hsdp.dp_shard} of {hsdp.dp} "
+                           f"replicas): DeepSpeed lacks it; wrote one shard group of {hsdp.dp}"]
+    # older DeepSpeed configurations with MiCS still read as hybrid sharding
+    old = json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
+                      "zero_optimization": {"stage": 3, "mics_shard_size": 4}})
+    assert (trainers.parse("deepspeed", old).dp_shard, trainers.parse("deepspeed", old).dp) \
+        == (4, 8)

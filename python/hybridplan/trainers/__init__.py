@@ -13,6 +13,7 @@ Each trainer module holds its CAPABILITIES (what its file can say), `write(layou
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import List, Optional, Tuple
 
@@ -50,9 +51,9 @@ def num_layers(graph: Optional[planner.Graph]) -> Optional[int]:
 def reduce(plan, trainer: str, graph=None, job=None) -> Reduced:
     """`plan` as `trainer` can hold it: its Layout, what it cannot say (in words) and the
     parallel axes it loses entirely."""
-    p = planner._as_plan(plan)
-    g = None if graph is None else planner._as_graph(graph)
-    return layout_of(p, capabilities(trainer), g, planner._as_job(job))
+    p = planner.as_plan(plan)
+    g = None if graph is None else planner.as_graph(graph)
+    return layout_of(p, capabilities(trainer), g, planner.as_job(job))
 
 
 def _write(trainer: str, layout: Layout, graph, plan) -> str:
@@ -64,26 +65,62 @@ def _write(trainer: str, layout: Layout, graph, plan) -> str:
 
 def export(plan, trainer: str, graph=None, job=None) -> Tuple[str, List[str]]:
     """(that trainer's configuration text for `plan`, what it cannot express, in words)."""
-    p = planner._as_plan(plan)
-    g = None if graph is None else planner._as_graph(graph)
+    p = planner.as_plan(plan)
+    g = None if graph is None else planner.as_graph(graph)
     reduced = reduce(p, trainer, g, job)
     return _write(trainer, reduced.layout, g, p), reduced.unexpressed
 
 
-def parse(trainer: str, text: str, graph=None, source: Optional[str] = None) -> Layout:
+def parse(trainer: str, text: str, graph=None, source: Optional[str] = None,
+          world_size: Optional[int] = None) -> Layout:
     """The Layout a trainer's configuration text sets (ValueError naming `source` when it is
-    not one). `graph` gives the layer count some pipeline settings are counted in."""
-    g = None if graph is None else planner._as_graph(graph)
-    return _module(trainer).read(text, source or f"{trainer} config", num_layers=num_layers(g))
+    not one). `graph` gives the layer count some pipeline settings are counted in;
+    `world_size` the device count the job is launched on (Megatron-LM's arguments need it
+    unless the file says it; for the other trainers' files, which hold it, a check)."""
+    g = None if graph is None else planner.as_graph(graph)
+    source = source or f"{trainer} config"
+    if world_size is not None and (isinstance(world_size, bool) or
+                                   not isinstance(world_size, int) or world_size < 1):
+        raise ValueError(f"{source}: world size must be an integer >= 1 (got {world_size!r})")
+    module = _module(trainer)
+    if module is megatron:
+        return module.read(text, source, num_layers=num_layers(g), world_size=world_size)
+    layout = module.read(text, source, num_layers=num_layers(g))
+    if world_size is not None and layout.world_size != world_size:
+        raise ValueError(f"{source}: the configuration runs on {layout.world_size} devices "
+                         f"(data-parallel {layout.dp} x tensor {layout.tp} x pipeline "
+                         f"{layout.pp}); it must match the world size (got {world_size})")
+    return layout
 
 
 def plan_from(trainer: str, text: str, graph, cluster, job=None,
-              source: Optional[str] = None) -> planner.Plan:
+              source: Optional[str] = None, world_size: Optional[int] = None) -> planner.Plan:
     """The nearest hybridplan Plan for the configuration `text` on `graph` and `cluster`,
     evaluated and validated (ValueError when the configuration does not fit them)."""
-    g, c = planner._as_graph(graph), planner._as_cluster(cluster)
-    layout = parse(trainer, text, g, source)
-    return plan_of(layout, g, c, planner._as_job(job), source or f"{trainer} config")
+    g, c = planner.as_graph(graph), planner.as_cluster(cluster)
+    layout = parse(trainer, text, g, source, world_size)
+    if _module(trainer) is accelerate and not accelerate.holds_batch(text):
+        layout = _batch_from_job(layout, planner.as_job(job), source or f"{trainer} config")
+    return plan_of(layout, g, c, planner.as_job(job), source or f"{trainer} config",
+                   stage_split=capabilities(trainer).stage_split)
+
+
+def _batch_from_job(layout: Layout, job, source: str) -> Layout:
+    """An Accelerate file without the batch line export writes: the training script sets the
+    batch, so the Job must say it (one global_batch, or one per_replica_batch)."""
+    d = {} if job is None else job.to_dict()
+    glob, per = d.get("global_batch"), d.get("per_replica_batch")
+    if isinstance(glob, int) and not isinstance(glob, bool):
+        batch = glob
+    elif isinstance(per, int) and not isinstance(per, bool):
+        batch = per * layout.dp
+    else:
+        raise ValueError(f"{source}: an Accelerate configuration holds no batch (the training "
+                         f"script sets it): give a Job with one global_batch or "
+                         f"per_replica_batch (--job), or add the line '# hybridplan: "
+                         f"global_batch=N recompute=none' (got "
+                         f"{'no Job' if job is None else 'a Job with neither as one integer'})")
+    return dataclasses.replace(layout, global_batch=batch, micro_batch=batch // layout.dp)
 
 
 def best_for(trainer: str, graph, cluster, job=None, devices: Optional[int] = None,
@@ -92,7 +129,7 @@ def best_for(trainer: str, graph, cluster, job=None, devices: Optional[int] = No
     the trainer's modes, schedules and sharding kinds (tensor parallelism where it has it),
     each of its best `top_k` written, read back and priced as the trainer would run it (one
     recompute mode for every layer, stages split evenly); the fastest of those."""
-    g, c, j = planner._as_graph(graph), planner._as_cluster(cluster), planner._as_job(job)
+    g, c, j = planner.as_graph(graph), planner.as_cluster(cluster), planner.as_job(job)
     caps = capabilities(trainer)
     result = planner.search(g, c, j, devices=devices, top_k=top_k, modes=caps.modes,
                             shardings=caps.shardings,

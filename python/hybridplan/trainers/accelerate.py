@@ -20,7 +20,7 @@ from .layout import Capabilities, Layout
 CAPABILITIES = Capabilities(
     name="Accelerate", schedules={}, shardings=("none", "zero2", "zero3"),
     tensor_parallel=True, hybrid_sharding=True, sequence_parallel_optional=True,
-    recompute_kinds=("none", "full"), sequence_parallel=False)
+    recompute_kinds=("none", "full"), sequence_parallel=False, tp_needs_sharding=True)
 
 
 def write(layout: Layout, num_layers: Optional[int] = None, devices_per_node: int = 8) -> str:
@@ -59,6 +59,15 @@ def write(layout: Layout, num_layers: Optional[int] = None, devices_per_node: in
     return "\n".join(lines) + "\n"
 
 
+_BATCH_LINE = r"global_batch=(\d+) recompute=(\w+)"
+
+
+def holds_batch(text: str) -> bool:
+    """Whether the file has the batch line export writes (Accelerate's own keys have none)."""
+    import re
+    return re.search(_BATCH_LINE, text) is not None
+
+
 def read(text: str, source: str = "Accelerate config",
          num_layers: Optional[int] = None) -> Layout:
     # PyYAML comes with transformers (and Accelerate); only reading this format needs it
@@ -75,7 +84,7 @@ def read(text: str, source: str = "Accelerate config",
     kind = d.get("distributed_type", "NO")
     fsdp, par = d.get("fsdp_config") or {}, d.get("parallelism_config") or {}
     tp = int(par.get("parallelism_config_tp_size", 1))
-    hint = re.search(r"global_batch=(\d+) recompute=(\w+)", text)
+    hint = re.search(_BATCH_LINE, text)
     dp = world // tp
     global_batch = int(hint.group(1)) if hint else dp
     recompute = hint.group(2) if hint else "none"

@@ -1,13 +1,15 @@
-"""`python -m hybridplan export` and `evaluate-config`: the trainers' configurations from the
-command line (docs/trainers.md).
+"""`python -m hybridplan export`, `evaluate-config` and `plan --for`: the trainers'
+configurations from the command line (docs/trainers.md).
 
     python -m hybridplan export plan.json --to torchtitan [--graph g.json] [--out job.toml]
     python -m hybridplan evaluate-config --from megatron args.txt --graph g.json \
-        --cluster dgx-h100 [--job job.json]
+        --cluster dgx-h100 [--job job.json] [--world-size N]
+    python -m hybridplan plan --graph g.json --cluster dgx-h100 [--job job.json] \
+        [--devices N] [--for TRAINER] [--out plan.json] [--config-out FILE]
 
 export exits 0 and warns on stderr for each thing of the plan the trainer cannot express, and
 exits 3 when the trainer can run none of the plan's parallel axes (every axis of degree > 1 is
-lost: its file would describe a different job).
+lost: its file would describe a different job). plan exits 3 when no plan fits.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import List
 
 from .. import planner
 from ..files import write_text_atomic
-from . import TRAINERS, best_for, num_layers, plan_from, reduce, _write
+from . import TRAINERS, best_for, plan_from, reduce, _write
 
 EXIT_NOTHING_EXPRESSED = 3
 
@@ -41,7 +43,23 @@ def add_parsers(sub) -> None:
     ev.add_argument("--graph", required=True, help="Graph JSON")
     ev.add_argument("--cluster", required=True, help="Cluster JSON or preset name")
     ev.add_argument("--job", help="Job JSON (a convergence model prices time to accuracy)")
+    ev.add_argument("--world-size", type=int,
+                    help="the devices the job is launched on (Megatron-LM takes it from "
+                         "torchrun; the other trainers' files say it, and it is checked)")
     ev.add_argument("--out", help="write the better configuration here")
+    pl = sub.add_parser("plan", help="the best plan for a graph and cluster; with --for, the "
+                                     "best that trainer can run, and its configuration")
+    pl.add_argument("--graph", required=True, help="Graph JSON")
+    pl.add_argument("--cluster", required=True, help="Cluster JSON or preset name")
+    pl.add_argument("--job", help="Job JSON (a convergence model plans for time to accuracy)")
+    pl.add_argument("--devices", type=int, help="devices to use (default: the cluster's)")
+    pl.add_argument("--for", choices=sorted(TRAINERS), dest="trainer",
+                    help="search only what this trainer runs (its schedules, sharding kinds, "
+                         "tensor parallelism, one recompute mode for every layer), each "
+                         "candidate priced as the trainer would run it")
+    pl.add_argument("--out", help="write the Plan JSON here")
+    pl.add_argument("--config-out", help="with --for: write the trainer's configuration here "
+                                         "(default: standard output)")
 
 
 def export_command(args) -> int:
@@ -108,7 +126,8 @@ def evaluate_command(args) -> int:
             text = f.read()
     except OSError as e:
         raise ValueError(f"{args.config}: cannot be read ({e.strerror})") from None
-    yours = plan_from(args.trainer, text, graph, cluster, job, source=args.config)
+    yours = plan_from(args.trainer, text, graph, cluster, job, source=args.config,
+                      world_size=args.world_size)
     best, best_text = best_for(args.trainer, graph, cluster, job, devices=yours.world_size)
     name = TRAINERS[args.trainer].CAPABILITIES.name
     print(f"your {name} configuration ({yours.world_size} devices): {_describe(yours)}")
@@ -134,4 +153,41 @@ def evaluate_command(args) -> int:
     return 0
 
 
-COMMANDS = {"export": export_command, "evaluate-config": evaluate_command}
+def plan_command(args) -> int:
+    graph = planner.Graph.load(args.graph)
+    cluster = planner.Cluster.load(args.cluster)
+    job = None if args.job is None else planner.Job.load(args.job)
+    if args.devices is not None and args.devices < 1:
+        raise ValueError(f"--devices must be >= 1 (got {args.devices})")
+    if args.config_out and not args.trainer:
+        raise ValueError("--config-out needs --for TRAINER (the configuration is a trainer's)")
+    try:
+        if args.trainer:
+            best, text = best_for(args.trainer, graph, cluster, job, devices=args.devices)
+        else:
+            best = planner.search(graph, cluster, job, devices=args.devices, top_k=1).plans[0]
+    except planner.InfeasibleError as e:
+        print(f"python -m hybridplan plan: infeasible: {e}", file=sys.stderr)
+        return EXIT_NOTHING_EXPRESSED
+    who = f"best {TRAINERS[args.trainer].CAPABILITIES.name} can run" if args.trainer \
+        else "best plan"
+    pred = best.predicted
+    print(f"{who} on {best.world_size} devices: {_describe(best)}")
+    line = f"step {pred['step_s']:.4g} s, {pred['samples_per_s']:.4g} samples/s"
+    if pred.get("time_to_train_s"):
+        line += f", time to accuracy {pred['time_to_train_s']:.4g} s"
+    mem = max(pred.get("memory_bytes") or [0]) / 2 ** 30
+    print(f"{line}, max memory per device {mem:.3g} GiB")
+    if args.out:
+        best.save(args.out)
+        print(f"-> {args.out}")
+    if args.trainer:
+        if args.config_out:
+            write_text_atomic(args.config_out, text)
+            print(f"-> {args.config_out}")
+        else:
+            print(f"\n{text}", end="")
+    return 0
+
+
+COMMANDS = {"export": export_command, "evaluate-config": evaluate_command, "plan": plan_command}

@@ -1,7 +1,8 @@
 """DeepSpeed's JSON configuration (deepspeed/runtime/config.py's keys).
 
     train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp
-    zero_optimization.stage 0 | 2 | 3 (mics_shard_size: ZeRO-3 over shard groups, i.e. HSDP)
+    zero_optimization.stage 0 | 2 | 3 (read: mics_shard_size, the ZeRO-3 shard groups of the
+                                       DeepSpeed versions before MiCS was removed, i.e. HSDP)
     tensor_parallel.autotp_size (AutoTP training), bf16.enabled, activation_checkpointing
 
 DeepSpeed's pipeline engine takes its stages in code (deepspeed.pipe.PipelineModule(layers,
@@ -21,8 +22,13 @@ CAPABILITIES = Capabilities(
     name="DeepSpeed",
     # PipelineModule runs its own 1F1B-like TrainSchedule; the stages are set in code
     schedules={"1f1b": "TrainSchedule"},
-    shardings=("none", "zero2", "zero3"), tensor_parallel=True, hybrid_sharding=True,
+    # hybrid sharding was MiCS (zero_optimization.mics_shard_size), which DeepSpeed 0.19.8
+    # refuses ("MiCS ZeRO-3 sharding has been removed"): export writes one shard group
+    shardings=("none", "zero2", "zero3"), tensor_parallel=True, hybrid_sharding=False,
     sequence_parallel_optional=True, recompute_kinds=("none", "full"), sequence_parallel=False,
+    # partition_method "uniform" splits PipelineModule's layer list evenly, the first parts one
+    # longer: [embedding, layers..., head] makes the embedding and head a layer each
+    stage_split="layers+ends",
     pipeline_note="DeepSpeed sets its stages in code (deepspeed.pipe.PipelineModule(layers, "
                   "num_stages=N)); written under hybridplan_pipeline for the reader, with the "
                   "micro-batches as gradient_accumulation_steps")
@@ -37,8 +43,6 @@ def write(layout: Layout, num_layers: Optional[int] = None) -> str:
          "gradient_accumulation_steps": accumulation,
          "zero_optimization": {"stage": _STAGE[layout.sharding]},
          "bf16": {"enabled": layout.precision == "bf16"}}
-    if layout.sharding == "zero3" and layout.dp_replicate > 1:
-        d["zero_optimization"]["mics_shard_size"] = layout.dp_shard
     if layout.tp > 1:
         d["tensor_parallel"] = {"autotp_size": layout.tp}
     if layout.recompute != "none":

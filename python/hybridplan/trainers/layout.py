@@ -3,13 +3,15 @@
 A trainer does not name nodes: it names degrees (data-parallel replicate and shard, tensor,
 pipeline), a schedule, a micro-batch size, one activation-checkpointing mode for every layer
 and a precision. `layout_of` reduces a Plan to that, listing what the trainer cannot hold;
-`plan_of` builds the nearest Plan back for a graph and cluster (an even contiguous split of the
-graph's nodes over the pipeline stages, as the trainers split layers).
+`plan_of` builds the nearest Plan back for a graph and cluster: the pipeline stages split the
+graph's layers (nodes named `layers.<i>.`) as the trainer splits them (`stage_split`), and the
+ranks are in the trainers' order (tensor innermost, then data, then pipeline).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..planner import Cluster, Graph, Job, Plan, evaluate
@@ -67,6 +69,15 @@ class Capabilities:
     recompute_kinds: Sequence[str] = RECOMPUTES
     sequence_parallel: bool = True    # has sequence parallelism at all
     pipeline_note: str = ""           # where its pipeline is set when not in its file
+    # how its pipeline splits the layers: "layers" (whole layers evenly, the embedding with the
+    # first and the output head with the last stage: Megatron-LM), "layers+ends" (the
+    # embedding and the output each count as one layer: torchtitan's
+    # generate_llm_fqn_per_model_part, DeepSpeed's partition_method "uniform" over
+    # [embedding, layers..., head])
+    stage_split: str = "layers"
+    # tensor parallelism composes with sharded data parallelism only (Accelerate's
+    # ParallelismConfig refuses tp > 1 with dp_replicate > 1 and dp_shard 1)
+    tp_needs_sharding: bool = False
 
     def nearest_schedule(self, schedule: str, virtual_stages: int) -> str:
         if schedule in self.schedules:
@@ -117,6 +128,26 @@ def _precision_of(graph: Optional[Graph], job: Optional[Job]) -> str:
     return "fp32" if dtype == "float32" and not mixed else "bf16"
 
 
+def _split_note(plan: Plan, caps: Capabilities, graph: Optional[Graph],
+                stages: int) -> Optional[str]:
+    """In words, where the plan's pipeline stages are not the trainer's split of the graph's
+    layers (which is what the file runs); None when they are, or nothing can be compared."""
+    if graph is None or plan.mode != "pipeline":
+        return None
+    order = sorted(plan.to_dict()["assignment"], key=lambda a: a["node"])
+    try:
+        theirs = layer_stages([a.get("name") or "" for a in order], stages, caps.stage_split,
+                              caps.name)
+    except ValueError as e:
+        return f"{e}; the file does not run as written"
+    mine = [a["device"] for a in order]
+    if theirs is None or theirs == mine:
+        return None
+    count = lambda xs: [xs.count(k) for k in range(stages)]  # noqa: E731
+    return (f"pipeline stage boundaries (nodes per stage {count(mine)}): {caps.name} splits "
+            f"whole layers evenly; the file runs its split ({count(theirs)})")
+
+
 def layout_of(plan: Plan, caps: Capabilities, graph: Optional[Graph] = None,
               job: Optional[Job] = None) -> Reduced:
     """`plan` as `caps`'s trainer can hold it, with what it cannot."""
@@ -149,6 +180,9 @@ def layout_of(plan: Plan, caps: Capabilities, graph: Optional[Graph] = None,
                 schedule = nearest
             if caps.pipeline_note:
                 unexpressed.append(f"pipeline of {pp} stages: {caps.pipeline_note}")
+            note = _split_note(plan, caps, graph, pp * vs)
+            if note:
+                unexpressed.append(note)
     else:
         schedule = "none"
     tp = plan.tp
@@ -171,7 +205,13 @@ def layout_of(plan: Plan, caps: Capabilities, graph: Optional[Graph] = None,
         nearest = "zero2" if sharding == "zero3" and "zero2" in caps.shardings else "none"
         unexpressed.append(f"sharding {sharding!r}: {caps.name} lacks it; wrote {nearest!r}")
         sharding = nearest
-    dp_shard = plan.dp_shard if sharding != "none" else 1
+    if caps.tp_needs_sharding and tp > 1 and sharding == "none" and plan.dp > 1:
+        unexpressed.append(f"tensor parallelism with unsharded data parallelism: {caps.name} "
+                           f"composes tensor parallelism with sharded data parallelism only; "
+                           f"wrote 'zero2' over the {plan.dp} replicas")
+        sharding = "zero2"
+    dp_shard = (plan.dp_shard if plan.sharding != "none" else plan.dp) \
+        if sharding != "none" else 1
     if sharding != "none" and dp_shard < plan.dp and not caps.hybrid_sharding:
         unexpressed.append(f"hybrid sharding (shard groups of {dp_shard} of {plan.dp} "
                            f"replicas): {caps.name} lacks it; wrote one shard group of "
@@ -188,15 +228,65 @@ def layout_of(plan: Plan, caps: Capabilities, graph: Optional[Graph] = None,
 
 def even_stages(num_nodes: int, num_stages: int) -> List[int]:
     """Node i (in graph order) -> stage floor(i * num_stages / num_nodes): contiguous runs of
-    near-equal length, as a trainer splits its layers evenly."""
+    near-equal length, for a graph without named layers."""
     return [i * num_stages // num_nodes for i in range(num_nodes)]
 
 
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _front_loaded(units: int, num_stages: int) -> List[int]:
+    """Unit u -> its stage when `units` are split into `num_stages` contiguous runs, the first
+    units % num_stages runs one longer (torchtitan's and DeepSpeed's uniform split; for a
+    count that divides, Megatron-LM's)."""
+    base, extra = divmod(units, num_stages)
+    return [s for s in range(num_stages) for _ in range(base + (s < extra))]
+
+
+def layer_stages(names: Sequence[str], num_stages: int, split: str = "layers",
+                 source: str = "layout") -> Optional[List[int]]:
+    """Each node's pipeline stage (nodes in graph order) as a trainer splits whole layers, or
+    None when no node is named `layers.<i>.` (the caller splits the nodes evenly instead).
+    Nodes before the first layer go with the first unit, nodes after the last layer with the
+    last, nodes between layers with the layer before. ValueError naming `source` when the
+    stages outnumber what the trainer splits (it would leave a stage empty)."""
+    layer_of = [int(m.group(1)) if m else None for m in (_LAYER.search(n or "") for n in names)]
+    layers = sorted({j for j in layer_of if j is not None})
+    if not layers:
+        return None
+    ends = split == "layers+ends"
+    units = len(layers) + (2 if ends else 0)
+    if units < num_stages:
+        what = f"{len(layers)} layers" + (" and the embedding and output" if ends else "")
+        raise ValueError(f"{source}: a pipeline of {num_stages} stages needs at least as many "
+                         f"layers to split: the graph has {what} (got {num_stages} stages)")
+    stage_of_unit = _front_loaded(units, num_stages)
+    unit = {j: i + ends for i, j in enumerate(layers)}
+    last_node = max(i for i, j in enumerate(layer_of) if j is not None)
+    stages: List[int] = []
+    seen_layer = False
+    for i, j in enumerate(layer_of):
+        if j is not None:
+            stages.append(stage_of_unit[unit[j]])
+            seen_layer = True
+        elif not seen_layer:
+            stages.append(stage_of_unit[0])          # the embedding's side
+        elif i > last_node:
+            stages.append(stage_of_unit[-1])         # the final norm and output head
+        else:
+            stages.append(stages[-1])                # between layers: with the one before
+    return stages
+
+
 def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] = None,
-            source: str = "layout") -> Plan:
+            source: str = "layout", stage_split: str = "layers") -> Plan:
     """The hybridplan Plan that runs `layout` on `graph` and `cluster`, evaluated (its
     "predicted"), validated by the planner (ValueError naming `source` when the layout does not
-    fit the graph or cluster, e.g. a degree the graph's nodes cannot split at)."""
+    fit the graph or cluster, e.g. a degree the graph's nodes cannot split at). The pipeline
+    stages split the layers as `stage_split` says (Capabilities.stage_split); stage k of
+    replica r runs on devices (k * dp + r) * tp .. + tp - 1, the trainers' rank order (tensor
+    innermost, then data, then pipeline: Megatron-LM's default order, torchtitan's device mesh
+    ["pp", "dp_replicate", "dp_shard", "tp"], DeepSpeed's pipe-data-model topology)."""
     dp, mp, tp = layout.dp, layout.pp, layout.tp
     if layout.global_batch % dp:
         raise ValueError(f"{source}: global batch must be a multiple of the data-parallel "
@@ -207,9 +297,20 @@ def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] =
     nodes = graph.nodes
     order = sorted(n["id"] for n in nodes)
     names = {n["id"]: n["name"] for n in nodes}
-    stages = even_stages(len(order), mp * layout.virtual_stages) if mp > 1 else [0] * len(order)
-    entry = {} if layout.recompute == "none" else {
-        "recompute": "selective" if layout.recompute == "selective" else True}
+    stages = [0] * len(order)
+    if mp > 1:
+        count = mp * layout.virtual_stages
+        stages = (layer_stages([names[i] for i in order], count, stage_split, source)
+                  or even_stages(len(order), count))
+    # selective recompute where the graph measured it; a node without the measurement (the
+    # profiler leaves out RNN nodes) is recomputed fully, which keeps less, so what fit fits
+    measured = {n["id"] for n in nodes if "selective_saved_bytes" in n}
+
+    def entry(i: int) -> dict:
+        if layout.recompute == "none":
+            return {}
+        return {"recompute": "selective" if layout.recompute == "selective" and i in measured
+                else True}
     d = {"schema_version": 1, "kind": "hybridplan.plan",
          "graph": {"name": graph.name, "sha256": graph.sha256},
          "cluster": {"name": cluster.name, "num_nodes": cluster.num_nodes,
@@ -219,12 +320,13 @@ def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] =
          "per_replica_batch": layout.per_replica_batch, "global_batch": layout.global_batch,
          "num_microbatches": layout.num_microbatches,
          "schedule": layout.schedule if mp > 1 else "none",
-         # replica r's k-th device group: consecutive, a TP group's tp devices together
-         "mesh": [[(r * mp + k) * tp for k in range(mp)] for r in range(dp)],
-         "assignment": [dict({"node": i, "name": names[i], "device": s}, **entry)
+         # the trainers' rank order: a TP group's tp devices together, then the replicas,
+         # then the pipeline stages
+         "mesh": [[(k * dp + r) * tp for k in range(mp)] for r in range(dp)],
+         "assignment": [dict({"node": i, "name": names[i], "device": s}, **entry(i))
                         for i, s in zip(order, stages)],
-         "device_mapping": f"from a {source} configuration: replica r on device groups "
-                           f"r*{mp}..r*{mp}+{mp - 1}"}
+         "device_mapping": f"from a {source} configuration: stage k of replica r on device "
+                           f"group k*{dp}+r (tensor, then data, then pipeline)"}
     if tp > 1:
         d["tp"] = tp
     # the planner prices sequence parallelism on placement plans of graphs that allow it; a

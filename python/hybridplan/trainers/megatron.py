@@ -94,12 +94,34 @@ def _int(options: Dict[str, Optional[str]], key: str, default: Optional[int],
     return number
 
 
+def _launcher_world_size(options: Dict[str, Optional[str]], source: str) -> Optional[int]:
+    """nnodes x nproc-per-node when the file holds the torchrun command line that launches
+    Megatron (`torchrun --nnodes 4 --nproc-per-node 8 pretrain_gpt.py ...`), else None."""
+    per_node = next((options[k] for k in ("--nproc-per-node", "--nproc_per_node")
+                     if k in options), None)
+    if per_node is None:
+        return None
+    nodes = next((options[k] for k in ("--nnodes",) if k in options), "1")
+    values = []
+    for key, value in (("--nproc-per-node", per_node), ("--nnodes", nodes)):
+        if value is None or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{source}: torchrun's {key} must be an integer >= 1 for the "
+                             f"world size (got {value!r})")
+        values.append(int(value))
+    return values[0] * values[1]
+
+
 def read(text: str, source: str = "Megatron-LM arguments", num_layers: Optional[int] = None,
          world_size: Optional[int] = None) -> Layout:
     """The layout of Megatron-LM arguments. Megatron derives its data-parallel size from the
-    world size: give `world_size`, or --global-batch-size and --micro-batch-size alone decide
-    it from the WORLD_SIZE= that export writes in its header."""
+    world size: `world_size`, else torchrun's --nnodes x --nproc-per-node when the file holds
+    the launch line, else the WORLD_SIZE= that export writes in its header."""
     o = _options(text, source)
+    layers = _int(o, "--num-layers", None, source)
+    if layers is not None and num_layers is not None and layers != num_layers:
+        raise ValueError(f"{source}: --num-layers must be the graph's layer count {num_layers} "
+                         f"(got {layers})")
+    num_layers = num_layers or layers
     tp = _int(o, "--tensor-model-parallel-size", 1, source)
     pp = _int(o, "--pipeline-model-parallel-size", 1, source)
     micro = _int(o, "--micro-batch-size", None, source)
@@ -107,11 +129,15 @@ def read(text: str, source: str = "Megatron-LM arguments", num_layers: Optional[
         raise ValueError(f"{source}: --micro-batch-size must be given (got none)")
     global_batch = _int(o, "--global-batch-size", None, source)
     if world_size is None:
+        world_size = _launcher_world_size(o, source)
+    if world_size is None:
         found = re.search(r"WORLD_SIZE=(\d+)", text)   # the header export writes
         world_size = int(found.group(1)) if found else None
     if world_size is None:
-        raise ValueError(f"{source}: the world size must be given: Megatron's data-parallel "
-                         f"size is world / (tensor * pipeline) (got none)")
+        raise ValueError(f"{source}: the world size must be given (--world-size, torchrun's "
+                         f"--nnodes and --nproc-per-node in the file, or a WORLD_SIZE= line): "
+                         f"Megatron's data-parallel size is world / (tensor * pipeline) "
+                         f"(got none)")
     if world_size % (tp * pp):
         raise ValueError(f"{source}: world size must be a multiple of tensor x pipeline sizes "
                          f"{tp} x {pp} (got {world_size})")

@@ -32,7 +32,9 @@ CAPABILITIES = Capabilities(
     schedules={"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"},
     shardings=("none", "zero2", "zero3"), tensor_parallel=True, hybrid_sharding=True,
-    sequence_parallel_optional=False)
+    sequence_parallel_optional=False,
+    # generate_llm_fqn_per_model_part: the embedding and the output count as a layer each
+    stage_split="layers+ends")
 
 _RESHARD = {"zero2": "never", "zero3": "always"}
 _DEFAULT_STAGES_PER_RANK = 2   # torchtitan's multi-stage schedules without layers_per_stage
