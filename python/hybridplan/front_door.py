@@ -59,18 +59,20 @@ from torch import nn
 
 from . import __version__
 from .executor import apply, destroy_groups
+from .executor.calls import as_call, batch_size, default_loss
+from .executor.lifecycle import DEFAULT_TIMEOUT_S, init_process_group
 from .executor.rank_agreement import rank_zero_acts
 from .net import free_port
 from .profiler.dataflow import map_tensors
 from .profiler.profile import snake_case
-from .planner import (MODES, Cluster, Graph, InfeasibleError, Job, Plan, _as_cluster, _as_job,
+from .planner import (MODES, Cluster, Graph, InfeasibleError, Job, Plan, as_cluster, as_job,
                       evaluate, search)
 
 __all__ = ["parallelize", "Parallelized", "Choice", "choose_plan", "resolve_cluster",
            "resolve_job", "default_cache_dir", "graph_cache_key", "graph_cache_path",
            "calibration_path", "launch_hint"]
 
-kDefaultTimeoutS = 300.0
+kDefaultTimeoutS = DEFAULT_TIMEOUT_S  # apply's
 # How long the other ranks wait for rank 0's profile and plan (a group of its own, so the
 # training's timeout_s does not bound a first profile of a large model).
 kDefaultSetupTimeoutS = 3600.0
@@ -224,7 +226,7 @@ def resolve_cluster(cluster: Any, cache_dir: Optional[str], world: int, local_wo
                  f"--out {calibrated or 'CACHE_DIR/cluster-HOST.json'}`")
     how = ""
     if cluster is not None:
-        c = _as_cluster(cluster)
+        c = as_cluster(cluster)
     elif calibrated and os.path.exists(calibrated):
         c = Cluster.load(calibrated)
         how = f"cluster {c.name}: this host's calibration {calibrated}"
@@ -292,7 +294,7 @@ def resolve_job(job: Any, per_replica_batch: int, optimizer: Any = None) -> Job:
         d.setdefault("optimizer", _optimizer_kind(optimizer))
         return Job.from_dict(d, "job")
     if job is not None:
-        return _as_job(job)
+        return as_job(job)
     return Job.from_dict({"schema_version": 1, "kind": "hybridplan.job",
                           "per_replica_batch": int(per_replica_batch),
                           "optimizer": _optimizer_kind(optimizer)}, "default job")
@@ -443,8 +445,6 @@ def launch_hint(world: int) -> str:
 def _process_group(world_size: Optional[int], timeout_s: float) -> None:
     """The default process group: torchrun's environment, an existing group, or (neither, and
     at most one process expected) a job of one process on loopback."""
-    from .executor.executor import _init_process_group
-
     if not dist.is_initialized():
         present = [k for k in _TORCHRUN_ENV if k in os.environ]
         if not present:
@@ -459,7 +459,7 @@ def _process_group(world_size: Optional[int], timeout_s: float) -> None:
             missing = [k for k in _TORCHRUN_ENV if k not in os.environ]
             raise ValueError(f"hybridplan.parallelize: the environment sets {present} but not "
                              f"{missing}: {launch_hint(world_size or 2)}")
-        _init_process_group(datetime.timedelta(seconds=timeout_s))
+        init_process_group(datetime.timedelta(seconds=timeout_s))
     world = dist.get_world_size()
     if world_size is not None and world_size != world:
         raise ValueError(f"hybridplan.parallelize: world_size={world_size} but the job has "
@@ -469,9 +469,7 @@ def _process_group(world_size: Optional[int], timeout_s: float) -> None:
 # ---- rank 0's part: graph, cluster, job, plan -------------------------------------------------
 
 def _batch_of(example_inputs: Any, batch_dim: int) -> int:
-    from .executor.executor import _batch_size, as_call
-
-    batch = _batch_size(*as_call(example_inputs), batch_dim)
+    batch = batch_size(*as_call(example_inputs), batch_dim)
     if batch:
         return batch
     raise ValueError("hybridplan.parallelize: example_inputs must be one replica's batch: a "
@@ -496,12 +494,11 @@ def _graph(model, example_inputs, example_target, loss_fn, cache_dir, profile_op
            ) -> Tuple[Graph, str, Optional[str]]:
     """(Graph, "cache" | "profiled", cache path): the cached profile, else a new one (cached)."""
     from . import models
-    from .executor.executor import _default_loss
     from .profiler import profile
 
     batch = _batch_of(example_inputs, 0)
     if example_target is not None:
-        profile_loss = loss_fn or _default_loss(model)
+        profile_loss = loss_fn or default_loss(model)
     elif loss_fn is None:  # a built-in model brings its loss and example target
         profile_loss, example_target = models.loss_and_target(model, batch)
     else:
@@ -617,7 +614,8 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
                     SyncBatchNorm); then only "placement" plans are searched, as apply refuses
                     it for a pipeline.
     apply_options   further keyword arguments of hybridplan.apply (batch_dim,
-                    measure_noise_scale, resume_from, ...).
+                    measure_noise_scale, resume_from, the training step's clip_grad_norm,
+                    accumulation_steps and lr_scheduler, ...).
     """
     clash = sorted(set(apply_options) & set(_APPLY_OWN))
     if clash:

@@ -39,7 +39,7 @@ def test_the_loss_is_timed_on_outputs_computed_from_others():
 def test_a_tied_module_that_never_runs_goes_with_its_callers():
     """T5's `shared` holds the weight encoder.embed_tokens, decoder.embed_tokens and lm_head
     run with: the graph leaves it out, and a plan of that graph is accepted."""
-    from hybridplan.executor.executor import _check_module
+    from hybridplan.executor.checks import check_module
     from hybridplan.executor.plan_spec import parse_plan
     from hybridplan.hand_plans import even_split, hand_plan
     from hybridplan.profiler import block_list
@@ -56,7 +56,7 @@ def test_a_tied_module_that_never_runs_goes_with_its_callers():
         [ids["encoder.embed_tokens"], ids["decoder.embed_tokens"], ids["lm_head"]]]
     names = [n["name"] for n in graph["nodes"]]  # what a planned assignment places
     plan = hand_plan(model, mode="placement", dp=1, mp=2, assignment=even_split(names, 2))
-    _check_module(parse_plan(plan), model)
+    check_module(parse_plan(plan), model)
 
 
 class Unused(nn.Module):
@@ -73,7 +73,7 @@ class Unused(nn.Module):
 
 
 def test_a_module_that_never_runs_is_named_with_the_way_out():
-    from hybridplan.executor.executor import _check_module
+    from hybridplan.executor.checks import check_module
     from hybridplan.executor.plan_spec import parse_plan
     from hybridplan.hand_plans import even_split, hand_plan
     model, x = Unused(), torch.randn(2, 4)
@@ -85,7 +85,7 @@ def test_a_module_that_never_runs_is_named_with_the_way_out():
     assert names == ["embed", "head"]
     plan = hand_plan(model, mode="placement", dp=1, mp=2, assignment=even_split(names, 2))
     with pytest.raises(ValueError) as e:
-        _check_module(parse_plan(plan), model)
+        check_module(parse_plan(plan), model)
     assert ("assignment must place every graph node that holds parameters or buffers; missing "
             "2 of Unused: ['spare', 'stats']. A profiled graph holds the modules that ran in "
             "forward; for one that never runs, delete it (del model.<name>)") in str(e.value)

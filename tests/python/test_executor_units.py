@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import hybridplan.models as models
-from hybridplan.executor.executor import _check_module, _first_microbatch, _local_checks
+from hybridplan.executor.calls import first_microbatch
+from hybridplan.executor.checks import check_module, local_checks
 from hybridplan.executor.layout import Layout
 from hybridplan.executor.pipeline import merge_states
 from hybridplan.executor.plan_spec import parse_plan, sha256_hex
@@ -62,7 +63,7 @@ def test_assignment_names_must_be_graph_nodes():
     plan = placement_plan(model, dp=1, mp=2)
     plan["assignment"][0]["name"] = "stem.convv"
     with pytest.raises(ValueError) as e:
-        _check_module(parse_plan(plan), model)
+        check_module(parse_plan(plan), model)
     assert "assignment names must be graph nodes of BranchyCNN (got 1 unknown: ['stem.convv'])" \
         in str(e.value)
 
@@ -72,7 +73,7 @@ def test_every_node_with_parameters_must_be_assigned():
     plan = placement_plan(model, dp=1, mp=2)
     plan["assignment"] = [a for a in plan["assignment"] if a["name"] != "fc"]
     with pytest.raises(ValueError, match=r"missing 1 of BranchyCNN: \['fc'\]"):
-        _check_module(parse_plan(plan), model)
+        check_module(parse_plan(plan), model)
 
 
 def test_world_size_must_match_the_mode():
@@ -80,8 +81,8 @@ def test_world_size_must_match_the_mode():
     spec = parse_plan(placement_plan(model, dp=2, mp=2))
     with pytest.raises(ValueError, match=r"placement plan needs world size 2 \(one process per "
                                          r"replica, world = dp; dp=2, mp=2\) \(got world size 4\)"):
-        _local_checks(spec, model, None, 4)
-    assert _local_checks(spec, model, None, 2) is None
+        local_checks(spec, model, None, 4)
+    assert local_checks(spec, model, None, 2) is None
 
 
 def test_graph_hash_must_match():
@@ -91,7 +92,7 @@ def test_graph_hash_must_match():
     class GraphLike:  # what hybridplan.planner.Graph offers: its canonical JSON's sha256
         sha256 = "ab" * 32
     with pytest.raises(ValueError, match="graph.sha256 must match the graph applied"):
-        _local_checks(spec, model, GraphLike(), 1)
+        local_checks(spec, model, GraphLike(), 1)
 
 
 def test_apply_outside_a_distributed_job_says_so(monkeypatch):
@@ -359,7 +360,7 @@ def test_parameter_free_nodes_may_be_left_out():
     plan = pipeline_plan(model, dp=1, mp=2, schedule="gpipe", num_microbatches=1)
     plan["assignment"] = [a for a in plan["assignment"] if a["name"] != "pool"]
     spec = parse_plan(plan)
-    _check_module(spec, model)
+    check_module(spec, model)
     cut = _cut(model, spec.assignment, 2)
     inputs = model.example_inputs(2)
     torch.testing.assert_close(_run_stages(cut, inputs), model(*inputs), rtol=0, atol=0)
@@ -371,9 +372,9 @@ def test_pipeline_plans_need_equal_microbatches_and_example_inputs():
                                     per_replica_batch=8))
     with pytest.raises(ValueError, match=r"per_replica_batch must be a multiple of "
                                          r"num_microbatches=3: the stages run equal micro-batches"):
-        _first_microbatch(spec, model.example_inputs(8), 0)
+        first_microbatch(spec, model.example_inputs(8), 0)
     with pytest.raises(ValueError, match=r"needs apply\(..., example_inputs=\)"):
-        _first_microbatch(spec, None, 0)
+        first_microbatch(spec, None, 0)
 
 
 # ---- cross-rank judgement ---------------------------------------------------------------------
@@ -408,9 +409,9 @@ def test_hand_plans_name_the_nodes_the_profiler_does():
 
 
 def test_recompute_keeps_only_inputs_and_gives_the_same_gradients():
-    """executor.recompute: autograd saves the module's input alone (not the hidden
+    """autograd.recompute: autograd saves the module's input alone (not the hidden
     activations), the forward runs again in backward, and the gradients are the same."""
-    from hybridplan.executor.recompute import recompute
+    from hybridplan.autograd.recompute import recompute
 
     torch.manual_seed(0)
     kept = nn.Sequential(nn.Linear(8, 64), nn.GELU(), nn.Dropout(0.5), nn.Linear(64, 8))

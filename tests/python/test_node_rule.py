@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridplan.executor.executor import _check_module
+from hybridplan.executor.checks import check_module
 from hybridplan.executor.plan_spec import parse_plan
 from hybridplan.hand_plans import hand_plan
 from hybridplan.profiler import block_list, profile_dict
@@ -37,7 +37,7 @@ def test_attention_holding_its_own_weight_is_one_node():
     assert mha["param_bytes"] == sum(p.numel() * 4 for p in layer.self_attn.parameters())
     plan = hand_plan(model, mode="placement", dp=1, mp=2, example_inputs=torch.randn(2, 3, 4))
     assert {a["name"] for a in plan["assignment"]} == {n["name"] for n in graph["nodes"]}
-    _check_module(parse_plan(plan), model)
+    check_module(parse_plan(plan), model)
 
 
 def test_root_parameters_belong_to_no_node_and_go_to_their_reader():

@@ -185,7 +185,7 @@ def adapt_rank(out_dir):
     other plan" (batch 8 <-> 16) at every check; rank 1's advice must never be asked."""
     import torch.distributed as dist
     import hybridplan
-    from hybridplan.executor.executor import AppliedPlan
+    from hybridplan.executor.applied import AppliedPlan
     torch.set_num_threads(1)
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
     model, batch, loss_fn = make(MODEL)
@@ -353,7 +353,7 @@ def test_switch_advice_only_offers_plans_this_job_can_switch_to():
     """processes=: the candidates run on the job's processes (the adaptive mode passes the world
     size); when none of the search's best does, the advice keeps the running plan."""
     import hybridplan
-    from hybridplan.convergence.noise_scale_job import switch_advice
+    from hybridplan.gradient_noise.noise_scale_job import switch_advice
     from test_plan_over_run import TINY, _estimate, _job
     running = hybridplan.plan(TINY, "dgx1-v100", _job(5000), devices=8)
     free = switch_advice(running, _estimate(51.0), TINY, "dgx1-v100", _job(5000))

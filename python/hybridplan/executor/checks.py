@@ -1,0 +1,85 @@
+"""The checks every rank runs on a plan against its module and job before any slow step (the
+cheap ones: world size, graph hash, module names, options), whose verdicts the ranks then agree
+on (rank_agreement). recipe.apply runs them before it builds a plan, switching before it
+takes the running plan apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..planner import Plan
+from ..profiler import block_list
+from . import noise
+from .calls import first_microbatch
+from .plan_spec import graph_sha256
+
+__all__ = ["check_module", "local_checks"]
+
+
+def check_module(spec: Plan, module: nn.Module) -> None:
+    """Assignment names must be graph nodes of `module` (profiler.block_list: a node module, or
+    "name@k" for its call k), and every node module that holds parameters or buffers must be
+    assigned, except one whose parameters are all those of assigned nodes (block_list.
+    uncalled_nodes: a tied embedding that never runs goes where they go). Parameter-free nodes
+    may be left out: they run where their inputs are, like functional ops."""
+    nodes = block_list.select_nodes(module)
+    unknown = sorted(n for n in spec.assignment if block_list.module_name(n) not in nodes)
+    if unknown:
+        raise ValueError(f"{spec.source}: assignment names must be graph nodes of "
+                         f"{type(module).__name__} (got {len(unknown)} unknown: "
+                         f"{unknown[:5]})")
+    _, missing = block_list.uncalled_nodes(
+        nodes, {block_list.module_name(n) for n in spec.assignment})
+    if missing:
+        raise ValueError(f"{spec.source}: assignment must place every graph node that holds "
+                         f"parameters or buffers; missing {len(missing)} of "
+                         f"{type(module).__name__}: {missing[:5]}. A profiled graph holds the "
+                         f"modules that ran in forward; for one that never runs, "
+                         f"{block_list.UNCALLED_ADVICE}")
+
+
+def local_checks(spec: Plan, module: nn.Module, graph: Any, world_size: int,
+                 example_inputs: Any = None, batch_dim: int = 0,
+                 measure_noise_scale: int = 0, noise_scale_decay: float = 0.99,
+                 optimizer: Any = None) -> None:
+    """World size, graph hash, module names, the noise-scale options, the optimizer under
+    sharding and (pipeline) the example inputs: the cheap checks, which every rank agrees on
+    before any rank spends seconds in torch.export."""
+    noise.check_options(measure_noise_scale, noise_scale_decay, spec.dp, spec.source,
+                        spec.sharding)
+    if spec.sharding != "none" and isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"{spec.source}: with the plan's \"sharding\" ({spec.sharding!r}) "
+                         f"pass an optimizer factory, not an Optimizer: fully_shard replaces "
+                         f"the module's parameters with DTensor shards, which an optimizer "
+                         f"built before apply() does not hold")
+    if spec.num_processes != world_size:
+        if spec.tp == 1:
+            layout = ("one process per replica, world = dp" if spec.mode == "placement"
+                      else "one process per device, world = dp * mp")
+            degrees = f"dp={spec.dp}, mp={spec.mp}"
+        else:
+            layout = ("one process per replica and TP rank, world = dp * tp"
+                      if spec.mode == "placement"
+                      else "one process per device, world = dp * mp * tp")
+            degrees = f"dp={spec.dp}, mp={spec.mp}, tp={spec.tp}"
+        raise ValueError(f"{spec.source}: {spec.mode} plan needs world size {spec.num_processes} "
+                         f"({layout}; {degrees}) (got world size {world_size})")
+    if spec.tp > 1 and measure_noise_scale:
+        raise ValueError(f"{spec.source}: measure_noise_scale needs the plan's \"tp\" to be 1 "
+                         f"(the meter reads DDP's buckets; a TP plan's replicas reduce through "
+                         f"FSDP2) (got tp={spec.tp})")
+    if spec.tp > 1 and spec.dp_shard < spec.dp:
+        raise ValueError(f"{spec.source}: dp_shard must equal dp with tp > 1 (hybrid sharding "
+                         f"over a TP mesh is not supported) (got dp_shard={spec.dp_shard}, "
+                         f"dp={spec.dp})")
+    if graph is not None:
+        sha = graph_sha256(graph)
+        if sha != spec.graph_sha256:
+            raise ValueError(f"{spec.source}: graph.sha256 must match the graph applied "
+                             f"({sha}) (got {spec.graph_sha256})")
+    check_module(spec, module)
+    if spec.mode == "pipeline":
+        first_microbatch(spec, example_inputs, batch_dim)
