@@ -26,6 +26,7 @@ untouched and removes its temporary file.
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -116,10 +117,48 @@ def merge_optimizer_states(parts: List[OptimizerByName]) -> OptimizerByName:
 
 
 def build(model: Dict[str, torch.Tensor], optimizer: OptimizerByName, step: int,
-          plan_json: str, graph_sha256: str) -> Dict[str, Any]:
-    return {"format": kFormat, "version": kVersion, "model": dict(model),  # plain, ordered
+          plan_json: str, graph_sha256: str, lr_scheduler: Optional[Dict[str, Any]] = None
+          ) -> Dict[str, Any]:
+    ckpt = {"format": kFormat, "version": kVersion, "model": dict(model),  # plain, ordered
             "optimizer": optimizer, "step": int(step), "plan": plan_json,
             "graph_sha256": graph_sha256}
+    if lr_scheduler is not None:  # optional: a run without a scheduler has none
+        ckpt["lr_scheduler"] = lr_scheduler
+    return ckpt
+
+
+def scheduler_state(scheduler: Any) -> Optional[Dict[str, Any]]:
+    """An LR scheduler's state as the checkpoints hold it: {"class": its class name, "state":
+    its state_dict()} (plain containers; every rank's is the same: it counts optimizer
+    steps), or None without a scheduler."""
+    if scheduler is None:
+        return None
+    return {"class": type(scheduler).__name__, "state": _cpu(scheduler.state_dict())}
+
+
+def load_scheduler_state(scheduler: Any, ckpt: Dict[str, Any], path: str) -> None:
+    """Restores `scheduler` (built on the optimizer before its state was loaded, so that the
+    optimizer's learning rates are the saved ones) from the checkpoint's lr_scheduler. A
+    checkpoint without one (saved without a scheduler) leaves it at its first step, which rank
+    0 notes; ValueError naming the file when it holds another class's state."""
+    if scheduler is None:
+        return
+    saved = ckpt.get("lr_scheduler")
+    if saved is None:
+        import sys
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"hybridplan: {path} holds no LR scheduler state (saved without "
+                  f"lr_scheduler): the schedule starts from its first step at step "
+                  f"{ckpt.get('step')}", file=sys.stderr, flush=True)
+        return
+    if not isinstance(saved, dict) or saved.get("class") != type(scheduler).__name__:
+        got = saved.get("class") if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(f"{path}: lr_scheduler.class must be the scheduler resumed "
+                         f"({type(scheduler).__name__}) (got {got!r}); resume with the same "
+                         f"lr_scheduler factory")
+    scheduler.load_state_dict(copy.deepcopy(saved["state"]))  # torch pops from what it loads
 
 
 def _save(obj: Any, f: Any) -> None:
