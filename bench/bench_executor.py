@@ -9,6 +9,8 @@ step (which one goes first alternates too) so that load from other processes on 
 hits both alike; a step's time is the slowest rank's (a barrier before each step).
 
   rows on 2 ranks                       torch by hand
+  control    the torch side of dp on    DistributedDataParallel: two copies of the same
+             both sides                 code, the harness's own resolution (ratio ~ 1)
   dp         placement dp=2             DistributedDataParallel, buckets [1, 25] MiB
   placement  placement dp=2, mp=2       the same DDP (on one CPU both devices are the CPU:
                                         the executor moves nothing and installs no hook)
@@ -61,7 +63,7 @@ from hybridplan.executor import destroy_groups  # noqa: E402
 import hybridplan.models as models  # noqa: E402
 
 ROWS = {  # name -> ranks
-    "dp": 2, "placement": 2, "gpipe": 2, "1f1b": 2, "interleaved-1f1b": 2, "interleaved-zb": 2,
+    "control": 2, "dp": 2, "placement": 2, "gpipe": 2, "1f1b": 2, "interleaved-1f1b": 2, "interleaved-zb": 2,
     "zbv": 2, "zero2": 2, "zero3": 2, "recompute": 2, "tp": 2,
     "pp-dp": 4, "hsdp": 4, "tp-dp": 4}
 MULTI_STAGE = ("interleaved-1f1b", "interleaved-zb", "zbv")
@@ -402,7 +404,21 @@ def row_pipeline(args, kind):
     return Row(layout, executor_step, torch_step, lambda: hp.close())
 
 
+def row_control(args):
+    """The dp row's torch side against a second copy of itself: what ratio the harness shows
+    between two identical steps under the load of the moment."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sides = []
+    for _ in range(2):
+        ref = build(args)
+        sides.append(plain_step(ddp_by_hand(ref), ref.loss, sgd(ref.parameters()),
+                                batches(ref, args), world, rank))
+    return Row("DDP | the same DDP (no executor)", sides[0], sides[1], lambda: None)
+
+
 def make_row(args, name):
+    if name == "control":
+        return row_control(args)
     if name in ("dp", "placement", "recompute", "zero2", "zero3", "hsdp"):
         return row_data_parallel(args, name)
     if name in ("tp", "tp-dp"):
