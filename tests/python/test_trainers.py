@@ -334,7 +334,9 @@ def test_accelerate_batch_comes_from_the_job_when_the_file_has_none(problem):
 def test_export_keeps_to_what_the_trainers_own_parsers_accept(problem):
     """What the trainers' own parsers refused (bench/bench_trainer_parsers.py): Accelerate's
     ParallelismConfig takes tensor parallelism only beside sharded data parallelism (it refuses
-    dp_replicate > 1 with dp_shard 1), and DeepSpeed 0.19.8 refuses MiCS's mics_shard_size."""
+    dp_replicate > 1 with dp_shard 1), DeepSpeed 0.19.8 refuses MiCS's mics_shard_size, and
+    Megatron-LM's validate_args takes Megatron-FSDP only with the fsdp_dtensor checkpoint
+    format and CUDA_DEVICE_MAX_CONNECTIONS not 1 (with tensor parallelism otherwise: 1)."""
     g, c = problem
     plans = _kinds(g, c)
     tp2 = plans["tp2"]
@@ -350,6 +352,11 @@ def test_export_keeps_to_what_the_trainers_own_parsers_accept(problem):
     assert "mics_shard_size" not in text and '"stage": 3' in text
     assert unexpressed == [f"hybrid sharding (shard groups of {hsdp.dp_shard} of {hsdp.dp} "
                            f"replicas): DeepSpeed lacks it; wrote one shard group of {hsdp.dp}"]
+    text, _ = trainers.export(plans["zero3"], "megatron", g, JOB)
+    assert "--use-megatron-fsdp" in text and "--ckpt-format fsdp_dtensor" in text
+    assert "CUDA_DEVICE_MAX_CONNECTIONS unset or above 1" in text
+    text, _ = trainers.export(tp2, "megatron", g, JOB)
+    assert "launch with CUDA_DEVICE_MAX_CONNECTIONS=1" in text
     # older DeepSpeed configurations with MiCS still read as hybrid sharding
     old = json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
                       "zero_optimization": {"stage": 3, "mics_shard_size": 4}})

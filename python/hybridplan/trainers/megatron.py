@@ -7,6 +7,7 @@ Megatron-Core's ModelParallelConfig fields, recompute its TransformerConfig's).
     --recompute-granularity full|selective --recompute-method uniform --recompute-num-layers 1
     --use-distributed-optimizer [--num-distributed-optimizer-instances R]
     --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
+    --ckpt-format fsdp_dtensor
     --bf16
 
 The data-parallel size is what the world size leaves: world / (T * P). Megatron runs 1F1B, and
@@ -53,7 +54,9 @@ def write(layout: Layout, num_layers: Optional[int] = None) -> str:
         if layout.dp_replicate > 1:
             args.append(f"--num-distributed-optimizer-instances {layout.dp_replicate}")
     elif layout.sharding == "zero3":
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"]
+        # validate_args: "Megatron FSDP only supports fsdp_dtensor checkpoint format"
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                 "--ckpt-format fsdp_dtensor"]
         if layout.dp_replicate > 1:
             args.append(f"--num-distributed-optimizer-instances {layout.dp_replicate}")
     if layout.precision == "bf16":
@@ -61,6 +64,13 @@ def write(layout: Layout, num_layers: Optional[int] = None) -> str:
     header = (f"# Megatron-LM arguments written by `hybridplan export --to megatron`; add your "
               f"model's.\n# Megatron reads the world size from torchrun: WORLD_SIZE="
               f"{layout.world_size} (data-parallel size {layout.dp})")
+    # validate_args' rules on the launch environment (before Blackwell GPUs)
+    if layout.sharding == "zero3":
+        header += ("\n# launch with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: Megatron-FSDP "
+                   "refuses 1")
+    elif layout.tp > 1:
+        header += ("\n# launch with CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron-LM requires it with "
+                   "tensor parallelism")
     return header + "\n" + " \\\n".join(args) + "\n"
 
 
