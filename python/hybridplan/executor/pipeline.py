@@ -132,7 +132,35 @@ def _stage_class():
                 if t.grad_fn is not None and not t._is_view():  # views: not in place
                     t.detach_()
 
+        # False on an accumulation's earlier steps (PipelineRunner.step): no backward of the
+        # schedule is the last, so DDP and FSDP keep accumulating without reducing
+        sync_gradients = True
+
+        def perform_reduce_grad(self, grad_scale_factor):
+            """torch's, except on an accumulation's earlier steps: FSDP's post-backward then
+            runs as after a backward with gradient sync off (the unsharded gradients kept for
+            the next step to add to), which torch's sets on."""
+            if self.sync_gradients or not isinstance(self.submod, FSDPModule):
+                return super().perform_reduce_grad(grad_scale_factor)
+            from torch.distributed._composable.replicate_with_fsdp import (ReplicateModule,
+                                                                         replicate)
+            from torch.distributed.fsdp import fully_shard
+
+            module = self.submod
+            module.set_is_last_backward(True)
+            module.set_reshard_after_backward(True)
+            module.set_requires_gradient_sync(False)
+            state = (replicate.state(module) if isinstance(module, ReplicateModule)
+                     else fully_shard.state(module))
+            for each in state._state_ctx.all_states:
+                for group in each._fsdp_param_groups:
+                    group.post_backward()
+            state._root_post_backward_final_callback()
+            if grad_scale_factor != 1:
+                self.scale_grads(grad_scale_factor)
+
         def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            last_backward = last_backward and self.sync_gradients
             if backward_type == "full":
                 return super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
                                                           last_backward)
@@ -215,8 +243,13 @@ class PipelineRunner:
         self.holds_first = 0 in self.stage_indices
         self.holds_last = cut.num_stages - 1 in self.stage_indices
 
+        self._accumulation = 1  # step()'s accumulation_steps: the loss is divided by it too
+
         def micro_loss(outputs, target):
-            return loss_fn(cut.unflatten_outputs(outputs), target) / num_microbatches
+            loss = loss_fn(cut.unflatten_outputs(outputs), target)
+            if self._accumulation == 1:
+                return loss / num_microbatches
+            return loss / (num_microbatches * self._accumulation)
         schedule_class = _schedule_class(schedule)
         self.schedule = schedule_class(self.stages if schedule in MULTI_STAGE else self.stages[0],
                                        num_microbatches, loss_fn=micro_loss, scale_grads=False)
@@ -259,15 +292,30 @@ class PipelineRunner:
         stage.backward_weight_one_chunk = timed(lambda a, k: "W",
                                                 stage.backward_weight_one_chunk)
 
-    def step(self, flat_inputs: Optional[Sequence[torch.Tensor]], target: Any) -> torch.Tensor:
+    def step(self, flat_inputs: Optional[Sequence[torch.Tensor]], target: Any, *,
+             sync: bool = True, accumulation_steps: int = 1) -> torch.Tensor:
         """One training step's schedule; returns the replica's mean loss on the rank holding
         the last stage, 0 elsewhere. Gradients (summed over tied copies) are left in the
-        stages' parameters."""
+        stages' parameters. Gradient accumulation over several steps: each micro-batch's loss
+        is divided by accumulation_steps too, and the steps before the last run with `sync`
+        False: no backward is the last (DDP and FSDP reduce nothing) and tied copies are summed
+        only by the last, once, over what the stages accumulated."""
         kwargs: Dict[str, Any] = {}
         if self.holds_last:
             kwargs.update(target=target, losses=[])
         args = tuple(flat_inputs) if self.holds_first else ()
+        self._accumulation = accumulation_steps
+        for stage in self.stages:
+            stage.sync_gradients = sync
         self.schedule.step(*args, return_outputs=False, **kwargs)
+        if self.holds_last:
+            loss = torch.stack([loss.detach() for loss in kwargs["losses"]]).sum()
+            if accumulation_steps != 1:
+                loss = loss * accumulation_steps
+        else:
+            loss = torch.zeros((), device=self.device)
+        if not sync:
+            return loss
         for copies, group in self.tied:
             grads = []
             for param in copies:
@@ -289,13 +337,22 @@ class PipelineRunner:
             for grad in grads:
                 if grad is not total:
                     grad.copy_(total)
-        if self.holds_last:
-            return torch.stack([loss.detach() for loss in kwargs["losses"]]).sum()
-        return torch.zeros((), device=self.device)
+        return loss
 
     def parameters(self) -> List[nn.Parameter]:
         """This rank's stages' parameters, in stage order (a tied weight's copies each)."""
         return [p for module in self.modules for p in module.parameters()]
+
+    def counted_parameters(self) -> List[nn.Parameter]:
+        """parameters() less the tied copies on any stage but the first holding the weight:
+        after step() every copy holds the sum, so a norm over the replica counts it once."""
+        later = set()
+        for uses in self.cut.tied:
+            first = min(uses)
+            for index, module in zip(self.stage_indices, self.modules):
+                if index in uses and index != first:
+                    later.add(id(module.part.get_parameter(uses[index])))
+        return [p for p in self.parameters() if id(p) not in later]
 
     def named_parameters(self) -> List[tuple]:
         """(original module's name, parameter) of parameters(); copies share a name."""
