@@ -30,6 +30,8 @@ _EXPORTS = {
     "parallelize": "front_door", "Parallelized": "front_door",
     # plans written by hand (examples, tests, benchmarks)
     "hand_plan": "hand_plans",
+    # learning-rate schedules for apply(..., lr_scheduler=)
+    "warmup_cosine": "schedules",
     # measuring the machine and the model against the cost model
     "calibrate": "measure.calibration", "validate": "measure.validation",
     # statistical efficiency from the gradients
@@ -42,7 +44,7 @@ _EXPORTS = {
     "convergence_job": "convergence.tradeoff",
 }
 _SUBMODULES = {"models", "planner", "profiler", "executor", "pipedream", "hand_plans",
-               "front_door", "trace", "datasets", "measure", "convergence"}
+               "front_door", "trace", "datasets", "measure", "convergence", "schedules"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES)
 

@@ -93,6 +93,17 @@ def run_cases(target: str, by_world: Dict[int, List[Dict[str, Any]]], out_dir: A
     return loaded, failures
 
 
+def outputs_of(loaded: Dict[str, Any], case_id: str) -> Any:
+    """run_cases' results of one case (one per rank), or the test fails with the output of the
+    launch that did not finish it."""
+    import pytest
+
+    outs = loaded[case_id]
+    if isinstance(outs, str):
+        pytest.fail(f"the ranks did not finish {case_id}:\n{outs}")
+    return outs
+
+
 def run_phases(module: str, phases: Sequence[str], out_dir: Any, *, world_size: int = 2,
                timeout_s: float = 300) -> Tuple[Any, Dict[str, Tuple[bool, str]]]:
     """Runs `module:phase` on world_size ranks for each phase in turn (each with out_dir),

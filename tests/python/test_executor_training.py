@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hybridplan.models as models
-from dist_harness import format_results, run_ranks
+from dist_harness import format_results, outputs_of, run_ranks
 from plan_builders import pipeline_plan, placement_plan
 
 STEPS = 5
@@ -157,13 +157,6 @@ def trained(tmp_path_factory):
     return loaded
 
 
-def results_of(trained, case_id):
-    outs = trained[case_id]
-    if isinstance(outs, str):
-        pytest.fail(f"the ranks did not finish {case_id}:\n{outs}")
-    return outs
-
-
 def assert_states_close(actual, expected, **tol):
     assert list(actual) == list(expected)  # the original module's keys, in its order
     for key in expected:
@@ -172,7 +165,7 @@ def assert_states_close(actual, expected, **tol):
 
 
 def test_dp_only_plan_matches_torch_ddp(trained):
-    outs = results_of(trained, DDP_CASE)
+    outs = outputs_of(trained, DDP_CASE)
     for out in outs:
         assert_states_close(out["state"], out["ddp_state"], rtol=0, atol=1e-6)
     # and it trained: the parameters moved away from their initial values
@@ -182,7 +175,7 @@ def test_dp_only_plan_matches_torch_ddp(trained):
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_plan_matches_single_process(trained, case):
-    outs = results_of(trained, CASE_IDS[CASES.index(case)])
+    outs = outputs_of(trained, CASE_IDS[CASES.index(case)])
     expected = reference_state(case[0])
     initial = build(case[0]).state_dict()
     assert any(not torch.equal(expected[k], initial[k]) for k in expected)

@@ -47,6 +47,7 @@ import random
 import statistics
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..schedules import warmup_fraction
 from .noise_scale_job import trajectory_job
 
 __all__ = ["LrRule", "Target", "Task", "Run", "Sweep", "Fit", "sample_indices", "eval_due",
@@ -60,8 +61,9 @@ SCALINGS = ("linear", "sqrt", "none")
 @dataclasses.dataclass(frozen=True)
 class LrRule:
     """The learning rate at global batch B after `samples_seen` samples: base_lr times
-    (B / base_batch) ** p (p = 1 linear, 1/2 sqrt, 0 none), times min(1, samples after this
-    step / warmup_samples) while warming up."""
+    (B / base_batch) ** p (p = 1 linear, 1/2 sqrt, 0 none), times the linear warm-up
+    schedules.warmup_fraction(samples after this step, warmup_samples) (min(1, their ratio);
+    hybridplan.warmup_cosine warms up by it too, over steps)."""
     base_lr: float
     base_batch: int
     scaling: str = "sqrt"
@@ -81,9 +83,7 @@ class LrRule:
     def lr(self, global_batch: int, samples_seen: int) -> float:
         power = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}[self.scaling]
         lr = self.base_lr * (global_batch / self.base_batch) ** power
-        if self.warmup_samples:
-            lr *= min(1.0, (samples_seen + global_batch) / self.warmup_samples)
-        return lr
+        return lr * warmup_fraction(samples_seen + global_batch, self.warmup_samples)
 
     def describe(self) -> str:
         rule = {"linear": "x B / {b}", "sqrt": "x sqrt(B / {b})", "none": "(not scaled)"}

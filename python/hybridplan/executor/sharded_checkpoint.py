@@ -25,7 +25,8 @@ What each rank writes (DCP's keys, flat, "/" between the parts, which no paramet
                       (tied names -> the first, checkpoint.parameter_aliases), sharded as the
                       parameter is
   hybridplan/meta     format, version, step, plan, graph hash, optimizer class and param_groups
-                      (merged over the ranks), the caller's `extra`
+                      (merged over the ranks), the LR scheduler's state (checkpoint.
+                      scheduler_state; None without one), the caller's `extra`
 
 Loading (apply(resume_from=...)) reads the whole model and optimizer state on every rank into
 the consolidated form (checkpoint.build's dict) with DCP's load (no_dist: each rank alone, no
@@ -192,7 +193,7 @@ def begin(hp: Any, root: str, group: Any, async_save: bool, extra: Any) -> Pendi
     meta = {"format": kFormat, "version": kVersion, "step": int(step),
             "plan": hp.plan.to_json(), "graph_sha256": hp.plan.graph_sha256,
             "optimizer_class": merged["class"], "param_groups": merged["param_groups"],
-            "extra": extra}
+            "lr_scheduler": checkpoint.scheduler_state(hp._scheduler), "extra": extra}
     state = local_state(hp)
     state[_META_KEY] = _encode(meta)
     pending = PendingSave(root, step, partial, meta)
@@ -401,7 +402,8 @@ def read(path: str) -> Dict[str, Any]:
             state.setdefault(name, {})[k] = value
     optimizer = {"class": meta["optimizer_class"], "state": state,
                  "param_groups": meta["param_groups"]}
-    ckpt = checkpoint.build(model, optimizer, meta["step"], meta["plan"], meta["graph_sha256"])
+    ckpt = checkpoint.build(model, optimizer, meta["step"], meta["plan"], meta["graph_sha256"],
+                            meta.get("lr_scheduler"))
     ckpt["extra"] = meta.get("extra")
     return ckpt
 
