@@ -106,7 +106,10 @@ def test_what_deepspeed_and_accelerate_cannot_say(problem):
     _, unexpressed = trainers.export(plans["selective"], "deepspeed", g, JOB)
     assert unexpressed == ["recompute 'selective': DeepSpeed has no such mode; wrote 'full'"]
     _, unexpressed = trainers.export(plans["1f1b"], "deepspeed", g, JOB)
-    assert _boundaries(plans["1f1b"], "deepspeed", unexpressed) == [f"pipeline of {plans['1f1b'].mp} stages: DeepSpeed sets its stages "
+    unexpressed = _boundaries(plans["1f1b"], "deepspeed", unexpressed)
+    zero1 = [u for u in unexpressed if u.startswith("sharding 'zero")]
+    assert len(zero1) == (plans["1f1b"].sharding != "none")
+    assert [u for u in unexpressed if u not in zero1] == [f"pipeline of {plans['1f1b'].mp} stages: DeepSpeed sets its stages "
                            f"in code (deepspeed.pipe.PipelineModule(layers, num_stages=N)); "
                            f"written under hybridplan_pipeline for the reader, with the "
                            f"micro-batches as gradient_accumulation_steps"]
@@ -357,6 +360,13 @@ def test_export_keeps_to_what_the_trainers_own_parsers_accept(problem):
     assert "CUDA_DEVICE_MAX_CONNECTIONS unset or above 1" in text
     text, _ = trainers.export(tp2, "megatron", g, JOB)
     assert "launch with CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+    # DeepSpeed's pipeline engine asserts ZeRO stage < 2: a sharded pipeline is written as
+    # ZeRO-1, said in words
+    piped = planner.Plan.from_dict(planner.with_sharding(plans["1f1b"], "zero2", g, c, JOB))
+    text, unexpressed = trainers.export(piped, "deepspeed", g, JOB)
+    assert '"stage": 1' in text
+    assert any(u.startswith("sharding 'zero2' under a pipeline: DeepSpeed's pipeline engine "
+                            "refuses ZeRO-2 and ZeRO-3") for u in unexpressed)
     # older DeepSpeed configurations with MiCS still read as hybrid sharding
     old = json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
                       "zero_optimization": {"stage": 3, "mics_shard_size": 4}})

@@ -9,7 +9,8 @@ configurations from the command line (docs/trainers.md).
 
 export exits 0 and warns on stderr for each thing of the plan the trainer cannot express, and
 exits 3 when the trainer can run none of the plan's parallel axes (every axis of degree > 1 is
-lost: its file would describe a different job). plan exits 3 when no plan fits.
+lost: its file would describe a different job). plan and evaluate-config exit 3 when nothing
+the trainer runs fits.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _table(yours: planner.Plan, best: planner.Plan) -> List[str]:
     a, b = yours.predicted, best.predicted
     rows = ["| term | yours | best | difference |", "| --- | ---: | ---: | ---: |"]
     for term in _TERMS:
-        if term in a or term in b:
+        if a.get(term) or b.get(term):
             x, y = a.get(term, 0.0), b.get(term, 0.0)
             rows.append(f"| {term} | {x:.4g} | {y:.4g} | {y - x:+.4g} |")
     mem = lambda p: max(p.get("memory_bytes") or [0]) / 2 ** 30  # noqa: E731
@@ -128,9 +129,17 @@ def evaluate_command(args) -> int:
         raise ValueError(f"{args.config}: cannot be read ({e.strerror})") from None
     yours = plan_from(args.trainer, text, graph, cluster, job, source=args.config,
                       world_size=args.world_size)
-    best, best_text = best_for(args.trainer, graph, cluster, job, devices=yours.world_size)
     name = TRAINERS[args.trainer].CAPABILITIES.name
     print(f"your {name} configuration ({yours.world_size} devices): {_describe(yours)}")
+    try:
+        best, best_text = best_for(args.trainer, graph, cluster, job, devices=yours.world_size)
+    except planner.InfeasibleError as e:
+        pred = yours.predicted
+        print(f"predicted step {pred['step_s']:.4g} s, {pred['samples_per_s']:.4g} samples/s, "
+              f"max memory per device {max(pred.get('memory_bytes') or [0]) / 2 ** 30:.3g} GiB")
+        print(f"python -m hybridplan evaluate-config: infeasible: nothing {name} can run fits "
+              f"on {yours.world_size} devices: {e}", file=sys.stderr)
+        return EXIT_NOTHING_EXPRESSED
     print(f"best {name} can run on them: {_describe(best)}")
     print()
     print("\n".join(_table(yours, best)))

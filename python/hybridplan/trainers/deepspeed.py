@@ -29,6 +29,9 @@ CAPABILITIES = Capabilities(
     # partition_method "uniform" splits PipelineModule's layer list evenly, the first parts one
     # longer: [embedding, layers..., head] makes the embedding and head a layer each
     stage_split="layers+ends",
+    pipeline_sharding_note="DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (\"ZeRO-2 and "
+                           "ZeRO-3 are incompatible with pipeline parallelism\"); wrote ZeRO "
+                           "stage 1 (the optimizer state sharded), which reads back as 'zero2'",
     pipeline_note="DeepSpeed sets its stages in code (deepspeed.pipe.PipelineModule(layers, "
                   "num_stages=N)); written under hybridplan_pipeline for the reader, with the "
                   "micro-batches as gradient_accumulation_steps")
@@ -41,7 +44,9 @@ def write(layout: Layout, num_layers: Optional[int] = None) -> str:
     d = {"train_batch_size": layout.global_batch,
          "train_micro_batch_size_per_gpu": layout.micro_batch,
          "gradient_accumulation_steps": accumulation,
-         "zero_optimization": {"stage": _STAGE[layout.sharding]},
+         # under a pipeline, ZeRO-1 at most (deepspeed/runtime/pipe/engine.py)
+         "zero_optimization": {"stage": min(_STAGE[layout.sharding], 1) if layout.pp > 1
+                               else _STAGE[layout.sharding]},
          "bf16": {"enabled": layout.precision == "bf16"}}
     if layout.tp > 1:
         d["tensor_parallel"] = {"autotp_size": layout.tp}

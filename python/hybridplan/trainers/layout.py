@@ -78,6 +78,9 @@ class Capabilities:
     # tensor parallelism composes with sharded data parallelism only (Accelerate's
     # ParallelismConfig refuses tp > 1 with dp_replicate > 1 and dp_shard 1)
     tp_needs_sharding: bool = False
+    # what its file holds for sharding under a pipeline when not the plan's (DeepSpeed's
+    # pipeline engine: ZeRO stage 1 at most), in words; "" when it holds the plan's
+    pipeline_sharding_note: str = ""
 
     def nearest_schedule(self, schedule: str, virtual_stages: int) -> str:
         if schedule in self.schedules:
@@ -212,6 +215,9 @@ def layout_of(plan: Plan, caps: Capabilities, graph: Optional[Graph] = None,
         sharding = "zero2"
     dp_shard = (plan.dp_shard if plan.sharding != "none" else plan.dp) \
         if sharding != "none" else 1
+    if pp > 1 and sharding != "none" and caps.pipeline_sharding_note:
+        unexpressed.append(f"sharding {sharding!r} under a pipeline: "
+                           f"{caps.pipeline_sharding_note}")
     if sharding != "none" and dp_shard < plan.dp and not caps.hybrid_sharding:
         unexpressed.append(f"hybrid sharding (shard groups of {dp_shard} of {plan.dp} "
                            f"replicas): {caps.name} lacks it; wrote one shard group of "
