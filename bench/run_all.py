@@ -54,6 +54,7 @@ QUICK_ARGS = {
     "bench_shard_batch.py": ["--batches", "2,4", "--rounds", "1"],
     "bench_split_backward.py": ["--steps", "8", "16", "--layers", "1", "--repeats", "1"],
     "bench_stage_code.py": ["--batches", "1", "--repeats", "2"],
+    "bench_trainer_parsers.py": ["--quick", "--out-dir", "{out}/trainer_parsers"],
     "bench_validate_families.py": ["--runs", "1", "--models", "branchy_cnn", "--quick",
                                    "--out-dir", "{out}/validate"],
 }
