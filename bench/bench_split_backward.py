@@ -1,4 +1,4 @@
-"""The zero-bubble schedules' split backward (executor.split_backward: I, the inputs' gradients,
+"""The zero-bubble schedules' split backward (autograd.split_backward: I, the inputs' gradients,
 then W, the parameters') against one plain backward, on one process and one thread (not a timed
 test):
 
@@ -21,7 +21,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from hybridplan.executor.split_backward import backward_input, backward_weight  # noqa: E402
+from hybridplan.autograd.split_backward import backward_input, backward_weight  # noqa: E402
 
 
 def timed(module: torch.nn.Module, x: torch.Tensor, repeats: int):

@@ -35,10 +35,10 @@ _EXPORTS = {
     # measuring the machine and the model against the cost model
     "calibrate": "measure.calibration", "validate": "measure.validation",
     # statistical efficiency from the gradients
-    "noise_scale": "convergence.noise_scale", "NoiseScale": "convergence.noise_scale",
-    "critical_batch_job": "convergence.noise_scale_job",
-    "switch_advice": "convergence.noise_scale_job",
-    "SwitchAdvice": "convergence.noise_scale_job",
+    "noise_scale": "gradient_noise.noise_scale", "NoiseScale": "gradient_noise.noise_scale",
+    "critical_batch_job": "gradient_noise.noise_scale_job",
+    "switch_advice": "gradient_noise.noise_scale_job",
+    "SwitchAdvice": "gradient_noise.noise_scale_job",
     # the batch-size trade-off measured directly (steps to a target at several batches)
     "measure_tradeoff": "convergence.tradeoff", "fit_critical_batch": "convergence.tradeoff",
     "convergence_job": "convergence.tradeoff",

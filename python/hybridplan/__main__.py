@@ -20,11 +20,25 @@ Bad input exits 2 with a one-line message, as the C++ CLI does.
 import argparse
 import json
 import math
+import os
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
+from . import convergence, planner
 from .factories import load_factory
+from .files import write_text_atomic
+from .gradient_noise.noise_scale import noise_scale
+from .gradient_noise.noise_scale_job import critical_batch_job
+from .measure import time_to_target, validation
+from .trace import predicted_trace, write_trace
 from .trainers import cli as trainers_cli
+
+# A command that needs torch imports it, and the modules that import torch at their top
+# (models, profiler, measure.probe, measure.calibration), inside its function: the planner's
+# commands and `run` work where torch is not installed.
 
 EXIT_BAD_INPUT = 2
 
@@ -140,8 +154,6 @@ def torchrun_command(nproc_per_node: int, script: str, script_args: Sequence[str
     torch.distributed.run): --standalone on one machine, a static rendezvous at
     master_addr:master_port across several, torchrun's c10d rendezvous there when nnodes is
     "MIN:MAX" (elastic); --max-restarts when max_restarts > 0."""
-    import shutil
-
     launcher = ([shutil.which("torchrun")] if shutil.which("torchrun")
                 else [sys.executable, "-m", "torch.distributed.run"])
     if max_restarts < 0:
@@ -162,9 +174,6 @@ def torchrun_command(nproc_per_node: int, script: str, script_args: Sequence[str
 
 
 def _run(args) -> int:
-    import os
-    import subprocess
-
     if not os.path.exists(args.script):
         raise ValueError(f"run: {args.script}: no such script")
     cmd = torchrun_command(args.nproc_per_node, args.script, args.script_args, args.nnodes,
@@ -264,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     tta = val.add_argument_group(
         "time to target", "train plans spanning global batches to the task's target and "
         "compare predicted with measured time to target "
-        "(hybridplan/convergence/time_to_target.py)")
+        "(hybridplan/measure/time_to_target.py)")
     tta.add_argument("--time-to-target", action="store_true",
                      help="this mode (needs --task and a --job with a convergence model)")
     tta.add_argument("--task", help="convergence task JSON (as `convergence --task`)")
@@ -327,17 +336,17 @@ def _add_graph_from_config_parser(sub) -> None:
 
 
 def _graph_from_config(args) -> int:
-    from .planner import Graph
     from .profiler.from_config import TransformerConfig, graph_from_config
 
     cfg = TransformerConfig(args.name, args.layers, args.hidden, args.heads, args.seq_len,
                             args.vocab, ffn_hidden=args.ffn_hidden, dtype_bytes=args.dtype_bytes,
                             param_bytes_per_param=args.param_bytes_per_param)
-    g = Graph.from_dict(graph_from_config(cfg, device=args.device, micro_batch=args.micro_batch,
-                                          efficiency_scale=args.efficiency_scale,
-                                          parallel_cross_entropy=args.parallel_cross_entropy,
-                                          vocab_multiple=args.vocab_multiple),
-                        f"graph-from-config {args.name}")
+    g = planner.Graph.from_dict(
+        graph_from_config(cfg, device=args.device, micro_batch=args.micro_batch,
+                          efficiency_scale=args.efficiency_scale,
+                          parallel_cross_entropy=args.parallel_cross_entropy,
+                          vocab_multiple=args.vocab_multiple),
+        f"graph-from-config {args.name}")
     if args.out:
         g.save(args.out)
         print(f"-> {args.out}: {len(g.nodes)} nodes, {cfg.num_parameters() / 1e9:.2f} B "
@@ -393,16 +402,9 @@ def _profile(args) -> int:
     loss_fn, target = models.loss_and_target(module, batch)  # the executor's default loss
     graph = profile_dict(module, inputs, device=args.device, verbose=not args.quiet, name=name,
                          clock=args.clock, loss_fn=loss_fn, target=target, **counts)
-    try:
-        from .planner import Graph  # validates and writes the canonical JSON
-    except ImportError:
-        Graph = None
     if args.out:
-        if Graph is not None:
-            Graph.from_dict(graph, source=args.out).save(args.out)
-        else:
-            from .files import write_text_atomic
-            write_text_atomic(args.out, json.dumps(graph, indent=2) + "\n")
+        # the planner's Graph validates the document and writes its canonical JSON
+        planner.Graph.from_dict(graph, source=args.out).save(args.out)
         if not args.quiet:
             print(f"wrote {args.out}", file=sys.stderr)
     else:
@@ -450,8 +452,6 @@ def _calibrate(args) -> int:
 
 
 def _validate(args) -> int:
-    from .measure.validation import markdown, validate
-
     if args.time_to_target:
         return _validate_time_to_target(args)
     if not args.model:
@@ -464,24 +464,22 @@ def _validate(args) -> int:
         raise ValueError(f"validate: --max-launches must be >= --rounds ({args.rounds}) "
                          f"(got {args.max_launches})")
     _load_factory(args.model, "validate", "--model")  # fail here, not in every rank
-    result = validate(args.graph, args.cluster, args.model, job=args.job, devices=args.devices,
-                      plans=args.plans, steps=args.steps, warmup=args.warmup,
-                      timeout_s=args.timeout_s, out_dir=args.out_dir,
-                      baseline_cluster=args.baseline_cluster, rounds=args.rounds,
-                      recompute=args.recompute, sharding=args.sharding,
-                      max_launches=args.max_launches)
+    result = validation.validate(args.graph, args.cluster, args.model, job=args.job,
+                                 devices=args.devices, plans=args.plans, steps=args.steps,
+                                 warmup=args.warmup, timeout_s=args.timeout_s,
+                                 out_dir=args.out_dir, baseline_cluster=args.baseline_cluster,
+                                 rounds=args.rounds, recompute=args.recompute,
+                                 sharding=args.sharding, max_launches=args.max_launches)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print(markdown(result, "predicted vs measured"))
+        print(validation.markdown(result, "predicted vs measured"))
         print(f"wrote {args.out_dir}/validate.json, validate.md, scatter.png and a trace per "
               "plan (trace-*.json: ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
     return 0
 
 
 def _read_json(path: str, what: str) -> dict:
-    from pathlib import Path
-
     try:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -489,9 +487,6 @@ def _read_json(path: str, what: str) -> dict:
 
 
 def _validate_time_to_target(args) -> int:
-    from . import convergence
-    from .convergence.time_to_target import markdown, validate_time_to_target
-
     if not args.task or not args.job:
         raise ValueError("validate --time-to-target: needs --task and --job")
     if len(args.dp_batches) != 2:
@@ -501,21 +496,19 @@ def _validate_time_to_target(args) -> int:
     if "convergence" not in job:
         raise ValueError(f"{args.job}: convergence is required for --time-to-target (a Job "
                          "written by `python -m hybridplan convergence`)")
-    result = validate_time_to_target(
+    result = time_to_target.validate_time_to_target(
         args.graph, args.cluster, args.task, job,
         noise_job=_read_json(args.noise_job, "job") if args.noise_job else None,
         devices=args.devices, seeds=args.seeds, dp_batches=tuple(args.dp_batches),
         timeout_s=args.timeout_s, out_dir=args.out_dir,
         one_process=_read_json(args.one_process, "convergence record") if args.one_process
         else None)
-    print(json.dumps(result, indent=1) if args.json else markdown(result))
+    print(json.dumps(result, indent=1) if args.json else time_to_target.markdown(result))
     print(f"wrote {args.out_dir}/time_to_target.json and time_to_target.md", file=sys.stderr)
     return 0
 
 
 def _explain(args) -> int:
-    from . import planner
-
     if args.cluster and not args.graph:
         raise ValueError("explain: --cluster needs --graph")
     if args.job and not args.cluster:
@@ -532,12 +525,10 @@ def _explain(args) -> int:
             planner.load_job(args.job) if args.job else None)
         # as the C++ explain: checked against the graph and cluster, then evaluated again
         plan.validate(graph, cluster)
-        plan = planner._reevaluated(plan.to_dict(), graph, cluster, job)
+        plan = planner.reevaluated(plan.to_dict(), graph, cluster, job)
     if not args.quiet:
         print(planner.explain(plan, graph, cluster, job), end="")
     if args.trace:
-        from .trace import predicted_trace, write_trace
-
         write_trace(args.trace, predicted_trace(plan, graph, cluster, job))
         print(f"wrote {args.trace} (open it in ui.perfetto.dev or chrome://tracing)",
               file=sys.stderr)
@@ -561,9 +552,6 @@ def _default_data(module, device: str):
 def _noise_scale(args) -> int:
     import torch
 
-    from .convergence.noise_scale import noise_scale
-    from .convergence.noise_scale_job import critical_batch_job
-
     if args.threads:
         torch.set_num_threads(args.threads)
     module = _load_factory(args.factory, "noise-scale")().to(args.device)
@@ -585,8 +573,7 @@ def _noise_scale(args) -> int:
                              global_batch=args.global_batch, optimizer=args.optimizer,
                              model=args.factory)
     if args.out:
-        from .planner import _atomic_write
-        _atomic_write(args.out, json.dumps(job, indent=2))
+        write_text_atomic(args.out, json.dumps(job, indent=2) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(json.dumps(job, indent=2))
@@ -619,12 +606,6 @@ def _add_convergence_parser(sub) -> None:
 
 
 def _convergence(args) -> int:
-    import os
-    from pathlib import Path
-
-    from . import convergence
-    from .planner import Job
-
     if (args.task is None) == (args.refit is None):
         raise ValueError("convergence: give --task (measure) or --refit (fit a record again)")
     if args.refit:
@@ -647,9 +628,7 @@ def _convergence(args) -> int:
         result["task"] = spec
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    Job.from_dict(result["job"], "measured job")  # the planner's own validation
-    from .files import write_text_atomic
-
+    planner.Job.from_dict(result["job"], "measured job")  # the planner's own validation
     write_text_atomic(out / "convergence.json", json.dumps(result, indent=1))
     write_text_atomic(out / "job.json", json.dumps(result["job"], indent=1))
     if result["noise_job"] is not None:

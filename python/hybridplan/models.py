@@ -293,6 +293,7 @@ class LlamaLM(_TokenData, nn.Module):
                  num_kv_heads: int = 2, num_layers: int = 4, seq_len: int = 32,
                  intermediate_size: int = 256):
         super().__init__()
+        # optional: only this model needs transformers, so the other models work without it
         from transformers import LlamaConfig, LlamaForCausalLM
 
         self.vocab_size, self.seq_len = vocab_size, seq_len

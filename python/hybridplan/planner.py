@@ -287,7 +287,7 @@ class Plan(_Document):
     def validate(self, graph: Union["Graph", dict, PathLike],
                  cluster: Union["Cluster", dict, PathLike]) -> "Plan":
         """This plan checked against `graph` and `cluster` (ValueError on any mismatch)."""
-        g, c = _as_graph(graph), _as_cluster(cluster)
+        g, c = as_graph(graph), as_cluster(cluster)
         text = _C.validate_plan(self.to_json(), "plan", g.to_json(), c.to_json())
         return Plan._of(json.loads(text))  # the canonical text is Python's (sha256)
 
@@ -435,8 +435,9 @@ class Plan(_Document):
 
 
 # ---- coercions: accept values, dicts or paths wherever a document is expected ------------------
+# Public: every part of the package that takes a document from its caller coerces it with these.
 
-def _as_graph(g: Union[Graph, dict, PathLike]) -> Graph:
+def as_graph(g: Union[Graph, dict, PathLike]) -> Graph:
     if isinstance(g, Graph):
         return g
     if isinstance(g, dict):
@@ -446,7 +447,7 @@ def _as_graph(g: Union[Graph, dict, PathLike]) -> Graph:
     raise ValueError(f"graph must be a Graph, dict or path (got {type(g).__name__})")
 
 
-def _as_cluster(c: Union[Cluster, dict, PathLike]) -> Cluster:
+def as_cluster(c: Union[Cluster, dict, PathLike]) -> Cluster:
     if isinstance(c, Cluster):
         return c
     if isinstance(c, dict):
@@ -457,7 +458,7 @@ def _as_cluster(c: Union[Cluster, dict, PathLike]) -> Cluster:
                      f"(got {type(c).__name__})")
 
 
-def _as_job(j: Union[Job, dict, PathLike, None]) -> Optional[Job]:
+def as_job(j: Union[Job, dict, PathLike, None]) -> Optional[Job]:
     if j is None or isinstance(j, Job):
         return j
     if isinstance(j, dict):
@@ -467,7 +468,7 @@ def _as_job(j: Union[Job, dict, PathLike, None]) -> Optional[Job]:
     raise ValueError(f"job must be a Job, dict, path or None (got {type(j).__name__})")
 
 
-def _as_plan(p: Union[Plan, dict, PathLike]) -> Plan:
+def as_plan(p: Union[Plan, dict, PathLike]) -> Plan:
     if isinstance(p, Plan):
         return p
     if isinstance(p, dict):
@@ -475,6 +476,11 @@ def _as_plan(p: Union[Plan, dict, PathLike]) -> Plan:
     if _is_path(p):
         return Plan.load(p)
     raise ValueError(f"plan must be a Plan, dict or path (got {type(p).__name__})")
+
+
+# The former private names, for the modules still being changed alongside (front_door, trainers)
+# until they read the public ones; no new code uses these.
+_as_graph, _as_cluster, _as_job, _as_plan = as_graph, as_cluster, as_job, as_plan
 
 
 def load_graph(path: PathLike) -> Graph:
@@ -503,7 +509,7 @@ def num_processes(plan: dict) -> int:
 def epochs_to_target(job: Union[Job, dict, PathLike], global_batch: float) -> float:
     """Epochs to the target at `global_batch` under the job's convergence model (the planner's
     own rule, csrc/planner/convergence.h); 0 when the job has none."""
-    return float(_C.epochs_to_target(_as_job(job).to_json(), float(global_batch)))
+    return float(_C.epochs_to_target(as_job(job).to_json(), float(global_batch)))
 
 
 def presets() -> list:
@@ -578,7 +584,7 @@ def search(graph, cluster, job=None, devices: Optional[int] = None, top_k: int =
     placements of graphs with more nodes than `exact_placement_max_nodes` (default: the C++
     SearchOptions default) are heuristic, with the gap in `notes`. Raises InfeasibleError when
     nothing fits."""
-    g, c, j = _as_graph(graph), _as_cluster(cluster), _as_job(job)
+    g, c, j = as_graph(graph), as_cluster(cluster), as_job(job)
     placement, pipeline = _mode_flags(modes)
     devices = 0 if devices is None else _positive_int(devices, "devices")
     top_k = _positive_int(top_k, "top_k")
@@ -611,7 +617,7 @@ def plan(graph, cluster, job=None, devices: Optional[int] = None, top_k: int = 1
 def evaluate(graph, cluster, plan, job=None) -> dict:
     """The cost breakdown of any plan (keys as a plan's "predicted", plus "objective": the value
     search minimises). Never searches."""
-    g, c, j, p = _as_graph(graph), _as_cluster(cluster), _as_job(job), _as_plan(plan)
+    g, c, j, p = as_graph(graph), as_cluster(cluster), as_job(job), as_plan(plan)
     return json.loads(_C.evaluate(g.to_json(), c.to_json(), None if j is None else j.to_json(),
                                   p.to_json(), "plan"))
 
@@ -622,10 +628,10 @@ def with_recompute(plan, graph, cluster, job=None, selective: bool = False) -> d
     checkpointing, as the executor applies it. `selective`: recomputed selectively (the outputs
     of matrix products, convolutions and attention kept: docs/recompute.md; the graph must
     carry the profiler's selective_* measurements)."""
-    p = _as_plan(plan).to_dict()
+    p = as_plan(plan).to_dict()
     how = "selective" if selective else True
     p["assignment"] = [dict(a, recompute=how) for a in p["assignment"]]
-    return _reevaluated(p, graph, cluster, job)
+    return reevaluated(p, graph, cluster, job)
 
 
 def with_sharding(plan, sharding: str, graph, cluster, job=None,
@@ -633,17 +639,17 @@ def with_sharding(plan, sharding: str, graph, cluster, job=None,
     """`plan` (a dict) with data-parallel sharding `sharding` ("none", "zero2", "zero3":
     docs/sharding.md) over shard groups of `dp_shard` replicas (None: the whole data-parallel
     group; fewer: hybrid sharding, HSDP), re-evaluated."""
-    p = _as_plan(plan).to_dict()
+    p = as_plan(plan).to_dict()
     p["sharding"] = _shardings([sharding])[0]
     p.pop("dp_shard", None)
     if sharding == "none":
         p.pop("sharding")
     if dp_shard is not None and dp_shard != p["dp"]:
         p["dp_shard"] = dp_shard  # the core's validation says what is allowed
-    return _reevaluated(p, graph, cluster, job)
+    return reevaluated(p, graph, cluster, job)
 
 
-def _reevaluated(p: dict, graph, cluster, job) -> dict:
+def reevaluated(p: dict, graph, cluster, job) -> dict:
     """The plan dict `p` with its predicted breakdown evaluated again (validated on the way)."""
     predicted = evaluate(graph, cluster, p, job)
     predicted.pop("objective", None)
@@ -655,12 +661,12 @@ def explain(plan, graph=None, cluster=None, job=None) -> str:
     """A plan as text for people: the configuration, the device mesh, the nodes on each device or
     stage, the predicted breakdown. With `graph` (and `cluster`) it is first checked against them
     and also shows memory capacity and links."""
-    p = _as_plan(plan)
+    p = as_plan(plan)
     if cluster is not None and graph is None:
         raise ValueError("explain: a cluster needs the graph too (got cluster without graph)")
-    g = None if graph is None else _as_graph(graph).to_json()
-    c = None if cluster is None else _as_cluster(cluster).to_json()
-    j = _as_job(job)
+    g = None if graph is None else as_graph(graph).to_json()
+    c = None if cluster is None else as_cluster(cluster).to_json()
+    j = as_job(job)
     return _C.explain(p.to_json(), "plan", g, c, None if j is None else j.to_json())
 
 
@@ -669,7 +675,7 @@ def sweep(graph, cluster, job=None, max_devices: Optional[int] = None,
     """The paper's scaling study (as `hybridplan sweep`): for N = 1, 2, 4, ... max_devices (all of
     the cluster when None), the best pure-DP plan and the best plan overall. Returns
     {"points": [{"devices", "dp_only", "best", ...}], "csv": text}; see csrc/planner/sweep.h."""
-    g, c, j = _as_graph(graph), _as_cluster(cluster), _as_job(job)
+    g, c, j = as_graph(graph), as_cluster(cluster), as_job(job)
     placement, pipeline = _mode_flags(modes)
     max_devices = c.num_devices if max_devices is None else _positive_int(max_devices,
                                                                           "max_devices")
@@ -716,7 +722,7 @@ def plan_over_run(graph, cluster, job, devices: Optional[int] = None, segments: 
     restart plus a checkpoint round trip at 1 GB/s). `job` must have a critical_batch
     convergence model (a number or a [[progress, critical_batch], ...] trajectory); ValueError
     otherwise, InfeasibleError when no plan fits."""
-    g, c, j = _as_graph(graph), _as_cluster(cluster), _as_job(job)
+    g, c, j = as_graph(graph), as_cluster(cluster), as_job(job)
     if j is None:
         raise ValueError("plan_over_run: job must be given: its critical_batch model decides "
                          "each phase's plan (got None)")

@@ -39,7 +39,7 @@ def speedups(points):
 
 def plot(points, out_path, title=""):
     """Draws the speedup lines to out_path (PNG)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional (the plot extra), as in figure
 
     fig = figure(points, title)
     fig.savefig(out_path, dpi=120)
@@ -48,7 +48,7 @@ def plot(points, out_path, title=""):
 
 def figure(points, title=""):
     """The speedup figure (a matplotlib Figure) of a sweep."""
-    import matplotlib
+    import matplotlib  # optional (the plot extra): imported where a figure is drawn
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt

@@ -29,6 +29,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from . import planner
+from .files import write_text_atomic
 
 __all__ = ["predicted_trace", "comparison_trace", "write_trace", "trace_file_name", "plan_kind",
            "PREDICTED_PID", "MEASURED_PID"]
@@ -173,7 +174,7 @@ def _prediction(plan: dict, plan_object: "planner.Plan", graph, cluster, job) ->
             raise ValueError("trace: plan: $.predicted.step_s is missing: give the graph and "
                              "the cluster to evaluate the plan")
         return {"terms": predicted, "timeline": None}
-    g, c, j = planner._as_graph(graph), planner._as_cluster(cluster), planner._as_job(job)
+    g, c, j = planner.as_graph(graph), planner.as_cluster(cluster), planner.as_job(job)
     terms = planner.evaluate(g, c, plan_object, j)
     timeline = None
     if plan["mode"] == "pipeline":
@@ -213,7 +214,7 @@ def predicted_trace(plan, graph=None, cluster=None, job=None) -> dict:
     placement plan without them is drawn from its own `predicted` terms. With graph and cluster
     the plan is checked against them and evaluated again (the terms `hybridplan explain`
     prints). `plan`, `graph`, `cluster`, `job`: values, dicts or paths (cluster: or a preset)."""
-    plan = planner._as_plan(plan)
+    plan = planner.as_plan(plan)
     p = plan.to_dict()
     prediction = _prediction(p, plan, graph, cluster, job)
     names = _thread_names(p, _predicted_ranks(p))
@@ -329,7 +330,7 @@ def comparison_trace(plan, measured: dict, graph=None, cluster=None, job=None,
     [{"kind", "stage", "microbatch", "start_s", "end_s"}], "step_s", "compute_s",
     "allreduce_s", "optimizer_s", "overhead_s", "last_step_start_s"}, ...], "step_s": ...});
     `source` names it in error messages."""
-    plan = planner._as_plan(plan)
+    plan = planner.as_plan(plan)
     p = plan.to_dict()
     ranks = _checked_measured(p, measured, source)
     prediction = _prediction(p, plan, graph, cluster, job)
@@ -358,4 +359,4 @@ def write_trace(path, trace: dict) -> None:
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise ValueError(f"write_trace: trace must be a dict with a traceEvents list (got "
                          f"{type(trace).__name__})")
-    planner._atomic_write(path, json.dumps(trace, separators=(",", ":")))
+    write_text_atomic(path, json.dumps(trace, separators=(",", ":")) + "\n")

@@ -1,5 +1,5 @@
 """The batch-size trade-off measured directly (hybridplan.convergence) and time to target under
-plans (hybridplan.convergence.time_to_target), in reduced form: the data stream, the evaluation
+plans (hybridplan.measure.time_to_target), in reduced form: the data stream, the evaluation
 schedule and the learning-rate rule; the fit against known curves; the fitted Job read back
 through the planner's own convergence model; real training to a target on scikit-learn's digits;
 and plans trained to the target with torchrun, whose steps must equal the one-process runs'."""
@@ -17,7 +17,7 @@ import torch
 import hybridplan
 from hybridplan import convergence as cv
 from hybridplan import planner
-from hybridplan.convergence.noise_scale_job import trajectory_job
+from hybridplan.gradient_noise.noise_scale_job import trajectory_job
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "examples" / "digits-task.json"
@@ -223,7 +223,7 @@ def test_plans_trained_to_the_target_take_the_one_process_steps(tmp_path):
     fit = cv.fit_critical_batch(runs, resamples=10)
     job = cv.convergence_job(fit, task.data.num_train, per_replica_batch=[8, 32, 128])
     from hybridplan import models
-    from hybridplan.convergence import time_to_target
+    from hybridplan.measure import time_to_target
 
     module = models.digits_cnn(0)
     torch.set_num_threads(1)

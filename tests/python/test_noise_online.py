@@ -1,6 +1,6 @@
 """The gradient noise scale measured online by the executor (executor/noise.py,
 apply(..., measure_noise_scale=N), AppliedPlan.noise_scale()) and the advice it feeds
-(convergence.noise_scale_job.switch_advice).
+(gradient_noise.noise_scale_job.switch_advice).
 
 The reference problem is test_noise_scale's linear least squares with Gaussian label noise at
 sigma = 1, whose B_simple = tr(Sigma) / |G|^2 = 101 exactly (derivation there). With dp = 2 the
@@ -22,7 +22,7 @@ import hybridplan
 from dist_harness import format_results, run_ranks
 from hybridplan import models
 from hybridplan.executor import noise
-from hybridplan.convergence.noise_scale import estimate_from_norms, noise_scale
+from hybridplan.gradient_noise.noise_scale import estimate_from_norms, noise_scale
 from plan_builders import pipeline_plan, placement_plan
 from test_noise_scale import (b_simple_exact, half_squared_error, least_squares_data,
                               least_squares_module)

@@ -1,5 +1,5 @@
-"""hybridplan.noise_scale (convergence/noise_scale.py) and the Job it writes
-(convergence/noise_scale_job.py, `python -m hybridplan noise-scale`).
+"""hybridplan.noise_scale (gradient_noise/noise_scale.py) and the Job it writes
+(gradient_noise/noise_scale_job.py, `python -m hybridplan noise-scale`).
 
 The reference problem is linear least squares with Gaussian label noise, whose noise scale is
 known in closed form. x ~ N(0, I_d), y = w*.x + eps, eps ~ N(0, sigma^2) independent of x,
@@ -26,8 +26,8 @@ from torch import nn
 import hybridplan
 from hybridplan import models, planner
 from hybridplan.__main__ import _default_data, main as cli_main
-from hybridplan.convergence.noise_scale import NoiseScale, estimate_from_norms, noise_scale
-from hybridplan.convergence.noise_scale_job import critical_batch_job, epochs_min_from_point
+from hybridplan.gradient_noise.noise_scale import NoiseScale, estimate_from_norms, noise_scale
+from hybridplan.gradient_noise.noise_scale_job import critical_batch_job, epochs_min_from_point
 
 ROOT = Path(__file__).resolve().parents[2]
 D = 50

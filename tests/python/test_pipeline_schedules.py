@@ -337,7 +337,7 @@ def _stage_grads(model_name, stages):
     """Per stage s >= 1 of an even cut of `model_name` into `stages`, run on what the stages
     before it send: (s, (split_backward's parameter and input gradients), (one backward's)),
     the same random output gradients for both."""
-    from hybridplan.executor import split_backward
+    from hybridplan.autograd import split_backward
     from hybridplan.hand_plans import even_split, nodes_in_call_order
     from hybridplan.profiler import stage_split
     torch.manual_seed(0)
@@ -415,7 +415,7 @@ def test_split_backward_equals_one_backward(model_name, stages):
 def test_split_backward_with_a_weight_read_twice_along_one_path():
     """x @ w @ w: w's two uses lie on one path (pytorch/pytorch#180952), and a stage input that
     needs no gradient beside one that does."""
-    from hybridplan.executor import split_backward
+    from hybridplan.autograd import split_backward
     torch.manual_seed(0)
     w = torch.randn(3, 3, requires_grad=True)
     b = torch.randn(3, requires_grad=True)
@@ -444,7 +444,7 @@ def test_split_backward_runs_a_recurrence_once(bias):
     the recurrence at most twice (quiet in the bias's pass, which runs through the recurrence,
     and from its recorded gradient in its own). Before the boundary nodes that meet at one
     node ran in one pass, W ran the recurrence below each step again, 12 times at 12 steps."""
-    from hybridplan.executor import split_backward
+    from hybridplan.autograd import split_backward
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(6, 6, proj_size=4, batch_first=True, bias=bias)
     x = torch.randn(2, 12, 6, requires_grad=True)

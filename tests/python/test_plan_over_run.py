@@ -1,6 +1,6 @@
 """hybridplan.plan_over_run (the C++ run_schedule through _C), the over-the-run case of docs/statistical_efficiency.md
 (examples/plan_over_run.py) and the switch advice of a measured critical batch
-(convergence.noise_scale_job.switch_advice, AppliedPlan.switch_advice)."""
+(gradient_noise.noise_scale_job.switch_advice, AppliedPlan.switch_advice)."""
 
 import dataclasses
 import importlib.util
@@ -13,8 +13,8 @@ import pytest
 
 import hybridplan
 from hybridplan import pipedream
-from hybridplan.convergence.noise_scale import estimate_from_norms
-from hybridplan.convergence.noise_scale_job import measured_job, switch_advice
+from hybridplan.gradient_noise.noise_scale import estimate_from_norms
+from hybridplan.gradient_noise.noise_scale_job import measured_job, switch_advice
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "graph-tiny.json"

@@ -700,7 +700,7 @@ def test_a_profile_with_the_loss_charges_it_to_the_last_node():
 
 def test_selective_recompute_keeps_the_matmul_outputs_and_reruns_the_rest():
     """profile measures what selective recompute keeps per node (the outputs of the saved ops,
-    executor.recompute.SAVED_OPS) and what share of the forward it runs again: a Linear keeps
+    autograd.recompute.SAVED_OPS) and what share of the forward it runs again: a Linear keeps
     exactly its output and reruns little, a LayerNorm keeps nothing and reruns all, an LSTM
     (fused: the dispatch mode cannot see into it) is left unmeasured."""
     torch.manual_seed(0)

@@ -205,9 +205,9 @@ def test_a_failed_plan_shows_the_ranks_output_not_the_launchers_log():
     launcher = "\n".join(f"E1201 09:07:06.{i:06d} 13072 site-packages/torch/distributed/elastic/"
                          f"multiprocessing/api.py:1002] failed (exitcode: -6)" for i in range(200))
     text = "terminate called without an active exception\n" + launcher + "\nRoot Cause: rank 1"
-    shown = validation._rank_output(text)
+    shown = validation.rank_output(text)
     assert shown == "terminate called without an active exception\nRoot Cause: rank 1"
-    assert len(validation._rank_output("x" * 10_000)) == 4000
+    assert len(validation.rank_output("x" * 10_000)) == 4000
 
 
 def test_a_plans_median_step_is_known_from_its_launches_interval():

@@ -4,10 +4,9 @@ and handed to the planner as a Job's convergence model.
     tradeoff               the batch-size trade-off measured directly: steps to a target at
                            several global batches, the fitted critical batch, the Job
     report                 its Markdown table and log-log figure
-    noise_scale            the gradient noise scale B_simple from gradient norms (offline)
-    noise_scale_job        a Job whose critical batch is the measured noise scale; switch_advice
-    time_to_target         plans trained to the target under torchrun, predicted beside measured
-    time_to_target_worker  one rank of such a run
+
+The gradient noise scale, which the executor measures too, is gradient_noise's; plans trained
+to the target under torchrun, predicted beside measured, are measure.time_to_target's.
 
 tradeoff's public names are this package's own: `from hybridplan import convergence as cv;
 cv.train_to_target(...)`.

@@ -49,7 +49,7 @@ def markdown(result: Dict[str, Any]) -> str:
 def plot(result: Dict[str, Any], path: str) -> None:
     """Steps to target against global batch, log-log: each seed's run, the median, the fitted
     curve, and B_crit beside the noise scale's B_simple."""
-    import matplotlib
+    import matplotlib  # optional (the plot extra): imported where a figure is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

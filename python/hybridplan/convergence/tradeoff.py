@@ -42,13 +42,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 import math
 import random
 import statistics
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..factories import load_factory
 from ..schedules import warmup_fraction
-from .noise_scale_job import trajectory_job
+from ..gradient_noise.noise_scale import noise_scale
+from ..gradient_noise.noise_scale_job import trajectory_job
+
+# torch, the executor (which imports torch) and the compiled planner are imported inside the
+# functions that use them, so that importing this package needs neither torch nor the planner's
+# compiled extension (the command line imports it at its start).
 
 __all__ = ["LrRule", "Target", "Task", "Run", "Sweep", "Fit", "sample_indices", "eval_due",
            "evaluate", "train_to_target", "measure", "branched", "fit_critical_batch",
@@ -187,8 +194,6 @@ def task_from_spec(spec: Dict[str, Any], source: str = "task") -> Task:
     "target": {"kind": "loss" | "accuracy", "value"}, "max_epochs" (optional, 200),
     "loss": "MODULE:NAME" (optional; default the model's own `loss`, else cross-entropy)}.
     Errors name `source` and the field."""
-    from ..factories import load_factory
-
     if not isinstance(spec, dict):
         raise ValueError(f"{source}: must be a JSON object (got {type(spec).__name__})")
     unknown = sorted(set(spec) - set(TASK_FIELDS))
@@ -379,8 +384,6 @@ def load_start(path: str, task: Task, seed: int = 0) -> Dict[str, Any]:
     """A branching state from a checkpoint the executor wrote (AppliedPlan.save_checkpoint,
     under any plan): the model, the optimizer state by parameter name, and the data position
     (the checkpoint's step times its plan's global batch)."""
-    import json
-
     from ..executor import checkpoint
 
     ckpt = checkpoint.load(path)
@@ -445,8 +448,6 @@ def noise_scale_at(task: Task, state: Optional[Dict[str, Any]], small_batch: int
     """The gradient noise scale B_simple (hybridplan.noise_scale) of the task's model at `state`
     (a train_to_target state; None: at initialisation), on random training samples."""
     import torch
-
-    from .noise_scale import noise_scale
 
     data = task.data
     n = int(data.train_targets.shape[0])

@@ -13,7 +13,7 @@ unbiased |G_b|^2 with less variance than one replica's; every replica holds the 
 The all-reduce is asynchronous; its result is read once it has arrived (at a later step's
 start) or when noise_scale() asks.
 
-The math is convergence.noise_scale.estimate_from_norms, the offline estimator's, with step
+The math is gradient_noise.noise_scale.estimate_from_norms, the offline estimator's, with step
 weights decay^age: numerator and denominator are exponential moving averages, each taken
 separately and divided once, as the paper smooths them (their per-step ratio is biased).
 
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ..convergence.noise_scale import NoiseScale, estimate_from_norms
+from ..gradient_noise.noise_scale import NoiseScale, estimate_from_norms
 
 # A step whose weight decay^age fell below this is dropped from the window.
 _MIN_WEIGHT = 1e-4

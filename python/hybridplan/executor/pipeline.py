@@ -47,7 +47,7 @@
   receive are whole (replicated) tensors; with dp > 1 a stage is replicated over its DP group
   by FSDP2's replicate (a 2-D (dp, tp) mesh), which PipelineStage drives as it drives FSDP.
 - Recompute: a stage the plan recomputes runs its forward under torch.utils.checkpoint
-  (executor.recompute), keeping only its inputs (the receive buffers) between a micro-batch's
+  (autograd.recompute), keeping only its inputs (the receive buffers) between a micro-batch's
   forward and backward.
 - BatchNorm in a stage normalises each micro-batch with its own statistics and updates the
   running statistics once per micro-batch, as GPipe does (https://arxiv.org/abs/1811.06965).
@@ -55,6 +55,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -64,12 +65,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .bucket_policy import ddp_bucket_kwargs
+from ..autograd import split_backward
+from ..autograd.recompute import FULL, SELECTIVE, recompute
 from ..profiler.stage_split import StageCut, original_name
+from .bucket_policy import ddp_bucket_kwargs
 from . import sharding as _sharding
-from . import split_backward
 from . import tensor_parallel as _tp
-from .recompute import FULL, SELECTIVE, recompute
+
+# torch.distributed.pipelining, FSDP and FSDP's replicate are imported inside the functions that
+# build a pipeline: they take seconds to import, which every plan without one would pay.
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv")
 MULTI_STAGE = ("interleaved-1f1b", "interleaved-zb", "zbv")  # a list of stages per rank
@@ -375,8 +379,6 @@ def merge_states(original: nn.Module, parts: Sequence[Dict[str, torch.Tensor]]
     """The original module's state_dict (its keys, in its order) from the stages' states. A key
     no stage holds takes a stage's value of a tied name of the same tensor (GPT-2's
     lm_head.weight from the stage holding transformer.wte.weight), else the value as built."""
-    import collections
-
     full = original.state_dict(keep_vars=True)
     names_of: Dict[int, List[str]] = {}
     for key, t in full.items():

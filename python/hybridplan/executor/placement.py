@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .bucket_policy import ddp_bucket_kwargs
+from ..autograd.recompute import FULL, SELECTIVE, recompute
 from ..profiler.block_list import split_call_name
 from ..profiler.dataflow import map_tensors
-from .recompute import FULL, SELECTIVE, recompute
+from .bucket_policy import ddp_bucket_kwargs
 
 
 def _move(value: Any, device: torch.device) -> Any:
@@ -36,7 +36,7 @@ def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.dev
           selective: AbstractSet[str] = frozenset()) -> List[torch.utils.hooks.RemovableHandle]:
     """Moves the module to devices[0], then each assigned node to devices[assignment[name]],
     with a hook that brings its inputs along, and recomputes the nodes in `recomputed`
-    (executor.recompute; those also in `selective` selectively). Returns the hook handles."""
+    (autograd.recompute; those also in `selective` selectively). Returns the hook handles."""
     module.to(devices[0])
     handles = []
     for name, k in assignment.items():

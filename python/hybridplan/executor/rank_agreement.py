@@ -15,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, List, Optional, Tuple, Type, Union
 
+import torch
 import torch.distributed as dist
 from torch import nn
+
+from .. import __version__
 
 ParamSignature = List[Tuple[str, List[int], str]]  # (state_dict key, shape, dtype)
 Catch = Union[Type[BaseException], Tuple[Type[BaseException], ...]]
@@ -35,8 +38,6 @@ class RankReport:
 
 def local_versions() -> Tuple[str, str]:
     """(torch, hybridplan) versions of this process, as its RankReport carries them."""
-    import torch
-    from .. import __version__
     return torch.__version__, __version__
 
 

@@ -63,7 +63,16 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 import torch
 from torch import nn
 
+from .. import _C
 from ..profiler import block_list
+from ..profiler.sequence_parallel import SEQUENCE_DIM, detect_sequence_parallel
+from ..profiler.tensor_parallel import as_linear, detect_layout, narrow_linear
+from . import sharding
+
+# torch.distributed.tensor, its parallel styles and FSDP's replicate are imported inside the
+# functions that apply them: importing them takes seconds (3.4 to 5.3 s measured on this 2-core
+# machine under load), which every process that imports the executor would pay, tensor-parallel
+# plan or not.
 
 STYLES = ("colwise", "rowwise", "sharded", "vocab_rowwise", "colwise_gather")
 # how a split node's module stores its weight (the partition follows it)
@@ -93,8 +102,6 @@ def detect(module: nn.Module, node_names: Optional[Iterable[str]], example_input
     ("name@k" calls count as their module); `example_inputs`: one batch, on which detect_layout
     checks each split by running it. The random number generators are left as they were (the
     check draws random inputs)."""
-    from ..profiler.tensor_parallel import detect_layout
-
     if example_inputs is None:
         raise ValueError(f"{source}: a plan with tp > 1 needs apply(..., example_inputs=) (one "
                          f"replica batch): the split of each node is checked by running it "
@@ -118,8 +125,6 @@ def split_nodes(layout: Mapping[str, Any], tp: int) -> List[str]:
     "In the plan"): `tp` divides the node's max_degree, and a tied group (NodeLayout.
     tied_groups) splits only where all its nodes do. The others run whole on every rank of the
     TP group. An entry without a max_degree (a style alone) splits at any degree."""
-    from .. import _C
-
     names = list(layout)
     index = {name: i for i, name in enumerate(names)}
     degrees = [int(getattr(layout[name], "max_degree", tp)) for name in names]
@@ -256,8 +261,6 @@ def parallel_style(style: str, kind: str, sequence: str = "", local: bool = Fals
     (narrowed_for_export)."""
     from torch.distributed.tensor import Replicate, Shard
 
-    from ..profiler.sequence_parallel import SEQUENCE_DIM
-
     if style == "sharded":
         return None
     colwise, rowwise = _style_classes()
@@ -334,24 +337,22 @@ def narrowed_for_export(module: nn.Module, styles: Mapping[str, str], rank: int,
     the shapes that rank runs (_narrowed_in_export says which nodes): the operations between a
     column-wise and a row-wise node then record the rank's sizes (Llama's repeat_kv expands to a literal number of key-value
     heads, which at the whole model's shapes would not match a rank's heads). The narrowing is
-    the split check's (profiler.tensor_parallel._narrow_linear: weights, biases and the
+    the split check's (profiler.tensor_parallel.narrow_linear: weights, biases and the
     in/out feature attributes); row-wise biases stay whole (RowwiseParallel keeps them
     replicated). parallelize(..., local=True) then wraps the shards as DTensors."""
-    from ..profiler.tensor_parallel import _as_linear, _narrow_linear
-
     shapes = {}
     for node, style in styles.items():
         name = block_list.module_name(node)
         if (style in ("colwise", "rowwise") and name not in shapes
                 and _narrowed_in_export(style, weight_kind(module.get_submodule(name), name))):
-            shape = _as_linear(module.get_submodule(name))
+            shape = as_linear(module.get_submodule(name))
             if shape is None:
                 raise ValueError(f"tensor parallelism: node {name!r} ({style}) is not a "
                                  f"linear layer")
             shapes[name] = (shape, style)
     copy_ = copy.deepcopy(module)
     for name, (shape, style) in shapes.items():
-        _narrow_linear(copy_.get_submodule(name), shape, style, rank, tp)
+        narrow_linear(copy_.get_submodule(name), shape, style, rank, tp)
     return copy_
 
 
@@ -382,8 +383,6 @@ def detect_sequence(module: nn.Module, layout: Mapping[str, Any], tp: int,
     sequence_parallel.detect_sequence_parallel, the one definition, checked at `tp` on
     `example_inputs`), for a plan with "sequence_parallel": the nodes of `layout` that split at
     `tp` (split_nodes). ValueError naming the plan and why where it does not apply."""
-    from ..profiler.sequence_parallel import detect_sequence_parallel
-
     split = {n: layout[n] for n in split_nodes(layout, tp)}
     # (its runs leave the random number generators as they were)
     sp = detect_sequence_parallel(module, split, example_inputs=example_inputs, degree=tp,
@@ -408,8 +407,6 @@ def sequence_parallelize(module: nn.Module, sequence: Any, tp_mesh: Any) -> None
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (PrepareModuleInput, PrepareModuleOutput,
                                                    SequenceParallel, parallelize_module)
-
-    from ..profiler.sequence_parallel import SEQUENCE_DIM
 
     seq, whole = Shard(SEQUENCE_DIM), Replicate()
 
@@ -502,8 +499,6 @@ def replicate_placement(module: nn.Module, nodes: Iterable[str], mesh: Any) -> L
     (sharding.node_units, then the root): each unit's gradients are all-reduced as soon as its
     backward is done, overlapping the backward that remains, as DDP's buckets do. Returns the
     node units' names."""
-    from . import sharding
-
     units = sharding.node_units(module, nodes)
     for name in units:
         replicate(module.get_submodule(name), mesh)

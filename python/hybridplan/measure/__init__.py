@@ -5,6 +5,9 @@
     validation       `hybridplan validate`: plans run on this machine, predicted beside measured
     verdict          validate's verdict: targets met or missed, plans unsteady on this host
     validate_worker  one rank of a validation run
+    time_to_target   `hybridplan validate --time-to-target`: plans trained to a convergence
+                     task's target under torchrun, time to target predicted beside measured
+    time_to_target_worker  one rank of such a run
     fitting          the least-squares fits the measurements are reduced with
     timing           timing repeated calls: warm-up, the device synchronized, the slowest rank
 

@@ -115,12 +115,24 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import models
+from ..autograd.recompute import FULL, SELECTIVE, recompute
 from ..convergence.tradeoff import OPTIMIZERS
+from ..executor import apply
+from ..factories import load_factory
+from ..hand_plans import hand_plan
+from ..planner import Cluster, Graph, evaluate
+from ..profiler import profile_dict
 from ..profiler.block_timing import backward_roots, retain_freed_memory
 from . import probe as _probe
 from .fitting import fit_line, fit_through_origin
 from .timing import max_over_ranks, median_slowest, min_over_ranks, timed_samples
+
+# torch.distributed.tensor and FSDP are imported inside the measurements that use them: they
+# take seconds to import, which validate (it reads host_speed from here) would pay for nothing.
 
 __all__ = ["calibrate", "host_speed"]
 
@@ -200,8 +212,6 @@ def _mse(output, target):
 def _step_times_s(plan: dict, batch: int, device, warmup: int, repeats: int,
                   timeout_s: float) -> float:
     """Median step time (slowest rank) of the tiny model trained under `plan`."""
-    from ..executor import apply
-
     torch.manual_seed(0)
     module = _Tiny()
     inputs, target = _tiny_data(batch)
@@ -228,8 +238,6 @@ def _tiny_compute_s(warmup: int, repeats: int) -> float:
 
 def _hand_plan(mode: str, dp: int, mp: int, schedule: str = "none", microbatches: int = 1,
                per_replica_batch: int = 2) -> dict:
-    from ..hand_plans import hand_plan
-
     return hand_plan(_Tiny(), mode=mode, dp=dp, mp=mp, schedule=schedule,
                      num_microbatches=microbatches, per_replica_batch=per_replica_batch,
                      name="calibration_tiny")
@@ -237,8 +245,6 @@ def _hand_plan(mode: str, dp: int, mp: int, schedule: str = "none", microbatches
 
 def _tiny_graph() -> dict:
     """The tiny model's graph (the cost model's view of the calibration workload)."""
-    from ..profiler import profile_dict
-
     return profile_dict(_Tiny(), _tiny_data(1)[:1], verbose=False, warmup=3, repeats=15,
                         batch_sizes=())
 
@@ -248,9 +254,6 @@ def _graph_pipeline_plan(graph: dict, module: nn.Module, schedule: str, microbat
     """A pipeline plan on 2 ranks (hand_plan's) over the profiled `graph` of `module`: stage k
     holds the nodes from position cuts[k-1] of the graph's node order (len(cuts) + 1 stages: 2
     for GPipe and 1F1B, 4 for the schedules with two stages per rank)."""
-    from ..hand_plans import hand_plan
-    from ..planner import Graph
-
     stages = len(cuts) + 1
     plan = hand_plan(module, mode="pipeline", dp=1, mp=2, schedule=schedule,
                      num_microbatches=microbatches, per_replica_batch=batch,
@@ -292,8 +295,6 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     """runtime.action_s by least squares: measured = base + slope * action_s, where base and
     slope are evaluate()'s step time of each run's plan (run["plan"], over `graph`) at
     action_s = 0 and its change per second of action_s."""
-    from ..planner import Cluster, Graph, evaluate
-
     g = Graph.from_dict(graph, "calibration graph")
 
     def predicted(run, action_s):
@@ -371,11 +372,8 @@ def timed_model_pipeline(model_spec: str, graph: dict, schedule: str, microbatch
     calibrate's model pipeline runs; bench/pipeline_step_spread.py times the same runs (its
     `applied()` called once the plan is applied, before the first step: the bench places the
     process's threads there, every one of them started by then)."""
-    from ..executor import apply
-    from ..factories import load_factory as _load_factory
-
     torch.manual_seed(0)
-    module = _load_factory(model_spec)()
+    module = load_factory(model_spec)()
     plan = _graph_pipeline_plan(graph, module, schedule, microbatches, batch, cuts)
     inputs = module.example_inputs(batch)
     target = module.example_target(batch)
@@ -398,10 +396,7 @@ kDefaultWorkload = "hybridplan.models:branchy_cnn"
 def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callable[[], None]]:
     """A forward+backward step of the user's model (MODULE:FACTORY) or the built-in
     branchy_cnn, at `batch`."""
-    from .. import models
-    from ..factories import load_factory as _load_factory
-
-    module = _load_factory(model_spec or kDefaultWorkload)()
+    module = load_factory(model_spec or kDefaultWorkload)()
     inputs = tuple(module.example_inputs(batch)) if hasattr(module, "example_inputs") else None
     if inputs is None:
         raise ValueError(f"calibrate: {type(module).__name__} has no example_inputs(batch); "
@@ -621,7 +616,6 @@ def _optimizer_tensor_times(device, warmup: int, repeats: int, world: int = 0
         return nn.Parameter(distribute_tensor(torch.zeros(64 * world, device=device), mesh,
                                               [Shard(0)]))
     if world:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor
 
         mesh = init_device_mesh(device.type, (world,))
@@ -657,8 +651,6 @@ class _OpChain(nn.Module):
 def _count_ops(module: nn.Module, x: torch.Tensor) -> int:
     """The aten ops `module`'s forward dispatches (what a dispatch mode sees: the profiler's
     block_timing.selective_recompute counts a node's the same way)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     class Count(TorchDispatchMode):
         ops = 0
 
@@ -678,8 +670,6 @@ def _selective_op_s(device, warmup: int, repeats: int, fits: Dict[str, dict]) ->
     own recompute() (full recompute runs the same ops again without the mode; the chain's ops
     are the cheap kind selective recompute also runs again). Fit "selective_ops"; 0 where
     unresolved (no measurable cost)."""
-    from ..executor.recompute import FULL, SELECTIVE, recompute
-
     points = []
     for n in kSelectiveChainOps:
         x = torch.randn(4, 8, device=device)
@@ -706,7 +696,6 @@ def _sharded_unit_times(device, world: int, warmup: int, repeats: int
                         ) -> Dict[str, List[Tuple[int, float]]]:
     """Per unit size: (bytes, seconds) of FSDP2's gather and reduce-scatter per unit (see the
     module doc), the slowest rank's medians; every rank runs the same models in turn."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (world,))
@@ -772,15 +761,10 @@ def _model_shard_runs(model_spec: str, graph: dict, per_replica_batches: Sequenc
     """The model's dp=world placement plan (every node on the replica's one device) under
     hybridplan.apply, unsharded, zero2 and zero3 in turn at each per-replica batch, `rounds`
     times (the batches and kinds interleaved): the median step (slowest rank) of each run."""
-    from ..executor import apply
-    from ..factories import load_factory as _load_factory
-    from ..hand_plans import hand_plan
-    from ..planner import Graph
-
     sha256 = Graph.from_dict(graph, "calibration graph").sha256
     unsharded = {}  # per-replica batch -> the dp plan, every node on the replica's device
     for per_replica in per_replica_batches:
-        plan = hand_plan(_load_factory(model_spec)(), mode="placement", dp=world, mp=1,
+        plan = hand_plan(load_factory(model_spec)(), mode="placement", dp=world, mp=1,
                          per_replica_batch=per_replica, name=graph.get("name", ""))
         plan["graph"]["sha256"] = sha256
         plan["assignment"] = [{"node": n["id"], "name": n["name"], "device": 0}
@@ -790,7 +774,7 @@ def _model_shard_runs(model_spec: str, graph: dict, per_replica_batches: Sequenc
     for _, per_replica, kind in itertools.product(range(rounds), per_replica_batches,
                                                   kShardKinds):
         torch.manual_seed(0)
-        module = _load_factory(model_spec)()
+        module = load_factory(model_spec)()
         plan = (dict(unsharded[per_replica], sharding=kind) if kind != "none"
                 else unsharded[per_replica])
         inputs = module.example_inputs(world * per_replica)
@@ -809,7 +793,7 @@ def _nonnegative_least_squares(columns: List[List[float]], ts: List[float]) -> L
     """x >= 0 minimising |sum_j x_j columns[j] - ts|: the unconstrained solution where it is
     non-negative, else the best of the fits with some coefficients held at zero (few columns:
     every subset is tried)."""
-    import numpy as np
+    import numpy as np  # optional (the test extra), and only this fit needs it
 
     a, t = np.array(columns, dtype=float).T, np.array(ts, dtype=float)
     best, best_residual = [0.0] * len(columns), float(np.sum(t * t))
@@ -840,8 +824,6 @@ def _fit_shard_latencies(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     cores), and that latency moves with the host's state and with the units' structure (their
     tensors, hooks and copies), which six single-Linear units do not show: the model's own units
     are the measurement."""
-    from ..planner import Cluster, Graph, evaluate
-
     g = Graph.from_dict(graph, "calibration graph")
     batches = sorted({r["per_replica_batch"] for r in runs})
     measured = {b: {kind: statistics.median(r["step_s"] for r in runs
@@ -938,7 +920,6 @@ def _tp_pair_times(device, world: int, warmup: int, repeats: int) -> List[Tuple[
     all-reduces its row-wise output in forward and its column-wise input gradient in backward,
     so one collective = (split - narrow) / (2 kTpPairs): the collective, its copies and DTensor's
     dispatch of the pair's ops."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
 

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 __all__ = ["probe", "fit_alpha_beta", "DEFAULT_SIZES"]
 
+from ..files import write_text_atomic  # noqa: E402
 from .fitting import fit_alpha_beta, fit_line  # noqa: E402  (fit_alpha_beta: public here too)
 from .timing import max_over_ranks, min_over_ranks, timed_samples  # noqa: E402
 
@@ -218,6 +219,4 @@ def _measure(env: _Env, device, backend, sizes, warmup, repeats, name) -> dict:
 
 
 def write_json(path: str, doc: dict) -> None:
-    from ..files import write_text_atomic
-
     write_text_atomic(path, json.dumps(doc, indent=2) + "\n")

@@ -18,10 +18,14 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from typing import Dict, List
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..convergence.tradeoff import OPTIMIZERS
 from ..executor import apply
@@ -83,11 +87,6 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
     31.9-36.0 MiB across launches, 30.1 MiB where the timeline held, 30.3 predicted). What the
     first step allocated and still holds beyond `live_at_start` (its output, kept until the
     next one replaces it) is alive as the second starts and is counted with it."""
-    import warnings
-
-    from torch.autograd.profiler import record_function
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
         run_step(0)
@@ -133,7 +132,7 @@ def _range_ns(prof, name: str):
 def _storages(tensors) -> Dict[int, int]:
     """{address: bytes} of the storages under `tensors` (None skipped, a DTensor's local shard),
     each once."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # takes seconds to import: only where needed
 
     storages = {}
     for t in tensors:
@@ -182,8 +181,6 @@ class _Run:
     def replica_batch(self, step: int):
         """This replica's share of the step's global batch, copied out of it: what a data loader
         hands a rank, so the measured peak memory holds this batch and not the global one."""
-        from torch.utils._pytree import tree_map
-
         global_batch = self.plan["global_batch"]
         inputs = self.module.example_inputs(global_batch, seed=step)
         target = self.module.example_target(global_batch, seed=10_000 + step)
@@ -203,8 +200,6 @@ class _Run:
     def live_storages(self, shard) -> Dict[int, int]:
         """{address: bytes} of the storages alive as a step of `shard` starts: parameters,
         gradients, optimizer state, buffers and the batch."""
-        from torch.utils._pytree import tree_leaves
-
         params = self.hp.parameters()
         state = [v for s in self.hp.optimizer.state.values() for v in s.values()]
         return _storages(params + [p.grad for p in params] + state

@@ -62,9 +62,14 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import planner
 from ..planner import num_processes
 from ..trace import comparison_trace, plan_kind, trace_file_name, write_trace
 from .verdict import decide, is_steady, kMaxLaunches, launch_interval, needs_launch, verdict_lines
+
+# calibration (it imports torch), tqdm (installed with torch) and matplotlib (the plot extra)
+# are imported inside the functions that use them: the command line imports this module at its
+# start, where torch need not be installed; the ranks validate runs import torch themselves.
 
 __all__ = ["validate", "select_plans", "ValidationResult"]
 
@@ -189,7 +194,7 @@ def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
     if done.returncode != 0 or not result_path.exists():
         raise RuntimeError(f"validate: the {plan_kind(plan)} plan failed (exit {done.returncode}"
                            f"{'' if result_path.exists() else ', no measurements written'}); "
-                           f"what the ranks printed:\n{_rank_output(done.stdout + done.stderr)}")
+                           f"what the ranks printed:\n{rank_output(done.stdout + done.stderr)}")
     return json.loads(result_path.read_text())
 
 
@@ -283,7 +288,7 @@ def step_spread(step_samples_s: Sequence[float]) -> Optional[List[float]]:
     return [cuts[0], cuts[-1]]
 
 
-def _rank_output(text: str, limit: int = 4000) -> str:
+def rank_output(text: str, limit: int = 4000) -> str:
     """A torchrun's output without the launcher's log lines (glog style, "E1201 09:07:06.157000
     ..."), which would otherwise fill the tail and hide why a rank died (e.g. "terminate called
     ..."); the last `limit` characters."""
@@ -535,13 +540,11 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     same plan unsharded (docs/sharding.md)."""
     from tqdm import tqdm
 
-    from .. import planner
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    g, c = planner._as_graph(graph), planner._as_cluster(cluster)
-    j = planner._as_job(job)
-    baseline = None if baseline_cluster is None else planner._as_cluster(baseline_cluster)
+    g, c = planner.as_graph(graph), planner.as_cluster(cluster)
+    j = planner.as_job(job)
+    baseline = None if baseline_cluster is None else planner.as_cluster(baseline_cluster)
     ranked = planner.search(g, c, j, devices=devices, top_k=1000).plans
     chosen = select_plans([p.to_dict() for p in ranked], plans)
     if recompute:

@@ -40,8 +40,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 
 import torch
 from torch import nn
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.flop_counter import FlopCounterMode
 
+from ..autograd.recompute import saves
+from ..autograd.split_backward import backward_input, backward_weight
 from . import block_list
 from .dataflow import tensors_in
 
@@ -231,8 +237,6 @@ def _descendants(events) -> Iterator[Any]:
 def _allocations(events) -> List[Tuple[int, int, int]]:
     """(time ns, bytes, address) of every allocation event, a free's bytes negative, in time
     order."""
-    from torch._C._profiler import _EventType
-
     return sorted((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr)
                   for e in events if e.tag == _EventType.Allocation)
 
@@ -248,8 +252,6 @@ def unreported_collective_frees(events: List[Any]) -> List[Tuple[int, int, int, 
     head's all-gather input (4 MiB) and output (8 MiB) stayed counted until the run's end in 4
     of 13 launches, one rank's peak 43.7-52.1 MiB against 39.5 in the others. `events`: the
     run's, list(profiler_events(prof))."""
-    from torch._C._profiler import _EventType
-
     blocks: Dict[int, List[List[int]]] = {}  # address -> [allocated at, freed at or 0, bytes]
     for t, nbytes, ptr in _allocations(events):
         if nbytes > 0:
@@ -441,8 +443,6 @@ def _quiet_profiler():
     /dev/null meanwhile: this torch build's kineto writes a "profiler_start"/"profiler_stop"
     line there from C++ for every profile, which no setting turns off, and `profile` promises
     silence unless verbose. Python's own sys.stderr is flushed first and restored after."""
-    from torch.profiler import ProfilerActivity, profile
-
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -465,8 +465,6 @@ class _ProfilerMarks:
         self.count = 0
 
     def mark(self) -> int:
-        from torch.profiler import record_function
-
         with record_function(f"hybridplan.mark.{self.count}"):
             pass
         self.count += 1
@@ -493,8 +491,6 @@ def backward_workspace_bytes(module: nn.Module, nodes: Dict[str, nn.Module], inp
     the part memory_cost.h keeps at the parameter's size when it scales the rest with the
     batch. From torch.profiler's allocation events, the instrument `validate` reads peak
     memory with."""
-    from torch._C._profiler import _EventType
-
     timer = StepTimer(module, nodes, "wall")
     timer.clock = marks = _ProfilerMarks()
     try:
@@ -539,7 +535,7 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
                    kwargs: Optional[Dict[str, Any]], clock: str, repeats: int = 3
                    ) -> Dict[str, Dict[str, float]]:
     """Per graph node with parameters whose inputs carry a gradient, its backward under the
-    zero-bubble schedules' split (executor.split_backward, the one the executor runs):
+    zero-bubble schedules' split (autograd.split_backward, the one the executor runs):
     {"weight_backward_fraction": W / (I + W),
      "split_backward_extra_s": I + W less the node's plain backward (at least 0),
      "split_held_bytes": the gradients I records for W, each storage once (held between them)}.
@@ -554,8 +550,6 @@ def split_backward(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Seque
     plus the extra by the share (compute_cost.h split_backward). Left out: nodes whose inputs
     carry no gradient (a first stage's, where W is the plain backward) and nodes that cannot
     run alone on their recorded inputs (the planner then estimates)."""
-    from ..executor.split_backward import backward_input, backward_weight
-
     recorded: Dict[str, Tuple[Tuple[Any, ...], Dict[str, Any]]] = {}
     calls = block_list.CallCounter()
 
@@ -650,8 +644,6 @@ def count_flops(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence
     """Forward FLOPs per node (torch.utils.flop_counter), charged like forward time: a
     functional op's FLOPs (e.g. attention's bmm in a parent's forward) go to the next node.
     RNN nodes are counted by formula (rnn_flops), not by the counter."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     counter = FlopCounterMode(display=False)
     marks: List[Tuple[float, str]] = []
     last: List[str] = []
@@ -698,8 +690,6 @@ def _outside_dispatch_modes(forward: Callable) -> Callable:
     """forward run with the FLOP counter's dispatch mode off: an RNN that the counter cannot
     see through fused kernels anyway, and whose decomposed CPU path (LSTM with proj_size)
     would take seconds under it; rnn_flops counts it instead."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     def run(*args, **kwargs):
         with _disable_current_modes():
             return forward(*args, **kwargs)
@@ -729,7 +719,7 @@ def rnn_flops(mod: nn.RNNBase, input_shape: torch.Size) -> float:
 def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
                         kwargs: Optional[Dict[str, Any]] = None, repeats: int = 3
                         ) -> Dict[str, Dict[str, float]]:
-    """Per node, what selective recompute (executor.recompute: torch's selective activation
+    """Per node, what selective recompute (autograd.recompute: torch's selective activation
     checkpointing, keeping the outputs of recompute.SAVED_OPS) would keep and run again:
     {"selective_saved_bytes": bytes of the outputs of the saved ops (each storage once),
      "selective_recompute_fraction": the share of the node's forward time spent in the other
@@ -741,10 +731,6 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
     its own repeats, at most 3), charged like FLOPs (count_flops): a functional op between nodes goes to the next node. RNN nodes, whose
     fused kernels the mode cannot see into, are left out (the planner then offers them full
     recompute only)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from ..executor.recompute import saves
-
     class OpLog(TorchDispatchMode):
         def __init__(self):
             super().__init__()

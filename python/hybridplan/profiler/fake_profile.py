@@ -41,6 +41,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..autograd.recompute import saves
 from . import block_list, block_timing, dataflow
 # the real profiler's steps that need no values, shared so both modes build one Graph
 from .graph_steps import (Inputs, _add_pipeline_split, _batch_advice, _batch_sizes, _build,
@@ -267,9 +268,6 @@ def _forward_fields(module, nodes, call, meter: _Meter) -> Dict[str, Dict[str, f
     block_timing.selective_recompute defines them, the ops charged like FLOPs (count_flops: a
     functional op between nodes to the next node). RNN nodes carry no selective fields there
     (the policy cannot see into their fused kernels); here neither, to plan alike."""
-    # the executor's list of kept ops; imported here because the executor imports the profiler
-    from ..executor.recompute import saves
-
     marks: List[Tuple[int, str]] = []
     calls = block_list.CallCounter()
     meter.log, meter.saves = [], saves

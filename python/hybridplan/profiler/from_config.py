@@ -82,6 +82,8 @@ import dataclasses
 import math
 from typing import Dict, List, Optional, Sequence
 
+from ..planner import Graph
+
 TP_DEGREES = (2, 4, 8)               # split_times measured (modelled) at these degrees
 BATCH_TIMES = (2, 4, 8, 16, 32, 64)  # multiples of the micro-batch unit in batch_times
 
@@ -439,5 +441,4 @@ def _edges(cfg: TransformerConfig, nodes: List[_Node], b: int) -> List[dict]:
 
 def graph(cfg: TransformerConfig, **kwargs):
     """graph_from_config as a validated hybridplan.planner.Graph."""
-    from hybridplan.planner import Graph
     return Graph.from_dict(graph_from_config(cfg, **kwargs), f"from_config:{cfg.name}")

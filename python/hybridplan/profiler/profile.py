@@ -21,6 +21,7 @@ is moved to `device` in place.
 
 import statistics
 import sys
+import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from .. import _C
+from ..planner import Graph  # the compiled planner validates the graph
 from . import block_list, block_timing, dataflow, sequence_parallel, tensor_parallel
 from .fake_profile import fake_profile_dict
 from .graph_steps import (_check_device, _check_inputs, _move, _loss_at, _first_tensor,
@@ -49,8 +51,6 @@ def profile(module: nn.Module, example_inputs: Inputs, device: Union[str, torch.
     """Measures `module` on `example_inputs` (a tensor, a tuple of positional inputs or a dict
     of keyword inputs; dim 0 of the first tensor is the batch) and returns a
     hybridplan.planner.Graph. See profile_dict."""
-    from ..planner import Graph  # the compiled planner validates the graph
-
     return Graph.from_dict(profile_dict(module, example_inputs, device=device, warmup=warmup,
                                         repeats=repeats, verbose=verbose, name=name,
                                         clock=clock,
@@ -235,8 +235,6 @@ def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s
     the profiled batch; `whole_s` as tensor_parallel.graph_fields (the loss's times). Sequence
     parallelism is checked at degree 2 (the plan's degree is checked again where a plan is
     applied)."""
-    import time
-
     started = time.monotonic()
     fields, layout = tensor_parallel.graph_fields(module, nodes, call, flow.order, forward_s,
                                                   backward_s, clock, warmup, repeats, whole_s)
@@ -262,7 +260,7 @@ def _measure(module, nodes, names, call, clock, warmup, repeats, verbose, graph_
              loss=None):
     """Median forward and backward seconds per graph node (`names`, one per call of a node
     module) over `repeats` steps after `warmup`."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # optional: installed with the torch extra, needed only here
 
     timer = block_timing.StepTimer(module, nodes, clock)
     samples: List[Tuple[Dict[str, float], Dict[str, float]]] = []
@@ -283,8 +281,6 @@ def _measure_other_batches(module, nodes, names, call, clock, warmup, repeats, v
                            graph_name, sizes, budget_s, log, loss_at
                            ) -> Dict[int, Tuple[Dict[str, float], Dict[str, float]]]:
     """{batch size: (forward_s, backward_s)} for the sizes measured within the time budget."""
-    import time
-
     b = int(_first_tensor(*call).shape[0])
     out = {}
     started = time.monotonic()

@@ -49,9 +49,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.export.unflatten import InterpreterModule
 from torch.utils import _pytree as pytree
 
 from . import block_list
+
+# torch.distributed.pipelining is imported where a module is cut, not here: it takes seconds to
+# import, and the executor and the profiler import this module for its names alone as well.
 
 ValueKey = Tuple[Any, ...]  # ("input", i): flat input tensor i; ("stage", s, j): output j of s
 kPrefix = "module."          # _FlatCall holds the user's module as its child "module"
@@ -537,8 +541,6 @@ def _drop_unused_attributes(part: nn.Module) -> None:
     stage that reads a tied weight under one of its names, the other name still pointing at the
     original tensor (GPT-2's stage 0 keeps an unused `lm_head.weight`); such a tensor would get
     no gradient, which DDP rejects, and would hide the stage's own copy in state_dict."""
-    from torch.export.unflatten import InterpreterModule
-
     used = set()
     stack = [("", part)]
     while stack:

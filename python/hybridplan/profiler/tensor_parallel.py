@@ -64,7 +64,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import block_list
-from .dataflow import map_tensors, tensors_in
+from .block_timing import StepTimer
+from .dataflow import map_tensors, record_dataflow, tensors_in
 
 STYLES = ("colwise", "rowwise", "sharded", "vocab_rowwise", "colwise_gather")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -186,7 +187,7 @@ def _weight_and_bias(mod: nn.Module) -> Optional[Tuple[torch.Tensor, Optional[to
     return weight, bias
 
 
-def _as_linear(mod: nn.Module) -> Optional[_Linear]:
+def as_linear(mod: nn.Module) -> Optional[_Linear]:
     """The node's linear shape where it computes a linear map of its last dimension (tested
     on a random input, both weight orientations), else None."""
     wb = _weight_and_bias(mod)
@@ -374,7 +375,7 @@ def _set_param(mod: nn.Module, name: str, value: torch.Tensor) -> None:
     setattr(mod, name, nn.Parameter(value.detach().clone(), requires_grad=old.requires_grad))
 
 
-def _narrow_linear(mod: nn.Module, shape: _Linear, role: str, rank: int, degree: int,
+def narrow_linear(mod: nn.Module, shape: _Linear, role: str, rank: int, degree: int,
                    bias_on_this_rank: bool = True) -> None:
     """Narrows linear node `mod` in place to rank `rank`'s share at `degree`: a column-wise (or
     gathered head) layer's output features, a row-wise layer's input features (its bias kept on
@@ -522,8 +523,8 @@ class _RegionCheck:
         this region split as rank `rank` of `degree`."""
         copy_ = copy.deepcopy(self.parent) if as_is else _float_copy(self.parent)
         for name, shape in self.colwise.items():
-            _narrow_linear(copy_.get_submodule(name), shape, "colwise", rank, degree)
-        _narrow_linear(copy_.get_submodule(self.row_name), self.row_shape, "rowwise", rank,
+            narrow_linear(copy_.get_submodule(name), shape, "colwise", rank, degree)
+        narrow_linear(copy_.get_submodule(self.row_name), self.row_shape, "rowwise", rank,
                        degree, bias_on_this_rank)
         return copy_
 
@@ -598,8 +599,6 @@ class _RegionCheck:
         so the attention core's go to v_proj), on the whole parent and on one rank of a split
         at degree 2 (copies, in the parent's own training mode): split where it at most 3/4 of
         the whole's. A node that keeps nothing gets its style's default."""
-        from .dataflow import record_dataflow
-
         members = self.region_nodes()
         saved = []
         for parent in (copy.deepcopy(self.parent), self.narrowed(0, 2, as_is=True)):
@@ -699,7 +698,7 @@ def _analyse(module: nn.Module, node_names: Optional[Sequence[str]], example_inp
                              f"{type(module).__name__} (block_list's node rule)")
         nodes = {n: all_nodes[n] for n in node_names}
     linears = {name: shape for name, mod in nodes.items()
-               if (shape := _as_linear(mod)) is not None}
+               if (shape := as_linear(mod)) is not None}
     parents = {".".join(n.split(".")[:k]) for n in linears for k in range(n.count(".") + 1)}
     wide = {n for n, m in nodes.items() if _weight_and_bias(m) is not None}  # linears, tables
     trace = _Trace(module, nodes, args, kwargs,
@@ -843,7 +842,7 @@ def _check_head(mod: nn.Module, call: _Call, shape: _Linear, degree: int) -> Non
         parts = []
         for rank in range(degree):
             part = _float_copy(mod)
-            _narrow_linear(part, shape, "colwise_gather", rank, degree)
+            narrow_linear(part, shape, "colwise_gather", rank, degree)
             try:
                 parts.append(part(*_float_inputs(args, part), **kwargs))
             except Exception as exc:
@@ -1025,7 +1024,7 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
                 first, rows = _narrow_embedding(part, 0, d)
                 ids = _vocab_ids(tensors_in(trace_call.args)[0], first, rows)[0]
             elif d > 1:
-                _narrow_linear(part, analysis.linears[name], tp.style, 0, d)
+                narrow_linear(part, analysis.linears[name], tp.style, 0, d)
             timed[d] = _time_unit(part, [""], trace_call, ids, clock, warmup, repeats)
         ratios[name] = _ratios(timed, "", degrees)
     fields: Dict[str, Dict[str, Any]] = {}
@@ -1080,8 +1079,6 @@ def _time_unit(unit: nn.Module, members: Sequence[str], trace_call: _Call,
     (`ids`: the first input replaced, an embedding's rank-local ids). The fastest, not the
     median: with at most 3 steps, interference from other processes only adds time, and a
     ratio of two inflated medians is noise."""
-    from .block_timing import StepTimer
-
     args, kwargs = _fresh(trace_call.args), _fresh(trace_call.kwargs)
     if ids is not None:
         args = (ids,) + tuple(args[1:])

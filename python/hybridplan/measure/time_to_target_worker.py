@@ -1,8 +1,8 @@
 """One rank of a time-to-target run: trains a convergence task (hybridplan.convergence) under a
 plan to the held-out target, and times an uninterrupted run of that length. Run under torchrun
-by hybridplan.convergence.time_to_target:
+by hybridplan.measure.time_to_target:
 
-    torchrun --nproc-per-node N -m hybridplan.convergence.time_to_target_worker \\
+    torchrun --nproc-per-node N -m hybridplan.measure.time_to_target_worker \\
         --plan plan.json --task task.json --seed 0 --out result.json
 
 The data stream, learning-rate rule and evaluation schedule are tradeoff.py's, so a run
@@ -35,6 +35,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from ..convergence import tradeoff as cv
+from ..executor import apply
+from ..files import write_text_atomic
+
 # Kept states evaluated at a time in the first pass: at most FLUSH_EVERY - 1 steps are run past
 # the target before it is seen (not counted).
 FLUSH_EVERY = 8
@@ -44,8 +48,6 @@ class _Run:
     """The plan applied to a fresh model of the task, and its training loop."""
 
     def __init__(self, plan: dict, task, seed: int, timeout_s: float, noise_every: int = 0):
-        import hybridplan
-
         self.task, self.seed, self.plan = task, seed, plan
         self.global_batch = plan["global_batch"]
         torch.manual_seed(seed)  # as convergence.train_to_target
@@ -53,16 +55,14 @@ class _Run:
         example = ((data.train_inputs[:plan["per_replica_batch"]],)
                    if plan["mode"] == "pipeline" else None)
         rule, b = task.lr_rule, self.global_batch
-        self.hp = hybridplan.apply(plan, task.model(seed), loss_fn=task.loss_fn,
-                                   timeout_s=timeout_s, example_inputs=example,
-                                   measure_noise_scale=noise_every,
-                                   optimizer=lambda params: task.optimizer(params, rule.lr(b, 0)))
+        self.hp = apply(plan, task.model(seed), loss_fn=task.loss_fn,
+                        timeout_s=timeout_s, example_inputs=example,
+                        measure_noise_scale=noise_every,
+                        optimizer=lambda params: task.optimizer(params, rule.lr(b, 0)))
         self.samples = 0
         self.step_times: List[float] = []
 
     def step(self, timed: bool) -> None:
-        from hybridplan import convergence as cv
-
         data, b = self.task.data, self.global_batch
         idx = cv.sample_indices(int(data.train_targets.shape[0]), self.seed, self.samples, b)
         shard = self.hp.shard((data.train_inputs[idx],), data.train_targets[idx])
@@ -82,8 +82,6 @@ def _evaluate_on_rank0(states: List[Tuple[int, Dict[str, Any]]], evaluator, task
                        ) -> Tuple[Optional[int], List[tuple], bool]:
     """(the first step whose state meets the target or None, the curve points, diverged): rank 0
     evaluates the states in order and broadcasts its verdict."""
-    from hybridplan import convergence as cv
-
     verdict: List[Any] = [None]
     if dist.get_rank() == 0:
         points, found, diverged = [], None, False
@@ -105,8 +103,6 @@ def _evaluate_on_rank0(states: List[Tuple[int, Dict[str, Any]]], evaluator, task
 
 def find_steps(run: _Run, evaluator) -> Tuple[Optional[int], List[tuple], int, float]:
     """Pass 1: (steps to target or None, the evaluation curve, steps run, evaluation seconds)."""
-    from hybridplan import convergence as cv
-
     task = run.task
     limit = int(task.max_epochs * task.data.train_targets.shape[0])
     step, last_eval, eval_s = 0, 0, 0.0
@@ -141,9 +137,6 @@ def main(argv=None) -> int:
                         "(untimed) pass, read when the target holds (dp >= 2)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-
-    from hybridplan import convergence as cv
-    from hybridplan.files import write_text_atomic
 
     torch.set_num_threads(1)
     with open(args.task) as f:

@@ -24,6 +24,9 @@ import dataclasses
 import math
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+# torch is imported inside the functions that measure: the estimator (estimate_from_norms) and
+# the Jobs made from it work where torch is not installed.
+
 
 @dataclasses.dataclass(frozen=True)
 class NoiseScale:

@@ -8,7 +8,7 @@ The plans span global batches (`select_plans`): the planner's pick under the job
 convergence model, the throughput-optimal plan (the same search for samples/s), data parallel at
 a small and at a large per-replica batch, and the best pipeline. Each is trained to the target
 once per seed (launches interleaved: every plan with seed 0, then every plan with seed 1, ...)
-by hybridplan.convergence.time_to_target_worker, which times every training step (evaluations
+by hybridplan.measure.time_to_target_worker, which times every training step (evaluations
 excluded).
 
 Predicted time to target is the planner's own: the plan's predicted step time times the steps
@@ -28,19 +28,21 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..convergence import tradeoff as cv
+from ..files import write_text_atomic
+from ..planner import InfeasibleError, Job, evaluate, search
+from ..trace import plan_kind
+from .validation import rank_output, run_worker
+
 __all__ = ["select_plans", "validate_time_to_target", "markdown"]
 
 
 def _kind(plan: dict) -> str:
-    from ..trace import plan_kind
-
     return f"{plan_kind(plan)} (B={plan['global_batch']})"
 
 
 def _best(graph, cluster, job, devices: int, min_mp: int = 1, **kwargs) -> Optional[dict]:
     """The search's best plan with mp >= min_mp (a pipeline search also ranks mp = 1 plans)."""
-    from ..planner import InfeasibleError, search
-
     try:
         ranked = search(graph, cluster, job, devices=devices, top_k=1 if min_mp == 1 else 200,
                         **kwargs).plans
@@ -87,24 +89,20 @@ def _same(a: dict, b: dict) -> bool:
 
 def _launch(plan: dict, task_path: str, seed: int, timeout_s: float, work_dir: Path,
             measure_noise_scale: int = 0) -> dict:
-    from ..measure.validation import _rank_output, run_worker
-
     done, out_path = run_worker(
-        plan, "hybridplan.convergence.time_to_target_worker",
+        plan, "hybridplan.measure.time_to_target_worker",
         ["--task", task_path, "--seed", str(seed), "--timeout-s", str(timeout_s),
          "--measure-noise-scale", str(measure_noise_scale)], 30 * timeout_s, work_dir)
     if done.returncode != 0 or not out_path.exists():
         raise RuntimeError(f"time to target: the {_kind(plan)} plan failed (exit "
                            f"{done.returncode}); what the ranks printed:\n"
-                           f"{_rank_output(done.stdout + done.stderr)}")
+                           f"{rank_output(done.stdout + done.stderr)}")
     return json.loads(out_path.read_text())
 
 
 def _one_process_steps(task, record: Optional[dict], global_batch: int, seed: int) -> int:
     """The one-process run's steps to target at (global_batch, seed): from the `convergence`
     record when it holds that run, else trained here."""
-    from . import tradeoff as cv
-
     for r in (record or {}).get("sweep", {}).get("runs", []):
         if r["global_batch"] == global_batch and r["seed"] == seed and r.get("start_samples", 0) == 0:
             return r["steps"]
@@ -131,9 +129,6 @@ def validate_time_to_target(graph, cluster, task_path: str, job: dict,
     and seed: from `one_process` (a `convergence` record) where it holds that run, else trained
     here. Data-parallel plans also measure the online noise scale in their first pass. `max_plans`: only the
     first plans of the selection (the test suite's reduced form)."""
-    from . import tradeoff as cv
-    from ..planner import Job, evaluate
-
     task = cv.task_from_spec(json.loads(Path(task_path).read_text()), os.fspath(task_path))
     Job.from_dict(job, "job")  # the planner's validation, before anything runs
     if noise_job is not None:
@@ -196,8 +191,6 @@ def validate_time_to_target(graph, cluster, task_path: str, job: dict,
                                and pick["measured_min_s"] <= fastest["measured_s"]),
         "fastest": fastest["role"] if fastest else None,
     }
-    from ..files import write_text_atomic
-
     write_text_atomic(out / "time_to_target.json", json.dumps(result, indent=1))
     write_text_atomic(out / "time_to_target.md", markdown(result))
     return result
