@@ -15,9 +15,11 @@ every plan kind the planner offers trains on Gloo ranks equal to one-process tra
 Plan kinds: every distinct (mode, dp, mp, tp, sequence parallel, sharding, schedule) among the
 planner's top 50 plans on 2 devices, and the best plan it offers at each tensor-parallel degree
 (tp = 2 for every model), trained in one 2-rank launch; plain_odd's and llama_odd's best tp = 4
-plans on 4 ranks in one more launch (a node there, max_degree 50, runs whole on every rank),
-which `make test` leaves out (marked `full`: `make test-full`, run by `make bench`;
-test_tensor_parallel.py trains a tp = 4 plan whose attention runs whole on 4 ranks in make test).
+plans on 4 ranks in one more launch (a node there, max_degree 50, runs whole on every rank).
+`make test` trains the reduced form (in_reduced): on every model its tensor-parallel, DP and
+1F1B plans, each other pipeline schedule on one model; the other kinds and the 4-rank launch
+run in the test marked `full` (`make test-full`, run by `make bench`; test_tensor_parallel.py
+trains a tp = 4 plan whose attention runs whole on 4 ranks in make test).
 Under tp > 1 the parameters split on the ranks are those of the nodes whose max_degree tp
 divides (the planner's rule, applied by the executor), the others whole.
 `pytest -s -k equality_table` prints model x plan kind -> max |difference| from one process.
@@ -119,6 +121,19 @@ EXPECTED_DEGREES = {
                   "mlp2.fc_in": 50, "mlp2.fc_out": 50},
 }
 FOUR_RANKS = ("plain_odd", "llama_odd")  # their tp = 4 plans: a node of max_degree 50 whole
+# make test: the other pipeline schedules each on one model (all of them: the `full` test)
+ONE_MODEL = {"gpipe": "plain_odd", "interleaved-1f1b": "gpt2_odd", "interleaved-zb": "llama_odd",
+             "zbv": "gpt2_odd"}
+
+
+def in_reduced(name, kind):
+    """Whether `make test` trains model `name` under plan kind `kind` (see the module doc)."""
+    words = kind.split()
+    if words[3] == "tp4":
+        return False  # 4 ranks
+    if words[0] != "pipeline" or words[3] != "tp1":
+        return True  # DP, placement, tensor parallelism
+    return words[-1] == "1f1b" or ONE_MODEL.get(words[-1]) == name
 
 
 def sgd(params):
@@ -325,14 +340,18 @@ def test_planner_offers_tensor_parallelism_on_2_and_4_devices(graphs):
 
 @pytest.fixture(scope="module")
 def trained(graphs, tmp_path_factory, selected_cases):
-    """The 2-rank launch, and the 4-rank one where its test is selected."""
+    """The 2-rank launch (its reduced form unless the `full` test is selected), and then the
+    4-rank one where the `full` test is selected."""
     out_dir = tmp_path_factory.mktemp("awkward_shapes")
-    worlds = (2, 4) if selected_cases("test_tp4_plans_train_like_one_process_on_4_ranks") else (2,)
+    full = bool(selected_cases("test_every_offered_kind_and_tp4_on_4_ranks"))
+    worlds = (2, 4) if full else (2,)
     plans, by_world = {}, {w: [] for w in worlds}
     for name, (_, graph) in graphs.items():
         for world, kinds in [(w, offered(graph, w)) for w in worlds]:
             for kind, plan in kinds.items():
                 if world == 4 and not (name in FOUR_RANKS and " tp4" in kind):
+                    continue
+                if not (full or in_reduced(name, kind)):
                     continue
                 case_id = f"{name}: {kind}"
                 plans[case_id] = plan
@@ -376,21 +395,25 @@ def _check_trained(graphs, outs, plans):
     assert not bad, bad
 
 
-def test_every_offered_kind_trains_like_one_process(graphs, trained):
+def test_offered_kinds_train_like_one_process(graphs, trained):
+    """The reduced form: tensor-parallel, DP and 1F1B plans on every model, each other pipeline
+    schedule on one."""
     outs, plans = trained
-    plans = {c: p for c, p in plans.items() if " tp4" not in c}  # the 4-rank cases: below
+    plans = {c: p for c, p in plans.items() if in_reduced(*c.split(": "))}
     for name in FACTORIES:  # tp = 2 on every model
         assert any(c.startswith(f"{name}: ") and " tp2" in c for c in plans), sorted(plans)
     _check_trained(graphs, outs, plans)
 
 
 @pytest.mark.full
-def test_tp4_plans_train_like_one_process_on_4_ranks(graphs, trained):
+def test_every_offered_kind_and_tp4_on_4_ranks(graphs, trained):
+    """The rest: every other kind offered on 2 devices, and the tp = 4 plans on 4 ranks."""
     outs, plans = trained
-    plans = {c: p for c, p in plans.items() if " tp4" in c and c.split(": ")[0] in FOUR_RANKS}
-    assert plans and all(len(outs[c]) == 4 for c in plans if not isinstance(outs[c], str))
+    plans = {c: p for c, p in plans.items() if not in_reduced(*c.split(": "))}
+    four = [c for c in plans if " tp4" in c]
+    assert all(len(outs[c]) == 4 for c in four if not isinstance(outs[c], str)), four
     for name in FOUR_RANKS:  # a node of max_degree 50 runs whole on every rank
-        assert any(c.startswith(f"{name}: ") and " tp4" in c for c in plans), sorted(plans)
+        assert any(c.startswith(f"{name}: ") for c in four), sorted(plans)
     _check_trained(graphs, outs, plans)
 
 
