@@ -31,12 +31,13 @@ pipeline stage holds are compared with the trainer's own split function where it
 
 The trainers run in a virtual environment of their own (--venv, default ../trainer-venv beside
 the checkout), created with --system-site-packages so it sees the system torch, and filled with
-`pip install --no-deps` of the pinned trainer packages and the few small pure-Python packages
-their configuration code imports (PINS, EXTRAS): no pip run here can replace torch. Megatron-LM's
-training code (megatron/training, where its arguments live) is not on PyPI: --megatron-lm names
-a checkout of NVIDIA's Megatron-LM at tag core_v0.19.0 (default ../megatron-lm beside the
-checkout); without one, the Megatron row says so and checks Megatron-Core's TransformerConfig
-alone. Exits 1 when a parser rejects a file or reads it differently.
+`pip install --no-deps` of the pinned trainer packages and the few small packages their
+configuration code imports (PINS, EXTRAS): no pip run here can replace torch, and the venv's
+torch is checked to be the system's. Megatron-LM's training code (megatron/training, where its
+arguments live, and megatron/legacy, which it imports) is not on PyPI: --megatron-lm names a
+checkout of NVIDIA's Megatron-LM at tag core_v0.16.1, the megatron-core pinned here (default
+../megatron-lm beside the checkout); without one the Megatron rows fail and say so. Exits 1
+when a parser rejects a file or reads it differently (benchmarks/trainers-2026-12-06.md).
 """
 
 from __future__ import annotations
