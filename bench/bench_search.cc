@@ -35,14 +35,14 @@
 #include <vector>
 
 #include "common/units.h"
-#include "planner/cluster.h"
-#include "planner/device_mapping.h"
-#include "planner/evaluate.h"
-#include "planner/graph.h"
-#include "planner/job.h"
-#include "planner/pipedream_import.h"
-#include "planner/placement_search.h"
-#include "planner/search.h"
+#include "planner/costs/evaluate.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/job.h"
+#include "planner/documents/pipedream_import.h"
+#include "planner/searches/device_mapping.h"
+#include "planner/searches/placement_search.h"
+#include "planner/searches/search.h"
 
 using namespace hybridplan;
 using Clock = std::chrono::steady_clock;

@@ -2,7 +2,8 @@
 #
 # cmake --install <build> --prefix P   (a build configured with -DHYBRIDPLAN_WITH_TORCH=ON|OFF)
 #   P/bin/hybridplan                           the CLI
-#   P/include/hybridplan/{common,planner}/*.h  torch-free headers (<hybridplan/planner/search.h>)
+#   P/include/hybridplan/common/*.h, planner/<role>/*.h   torch-free headers
+#                                              (<hybridplan/planner/searches/search.h>)
 #   P/include/hybridplan/{profiler,executor,models}/*.h, P/lib/libhp_torch.so   with LibTorch
 #   P/lib/libhp_core.a, P/lib/cmake/hybridplan/hybridplanConfig.cmake exporting
 #     hybridplan::planner  (torch-free: Graph, Cluster, Job, Plan, evaluate, search, explain)

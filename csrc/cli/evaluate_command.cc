@@ -7,7 +7,7 @@
 #include "cli/plan_table.h"
 #include "cli/problem_options.h"
 #include "common/error.h"
-#include "planner/evaluate.h"
+#include "planner/costs/evaluate.h"
 
 namespace hybridplan::cli {
 namespace {

@@ -14,8 +14,8 @@
 #include "cli/problem_options.h"
 #include "cli/subprocess.h"
 #include "common/error.h"
-#include "planner/evaluate.h"
-#include "planner/explain.h"
+#include "planner/costs/evaluate.h"
+#include "planner/reports/explain.h"
 
 namespace hybridplan::cli {
 namespace {

@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "planner/pipedream_import.h"
+#include "planner/documents/pipedream_import.h"
 
 namespace hybridplan::cli {
 namespace {

@@ -8,8 +8,8 @@
 #include "common/error.h"
 #include "common/json_io.h"
 #include "common/units.h"
-#include "planner/run_schedule.h"
-#include "planner/search.h"
+#include "planner/run/run_phases.h"
+#include "planner/searches/search.h"
 
 namespace hybridplan::cli {
 namespace {
@@ -25,7 +25,7 @@ struct PlanFlags {
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv"};
   std::vector<int64_t> tensor_degrees;  // empty: every degree the graph and cluster allow
   std::string sequence_parallel = "auto";
-  RunScheduleOptions run;
+  RunPhasesOptions run;
 };
 
 std::string progress_range(const RunPhase& p) {
@@ -33,27 +33,27 @@ std::string progress_range(const RunPhase& p) {
          std::to_string(static_cast<int>(100 * p.progress_end + 0.5)) + " %";
 }
 
-// --over-run: the schedule of plans over the run (run_schedule.h).
+// --over-run: the plans over the run, phase by phase (run_phases.h).
 void run_over_run(const PlanFlags& flags, const Problem& problem, const SearchOptions& options) {
-  const RunSchedule schedule = plan_over_run(problem, options, flags.run);
-  if (!flags.out_path.empty()) write_json_file(flags.out_path, run_schedule_to_json(schedule, problem));
+  const RunPhases phases = plan_over_run(problem, options, flags.run);
+  if (!flags.out_path.empty()) write_json_file(flags.out_path, run_phases_to_json(phases, problem));
   if (flags.json) {
-    std::cout << run_schedule_to_json(schedule, problem).dump(2) << "\n";
+    std::cout << run_phases_to_json(phases, problem).dump(2) << "\n";
     return;
   }
   std::cout << "run schedule for graph " << problem.graph.name << " on " << problem.cluster.name
-            << " (" << schedule.candidates << " candidate plans, a switch costs "
-            << format_seconds(schedule.switch_s) << ")\n";
-  for (const RunPhase& p : schedule.phases) {
+            << " (" << phases.candidates << " candidate plans, a switch costs "
+            << format_seconds(phases.switch_s) << ")\n";
+  for (const RunPhase& p : phases.phases) {
     std::cout << "  progress " << progress_range(p) << ": " << plan_shape(p.plan) << ", batch "
               << p.plan.per_replica_batch << " per replica (" << p.plan.global_batch << " global), "
               << format_seconds(p.time_s) << " (" << p.epochs << " epochs)\n";
   }
-  std::cout << "time to train " << format_seconds(schedule.time_s) << " with " << schedule.switches
-            << " switch(es); best single plan " << plan_shape(schedule.best_single) << " batch "
-            << schedule.best_single.per_replica_batch << ": "
-            << format_seconds(schedule.best_single_time_s) << " (schedule "
-            << (schedule.best_single_time_s / schedule.time_s - 1) * 100 << " % faster)\n";
+  std::cout << "time to train " << format_seconds(phases.time_s) << " with " << phases.switches
+            << " switch(es); best single plan " << plan_shape(phases.best_single) << " batch "
+            << phases.best_single.per_replica_batch << ": "
+            << format_seconds(phases.best_single_time_s) << " (schedule "
+            << (phases.best_single_time_s / phases.time_s - 1) * 100 << " % faster)\n";
   if (!flags.out_path.empty()) std::cout << "schedule written to " << flags.out_path << "\n";
 }
 

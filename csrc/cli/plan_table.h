@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "planner/plan.h"
-#include "planner/problem.h"
+#include "planner/documents/plan.h"
+#include "planner/documents/problem.h"
 
 namespace hybridplan::cli {
 

@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "common/json_io.h"
-#include "planner/presets.h"
+#include "planner/documents/presets.h"
 
 namespace hybridplan::cli {
 namespace {

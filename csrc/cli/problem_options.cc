@@ -3,9 +3,9 @@
 #include <filesystem>
 
 #include "common/error.h"
-#include "planner/graph.h"
-#include "planner/job.h"
-#include "planner/presets.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/job.h"
+#include "planner/documents/presets.h"
 
 namespace hybridplan::cli {
 

@@ -4,8 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "planner/cluster.h"
-#include "planner/problem.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/problem.h"
 
 namespace hybridplan::cli {
 

@@ -15,7 +15,7 @@
 #include "common/error.h"
 #include "common/json_io.h"
 #include "common/units.h"
-#include "planner/sweep.h"
+#include "planner/searches/sweep.h"
 
 namespace hybridplan::cli {
 namespace {

@@ -2,7 +2,7 @@
 // libtorch_cpu), over one data-parallel group, driven from C++ the way
 // torch/nn/parallel/distributed.py drives it:
 //   - construction: the Reducer hooks every parameter's AccumulateGrad node; buckets follow
-//     planner/bucket_policy.h (initial_bucket_indices below);
+//     planner/costs/bucket_policy.h (initial_bucket_indices below);
 //   - before each forward: rebuild_buckets() (DDP's _pre_forward). After the first armed backward
 //     the Reducer re-packs the buckets once, in the order the gradients actually became ready
 //     (rank 0's order, broadcast), with the same caps;
@@ -24,7 +24,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
-#include "planner/bucket_policy.h"
+#include "planner/costs/bucket_policy.h"
 
 namespace c10d {
 class Reducer;

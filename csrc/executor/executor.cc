@@ -14,7 +14,7 @@
 #include "executor/process_groups.h"
 #include "executor/rank_agreement.h"
 #include "executor/stage_channel.h"
-#include "planner/pipeline_schedule.h"
+#include "planner/simulations/pipeline_schedule.h"
 
 namespace hybridplan {
 namespace {

@@ -43,9 +43,9 @@
 #include <torch/torch.h>
 
 #include "executor/dist_env.h"
-#include "planner/bucket_policy.h"
-#include "planner/graph.h"
-#include "planner/plan.h"
+#include "planner/costs/bucket_policy.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/plan.h"
 #include "profiler/block_list.h"
 
 namespace hybridplan {
@@ -56,7 +56,7 @@ class StageChannel;
 struct ExecutorOptions {
   // Bound on every wait: TCPStore rendezvous, the rank agreement check, collectives, send/recv.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
-  BucketCaps bucket_caps;  // DDP's: first bucket 1 MiB, then 25 MiB (planner/bucket_policy.h)
+  BucketCaps bucket_caps;  // DDP's: first bucket 1 MiB, then 25 MiB (planner/costs/bucket_policy.h)
   // kCUDA: NCCL and one CUDA device per stage (LOCAL_RANK) or per placement device; kCPU: Gloo.
   torch::DeviceType device_type =
       torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;

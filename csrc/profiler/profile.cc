@@ -16,7 +16,7 @@
 #include <torch/cuda.h>
 
 #include "common/error.h"
-#include "planner/compute_cost.h"
+#include "planner/costs/compute_cost.h"
 #include "profiler/block_timing.h"
 
 namespace hybridplan {
@@ -78,7 +78,7 @@ int64_t param_bytes_of(torch::nn::Module& module) {
 }
 
 // The tensors an optimizer updates (those that require grad): it pays a fixed cost per tensor
-// (planner/optimizer_cost.h; the Python profiler counts the same way).
+// (planner/costs/optimizer_cost.h; the Python profiler counts the same way).
 int64_t param_tensors_of(torch::nn::Module& module) {
   int64_t count = 0;
   for (const torch::Tensor& p : module.parameters()) count += p.requires_grad() ? 1 : 0;

@@ -34,7 +34,7 @@
 #include <torch/torch.h>
 
 #include "common/profile_defaults.h"
-#include "planner/graph.h"
+#include "planner/documents/graph.h"
 #include "profiler/block_list.h"
 
 namespace hybridplan {
@@ -57,7 +57,7 @@ struct ProfileOptions {
   bool retain_freed_memory = true;
   // The other batch sizes each block is also measured at (the graph's batch_times, from which
   // the planner takes a block's time at any micro-batch): the first inputs' rows sliced to each
-  // size. auto_batch_sizes: default_profile_batch_sizes(batch) (planner/compute_cost.h), smallest
+  // size. auto_batch_sizes: default_profile_batch_sizes(batch) (planner/costs/compute_cost.h), smallest
   // first, until batch_time_budget_s of measuring them is spent; else `batch_sizes` (each in
   // 1..batch-1), which may be empty.
   bool auto_batch_sizes = true;

@@ -10,7 +10,7 @@
 #include <pybind11/pybind11.h>
 
 #include "common/error.h"
-#include "planner/problem.h"
+#include "planner/documents/problem.h"
 
 namespace hybridplan::python {
 

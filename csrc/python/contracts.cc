@@ -6,10 +6,10 @@
 #include <pybind11/stl.h>
 
 #include "common/json_io.h"
-#include "planner/cluster.h"
-#include "planner/graph.h"
-#include "planner/job.h"
-#include "planner/plan.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/job.h"
+#include "planner/documents/plan.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;

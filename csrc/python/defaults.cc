@@ -4,7 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "common/profile_defaults.h"
-#include "planner/bucket_policy.h"
+#include "planner/costs/bucket_policy.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -24,7 +24,7 @@ void bind_defaults(py::module_& m) {
       py::arg("grad_bytes"), py::arg("first_cap_bytes") = kDefaultFirstBucketCapBytes,
       py::arg("cap_bytes") = kDefaultBucketCapBytes,
       "Bytes of each gradient bucket, in reduction order, for gradients given in the order they "
-      "become ready (planner/bucket_policy.h: DDP's policy).");
+      "become ready (planner/costs/bucket_policy.h: DDP's policy).");
 }
 
 }  // namespace hybridplan::python

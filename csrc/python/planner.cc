@@ -6,12 +6,12 @@
 
 #include <pybind11/stl.h>
 
-#include "planner/convergence.h"
-#include "planner/evaluate.h"
-#include "planner/explain.h"
-#include "planner/run_schedule.h"
-#include "planner/search.h"
-#include "planner/tensor_parallel_cost.h"
+#include "planner/costs/evaluate.h"
+#include "planner/costs/tensor_parallel_cost.h"
+#include "planner/reports/explain.h"
+#include "planner/run/convergence.h"
+#include "planner/run/run_phases.h"
+#include "planner/searches/search.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -152,7 +152,7 @@ std::string search_plans(const std::string& graph_text, const std::string& clust
   return out.dump();
 }
 
-// The schedule of plans over the run (run_schedule.h), as `hybridplan plan --over-run --json`
+// The plans over the run, phase by phase (run_phases.h), as `hybridplan plan --over-run --json`
 // prints it. switch_s < 0: default_switch_s(problem).
 std::string plan_over_run_text(const std::string& graph_text, const std::string& cluster_text,
                                const std::string& job_text, int64_t devices, int segments,
@@ -162,15 +162,15 @@ std::string plan_over_run_text(const std::string& graph_text, const std::string&
   options.devices = devices;
   options.placement = placement;
   options.pipeline = pipeline;
-  RunScheduleOptions run;
+  RunPhasesOptions run;
   run.segments = segments;
   run.switch_s = switch_s;
-  RunSchedule schedule;
+  RunPhases phases;
   {
     py::gil_scoped_release release;
-    schedule = plan_over_run(problem, options, run);
+    phases = plan_over_run(problem, options, run);
   }
-  return run_schedule_to_json(schedule, problem).dump();
+  return run_phases_to_json(phases, problem).dump();
 }
 
 // The plan as text for people: with the graph, its node names; with graph and cluster too,
@@ -279,7 +279,7 @@ void bind_planner(py::module_& m) {
       "without one.");
   m.def("plan_over_run", &plan_over_run_text, py::arg("graph_text"), py::arg("cluster_text"),
         py::arg("job_text"), py::arg("devices") = 0,
-        py::arg("segments") = RunScheduleOptions{}.segments,
+        py::arg("segments") = RunPhasesOptions{}.segments,
         py::arg("switch_s") = -1.0, py::arg("placement") = true, py::arg("pipeline") = true,
         "The schedule of plans over the run (JSON text, as `plan --over-run --json`). Raises "
         "ValueError unless the job has a critical_batch model, InfeasibleError when nothing fits.");

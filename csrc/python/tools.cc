@@ -5,10 +5,10 @@
 
 #include <pybind11/stl.h>
 
-#include "planner/compute_cost.h"
-#include "planner/pipedream_import.h"
-#include "planner/presets.h"
-#include "planner/sweep.h"
+#include "planner/costs/compute_cost.h"
+#include "planner/documents/pipedream_import.h"
+#include "planner/documents/presets.h"
+#include "planner/searches/sweep.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;

@@ -25,9 +25,9 @@
 #include "common/error.h"
 #include "executor/executor.h"
 #include "models/mlp.h"
-#include "planner/cluster.h"
-#include "planner/graph.h"
-#include "planner/plan.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/plan.h"
 #include "profiler/profile.h"
 
 namespace {
@@ -45,7 +45,7 @@ struct Args {
   double lr = 0.05, momentum = 0.9;
   int64_t seed = 0;
   double timeout_s = 60;
-  int64_t bucket_cap_bytes = 0;  // 0: DDP's policy (planner/bucket_policy.h)
+  int64_t bucket_cap_bytes = 0;  // 0: DDP's policy (planner/costs/bucket_policy.h)
 };
 
 // Step `step`'s global batch: the same on every rank.

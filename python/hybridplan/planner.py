@@ -508,7 +508,7 @@ def num_processes(plan: dict) -> int:
 
 def epochs_to_target(job: Union[Job, dict, PathLike], global_batch: float) -> float:
     """Epochs to the target at `global_batch` under the job's convergence model (the planner's
-    own rule, csrc/planner/convergence.h); 0 when the job has none."""
+    own rule, csrc/planner/run/convergence.h); 0 when the job has none."""
     return float(_C.epochs_to_target(as_job(job).to_json(), float(global_batch)))
 
 
@@ -674,7 +674,7 @@ def sweep(graph, cluster, job=None, max_devices: Optional[int] = None,
           modes: Sequence[str] = MODES) -> dict:
     """The paper's scaling study (as `hybridplan sweep`): for N = 1, 2, 4, ... max_devices (all of
     the cluster when None), the best pure-DP plan and the best plan overall. Returns
-    {"points": [{"devices", "dp_only", "best", ...}], "csv": text}; see csrc/planner/sweep.h."""
+    {"points": [{"devices", "dp_only", "best", ...}], "csv": text}; see csrc/planner/searches/sweep.h."""
     g, c, j = as_graph(graph), as_cluster(cluster), as_job(job)
     placement, pipeline = _mode_flags(modes)
     max_devices = c.num_devices if max_devices is None else _positive_int(max_devices,
@@ -694,7 +694,7 @@ class RunPhase:
 
 @dataclasses.dataclass(frozen=True)
 class RunSchedule:
-    """A schedule of plans over the run (csrc/planner/run_schedule.h); `to_dict()` is the JSON
+    """A schedule of plans over the run (csrc/planner/run/run_phases.h); `to_dict()` is the JSON
     `hybridplan plan --over-run --json` prints."""
     phases: list                  # RunPhase, in run order
     time_s: float                 # phases plus switches

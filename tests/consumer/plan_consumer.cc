@@ -1,6 +1,6 @@
 // Plans a graph on a cluster preset with the installed torch-free planner.
 //   plan_consumer GRAPH.json CLUSTER DEVICES
-#include <hybridplan/planner/search.h>
+#include <hybridplan/planner/searches/search.h>
 
 #include <cstdlib>
 #include <iostream>

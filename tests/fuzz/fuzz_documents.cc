@@ -14,13 +14,13 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
-#include "planner/cluster.h"
-#include "planner/evaluate.h"
-#include "planner/graph.h"
-#include "planner/job.h"
-#include "planner/pipedream_import.h"
-#include "planner/plan.h"
-#include "planner/problem.h"
+#include "planner/costs/evaluate.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/job.h"
+#include "planner/documents/pipedream_import.h"
+#include "planner/documents/plan.h"
+#include "planner/documents/problem.h"
 
 using namespace hybridplan;
 

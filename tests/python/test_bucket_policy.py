@@ -1,4 +1,4 @@
-"""Defaults the Python side shares with C++ are the core's (csrc/planner/bucket_policy.h,
+"""Defaults the Python side shares with C++ are the core's (csrc/planner/costs/bucket_policy.h,
 csrc/common/profile_defaults.h, read through hybridplan._C), and the bucket policy is what the
 installed torch's DistributedDataParallel does."""
 

@@ -210,7 +210,7 @@ def _estimate(b_simple):
 
 
 def test_epochs_min_from_a_point_inverts_the_planners_convergence_model():
-    # One definition of epochs(B) lives in csrc/planner/convergence.cc; planning at the fixed
+    # One definition of epochs(B) lives in csrc/planner/run/convergence.cc; planning at the fixed
     # global batch B = 256 must read back the E = 90 the inverse was given.
     job = critical_batch_job(_estimate(1000.0), 1281167, epochs_at=(256, 90), global_batch=256)
     assert job["convergence"]["epochs_min"] == pytest.approx(90 / (1 + 256 / 1000))

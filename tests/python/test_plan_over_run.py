@@ -1,4 +1,4 @@
-"""hybridplan.plan_over_run (the C++ run_schedule through _C), the over-the-run case of docs/statistical_efficiency.md
+"""hybridplan.plan_over_run (the C++ run_phases through _C), the over-the-run case of docs/statistical_efficiency.md
 (examples/plan_over_run.py) and the switch advice of a measured critical batch
 (gradient_noise.noise_scale_job.switch_advice, AppliedPlan.switch_advice)."""
 
@@ -27,7 +27,7 @@ def _job(critical_batch, epochs_min=10):
                             "critical_batch": critical_batch}}
 
 
-GROWING = _job([[0, 50], [1, 400]])     # tests/cpp/planner/test_run_schedule.cc's case
+GROWING = _job([[0, 50], [1, 400]])     # tests/cpp/planner/test_run_phases.cc's case
 
 
 # ---- the binding --------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The profiler measures each node at several batch sizes (the graph's batch_times), by the rule
-the C++ profiler uses too (planner/compute_cost.h default_profile_batch_sizes, through _C)."""
+the C++ profiler uses too (planner/costs/compute_cost.h default_profile_batch_sizes, through _C)."""
 
 import pytest
 import torch

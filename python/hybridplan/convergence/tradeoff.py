@@ -1,7 +1,7 @@
 """The batch-size trade-off, measured directly: steps to a target at several global batches.
 
 The planner's time-to-accuracy objective needs, for each global batch B, the epochs training
-takes to reach the target. Its convergence model (csrc/planner/convergence.h) is McCandlish et
+takes to reach the target. Its convergence model (csrc/planner/run/convergence.h) is McCandlish et
 al.'s (https://arxiv.org/abs/1812.06162, eq. 2.11):
 
     steps S(B) = S_min (1 + B_crit / B),   samples E(B) = B S(B) = E_min (1 + B / B_crit),

@@ -1,5 +1,5 @@
 """The gradient bucket policy of both executors and the cost model, defined once in the core
-(csrc/planner/bucket_policy.h) and read here through hybridplan._C: DDP's first bucket of 1 MiB,
+(csrc/planner/costs/bucket_policy.h) and read here through hybridplan._C: DDP's first bucket of 1 MiB,
 then 25 MiB, packed in the order backward produces gradients."""
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def detect(module: nn.Module, node_names: Optional[Iterable[str]], example_input
 
 def split_nodes(layout: Mapping[str, Any], tp: int) -> List[str]:
     """The nodes of `layout` that split at degree `tp`, in its order: the planner's one rule
-    (hybridplan._C.tp_split_mask, csrc/planner/tensor_parallel_cost.h; docs/tensor_parallel.md
+    (hybridplan._C.tp_split_mask, csrc/planner/costs/tensor_parallel_cost.h; docs/tensor_parallel.md
     "In the plan"): `tp` divides the node's max_degree, and a tied group (NodeLayout.
     tied_groups) splits only where all its nodes do. The others run whole on every rank of the
     TP group. An entry without a max_degree (a style alone) splits at any degree."""

@@ -142,7 +142,7 @@ kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
 # The model's own pipeline runs (GPipe and 1F1B): counts `hybridplan validate`'s plan spread does
 # not pick by default (it takes each schedule's fewest and most), so validation predicts unseen
 # runs.
-# The optimizer the model's own runs train with: the default Job's (csrc/planner/job.h), which
+# The optimizer the model's own runs train with: the default Job's (csrc/planner/documents/job.h), which
 # the fits price them with (evaluate() without a job), so its state and step are the predicted ones.
 kJobOptimizer = "sgd"
 kModelMicrobatchCounts = (8, 16)
@@ -956,7 +956,7 @@ def _tp_link(bursts: List[List[Tuple[int, float]]], world: int, fits: Dict[str, 
     """intra_node's "tp_allreduce" link: the alpha and bandwidth that make the ring all-reduce
     2(p-1) alpha + 2(p-1)/p bytes / bw reproduce the tensor-parallel collectives measured by
     _tp_pair_times (the cost model prices a TP group's collectives on it where present:
-    csrc/planner/tensor_parallel_cost.h); None when they were not measurably slower than the
+    csrc/planner/costs/tensor_parallel_cost.h); None when they were not measurably slower than the
     narrow model (the all-reduce link then prices them). `bursts`: _tp_pair_times taken with
     the shared-core bursts, apart in time; each size's median over them is fitted (one
     measurement fitted 4.06 ms of latency where the calibration before had 1.24, its 1 MiB

@@ -12,9 +12,9 @@
 
 #include "catch.h"
 #include "common/error.h"
-#include "planner/cluster.h"
-#include "planner/graph.h"
-#include "planner/plan.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/plan.h"
 
 #if __has_include(<catch2/catch_all.hpp>)
 using Catch::Approx;  // Catch2 v3; v2 declares ::Approx

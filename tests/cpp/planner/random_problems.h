@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "planner/problem.h"
+#include "planner/documents/problem.h"
 
 namespace hybridplan::testing {
 

@@ -3,8 +3,8 @@
 
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/allreduce_cost.h"
-#include "planner/cluster.h"
+#include "planner/costs/allreduce_cost.h"
+#include "planner/documents/cluster.h"
 
 using namespace hybridplan;
 #if __has_include(<catch2/catch_all.hpp>)

@@ -7,13 +7,13 @@
 #include "catch.h"
 #include "common/json_io.h"
 #include "model_fixtures.h"
-#include "planner/cluster.h"
-#include "planner/graph.h"
-#include "planner/job.h"
-#include "planner/pipedream_import.h"
-#include "planner/plan.h"
-#include "planner/problem.h"
-#include "planner/search.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/job.h"
+#include "planner/documents/pipedream_import.h"
+#include "planner/documents/plan.h"
+#include "planner/documents/problem.h"
+#include "planner/searches/search.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;

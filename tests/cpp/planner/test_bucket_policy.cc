@@ -1,6 +1,6 @@
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/bucket_policy.h"
+#include "planner/costs/bucket_policy.h"
 
 using namespace hybridplan;
 

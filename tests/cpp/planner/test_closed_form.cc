@@ -10,7 +10,7 @@
 
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/evaluate.h"
+#include "planner/costs/evaluate.h"
 
 using namespace hybridplan;
 

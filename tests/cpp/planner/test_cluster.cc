@@ -2,8 +2,8 @@
 
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/cluster.h"
-#include "planner/presets.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/presets.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;

@@ -1,6 +1,6 @@
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/compute_cost.h"
+#include "planner/costs/compute_cost.h"
 
 using namespace hybridplan;
 

@@ -1,5 +1,5 @@
 #include "catch.h"
-#include "planner/convergence.h"
+#include "planner/run/convergence.h"
 
 using namespace hybridplan;
 #if __has_include(<catch2/catch_all.hpp>)

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "catch.h"
-#include "planner/device_mapping.h"
+#include "planner/searches/device_mapping.h"
 
 using namespace hybridplan;
 

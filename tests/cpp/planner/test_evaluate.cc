@@ -5,15 +5,15 @@
 
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/compute_cost.h"
-#include "planner/evaluate.h"
-#include "planner/search.h"
+#include "planner/costs/compute_cost.h"
+#include "planner/costs/evaluate.h"
+#include "planner/searches/search.h"
 
 using namespace hybridplan;
 
 namespace {
 
-// The diamond of test_placement_schedule.cc with parameters a=100, c=200 bytes and output
+// The diamond of test_placement_simulation.cc with parameters a=100, c=200 bytes and output
 // bytes a=b=d=100, c=40; every edge carries 100 bytes. Profiled batch 1.
 Problem diamond_problem() {
   Problem p;
@@ -72,7 +72,7 @@ TEST_CASE("evaluate: hand-computed placement plan with dp=2, mp=2", "[evaluate]"
   const Plan plan = test::make_plan(problem.graph, problem.cluster, 2, 2, MpMode::kPlacement, 1,
                                     {0, 0, 1, 0});
   const Prediction p = evaluate(problem, plan);
-  // compute: forward makespan 8 + backward makespan 13 (test_placement_schedule.cc)
+  // compute: forward makespan 8 + backward makespan 13 (test_placement_simulation.cc)
   REQUIRE(p.compute_s == 21);
   REQUIRE(p.transfer_s == 6);
   REQUIRE(p.bubble_s == 0);
@@ -599,7 +599,7 @@ TEST_CASE("evaluate: the optimizer pays a fixed cost per parameter tensor", "[ev
 
 TEST_CASE("evaluate: a replica's CPU devices run one after another", "[evaluate]") {
   // On "cpu" devices one process drives the replica: placement mp=2 is the serial sum, with
-  // no transfers, whatever the assignment (test_placement_schedule.cc: 8 + 13 on "cuda").
+  // no transfers, whatever the assignment (test_placement_simulation.cc: 8 + 13 on "cuda").
   Problem problem = diamond_problem();
   problem.cluster.device.type = "cpu";
   const Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPlacement, 1,

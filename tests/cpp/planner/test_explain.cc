@@ -1,7 +1,7 @@
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/evaluate.h"
-#include "planner/explain.h"
+#include "planner/costs/evaluate.h"
+#include "planner/reports/explain.h"
 
 using namespace hybridplan;
 

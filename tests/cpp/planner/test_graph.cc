@@ -3,7 +3,7 @@
 #include "catch.h"
 #include "common/json_io.h"
 #include "model_fixtures.h"
-#include "planner/graph.h"
+#include "planner/documents/graph.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;

@@ -1,6 +1,6 @@
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/job.h"
+#include "planner/documents/job.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;

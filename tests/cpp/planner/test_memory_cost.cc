@@ -1,6 +1,6 @@
 #include "catch.h"
-#include "planner/memory_cost.h"
 #include "model_fixtures.h"
+#include "planner/costs/memory_cost.h"
 
 using namespace hybridplan;
 

@@ -3,11 +3,11 @@
 // and in the optimizer step's bytes (optimizer_cost.h); absent, the numbers of before.
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/evaluate.h"
-#include "planner/job.h"
-#include "planner/memory_cost.h"
-#include "planner/optimizer_cost.h"
-#include "planner/problem.h"
+#include "planner/costs/evaluate.h"
+#include "planner/costs/memory_cost.h"
+#include "planner/costs/optimizer_cost.h"
+#include "planner/documents/job.h"
+#include "planner/documents/problem.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;

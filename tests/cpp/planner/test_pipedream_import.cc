@@ -9,7 +9,7 @@
 
 #include "catch.h"
 #include "common/error.h"
-#include "planner/pipedream_import.h"
+#include "planner/documents/pipedream_import.h"
 
 using namespace hybridplan;
 namespace fs = std::filesystem;

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "catch.h"
-#include "planner/pipeline_partition.h"
+#include "planner/searches/pipeline_partition.h"
 
 using namespace hybridplan;
 

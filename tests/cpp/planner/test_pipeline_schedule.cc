@@ -1,6 +1,6 @@
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/pipeline_schedule.h"
+#include "planner/simulations/pipeline_schedule.h"
 
 using namespace hybridplan;
 

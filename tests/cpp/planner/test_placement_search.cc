@@ -5,9 +5,9 @@
 #include <random>
 
 #include "catch.h"
-#include "planner/device_mapping.h"
-#include "planner/evaluate.h"
-#include "planner/placement_search.h"
+#include "planner/costs/evaluate.h"
+#include "planner/searches/device_mapping.h"
+#include "planner/searches/placement_search.h"
 #include "random_problems.h"
 
 using namespace hybridplan;

@@ -1,7 +1,7 @@
 #include "catch.h"
 #include "common/json_io.h"
 #include "model_fixtures.h"
-#include "planner/plan.h"
+#include "planner/documents/plan.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;

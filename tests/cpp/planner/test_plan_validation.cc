@@ -4,9 +4,9 @@
 #include "catch.h"
 #include "common/json_io.h"
 #include "model_fixtures.h"
-#include "planner/cluster.h"
-#include "planner/graph.h"
-#include "planner/plan.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/plan.h"
 
 using namespace hybridplan;
 using hybridplan::test::source_dir;

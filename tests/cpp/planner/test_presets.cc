@@ -5,8 +5,8 @@
 
 #include "catch.h"
 #include "common/json_io.h"
-#include "planner/cluster.h"
-#include "planner/presets.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/presets.h"
 
 using namespace hybridplan;
 

@@ -1,7 +1,7 @@
 #include "catch.h"
 #include "common/json_io.h"
 #include "model_fixtures.h"
-#include "planner/problem.h"
+#include "planner/documents/problem.h"
 
 using namespace hybridplan;
 

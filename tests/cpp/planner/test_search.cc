@@ -13,9 +13,9 @@
 #include "catch.h"
 #include "common/error.h"
 #include "model_fixtures.h"
-#include "planner/evaluate.h"
-#include "planner/pipeline_partition.h"
-#include "planner/search.h"
+#include "planner/costs/evaluate.h"
+#include "planner/searches/pipeline_partition.h"
+#include "planner/searches/search.h"
 #include "random_problems.h"
 
 using namespace hybridplan;

@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "catch.h"
-#include "planner/pipeline_partition.h"
-#include "planner/plan.h"
+#include "planner/documents/plan.h"
+#include "planner/searches/pipeline_partition.h"
 
 using namespace hybridplan;
 

@@ -4,8 +4,8 @@
 #include "catch.h"
 #include "common/error.h"
 #include "common/json_io.h"
-#include "planner/evaluate.h"
-#include "planner/sweep.h"
+#include "planner/costs/evaluate.h"
+#include "planner/searches/sweep.h"
 
 using namespace hybridplan;
 

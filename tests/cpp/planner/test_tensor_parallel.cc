@@ -6,12 +6,12 @@
 
 #include "catch.h"
 #include "model_fixtures.h"
-#include "planner/evaluate.h"
-#include "planner/explain.h"
-#include "planner/memory_cost.h"
-#include "planner/presets.h"
-#include "planner/search.h"
-#include "planner/tensor_parallel_cost.h"
+#include "planner/costs/evaluate.h"
+#include "planner/costs/memory_cost.h"
+#include "planner/costs/tensor_parallel_cost.h"
+#include "planner/documents/presets.h"
+#include "planner/reports/explain.h"
+#include "planner/searches/search.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;

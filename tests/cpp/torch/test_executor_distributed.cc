@@ -29,10 +29,10 @@
 
 #include "catch.h"
 #include "common/json_io.h"
-#include "planner/cluster.h"
-#include "planner/graph.h"
+#include "planner/documents/cluster.h"
+#include "planner/documents/graph.h"
+#include "planner/documents/plan.h"
 #include "planner/model_fixtures.h"
-#include "planner/plan.h"
 
 extern char** environ;
 

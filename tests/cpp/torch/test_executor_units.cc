@@ -14,14 +14,14 @@
 #include "common/error.h"
 #include "common/json_io.h"
 #include "executor/checkpoint.h"
-#include "executor/dist_env.h"
 #include "executor/ddp_reducer.h"
+#include "executor/dist_env.h"
 #include "executor/executor.h"
 #include "executor/lost_peer.h"
 #include "executor/rank_agreement.h"
-#include "planner/model_fixtures.h"
 #include "models/mlp.h"
-#include "planner/bucket_policy.h"
+#include "planner/costs/bucket_policy.h"
+#include "planner/model_fixtures.h"
 
 using namespace hybridplan;
 

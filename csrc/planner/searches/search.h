@@ -1,0 +1,109 @@
+// search(problem, options): the top-K plans over dp x mp, both MP modes, micro-batch counts and
+// device mappings, each with its evaluate() breakdown. A pipeline point's split chooses each
+// stage's recompute with it (pipeline_search.h). A point that still does not fit in memory is
+// tried again with recompute on the devices or stages over memory (search.cc recompute_to_fit),
+// after the data-parallel sharding kinds (SearchOptions::shardings) were tried on it.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/documents/plan.h"
+#include "planner/documents/problem.h"
+
+namespace hybridplan {
+
+// Whether the search gives its tensor-parallel points sequence parallelism (Plan::
+// sequence_parallel): kAuto tries each point with tp > 1 whose degree allows it
+// (tensor_parallel_cost.h sequence_parallel_refusal) both without and with; kOff never; kOn
+// only with it, leaving out the points with tp > 1 whose degree does not allow it (points with
+// tp = 1 stay: SearchOptions::tensor_degrees decides those).
+enum class SequenceParallelSearch { kAuto, kOff, kOn };
+const char* sequence_parallel_search_name(SequenceParallelSearch s);  // "auto" | "off" | "on"
+std::optional<SequenceParallelSearch> sequence_parallel_search_from_name(const std::string& name);
+
+struct SearchOptions {
+  int64_t devices = 0;  // 0: the whole cluster
+  int top_k = 5;
+  bool placement = true;
+  bool pipeline = true;
+  int exact_placement_max_nodes = 10;  // above this, heuristic placement with a reported gap
+  bool dp_only = false;                // only mp = 1 (the pure-DP baseline)
+  // The data-parallel sharding kinds the search may give a plan with dp >= 2 (plan.h Sharding;
+  // a point takes those its mode allows: placement mp = 1 all, pipeline none and zero2). Each
+  // point's assignment is searched unsharded, then every allowed kind is evaluated on it and
+  // the best kept (a plan that fits beats one that does not).
+  std::vector<Sharding> shardings = {Sharding::kNone, Sharding::kZero2, Sharding::kZero3};
+  // The pipeline schedules the search may give a pipeline point (plan.h Schedule). The
+  // multi-stage ones are tried with 2 stages per rank (torch's ZB-V needs exactly 2; more
+  // interleaved stages cut the bubble further for more transfers and are left to a
+  // hand-written plan).
+  std::vector<Schedule> schedules = {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved1F1B,
+                                     Schedule::kInterleavedZB, Schedule::kZBV};
+  // The tensor-parallel degrees (Plan::tp) the search may choose; empty: 1 and every degree the
+  // graph and cluster allow (tensor_parallel_cost.h tp_degrees). A listed degree other than 1
+  // must be one of those (InputError otherwise). {1}: no tensor parallelism; {4}: only tp = 4.
+  std::vector<int64_t> tensor_degrees;
+  // Sequence parallelism on the points with tp > 1 (above). kOn with no degree > 1 of the space
+  // allowing it: InputError.
+  SequenceParallelSearch sequence_parallel = SequenceParallelSearch::kAuto;
+};
+
+struct SearchResult {
+  std::vector<Plan> plans;              // best first, plans[i].predicted filled
+  int64_t candidates_evaluated = 0;
+  std::vector<std::string> notes;       // e.g. "placement mp=4: heuristic, gap to lower bound 3.1%"
+  std::vector<std::string> infeasible;  // why rejected candidates did not fit (for exit 3)
+};
+
+// One point of the search space: everything about a plan except the device mapping and the
+// node -> device/stage assignment, which search() optimises for each point.
+struct SearchSpacePoint {
+  int64_t dp = 1;
+  int64_t mp = 1;
+  int64_t tp = 1;
+  bool sequence_parallel = false;  // only with tp > 1
+  MpMode mode = MpMode::kPlacement;
+  Schedule schedule = Schedule::kNone;
+  int64_t virtual_stages = 1;
+  int64_t num_microbatches = 1;
+  int64_t per_replica_batch = 1;
+};
+
+// The points search() considers, in its order: for every tensor-parallel degree tp
+// (options.tensor_degrees; 1 first, so ties go to plans without tensor parallelism; only 1 with
+// dp_only), for every mp with mp * tp dividing the device count N and dividing
+// devices_per_node or, for pipelines only, a multiple of it (a pipeline spanning
+// mp * tp / devices_per_node whole nodes; at most 64 ranks, the graph's nodes and its places
+// to cut plus one: search.cc kMaxSpanningStages) (dp = N / (mp * tp); only mp = 1 with dp_only;
+// placement with tp > 1 only at mp = 1), for every per-replica batch the job
+// allows (problem.h per_replica_batches_for: the search chooses the batch, hence the global
+// batch): mp = 1 as one placement point (pure DP); for mp >= 2 placement (options.placement;
+// not on "cpu" devices, where a replica's devices run one after another in one process) and
+// pipeline (options.pipeline; when the graph can be split, has at least mp nodes and mp - 1
+// places where a stage may begin) with each of options.schedules for every micro-batch count M
+// (job.num_microbatches, else 1, 2, 4, ...) with M dividing the batch, 1F1B only for M >= mp
+// (torch.distributed.pipelining's Schedule1F1B requires it), the multi-stage schedules with 2
+// stages per rank where the graph has 2 mp nodes and 2 mp - 1 places where a stage may begin,
+// and M a multiple of torch's rounds max(1, M / mp) for the interleaved ones. Each point with
+// tp > 1 comes without and then with sequence parallelism where options.sequence_parallel and
+// the graph allow (SequenceParallelSearch), so ties go to the plan without.
+// Why a dp/mp/M was left out goes to `skipped` (may be null). Throws InputError on bad options.
+std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
+                                           std::vector<std::string>* skipped);
+
+// The plan skeleton of a point: names, hash, world size, batch, schedule and mesh (from
+// device_mapping.h) filled; assignment all zeros; predicted empty.
+Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
+                   const std::string& graph_sha256);
+
+// The shard group sizes (Plan::dp_shard) the search gives a sharded plan: 0 (the whole
+// data-parallel group) and, across nodes, one node's replicas (HSDP: shard within a node over
+// its fast links, all-reduce the shards across nodes) when that is >= 2 and divides dp.
+std::vector<int64_t> shard_degrees(const Plan& plan, const Cluster& cluster);
+
+// Throws InfeasibleError (naming what does not fit and by how much) when no candidate fits.
+SearchResult search(const Problem& problem, const SearchOptions& options);
+
+}  // namespace hybridplan
