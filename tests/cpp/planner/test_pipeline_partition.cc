@@ -5,6 +5,7 @@
 #include <random>
 
 #include "catch.h"
+#include "partition_fixtures.h"
 #include "planner/searches/pipeline_partition.h"
 
 using namespace hybridplan;
@@ -179,27 +180,7 @@ TEST_CASE("partition: with recompute kinds and buffers, the DP equals brute forc
     const int64_t n = 1 + static_cast<int64_t>(rng() % 11);
     const int k = 1 + static_cast<int>(rng() % std::min<int64_t>(n, 6));
     PartitionCosts c = random_costs(rng, n, k, true);
-    c.prefix_full_recompute_s.assign(n + 1, 0);
-    c.prefix_selective_recompute_s.assign(n + 1, 0);
-    c.prefix_selective_kept_bytes.assign(n + 1, 0);
-    c.prefix_selective_rebuilt_bytes.assign(n + 1, 0);
-    c.prefix_unselective.assign(n + 1, 0);
-    c.workspace_bytes.assign(n, 0);
-    c.receive_bytes.assign(n + 1, 0);
-    for (int64_t p = 0; p < n; ++p) {
-      const double forward = (c.prefix_compute_s[p + 1] - c.prefix_compute_s[p]) / 3;
-      const double act = c.prefix_activation_bytes[p + 1] - c.prefix_activation_bytes[p];
-      const double kept = act * t(rng);
-      c.prefix_full_recompute_s[p + 1] = c.prefix_full_recompute_s[p] + forward;
-      c.prefix_selective_recompute_s[p + 1] = c.prefix_selective_recompute_s[p] + forward * t(rng);
-      c.prefix_selective_kept_bytes[p + 1] = c.prefix_selective_kept_bytes[p] + kept;
-      c.prefix_selective_rebuilt_bytes[p + 1] = c.prefix_selective_rebuilt_bytes[p] + act - kept;
-      c.prefix_unselective[p + 1] = c.prefix_unselective[p] + (rng() % 4 == 0 ? 1 : 0);
-      c.workspace_bytes[p] = 20 * t(rng);
-    }
-    for (int64_t p = 1; p < n; ++p) c.receive_bytes[p] = 40 * t(rng) * t(rng);
-    c.first_stage_bytes = 10 * t(rng);
-    c.last_stage_bytes = 5 * t(rng);
+    testing::add_random_memory_terms(rng, c, 4, 10, 5);
     if (n >= 2 && trial % 2 == 0) {
       c.tied_copies.push_back({{0, n - 1}, 30 * t(rng)});
     }
@@ -218,14 +199,7 @@ TEST_CASE("partition: with recompute kinds and buffers, the DP equals brute forc
       double most = 0;
       for (int st = 0; st < k; ++st) {
         if (st > 0 && !c.cut_allowed(s[st])) return std::numeric_limits<double>::infinity();
-        const double w = c.workspace_max(s[st], s[st + 1]);
-        double b = c.stage_bytes(st, s[st], s[st + 1], 0, w);
-        StageRecompute r = 0;
-        if (c.prefix_unselective[s[st + 1]] == c.prefix_unselective[s[st]] &&
-            c.stage_bytes(st, s[st], s[st + 1], 2, w) < b) {
-          b = c.stage_bytes(st, s[st], s[st + 1], 2, w), r = 2;
-        }
-        if (c.stage_bytes(st, s[st], s[st + 1], 1, w) < b) b = c.stage_bytes(st, s[st], s[st + 1], 1, w), r = 1;
+        const auto [b, r] = testing::least_kind(c, st, s[st], s[st + 1]);
         if (kinds) kinds->push_back(r);
         most = std::max(most, b);
       }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "catch.h"
+#include "partition_fixtures.h"
 #include "planner/documents/plan.h"
 #include "planner/searches/pipeline_partition.h"
 
@@ -37,47 +38,13 @@ PartitionCosts random_memory_costs(std::mt19937_64& rng, int64_t n, int k) {
   c.prefix_activation_bytes = prefix(50.0);
   c.activation_multiplier.resize(k);
   for (int s = 0; s < k; ++s) c.activation_multiplier[s] = k - s;  // 1F1B-like in flight
-  c.prefix_full_recompute_s.assign(n + 1, 0);
-  c.prefix_selective_recompute_s.assign(n + 1, 0);
-  c.prefix_selective_kept_bytes.assign(n + 1, 0);
-  c.prefix_selective_rebuilt_bytes.assign(n + 1, 0);
-  c.prefix_unselective.assign(n + 1, 0);
-  c.workspace_bytes.assign(n, 0);
-  c.receive_bytes.assign(n + 1, 0);
-  for (int64_t p = 0; p < n; ++p) {
-    const double forward = (c.prefix_compute_s[p + 1] - c.prefix_compute_s[p]) / 3;
-    const double act = c.prefix_activation_bytes[p + 1] - c.prefix_activation_bytes[p];
-    const double kept = act * t(rng);
-    c.prefix_full_recompute_s[p + 1] = c.prefix_full_recompute_s[p] + forward;
-    c.prefix_selective_recompute_s[p + 1] = c.prefix_selective_recompute_s[p] + forward * t(rng);
-    c.prefix_selective_kept_bytes[p + 1] = c.prefix_selective_kept_bytes[p] + kept;
-    c.prefix_selective_rebuilt_bytes[p + 1] = c.prefix_selective_rebuilt_bytes[p] + act - kept;
-    c.prefix_unselective[p + 1] = c.prefix_unselective[p] + (rng() % 8 == 0 ? 1 : 0);
-    c.workspace_bytes[p] = 20 * t(rng);
-  }
-  for (int64_t p = 1; p < n; ++p) c.receive_bytes[p] = 40 * t(rng) * t(rng);
-  c.first_stage_bytes = 200 * t(rng);
-  c.last_stage_bytes = 20 * t(rng);
+  testing::add_random_memory_terms(rng, c, 8, 200, 20);
   if (rng() % 2 == 0) c.tied_copies.push_back({{0, n - 1}, 300 * t(rng)});
   if (rng() % 3 == 0) {
     c.cut_before.assign(n + 1, 1);
     for (int64_t p = 1; p < n; ++p) c.cut_before[p] = rng() % 5 != 0;
   }
   return c;
-}
-
-// The least bytes of stage s on [i, j) over the kinds and that kind (none, selective, full:
-// the first of the least), as least_memory_partition defines them.
-std::pair<double, StageRecompute> least_kind(const PartitionCosts& c, int s, int64_t i, int64_t j) {
-  const double w = c.workspace_max(i, j);
-  std::pair<double, StageRecompute> out{c.stage_bytes(s, i, j, kRecomputeNone, w), kRecomputeNone};
-  if (c.prefix_unselective[j] == c.prefix_unselective[i]) {
-    const double b = c.stage_bytes(s, i, j, kRecomputeSelective, w);
-    if (b < out.first) out = std::make_pair(b, kRecomputeSelective);
-  }
-  const double b = c.stage_bytes(s, i, j, kRecomputeFull, w);
-  if (b < out.first) out = std::make_pair(b, kRecomputeFull);
-  return out;
 }
 
 // A DP over every state: best[s][j] = min over allowed i of max(best[s-1][i], cost(s, i, j)),
@@ -128,7 +95,7 @@ TEST_CASE("search pruning: the least-memory split equals the plain DP's", "[sear
     const int k = 2 + static_cast<int>(rng() % std::min<int64_t>(n / 2, 39));
     const PartitionCosts c = random_memory_costs(rng, n, k);
     INFO("trial " << trial << ": " << n << " positions, " << k << " stages");
-    const auto plain = plain_dp(c, [&](int s, int64_t i, int64_t j) { return least_kind(c, s, i, j); });
+    const auto plain = plain_dp(c, [&](int s, int64_t i, int64_t j) { return testing::least_kind(c, s, i, j); });
     const auto pruned = least_memory_partition(c);
     REQUIRE(static_cast<bool>(plain) == static_cast<bool>(pruned));
     if (!plain) continue;
