@@ -1,13 +1,13 @@
 // bench_search: how fast the planner's search is (figures reported, not timed tests).
 //   1. full search() of PipeDream's ResNet-50 profile (177 nodes) on 16 devices (two DGX-1
-//      V100): the fastest of 9 runs; target < 10 ms. PipeDream's own optimizer plans the same
-//      profile in seconds (docs/performance.md).
+//      V100): the median (and the fastest) of 9 runs; target < 10 ms. PipeDream's own
+//      optimizer plans the same profile in seconds (docs/performance.md).
 //   2. full search() of a 2,000-node chain on 4,096 devices (512 DGX-1 nodes x 8), one core:
-//      wall time and peak RSS (getrusage); target < 0.15 s and < 1 GB. Then a 1,000-node chain
-//      whose every fourth node splits by tensor parallelism (max_degree 8), so tp = 1, 2, 4, 8
-//      are in the space (docs/tensor_parallel.md); target < 1 s. Both spaces hold the
-//      pipelines spanning whole nodes (mp * tp a multiple of 8, up to mp = 64 ranks: search.cc
-//      kMaxSpanningStages).
+//      the median of 3 runs and the peak RSS (getrusage); target < 0.15 s and < 1 GB. Then a
+//      1,000-node chain whose every fourth node splits by tensor parallelism (max_degree 8), so
+//      tp = 1, 2, 4, 8 are in the space (docs/tensor_parallel.md); target < 1 s. Both spaces
+//      hold the pipelines spanning whole nodes (mp * tp a multiple of 8, up to mp = 64 ranks:
+//      search.cc kMaxSpanningStages).
 //   3. full search() of MT-NLG 530B (105 layers, hidden 20480, 128 heads, sequence 2048;
 //      Smith et al. 2022, https://arxiv.org/abs/2201.11990) at global batch 1,920 on 2,240,
 //      2,800 and 3,360 A100-80GB (DGX A100 nodes); target < 1 s each. The graph comes from
@@ -84,22 +84,31 @@ std::optional<std::filesystem::path> pipedream_profile(const std::string& model)
   return std::nullopt;
 }
 
-// Runs search() `repeats` times and prints the fastest wall time (and its CPU time), the peak
+// The median of `values` (the mean of the middle two for an even count).
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Runs search() `repeats` times and prints the median and fastest wall and CPU times, the peak
 // RSS and the plans; writes them to plans_dir/<name>.json when --plans is given.
 void timed_search(const std::string& name, const Problem& problem, int repeats,
                   const char* target) {
-  double wall_s = 0, cpu_s = 0;
+  std::vector<double> wall_s, cpu_s;
   SearchResult r;
   for (int i = 0; i < repeats; ++i) {
     const auto t0 = Clock::now();
     const double cpu0_s = cpu_seconds();
     r = search(problem, SearchOptions{});
-    const double w = seconds_since(t0), c = cpu_seconds() - cpu0_s;
-    if (i == 0 || w < wall_s) wall_s = w, cpu_s = c;
+    wall_s.push_back(seconds_since(t0));
+    cpu_s.push_back(cpu_seconds() - cpu0_s);
   }
-  std::printf("wall %.4f s, cpu %.4f s (%s of %d runs; target < %s), peak RSS %s, "
-              "%lld evaluations\n",
-              wall_s, cpu_s, repeats > 1 ? "fastest" : "one", repeats, target,
+  std::printf("wall %.4f s, cpu %.4f s (median of %d runs; fastest: wall %.4f s, cpu %.4f s; "
+              "target < %s), peak RSS %s, %lld evaluations\n",
+              median(wall_s), median(cpu_s), repeats,
+              *std::min_element(wall_s.begin(), wall_s.end()),
+              *std::min_element(cpu_s.begin(), cpu_s.end()), target,
               format_bytes(peak_rss_bytes()).c_str(),
               static_cast<long long>(r.candidates_evaluated));
   for (const std::string& note : r.notes) {  // how many points the bound left unsearched

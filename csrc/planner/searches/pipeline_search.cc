@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <sstream>
 
 #include "common/error.h"
@@ -285,7 +286,7 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
     out.exact = true;
     note << "exact (all " << out.evaluations << " contiguous splits evaluated)";
   } else {
-    const PartitionCosts costs = pipeline_partition_costs(evaluator, base);
+    PartitionCosts costs = pipeline_partition_costs(evaluator, base);
     bool unconstrained = false;
     std::optional<Partition> least;  // the least-memory split, where found on the way
     const std::optional<Partition> part =
@@ -313,14 +314,25 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
     // evaluate() may find a split fits that the check refused).
     bool kept = false;
     if (!unconstrained) {
-      PartitionCosts keeping = costs;
-      keeping.prefix_full_recompute_s.clear();
-      keeping.prefix_selective_recompute_s.clear();
-      keeping.receive_bytes.clear();
-      keeping.workspace_bytes.clear();
-      keeping.first_stage_bytes = keeping.last_stage_bytes = 0;
-      keeping.tied_copies.clear();
+      // the costs without the recompute times, buffers, workspaces, batch, output and tied
+      // copies: the terms it keeps are lent to it (swapped: no copy of the cut costs, a row of
+      // positions per stage) and given back after its DP
+      PartitionCosts keeping;
+      keeping.memory_capacity_bytes = costs.memory_capacity_bytes;
+      const auto lend = [&]() {
+        std::swap(keeping.prefix_compute_s, costs.prefix_compute_s);
+        std::swap(keeping.boundary_s, costs.boundary_s);
+        std::swap(keeping.prefix_static_bytes, costs.prefix_static_bytes);
+        std::swap(keeping.prefix_activation_bytes, costs.prefix_activation_bytes);
+        std::swap(keeping.activation_multiplier, costs.activation_multiplier);
+        std::swap(keeping.cut_before, costs.cut_before);
+        std::swap(keeping.prefix_selective_kept_bytes, costs.prefix_selective_kept_bytes);
+        std::swap(keeping.prefix_selective_rebuilt_bytes, costs.prefix_selective_rebuilt_bytes);
+        std::swap(keeping.prefix_unselective, costs.prefix_unselective);
+      };
+      lend();
       const std::optional<Partition> keep = cache ? cache->optimal(keeping, base) : optimal_partition(keeping);
+      lend();
       if (keep && (!part || keep->stage_starts != part->stage_starts ||
                    keep->recompute != part->recompute)) {
         consider(keep->stage_starts, keep->recompute);

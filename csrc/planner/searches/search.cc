@@ -353,12 +353,8 @@ Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
                                map_devices(problem.cluster, point.dp, point.mp, point.tp));
 }
 
-namespace {
-
-// A lower bound on evaluate(plan).step_s for any assignment of the point (the plan's mesh,
-// batch and micro-batches fixed): compute at least the placement bound (critical path, work per
-// device), or for pipelines the stage work M * (F + B) spread perfectly over S stages with every
-// action's runtime cost, plus the fixed step overhead; all-reduce and optimizer >= 0.
+// The bound per compute kind (search.h): the pipeline's (its fill and drain included), the
+// serial replica's whole compute, or the placement bound (critical path, work per device).
 double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   const Cluster& cluster = evaluator.problem().cluster;
   const double slowdown = evaluator.compute_slowdown(plan);
@@ -366,9 +362,40 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   if (plan.mode == MpMode::kPipeline) {
     const auto m = static_cast<double>(plan.num_microbatches);
     const double micro = static_cast<double>(plan.per_replica_batch) / m;
-    compute_s = evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel).total_s() * m /
-                    static_cast<double>(plan.mp) +
-                2 * m * cluster.runtime.action_s_for(schedule_name(plan.schedule));
+    const double action_s = cluster.runtime.action_s_for(schedule_name(plan.schedule));
+    const double work_s =
+        evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel).total_s();
+    compute_s = work_s * m / static_cast<double>(plan.mp) + 2 * m * action_s;
+    // The fill and drain no split avoids. Each stage runs its passes one at a time, each kind
+    // in micro-batch order: stage s's first forward waits for the forwards of the first
+    // micro-batch on every stage before it, and (unless its backward is split, leaving a
+    // weight pass to run late) its last backward is followed by theirs for the last one. So
+    // the step is at least max_s (M c_s + f sum_{j<s} c_j), c_s = F_s + B_s with their
+    // actions, f = 1, or f = the least share of a node's forward in its time (at most 1/2,
+    // the actions' share) with the backward split: only the forwards wait. Over any c_s >= 0
+    // summing to W = work + 2 S action_s that maximum is least when all its terms are equal:
+    //   f W / (1 - (1 - f/M)^S)   (S stages; M W / S as f -> 0 or S = 1)
+    // Stage times that shrink while other ranks wait (Evaluator rescale_for_waiting_ranks)
+    // have no such bound.
+    if (cluster.runtime.shared_host_slowdown.empty()) {
+      const NodeTimes& times =
+          evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel);
+      double fill = 1;
+      if (schedule_splits_backward(plan.schedule)) {
+        fill = 0.5;
+        for (size_t v = 0; v < times.forward_s.size(); ++v) {
+          const double node_s = times.forward_s[v] + times.backward_s[v];
+          if (node_s > 0) fill = std::min(fill, times.forward_s[v] / node_s);
+        }
+      }
+      const auto stages = static_cast<double>(plan.num_stages());
+      const double total_s = work_s + 2 * stages * action_s;
+      if (fill > 0) {
+        const double filled = 1 - std::pow(1 - fill / m, stages);
+        // a margin of rounding, so that a plan equal to its bound is never left out
+        compute_s = std::max(compute_s, fill * total_s / filled * (1 - 1e-9));
+      }
+    }
   } else if (evaluator.serial_replica_devices()) {
     compute_s = evaluator
                     .node_times(static_cast<double>(plan.per_replica_batch), slowdown, plan.tp,
@@ -379,6 +406,8 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   }
   return compute_s + cluster.runtime.step_overhead_s(plan.dp);
 }
+
+namespace {
 
 // objective() of a plan of `point` whose step takes `step_s` (monotone in step_s).
 double objective_of_step(const Problem& problem, const Plan& plan, double step_s) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/costs/evaluate.h"
 #include "planner/documents/plan.h"
 #include "planner/documents/problem.h"
 
@@ -102,6 +103,14 @@ Plan plan_skeleton(const Problem& problem, const SearchSpacePoint& point,
 // data-parallel group) and, across nodes, one node's replicas (HSDP: shard within a node over
 // its fast links, all-reduce the shards across nodes) when that is >= 2 and divides dp.
 std::vector<int64_t> shard_degrees(const Plan& plan, const Cluster& cluster);
+
+// A lower bound on evaluate(plan).step_s for every assignment of the plan's point (mesh,
+// batch, micro-batches and schedule fixed): the compute at least the placement bound (critical
+// path, work per device), or for a pipeline the stage work M * (F + B) spread perfectly over
+// the ranks with every action's runtime cost, or more: the fill and drain no split avoids
+// (search.cc); plus the fixed step overhead (all-reduce and optimizer >= 0).
+// search() leaves out a point whose bound exceeds the top k found.
+double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan);
 
 // Throws InfeasibleError (naming what does not fit and by how much) when no candidate fits.
 SearchResult search(const Problem& problem, const SearchOptions& options);

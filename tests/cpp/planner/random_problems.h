@@ -128,4 +128,24 @@ inline Job random_job(std::mt19937_64& rng, int64_t world) {
   return job;
 }
 
+// A whole random Problem, varied by `trial`: 2..6 nodes (a chain every fourth trial, measured
+// at several batch sizes two trials in three, some cuts forbidden every fifth), 1-2 nodes of 2
+// or 4 devices (a bandwidth matrix every other trial), a random job.
+inline Problem random_problem(std::mt19937_64& rng, int trial) {
+  Problem problem;
+  RandomGraphOptions go;
+  go.num_nodes = 2 + static_cast<int>(rng() % 5);  // 2..6 nodes
+  go.chain = trial % 4 == 0;
+  go.batch_curves = trial % 3 != 0;
+  go.cut_constraints = trial % 5 == 1;
+  problem.graph = random_graph(rng, go);
+  RandomClusterOptions co;
+  co.num_nodes = 1 + static_cast<int64_t>(rng() % 2);
+  co.devices_per_node = trial % 3 == 0 ? 2 : 4;
+  co.bandwidth_matrix = trial % 2 == 1;
+  problem.cluster = random_cluster(rng, co);
+  problem.job = random_job(rng, problem.cluster.num_devices());
+  return problem;
+}
+
 }  // namespace hybridplan::testing

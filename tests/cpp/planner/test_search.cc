@@ -21,7 +21,6 @@
 using namespace hybridplan;
 using hybridplan::testing::random_cluster;
 using hybridplan::testing::random_graph;
-using hybridplan::testing::random_job;
 
 namespace {
 
@@ -70,23 +69,6 @@ double brute_force_point(const Problem& problem, const SearchSpacePoint& point) 
   return best;
 }
 
-Problem random_problem(std::mt19937_64& rng, int trial) {
-  Problem problem;
-  testing::RandomGraphOptions go;
-  go.num_nodes = 2 + static_cast<int>(rng() % 5);  // 2..6 nodes
-  go.chain = trial % 4 == 0;
-  go.batch_curves = trial % 3 != 0;
-  go.cut_constraints = trial % 5 == 1;
-  problem.graph = random_graph(rng, go);
-  testing::RandomClusterOptions co;
-  co.num_nodes = 1 + static_cast<int64_t>(rng() % 2);
-  co.devices_per_node = trial % 3 == 0 ? 2 : 4;
-  co.bandwidth_matrix = trial % 2 == 1;
-  problem.cluster = random_cluster(rng, co);
-  problem.job = random_job(rng, problem.cluster.num_devices());
-  return problem;
-}
-
 // A 3-node graph profiled at batch 12 on a 2-node x 4-device cluster, the default job.
 Problem three_nodes_on_two_by_four() {
   std::mt19937_64 rng(3);
@@ -109,7 +91,7 @@ TEST_CASE("search: best plan equals brute force over the whole space", "[search]
   std::mt19937_64 rng(7);
   int feasible = 0, infeasible = 0, multi_device_winners = 0;
   for (int trial = 0; trial < 40; ++trial) {
-    const Problem problem = random_problem(rng, trial);
+    const Problem problem = testing::random_problem(rng, trial);
     SearchOptions options;
     options.top_k = 3;
     if (trial % 5 == 4) options.devices = problem.cluster.devices_per_node;  // part of the cluster

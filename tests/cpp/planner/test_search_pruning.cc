@@ -3,7 +3,8 @@
 // buffers, workspaces, tied copies, the first and last stages' bytes, forbidden cuts),
 // least_memory_partition (narrowed by the split at equal shares and the end windows) and
 // optimal_partition (narrowed by the end windows under its memory limit) return the very split,
-// kinds and value of a DP that scans every state.
+// kinds and value of a DP that scans every state. And the lower bound by which search() leaves
+// points out against every split of small random problems.
 #include <algorithm>
 #include <limits>
 #include <optional>
@@ -13,8 +14,12 @@
 
 #include "catch.h"
 #include "partition_fixtures.h"
+#include "planner/costs/evaluate.h"
 #include "planner/documents/plan.h"
 #include "planner/searches/pipeline_partition.h"
+#include "planner/searches/pipeline_search.h"
+#include "planner/searches/search.h"
+#include "random_problems.h"
 
 using namespace hybridplan;
 
@@ -140,4 +145,51 @@ TEST_CASE("search pruning: under a memory limit the time DP equals the plain DP"
   }
   CHECK(feasible > 20);
   CHECK(infeasible > 5);
+}
+
+TEST_CASE("search pruning: a pipeline point's step lower bound holds for every split",
+          "[search_pruning]") {
+  // step_lower_bound_s, by which search() leaves points out, against the evaluated step of
+  // every contiguous split (unsharded and, where allowed, zero2) of every pipeline point of
+  // random problems, every schedule: the fill and drain added to the work spread over the
+  // ranks.
+  std::mt19937_64 rng(20261208);
+  int checked = 0, with_fill = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const Problem problem = testing::random_problem(rng, trial);
+    const Evaluator ev(problem);
+    const auto n = static_cast<int64_t>(problem.graph.nodes.size());
+    for (const SearchSpacePoint& point : search_space(problem, SearchOptions{}, nullptr)) {
+      if (point.mode != MpMode::kPipeline) continue;
+      Plan plan = plan_skeleton(problem, point, "");
+      const double bound = step_lower_bound_s(ev, plan);
+      const auto m = static_cast<double>(plan.num_microbatches);
+      const double spread =
+          ev.node_times(static_cast<double>(plan.per_replica_batch) / m, ev.compute_slowdown(plan),
+                        plan.tp, plan.sequence_parallel)
+                  .total_s() * m / static_cast<double>(plan.mp) +
+          2 * m * problem.cluster.runtime.action_s_for(schedule_name(plan.schedule)) +
+          problem.cluster.runtime.step_overhead_s(plan.dp);
+      CHECK(bound >= spread * (1 - 1e-9));
+      with_fill += bound > spread * 1.01;
+      double least = kInf;
+      for_each_contiguous_partition(n, static_cast<int>(plan.num_stages()), [&](const std::vector<int64_t>& s) {
+        for (size_t k = 1; k + 1 < s.size(); ++k)
+          if (!problem.graph.nodes[problem.graph.topo_order[s[k]]].cut_before) return;
+        plan.assignment = stages_from_split(problem.graph, s);
+        for (const Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
+          if (kind == Sharding::kZero2 && plan.dp < 2) continue;
+          plan.sharding = kind;
+          least = std::min(least, ev.evaluate(plan).step_s);
+        }
+        plan.sharding = Sharding::kNone;
+      });
+      INFO("trial " << trial << ": dp=" << plan.dp << " mp=" << plan.mp << " "
+                    << schedule_name(plan.schedule) << " M=" << plan.num_microbatches);
+      CHECK(bound <= least);
+      ++checked;
+    }
+  }
+  CHECK(checked > 100);
+  CHECK(with_fill > 20);
 }
