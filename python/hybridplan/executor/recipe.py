@@ -97,11 +97,7 @@ def cut_stages(spec: Plan, module: nn.Module, example_inputs: Any, batch_dim: in
     if spec.tp > 1 and tp_styles:
         module = tensor_parallel.narrowed_for_export(
             module, tp_styles, Layout.of(spec).tp_rank_of(dist.get_rank()), spec.tp)
-    # a meta-built module is traced on fake tensors (materialize.traced_on_fake)
-    with materialize.traced_on_fake(module, (args, kwargs)) as (args, kwargs):
-        cut = stage_split.split(module, args, kwargs, spec.assignment, spec.num_stages,
-                                spec.source)
-    return materialize.untraced(cut)
+    return stage_split.split(module, args, kwargs, spec.assignment, spec.num_stages, spec.source)
 
 
 @dataclasses.dataclass
@@ -339,7 +335,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                      measure_noise_scale, noise_scale_decay, optimizer)
         batch_norm.check_sync(spec, module, sync_batchnorm)
         weights = materialize.Weights.of(module, init_weights, init_seed, load_pretrained,
-                                         spec.source)
+                                         spec.source, spec.mode)
         if weights is not None and weights.meta and resume_from is not None:
             raise ValueError(f"{spec.source}: resume_from with a meta-built model is not "
                              f"supported: build the model on a real device to resume, or load "
