@@ -41,6 +41,9 @@ QUICK_ARGS = {
     "bench_cpp_ddp.py": ["--widths", "16,32,8", "--global-batch", "8", "--steps", "3",
                          "--warmup-steps", "1", "--rounds", "1"],
     "bench_fake_profile.py": ["--models", "branchy_cnn", "--batch", "4", "--repeats", "2"],
+    "bench_meta_memory.py": ["--layers", "2", "--hidden", "64", "--intermediate", "128",
+                             "--heads", "4", "--kv-heads", "2", "--vocab", "256", "--seq", "8",
+                             "--steps", "1", "--out-dir", "{out}/meta_memory"],
     "bench_host_noise.py": ["--seconds", "2", "--model", "hybridplan.models:digits_cnn",
                             "--batch", "4"],
     "bench_executor.py": ["--steps", "3", "--warmup-steps", "1", "--global-batch", "8",
@@ -63,7 +66,8 @@ QUICK_ARGS = {
 # Benchmarks that need more than --timeout-s at full size (seconds; the larger is used).
 # bench_checkpoint.py: four 100M-parameter save/load runs, 20 restarted 4-rank jobs, an elastic run.
 # test-full: every model under every plan kind and the 4-rank variants (pytest -m full).
-TIMEOUTS = {"bench_checkpoint.py": 3600.0, "test-full": 3600.0}
+# bench_meta_memory.py: a 1.1B-parameter Llama built, materialised and trained on 4 ranks.
+TIMEOUTS = {"bench_checkpoint.py": 3600.0, "test-full": 3600.0, "bench_meta_memory.py": 3600.0}
 
 
 def search_inputs(folder: Path) -> list:

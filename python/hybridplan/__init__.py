@@ -26,6 +26,8 @@ _EXPORTS = {
     "profile": "profiler",
     # executor
     "apply": "executor", "AppliedPlan": "executor", "Adapt": "executor",
+    # a model built on the meta device, materialised as every plan's ranks materialise it
+    "materialize": "executor.materialize",
     # the front door: profile (cached), plan and apply in one call inside a torchrun script
     "parallelize": "front_door", "Parallelized": "front_door",
     # plans written by hand (examples, tests, benchmarks)

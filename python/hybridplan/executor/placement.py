@@ -31,20 +31,28 @@ def _inputs_follow(device: torch.device):
     return hook
 
 
+def _to(module: nn.Module, device: torch.device) -> None:
+    """module.to(device), except for a module built on the meta device, which has nothing to
+    move: apply gives its tensors storage on their node's device later (executor.materialize)."""
+    if not any(t.is_meta for t in module.parameters()) and \
+            not any(t.is_meta for t in module.buffers()):
+        module.to(device)
+
+
 def place(module: nn.Module, assignment: Dict[str, int], devices: List[torch.device],
           recomputed: AbstractSet[str] = frozenset(),
           selective: AbstractSet[str] = frozenset()) -> List[torch.utils.hooks.RemovableHandle]:
     """Moves the module to devices[0], then each assigned node to devices[assignment[name]],
     with a hook that brings its inputs along, and recomputes the nodes in `recomputed`
     (autograd.recompute; those also in `selective` selectively). Returns the hook handles."""
-    module.to(devices[0])
+    _to(module, devices[0])
     handles = []
     for name, k in assignment.items():
         name, call = split_call_name(name)
         if call:
             continue  # a later call of a module runs where its parameters are (the module doc)
         node = module.get_submodule(name)
-        node.to(devices[k])
+        _to(node, devices[k])
         if name in recomputed:  # the calls of one module recompute together (plan rule)
             recompute(node, SELECTIVE if name in selective else FULL)
         if len(set(devices)) > 1:  # on one device (e.g. CPU) there is nothing to move
