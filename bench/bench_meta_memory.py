@@ -140,8 +140,10 @@ def worker(args):
             plan = pipeline_plan(model, args)
         dp = plan["dp"]
         example = batch(args, args.batch // dp, 0)[0]
+        # retain_freed_memory=False: malloc returns freed memory as in the baseline process
+        # (apply's default keeps it, which would count each freed transient as resident)
         hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=sgd, timeout_s=1800,
-                              example_inputs=example, init_seed=0)
+                              example_inputs=example, init_seed=0, retain_freed_memory=False)
         out["rss_after_build"] = rss_bytes()
         out["build_s"] = time.perf_counter() - started
         held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
