@@ -2,6 +2,9 @@
 // callback does the work and reports failure by throwing InputError (exit 2) or
 // InfeasibleError (exit 3), which main() turns into a message and an exit status.
 #pragma once
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 namespace hybridplan::cli {
@@ -15,5 +18,8 @@ void add_import_pipedream_command(CLI::App& app);
 void add_probe_command(CLI::App& app);
 void add_calibrate_command(CLI::App& app);
 void add_validate_command(CLI::App& app);
+
+// Replaces this process with `python3 -m hybridplan COMMAND REST...` (python_commands.cc).
+[[noreturn]] void run_python(const std::string& command, const std::vector<std::string>& rest);
 
 }  // namespace hybridplan::cli

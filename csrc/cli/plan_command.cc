@@ -26,7 +26,30 @@ struct PlanFlags {
   std::vector<int64_t> tensor_degrees;  // empty: every degree the graph and cluster allow
   std::string sequence_parallel = "auto";
   RunPhasesOptions run;
+  std::string trainer;     // --for: search only what this trainer runs (Python's trainers)
+  std::string config_out;  // --for: where the trainer's configuration goes
 };
+
+// --for TRAINER: what each trainer runs and how its configuration is written are defined once,
+// in python/hybridplan/trainers, so this runs `python3 -m hybridplan plan --for TRAINER ...`
+// with the problem's flags. The search-narrowing flags would fight the trainer's own rules.
+[[noreturn]] void run_plan_for_trainer(const PlanFlags& flags, const CLI::App& cmd) {
+  for (const char* name : {"--top", "--json", "--sharding", "--schedules", "--tp",
+                           "--sequence-parallel", "--over-run", "--segments", "--switch-s"}) {
+    if (cmd.count(name) > 0) {
+      throw InputError(std::string("plan: --for searches what ") + flags.trainer +
+                       " runs (its schedules, sharding kinds, tensor parallelism); " + name +
+                       " cannot be combined with it");
+    }
+  }
+  std::vector<std::string> args = {"--graph", flags.problem.graph_path, "--cluster",
+                                   flags.problem.cluster, "--for", flags.trainer};
+  if (!flags.problem.job_path.empty()) args.insert(args.end(), {"--job", flags.problem.job_path});
+  if (flags.devices > 0) args.insert(args.end(), {"--devices", std::to_string(flags.devices)});
+  if (!flags.out_path.empty()) args.insert(args.end(), {"--out", flags.out_path});
+  if (!flags.config_out.empty()) args.insert(args.end(), {"--config-out", flags.config_out});
+  run_python("plan", args);
+}
 
 std::string progress_range(const RunPhase& p) {
   return std::to_string(static_cast<int>(100 * p.progress_start + 0.5)) + "-" +
@@ -144,7 +167,17 @@ void add_plan_command(CLI::App& app) {
                   "--over-run: seconds one change of plan costs (default: 30 s restart + "
                   "checkpoint of parameters and optimizer state at 1 GB/s)")
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([flags] { run_plan(*flags); });
+  cmd->add_option("--for", flags->trainer,
+                  "Search only what this trainer runs and print its configuration (runs "
+                  "`python3 -m hybridplan plan --for TRAINER ...`, which names the trainers "
+                  "it knows; docs/trainers.md)");
+  cmd->add_option("--config-out", flags->config_out,
+                  "--for: write the trainer's configuration here (default: standard output)");
+  cmd->callback([flags, cmd] {
+    if (!flags->trainer.empty()) run_plan_for_trainer(*flags, *cmd);
+    if (!flags->config_out.empty()) throw InputError("plan: --config-out needs --for TRAINER");
+    run_plan(*flags);
+  });
 }
 
 }  // namespace hybridplan::cli

@@ -1,5 +1,7 @@
 // The subcommands whose work is Python (they measure or run torch): probe and calibrate run one
-// process per device under torchrun, validate runs python3 (which launches torchrun per plan).
+// process per device under torchrun, validate runs python3 (which launches torchrun per plan),
+// and `plan --for TRAINER` runs python3 (what each trainer can run is defined once, in
+// python/hybridplan/trainers).
 // These subcommands are launchers, so `hybridplan calibrate ...` and the documented
 // `torchrun --nproc-per-node N -m hybridplan calibrate ...` line are the same thing.
 #include <memory>
@@ -44,6 +46,8 @@ void add_torchrun_command(CLI::App& app, const std::string& name, const std::str
   cmd->callback([flags, cmd, name] { run_under_torchrun(name, *flags, cmd->remaining()); });
 }
 
+}  // namespace
+
 [[noreturn]] void run_python(const std::string& command, const std::vector<std::string>& rest) {
   const auto python = find_program(environment_program("python3"));
   if (!python) throw InputError(command + ": python3 not found on PATH");
@@ -51,8 +55,6 @@ void add_torchrun_command(CLI::App& app, const std::string& name, const std::str
   argv.insert(argv.end(), rest.begin(), rest.end());
   exec_program(argv);
 }
-
-}  // namespace
 
 void add_probe_command(CLI::App& app) {
   add_torchrun_command(app, "probe", "Measure this machine's links and devices");

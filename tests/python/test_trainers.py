@@ -8,6 +8,7 @@ LM's published layouts (docs/megatron_reproduction.md) read from their arguments
 as the reproduction prices them."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -321,6 +322,33 @@ def test_cli_plan_for_a_trainer(tmp_path, problem):
     assert free.predicted["step_s"] == _best(g, c).predicted["step_s"]
     r = _cli(*common, "--config-out", str(tmp_path / "x"))
     assert r.returncode == 2 and "--config-out needs --for TRAINER" in r.stderr
+
+
+def test_the_built_cli_plans_for_a_trainer_through_python(tmp_path, problem, hybridplan_cli):
+    """`hybridplan plan --for TRAINER` (C++) runs `python3 -m hybridplan plan --for TRAINER`:
+    what a trainer runs is defined once, in Python; the search's own flags are refused."""
+    g, _ = problem
+    (tmp_path / "g.json").write_text(g.to_json())
+    (tmp_path / "j.json").write_text(JOB.to_json())
+    common = ["plan", "--graph", str(tmp_path / "g.json"), "--cluster", "dgx-h100", "--job",
+              str(tmp_path / "j.json"), "--devices", str(DEVICES), "--for", "deepspeed"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = ["--out", str(tmp_path / "p.json")]
+    built = subprocess.run([hybridplan_cli, *common, *out], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert built.returncode == 0, built.stderr
+    from_cpp = planner.Plan.load(tmp_path / "p.json").to_json()
+    python = _cli(*common, *out)
+    assert python.returncode == 0, python.stderr
+    assert built.stdout == python.stdout
+    assert from_cpp == planner.Plan.load(tmp_path / "p.json").to_json()
+    refused = subprocess.run([hybridplan_cli, *common, "--schedules", "1f1b"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 2
+    assert "--schedules cannot be combined with it" in refused.stderr
+    unknown = subprocess.run([hybridplan_cli, *common[:-1], "nemo"], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert unknown.returncode != 0 and "nemo" in unknown.stderr
 
 
 def test_accelerate_batch_comes_from_the_job_when_the_file_has_none(problem):
