@@ -40,6 +40,7 @@ class Built:
     replica_group: Any = None           # pipeline: this TP rank's pipeline of the replica
     first_rank: int = 0                 # pipeline: the rank holding stage 0 (reads inputs)
     last_rank: int = 0                  # pipeline: the rank holding the last stage (the loss)
+    tp: Any = None                      # tp > 1: recipe.TpSplit (styles, kinds, sequence layout)
 
 
 class AppliedPlan(Stepping, Checkpointing, switching.Switching):
@@ -76,6 +77,7 @@ class AppliedPlan(Stepping, Checkpointing, switching.Switching):
         self._mesh, self._groups = mesh, mesh.groups
         self.original, self.module, self._params = built.original, built.module, built.params
         self.ddp, self.shard_units = built.ddp, built.shard_units
+        self._tp_sequence = getattr(built.tp, "sequence", None)  # sequence parallelism's layout
         if spec.mode == "placement":
             self.devices, self._hooks = built.devices, built.hooks
             self.stages = [self.stage]

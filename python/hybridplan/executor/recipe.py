@@ -375,6 +375,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     # ---- 4b. ... or the shards and slices of a sharded or tensor-parallel replica ----
     if weights is not None and weights.after_axes(spec, module, rank):
         built.params = list(module.parameters())  # the new tensors (FSDP's DTensors)
+    built.tp = tp
     first_device = built.devices[0] if spec.mode == "placement" else built.device
     # ---- 5. the optimizer and the noise meter over this rank's parameters ----
     opt = make_optimizer(spec, built, optimizer, first_device)
