@@ -308,7 +308,7 @@ def test_equality_table(trained):
 # ---- one process, no launch -------------------------------------------------------------------
 
 def test_options_are_checked_with_the_rule():
-    from hybridplan.executor.stepping import check_options
+    from hybridplan.executor.checks import check_step_options as check_options
     for bad, words in (((0, 1, None), "clip_grad_norm must be"),
                        ((float("nan"), 1, None), "clip_grad_norm must be"),
                        ((None, 0, None), "accumulation_steps must be an integer >= 1"),

@@ -30,7 +30,6 @@ from typing import Any, List
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 _BatchNorm = nn.modules.batchnorm._BatchNorm  # BatchNorm1d/2d/3d and SyncBatchNorm

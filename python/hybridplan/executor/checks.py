@@ -5,6 +5,7 @@ takes the running plan apart."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from . import noise
 from .calls import first_microbatch
 from .plan_spec import graph_sha256
 
-__all__ = ["check_module", "local_checks"]
+__all__ = ["check_module", "local_checks", "check_step_options"]
 
 
 def check_module(spec: Plan, module: nn.Module) -> None:
@@ -83,3 +84,24 @@ def local_checks(spec: Plan, module: nn.Module, graph: Any, world_size: int,
     check_module(spec, module)
     if spec.mode == "pipeline":
         first_microbatch(spec, example_inputs, batch_dim)
+
+
+def check_step_options(clip_grad_norm: Any, accumulation_steps: Any, lr_scheduler: Any) -> None:
+    """ValueError naming the option unless apply's training-step options are usable."""
+    if clip_grad_norm is not None and (
+            isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
+            or not math.isfinite(clip_grad_norm) or clip_grad_norm <= 0):
+        raise ValueError(f"hybridplan.apply: clip_grad_norm must be None (no clipping) or a "
+                         f"finite number > 0, the largest global gradient norm "
+                         f"(got {clip_grad_norm!r})")
+    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
+            or accumulation_steps < 1:
+        raise ValueError(f"hybridplan.apply: accumulation_steps must be an integer >= 1, the "
+                         f"forward_backward calls per optimizer step (got "
+                         f"{accumulation_steps!r})")
+    if lr_scheduler is not None and (isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
+                                     or not callable(lr_scheduler)):
+        raise ValueError(f"hybridplan.apply: lr_scheduler must be a factory optimizer -> "
+                         f"torch.optim.lr_scheduler.LRScheduler (e.g. hybridplan.warmup_cosine("
+                         f"100, 10000)), not a scheduler: apply builds the optimizer over the "
+                         f"parameters this rank trains (got {type(lr_scheduler).__name__})")

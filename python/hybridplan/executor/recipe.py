@@ -77,7 +77,7 @@ from . import batch_norm, checkpoint, noise, placement, sharded_checkpoint, shar
 from . import materialize, stepping, tensor_parallel
 from .applied import AppliedPlan, Built
 from .calls import default_loss, device_for, first_microbatch
-from .checks import local_checks
+from .checks import check_step_options, local_checks
 from .layout import Layout, Mesh
 from .lifecycle import DEFAULT_TIMEOUT_S, init_process_group
 from .pipeline import PipelineRunner
@@ -317,7 +317,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     # ---- 0. the process group and the checks every rank agrees on before any slow step ----
     timeout = datetime.timedelta(seconds=timeout_s)
     switching.check_adapt(adapt, measure_noise_scale)  # the same arguments on every rank
-    stepping.check_options(clip_grad_norm, accumulation_steps, lr_scheduler)
+    check_step_options(clip_grad_norm, accumulation_steps, lr_scheduler)
     if retain_freed_memory and not torch.cuda.is_available():  # CPU devices (calls.device_for)
         block_timing.retain_freed_memory()
     init_process_group(timeout)

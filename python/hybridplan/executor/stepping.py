@@ -41,27 +41,6 @@ from . import lost_peer, sharding, switching
 from .calls import as_call, batch_size, check_batch, device_of, to_device
 
 
-def check_options(clip_grad_norm: Any, accumulation_steps: Any, lr_scheduler: Any) -> None:
-    """ValueError naming the option unless apply's training-step options are usable."""
-    if clip_grad_norm is not None and (
-            isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
-            or not math.isfinite(clip_grad_norm) or clip_grad_norm <= 0):
-        raise ValueError(f"hybridplan.apply: clip_grad_norm must be None (no clipping) or a "
-                         f"finite number > 0, the largest global gradient norm "
-                         f"(got {clip_grad_norm!r})")
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
-            or accumulation_steps < 1:
-        raise ValueError(f"hybridplan.apply: accumulation_steps must be an integer >= 1, the "
-                         f"forward_backward calls per optimizer step (got "
-                         f"{accumulation_steps!r})")
-    if lr_scheduler is not None and (isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
-                                     or not callable(lr_scheduler)):
-        raise ValueError(f"hybridplan.apply: lr_scheduler must be a factory optimizer -> "
-                         f"torch.optim.lr_scheduler.LRScheduler (e.g. hybridplan.warmup_cosine("
-                         f"100, 10000)), not a scheduler: apply builds the optimizer over the "
-                         f"parameters this rank trains (got {type(lr_scheduler).__name__})")
-
-
 def make_scheduler(factory: Any, optimizer: torch.optim.Optimizer) -> Any:
     """factory(optimizer), checked to be an LR scheduler on that optimizer; None without one."""
     if factory is None:

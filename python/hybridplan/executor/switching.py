@@ -55,7 +55,7 @@ from ..planner import Plan
 from ..profiler.dataflow import map_tensors
 from . import batch_norm, checkpoint, rank_agreement
 from .lifecycle import Lifecycle, destroy_groups
-from .checks import local_checks
+from .checks import check_step_options, local_checks
 from .plan_spec import parse_plan
 from .rank_agreement import RankReport, param_signature
 
@@ -311,7 +311,6 @@ def switch_plan(hp: Any, plan: Any, *, module: Optional[nn.Module] = None,
     # The switch rebuilds through the recipe that built hp (hp._rebuild: recipe.apply, handed
     # to AppliedPlan by apply itself, so this module needs no import of the recipe above it).
     apply = hp._rebuild
-    from .stepping import check_options
 
     hp._check_open("switch")
     unknown = sorted(set(options) - set(_OPTIONS))
@@ -369,8 +368,8 @@ def switch_plan(hp: Any, plan: Any, *, module: Optional[nn.Module] = None,
                      settings["batch_dim"], settings["measure_noise_scale"],
                      settings["noise_scale_decay"], settings["optimizer"])
         batch_norm.check_sync(spec, target, settings.get("sync_batchnorm", False))
-        check_options(settings.get("clip_grad_norm"), settings.get("accumulation_steps", 1),
-                      settings.get("lr_scheduler"))
+        check_step_options(settings.get("clip_grad_norm"), settings.get("accumulation_steps", 1),
+                           settings.get("lr_scheduler"))
         if target is hp.original and hp._switch_options.get("sync_batchnorm") \
                 and not settings.get("sync_batchnorm"):
             raise ValueError("the running plan converted the module's BatchNorm layers to "
