@@ -478,11 +478,6 @@ def as_plan(p: Union[Plan, dict, PathLike]) -> Plan:
     raise ValueError(f"plan must be a Plan, dict or path (got {type(p).__name__})")
 
 
-# The former private names, for the modules still being changed alongside (front_door, trainers)
-# until they read the public ones; no new code uses these.
-_as_graph, _as_cluster, _as_job, _as_plan = as_graph, as_cluster, as_job, as_plan
-
-
 def load_graph(path: PathLike) -> Graph:
     return Graph.load(path)
 

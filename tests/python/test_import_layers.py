@@ -27,12 +27,7 @@ LAYER = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 
 # Imports that still run back up, each with why it stands and where it goes. The test fails
 # once one is gone, so that its entry goes with it.
-PENDING: Dict[Tuple[str, str], str] = {
-    ("executor", "hybridplan.convergence.noise_scale_job"):
-        "the executor's switch_advice import, in the modules split out of executor.py while "
-        "gradient_noise was made: it is to read hybridplan.gradient_noise.noise_scale_job, and "
-        "convergence/noise_scale_job.py (that name alone, handed on) is then to be deleted",
-}
+PENDING: Dict[Tuple[str, str], str] = {}
 
 
 def _part_of(rel: Path) -> str:

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..gradient_noise.noise_scale_job import switch_advice as advise_switch
 from . import lost_peer, sharding, switching
 from .calls import as_call, batch_size, check_batch, device_of, to_device
 
@@ -354,16 +355,14 @@ class Stepping:
                       min_gain: float = 0.05, processes: Optional[int] = None,
                       modes: Optional[Sequence[str]] = None):
         """Whether another plan would now win, with the measured critical batch in place of
-        `job`'s (see convergence.noise_scale_job.switch_advice): a SwitchAdvice with the best
+        `job`'s (see gradient_noise.noise_scale_job.switch_advice): a SwitchAdvice with the best
         plan for the measured critical batch and the predicted gain of switching to it. `graph`,
         `cluster` and `job` are what the applied plan was planned with; `devices` defaults to
         the plan's world size. None until noise_scale() has an estimate."""
-        from ..convergence.noise_scale_job import switch_advice
-
         estimate = self.noise_scale()
         if estimate is None:
             return None
-        return switch_advice(self.plan, estimate, graph, cluster, job, devices=devices,
+        return advise_switch(self.plan, estimate, graph, cluster, job, devices=devices,
                              min_gain=min_gain, processes=processes, modes=modes)
 
     def parameters(self) -> List[nn.Parameter]:
