@@ -16,7 +16,7 @@ from torch import nn
 
 from . import checkpoint, noise, switching
 from .checkpointing import Checkpointing
-from .layout import Layout, Mesh
+from .layout import Mesh
 from .lifecycle import Lifecycle, destroy_groups
 from .stepping import Stepping
 from ..planner import Plan
@@ -64,7 +64,7 @@ class AppliedPlan(Stepping, Checkpointing, switching.Switching):
                  accumulation_steps: int = 1, lr_scheduler: Any = None):
         self.plan, self.loss_fn, self.batch_dim = spec, loss_fn, batch_dim
         self.rank = dist.get_rank()
-        self.layout = Layout.of(spec)  # where this rank sits; its groups: self._mesh
+        self.layout = mesh.layout  # where this rank sits; its groups: self._mesh
         self.replica = self.layout.replica_of(self.rank)
         self.stage = self.layout.stage_of(self.rank)
         self.tp_rank = self.layout.tp_rank_of(self.rank)
