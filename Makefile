@@ -44,9 +44,10 @@ test-torch: build
 
 # The long matrices' full form (every model under every plan kind, 4-rank variants; pytest marker
 # `full`, tests/python/conftest.py) runs in `make test-full`, which `make bench` runs too;
-# `make test` runs their reduced form.
+# `make test` runs their reduced form. --durations: the slowest tests, printed by every run, are
+# what `make test`'s 30-minute budget is kept by.
 test-python: build
-	$(PYTHON) -m pytest -q tests/python -m "not full"
+	$(PYTHON) -m pytest -q tests/python -m "not full" --durations=25
 
 test-full: build
 	$(PYTHON) -m pytest -q tests/python -m full
