@@ -153,3 +153,94 @@ def test_gpt_matrix_products_agree_with_graph_from_config():
         for field in fields:
             assert by_name[hf][field] == pytest.approx(ours[theirs][field], rel=0.05), \
                 (hf, field, by_name[hf][field], ours[theirs][field])
+
+
+def test_grouped_mm_is_priced_as_one_product_over_all_rows():
+    """A mixture of experts' grouped GEMM (aten._grouped_mm): the offsets have no values under
+    fake tensors, so it is priced as one product over every group's rows (an even load), in
+    each of the forms its forward and backward run."""
+    aten = torch.ops.aten
+    rows, k, n, experts = 512, 64, 96, 4
+    x, w = torch.empty(rows, k), torch.empty(experts, k, n)
+    offs = torch.tensor([128, 256, 384, 512], dtype=torch.int32)
+    one = gemm_time(rows, n, k, CPU.gemm, 1, 1.0, 4)
+    forward = CPU.op_s(aten._grouped_mm.default, (x, w, offs), {}, torch.empty(rows, n))
+    assert forward == one
+    # the weight gradient: (K, S) x (S, N) -> (E, K, N), the grouped dimension contracted
+    weight_grad = CPU.op_s(aten._grouped_mm.default, (torch.empty(k, rows),
+                                                      torch.empty(rows, n), offs), {},
+                           torch.empty(experts, k, n))
+    assert weight_grad == gemm_time(k, n, rows, CPU.gemm, 1, 1.0, 4)
+    assert dm_lib.op_flops(aten._grouped_mm.default, (x, w, offs), {}, None) == 2 * rows * k * n
+
+
+def test_mixtral_experts_are_fake_profiled():
+    """Hugging Face's Mixtral (grouped_mm experts) on the meta device: the experts node carries
+    the FLOPs of top-2 routing of every token (2 tokens x k experts x the gated MLP) and a
+    time no smaller than those FLOPs at the device's matmul rate."""
+    transformers = pytest.importorskip("transformers")
+    h, f, seq, experts, top_k = 256, 512, 64, 8, 2
+    config = transformers.MixtralConfig(vocab_size=1000, hidden_size=h, intermediate_size=f,
+                                        num_hidden_layers=1, num_attention_heads=8,
+                                        num_key_value_heads=2, num_local_experts=experts,
+                                        num_experts_per_tok=top_k, max_position_embeddings=seq)
+    with torch.device("meta"):
+        model = transformers.MixtralForCausalLM(config).to(torch.bfloat16)
+    graph = profile_dict(model, torch.zeros(1, seq, dtype=torch.long), device_model="H100",
+                         verbose=False, batch_sizes=())
+    node = next(n for n in graph["nodes"] if n["name"] == "model.layers.0.mlp.experts")
+    assert node["flops"] == 2 * seq * top_k * 3 * h * f
+    h100 = dm_lib.device_model("H100")
+    assert node["forward_s"] >= node["flops"] / h100.matmul_flops(torch.bfloat16)
+
+
+def _tiny_llama(layers):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    with torch.device("meta"):
+        return transformers.LlamaForCausalLM(config)
+
+
+def _assert_same(ours, theirs, where):
+    """Equal, floats to rounding (the priced clock is a running sum: its differences round
+    differently at another depth)."""
+    if isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, rel=1e-9), where
+    elif isinstance(theirs, dict):
+        assert set(ours) == set(theirs), where
+        for key in theirs:
+            _assert_same(ours[key], theirs[key], where + (key,))
+    elif isinstance(theirs, list):
+        assert len(ours) == len(theirs), where
+        for a, b in zip(ours, theirs):
+            _assert_same(a, b, where)
+    else:
+        assert ours == theirs, where
+
+
+def test_repeated_layers_equal_the_profile_at_full_depth():
+    """profiler.layer_repeat: a 3-layer Llama's fake profile repeated to 5 layers is the fake
+    profile of the 5-layer Llama: the same nodes in the same order with the same fields, and
+    the same edges."""
+    from hybridplan.profiler.layer_repeat import repeat_layers
+
+    ids = torch.zeros(2, 32, dtype=torch.long)
+    common = dict(device_model="H100", verbose=False, batch_sizes=(1,), name="llama")
+    shallow = profile_dict(_tiny_llama(3), ids, **common)
+    deep = profile_dict(_tiny_llama(5), ids, **common)
+    repeated = repeat_layers(shallow, "model.layers.", 5)
+    Graph.from_dict(repeated)
+    assert [n["name"] for n in repeated["nodes"]] == [n["name"] for n in deep["nodes"]]
+    for ours, theirs in zip(repeated["nodes"], deep["nodes"]):
+        assert set(ours) == set(theirs), ours["name"]
+        for key, value in theirs.items():
+            _assert_same(ours[key], value, (ours["name"], key))
+    edge = lambda e: (e["src"], e["dst"], e.get("bytes"))  # noqa: E731
+    assert sorted(map(edge, repeated["edges"])) == sorted(map(edge, deep["edges"]))
+    two = {**shallow, "nodes": [n for n in shallow["nodes"]
+                                if not n["name"].startswith("model.layers.2.")]}
+    with pytest.raises(ValueError, match=r"layers 0 \.\. n-1 with n >= 3 .*got layers \[0, 1\]"):
+        repeat_layers(two, "model.layers.", 5)

@@ -57,7 +57,7 @@ kDefaultGpuFloorS = 5e-6
 # H100 SXM5: 67 TFLOP/s).
 kFp32PeakFlops = {"A100": 19.5e12, "H100": 67e12}
 
-_GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm"}
 _NO_KERNEL = {"empty", "empty_like", "empty_strided", "empty_permuted", "lift_fresh",
               "_unsafe_view",  # a view whose schema does not say so
               "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel"}
@@ -125,15 +125,40 @@ class DeviceModel:
         return max(seconds, self.kernel_floor_s)
 
     def _gemm_op_s(self, name: str, args: tuple) -> float:
-        a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
-        if a.dim() == 3:
-            count, m, k = a.shape
-            n = b.shape[-1]
-        else:
-            count, (m, k), n = 1, a.shape, b.shape[-1]
+        count, m, n, k, dtype = _gemm_shape(name, args)
         if 0 in (count, m, n, k):
             return 0.0
-        return self.gemm_s(int(m), int(n), int(k), int(count), a.dtype)
+        return self.gemm_s(m, n, k, count, dtype)
+
+
+def _gemm_shape(name: str, args: tuple) -> Tuple[int, int, int, int, torch.dtype]:
+    """(count, m, n, k, dtype) of a matrix product op: `count` (m x k) @ (k x n) products.
+
+    `_grouped_mm` (a mixture of experts' grouped GEMM: each expert's rows, delimited by an
+    offsets tensor, times that expert's weight) is taken as one product over all groups' rows
+    together: its FLOPs are the same whatever the rows per expert, and the tile model sees one
+    matrix, i.e. the load spread evenly with no expert's last tile partial. This is the
+    assumption under which fake tensors, whose offsets have no values, can price it. Its four
+    forms: (M, K) x (E, K, N) -> (M, N), the forward and the input gradient; (K, S) x (S, N)
+    -> (E, K, N), the weight gradient (the grouped dimension is the contracted one);
+    (E, M, K) x (K, N) -> (M, N); (E, M, K) x (E, K, N), a plain batch."""
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+    if name == "_grouped_mm":
+        if a.dim() == 2 and b.dim() == 2:
+            (m, k), n, count = a.shape, b.shape[1], 1
+        elif a.dim() == 2:
+            (m, k), n, count = a.shape, b.shape[2], 1
+        elif b.dim() == 2:
+            m, k, n, count = a.shape[1], a.shape[2], b.shape[1], 1
+        else:
+            count, m, k = a.shape
+            n = b.shape[2]
+    elif a.dim() == 3:
+        count, m, k = a.shape
+        n = b.shape[-1]
+    else:
+        count, (m, k), n = 1, a.shape, b.shape[-1]
+    return int(count), int(m), int(n), int(k), a.dtype
 
 
 def _on_curve(curve: Tuple[Tuple[float, float], ...], x: float) -> float:
@@ -152,6 +177,9 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
     """torch.utils.flop_counter's FLOPs of one op (0 for ops it does not count). The counter
     has no entry for the CPU's fused attention; its flash-attention formulas count it."""
     name = func.overloadpacket.__name__
+    if name == "_grouped_mm":  # not in flop_registry; uniform load (_gemm_shape)
+        count, m, n, k, _ = _gemm_shape(name, args)
+        return 2.0 * count * m * n * k
     if name == "_scaled_dot_product_flash_attention_for_cpu":
         return float(sdpa_flop_count(*(t.shape for t in args[:3])))
     if name == "_scaled_dot_product_flash_attention_for_cpu_backward":

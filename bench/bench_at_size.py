@@ -1,0 +1,255 @@
+"""At size, on paper: Hugging Face model configurations at their published shapes, profiled
+without materialising (fake tensors priced for H100 by the device model), planned for DGX H100
+clusters, beside published throughputs for the same or the nearest layouts.
+
+    python bench/bench_at_size.py [--rows 8b-8 8b-128 70b-256 405b-512 mixtral-64]
+                                  [--profile-layers 3] [--out-dir out/bench/at_size]
+
+Per row:
+1. **Profile** (a child process, so its wall time and peak resident memory are its own): the
+   model built from its configuration (`LlamaConfig` / `MixtralConfig` with the published
+   shapes, written out below; no weights, no network) under `torch.device("meta")`, cast to
+   bfloat16, with `--profile-layers` decoder layers, and fake-profiled
+   (`profile_dict(..., device_model="dgx-h100")`) at one sequence with the causal LM's
+   cross-entropy loss. A fake profile costs Python's time per op, not the model's size, so
+   the stack is profiled at 3 layers and repeated to its depth
+   (`profiler.layer_repeat.repeat_layers`: every layer between the first and the last prices
+   the same; `tests/python/test_fake_profile.py` checks this against a profile at full depth
+   of a small model). The child reports its wall time and its peak RSS (`ru_maxrss`, the
+   interpreter, torch and transformers included).
+2. **Plan**: `hybridplan.search` on the `dgx-h100` preset with as many nodes as the row has
+   GPUs / 8, the job: the row's global batch (the published run's), Adam, mixed precision
+   (16 bytes a parameter), samples/s as the objective. The fake graph has no tensor-parallel
+   fields (a split is found by a numerical check on real values: docs/fake_profile.md), so
+   the planner chooses among data parallelism, FSDP-style sharding, pipelines and recompute
+   only.
+3. **Table**: the plan, predicted tokens/s per GPU, model TFLOP/s per GPU (6 N + 6 L s h FLOPs
+   a token: the weights' forward and backward and causal attention, N the parameters without
+   the embedding table), predicted memory per GPU, and the published figure for the nearest
+   layout.
+
+Mixtral's experts run under Hugging Face's `grouped_mm` experts implementation (the default in
+transformers 5): the tokens sorted by expert, each expert's rows multiplied by its weights in
+one grouped GEMM. Under fake tensors the routing has no values, so the device model prices the
+grouped GEMM as one product over all tokens x top-k rows: the load spread evenly over the
+experts (device_model._gemm_shape). The router's top-k, sort, histogram and gathers run as
+fake ops of fixed shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "python")]
+
+# Published shapes (each model's config.json on the Hugging Face Hub, transcribed): layers,
+# hidden, intermediate, heads, kv heads, vocabulary, rope theta; sequence: the length the
+# published throughput was measured at (torchtitan's Llama 3 runs: 8192; Mixtral: 4096).
+MODELS = {
+    "Llama-3.1-8B": dict(kind="llama", layers=32, hidden=4096, ffn=14336, heads=32, kv=8,
+                         vocab=128256, rope_theta=500000.0, seq=8192),
+    "Llama-3.1-70B": dict(kind="llama", layers=80, hidden=8192, ffn=28672, heads=64, kv=8,
+                          vocab=128256, rope_theta=500000.0, seq=8192),
+    "Llama-3.1-405B": dict(kind="llama", layers=126, hidden=16384, ffn=53248, heads=128, kv=8,
+                           vocab=128256, rope_theta=500000.0, seq=8192),
+    "Mixtral-8x7B": dict(kind="mixtral", layers=32, hidden=4096, ffn=14336, heads=32, kv=8,
+                         vocab=32000, rope_theta=1e6, seq=4096, experts=8, top_k=2),
+}
+
+# Rows: (key, model, GPUs, global batch in sequences, the published figure beside it).
+ROWS = {
+    "8b-8": ("Llama-3.1-8B", 8, 16,
+             "torchtitan (Dec 2024), FSDP 8, local batch 2, selective AC, bf16: 5,762 "
+             "tokens/s/GPU, 82.4 GiB (torch.compile: 6,667)"),
+    "8b-128": ("Llama-3.1-8B", 128, 256,
+               "torchtitan (Dec 2024), FSDP 128, local batch 2, selective AC, bf16: 5,605 "
+               "tokens/s/GPU, 67.0 GiB (torch.compile: 6,514)"),
+    "70b-256": ("Llama-3.1-70B", 256, 512,
+                "torchtitan (Dec 2024), FSDP 32 x TP 8, local batch 16, full AC, compile + "
+                "Float8: 829 tokens/s/GPU, 71.9 GiB (AsyncTP: 876)"),
+    "405b-512": ("Llama-3.1-405B", 512, 256,
+                 "torchtitan (Dec 2024), FSDP 8 x TP 8 x PP 8, local batch 32, full AC, "
+                 "compile + Float8 + AsyncTP: 100 (1F1B) / 128 (interleaved 1F1B) "
+                 "tokens/s/GPU; Llama 3 paper (arXiv 2407.21783, Table 4) 405B on 8,192 GPUs "
+                 "at TP 8 x CP 1 x PP 16 x DP 64, bf16: 430 TFLOP/s/GPU, 43 % MFU"),
+    "mixtral-64": ("Mixtral-8x7B", 64, 256,
+                   "none found for Mixtral 8x7B training on H100 in the sources searched"),
+}
+
+kPeakBf16 = 989e12  # H100 SXM dense bf16 (the preset's peak_flops): MFU's denominator
+
+
+def build_model(name: str, layers: int):
+    """The model of MODELS[name] with `layers` decoder layers, on the meta device, bfloat16."""
+    import torch
+    import transformers
+    m = MODELS[name]
+    common = dict(vocab_size=m["vocab"], hidden_size=m["hidden"],
+                  intermediate_size=m["ffn"], num_hidden_layers=layers,
+                  num_attention_heads=m["heads"], num_key_value_heads=m["kv"],
+                  rope_theta=m["rope_theta"], max_position_embeddings=m["seq"],
+                  tie_word_embeddings=False)
+    if m["kind"] == "llama":
+        config = transformers.LlamaConfig(**common)
+        cls = transformers.LlamaForCausalLM
+    else:
+        config = transformers.MixtralConfig(**common, num_local_experts=m["experts"],
+                                            num_experts_per_tok=m["top_k"])
+        cls = transformers.MixtralForCausalLM
+    with torch.device("meta"):
+        model = cls(config).to(torch.bfloat16)
+    return model
+
+
+def parameters_at_depth(name: str) -> dict:
+    """Total and non-embedding parameters at full depth, counted on meta models of 1 and 2
+    layers (a layer's count is their difference)."""
+    one = build_model(name, 1)
+    two = build_model(name, 2)
+    count = lambda mod: sum(p.numel() for p in mod.parameters())  # noqa: E731
+    per_layer = count(two) - count(one)
+    total = count(one) + (MODELS[name]["layers"] - 1) * per_layer
+    embed = one.model.embed_tokens.weight.numel()
+    return {"total": total, "non_embedding": total - embed, "per_layer": per_layer}
+
+
+def profile_child(name: str, layers: int, out: str) -> int:
+    """Runs in the child: profiles `name` at `layers` layers into `out`, prints its costs."""
+    import torch
+    import torch.nn.functional as F
+    from hybridplan.profiler import profile_dict
+    started = time.monotonic()
+    seq = MODELS[name]["seq"]
+    model = build_model(name, layers)
+    ids = torch.zeros(1, seq, dtype=torch.long)
+    loss = lambda out, y: F.cross_entropy(out.logits.flatten(0, 1).float(),  # noqa: E731
+                                          y.flatten())
+    graph = profile_dict(model, ids, device_model="dgx-h100", verbose=False, batch_sizes=(),
+                         loss_fn=loss, target=torch.zeros(1, seq, dtype=torch.long),
+                         name=name.lower().replace(".", "_"))
+    Path(out).write_text(json.dumps(graph))
+    print(json.dumps({"wall_s": time.monotonic() - started,
+                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                      * 1024}))
+    return 0
+
+
+def profile_row(name: str, layers: int, out_dir: Path) -> dict:
+    path = out_dir / f"{name}.shallow.json"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, __file__, "--profile-one", name, "--profile-layers",
+                           str(layers), "--graph-out", str(path)], capture_output=True,
+                          text=True, check=False, env={**os.environ, "PYTHONPATH": str(
+                              ROOT / "python")})
+    if done.returncode:
+        raise SystemExit(f"bench_at_size: profiling {name} failed:\n{done.stderr[-3000:]}")
+    costs = json.loads(done.stdout.strip().splitlines()[-1])
+    costs["process_s"] = time.monotonic() - started
+    return {"graph": json.loads(path.read_text()), **costs}
+
+
+def cluster_for(gpus: int) -> dict:
+    from hybridplan.planner import load_cluster
+    cluster = load_cluster("dgx-h100").to_dict()
+    if gpus % cluster["devices_per_node"]:
+        raise SystemExit(f"bench_at_size: {gpus} GPUs is not whole DGX H100 nodes")
+    cluster["num_nodes"] = gpus // cluster["devices_per_node"]
+    cluster["name"] = f"dgx-h100 x{cluster['num_nodes']}"
+    return cluster
+
+
+def plan_row(graph: dict, gpus: int, global_batch: int):
+    from hybridplan.planner import search
+    job = {"schema_version": 1, "kind": "hybridplan.job", "samples_per_epoch": 1 << 30,
+           "global_batch": global_batch, "optimizer": "adam", "mixed_precision": True}
+    started = time.monotonic()
+    result = search(graph, cluster_for(gpus), job, devices=gpus, top_k=3)
+    return result, time.monotonic() - started
+
+
+def plan_words(plan: dict) -> str:
+    words = [f"dp {plan['dp']}"]
+    if plan["mp"] > 1:
+        words.append(f"{plan['mode']} {plan['mp']}")
+    if plan.get("tp", 1) > 1:
+        words.append(f"tp {plan['tp']}")
+    if plan.get("schedule"):
+        words.append(f"{plan['schedule']} M={plan['num_microbatches']}")
+    if plan.get("sharding", "none") != "none":
+        words.append(plan["sharding"])
+    recompute = {str(a.get("recompute")) for a in plan["assignment"] if a.get("recompute")}
+    if recompute:
+        words.append("recompute " + "/".join(sorted(recompute)))
+    words.append(f"b={plan['per_replica_batch']}")
+    return ", ".join(words)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--profile-layers", type=int, default=3)
+    parser.add_argument("--out-dir", default=str(ROOT / "out" / "bench" / "at_size"))
+    parser.add_argument("--profile-one", help=argparse.SUPPRESS)
+    parser.add_argument("--graph-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.profile_one:
+        return profile_child(args.profile_one, args.profile_layers, args.graph_out)
+    from hybridplan.profiler.layer_repeat import repeat_layers
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    profiles = {}
+    print("| model | GPUs | global batch (seq x tokens) | profile: wall s, peak RSS GB | "
+          "plan | predicted tokens/s/GPU | model TFLOP/s/GPU (MFU) | predicted memory/GPU GiB "
+          "| plan search s | published, nearest layout |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key in args.rows:
+        name, gpus, batch, published = ROWS[key]
+        m = MODELS[name]
+        if name not in profiles:
+            prof = profile_row(name, args.profile_layers, out_dir)
+            prof["full"] = repeat_layers(prof["graph"], "model.layers.", m["layers"])
+            prof["params"] = parameters_at_depth(name)
+            (out_dir / f"{name}.json").write_text(json.dumps(prof["full"]))
+            profiles[name] = prof
+        prof = profiles[name]
+        graph = prof["full"]
+        result, search_s = plan_row(graph, gpus, batch)
+        plan = result.plans[0].to_dict()
+        (out_dir / f"{key}.plan.json").write_text(json.dumps(plan, indent=1))
+        pred = plan["predicted"]
+        tokens_per_gpu = pred["samples_per_s"] * m["seq"] / gpus
+        active = prof["params"]["non_embedding"]
+        if m["kind"] == "mixtral":  # the active parameters: top-k of the experts a token
+            experts = 3 * m["hidden"] * m["ffn"] * m["experts"] * m["layers"]
+            active -= experts * (m["experts"] - m["top_k"]) // m["experts"]
+        flops_per_token = 6 * active + 6 * m["layers"] * m["seq"] * m["hidden"]
+        tflops = tokens_per_gpu * flops_per_token
+        memory = max(pred["memory_bytes"]) / 2 ** 30
+        print(f"| {name} | {gpus} | {batch} x {m['seq']} | {prof['wall_s']:.1f}, "
+              f"{prof['peak_rss_bytes'] / 1e9:.2f} | {plan_words(plan)} | {tokens_per_gpu:,.0f} "
+              f"| {tflops / 1e12:.0f} ({tflops / kPeakBf16:.0%}) | {memory:.1f} | "
+              f"{search_s:.1f} | {published} |", flush=True)
+    print()
+    for name, prof in profiles.items():
+        g = prof["full"]
+        fwd = sum(n["forward_s"] for n in g["nodes"])
+        bwd = sum(n["backward_s"] for n in g["nodes"])
+        flops = sum(n.get("flops", 0.0) for n in g["nodes"])
+        print(f"- {name}: {len(g['nodes'])} nodes ({args.profile_layers} layers profiled, "
+              f"repeated to {MODELS[name]['layers']}), {prof['params']['total'] / 1e9:.2f} B "
+              f"parameters, one sequence priced at forward {fwd * 1e3:.1f} ms + backward "
+              f"{bwd * 1e3:.1f} ms, {flops / 1e12:.1f} TFLOP forward; profile child "
+              f"{prof['process_s']:.1f} s with interpreter start")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
