@@ -166,12 +166,25 @@ def cluster_for(gpus: int) -> dict:
     return cluster
 
 
-def plan_row(graph: dict, gpus: int, global_batch: int):
+# The published layouts the fake graph can express (no tensor parallelism): FSDP over every
+# GPU (zero3, one replica per GPU) at the published local batch.
+PUBLISHED_LAYOUT = {"8b-8": 2, "8b-128": 2}
+
+
+def plan_row(graph: dict, gpus: int, global_batch: int, fsdp_local_batch: int = 0):
+    """The planner's best plan for the row; with `fsdp_local_batch`, the best plan restricted
+    to the published layout instead (zero3 data parallelism alone at that local batch, the
+    planner choosing recompute)."""
     from hybridplan.planner import search
     job = {"schema_version": 1, "kind": "hybridplan.job", "samples_per_epoch": 1 << 30,
            "global_batch": global_batch, "optimizer": "adam", "mixed_precision": True}
+    only = {}
+    if fsdp_local_batch:
+        job["per_replica_batch"] = fsdp_local_batch
+        del job["global_batch"]
+        only = dict(dp_only=True, shardings=("zero3",))
     started = time.monotonic()
-    result = search(graph, cluster_for(gpus), job, devices=gpus, top_k=3)
+    result = search(graph, cluster_for(gpus), job, devices=gpus, top_k=3, **only)
     return result, time.monotonic() - started
 
 
@@ -208,8 +221,9 @@ def main() -> int:
     profiles = {}
     print("| model | GPUs | global batch (seq x tokens) | profile: wall s, peak RSS GB | "
           "plan | predicted tokens/s/GPU | model TFLOP/s/GPU (MFU) | predicted memory/GPU GiB "
-          "| plan search s | published, nearest layout |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| plan search s | the published layout, predicted: tokens/s/GPU, GiB | published, "
+          "nearest layout |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in args.rows:
         name, gpus, batch, published = ROWS[key]
         m = MODELS[name]
@@ -233,10 +247,22 @@ def main() -> int:
         flops_per_token = 6 * active + 6 * m["layers"] * m["seq"] * m["hidden"]
         tflops = tokens_per_gpu * flops_per_token
         memory = max(pred["memory_bytes"]) / 2 ** 30
+        theirs = "not expressible without tensor-parallel fields"
+        if key in PUBLISHED_LAYOUT:
+            from hybridplan.planner import InfeasibleError
+            try:
+                fsdp, _ = plan_row(graph, gpus, batch, PUBLISHED_LAYOUT[key])
+                fp = fsdp.plans[0].to_dict()
+                theirs = (f"{plan_words(fp)}: "
+                          f"{fp['predicted']['samples_per_s'] * m['seq'] / gpus:,.0f}, "
+                          f"{max(fp['predicted']['memory_bytes']) / 2 ** 30:.1f}")
+            except InfeasibleError as exc:  # the message names the smallest need
+                need = str(exc).split("smallest per-device memory need is ")[-1]
+                theirs = f"does not fit: {need.split(' (over')[0]}"
         print(f"| {name} | {gpus} | {batch} x {m['seq']} | {prof['wall_s']:.1f}, "
               f"{prof['peak_rss_bytes'] / 1e9:.2f} | {plan_words(plan)} | {tokens_per_gpu:,.0f} "
               f"| {tflops / 1e12:.0f} ({tflops / kPeakBf16:.0%}) | {memory:.1f} | "
-              f"{search_s:.1f} | {published} |", flush=True)
+              f"{search_s:.1f} | {theirs} | {published} |", flush=True)
     print()
     for name, prof in profiles.items():
         g = prof["full"]

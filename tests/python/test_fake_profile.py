@@ -244,3 +244,22 @@ def test_repeated_layers_equal_the_profile_at_full_depth():
                                 if not n["name"].startswith("model.layers.2.")]}
     with pytest.raises(ValueError, match=r"layers 0 \.\. n-1 with n >= 3 .*got layers \[0, 1\]"):
         repeat_layers(two, "model.layers.", 5)
+
+
+def test_causal_attention_is_priced_by_the_blocks_it_computes():
+    """A causal fused attention skips the score blocks above the diagonal: at FlashAttention's
+    128 x 128 blocks half of a long sequence's (and all of one block's); on the CPU at its
+    kernel's blocks (none skipped at 512 tokens, 1.6x less work at 2048)."""
+    from hybridplan.profiler.device_model import causal_share, cpu_flash_blocks
+    assert causal_share(128, 128, 128, 128) == 1.0
+    assert causal_share(8192, 8192, 128, 128) == pytest.approx(0.5 + 0.5 / 64)
+    assert causal_share(512, 512, *cpu_flash_blocks(512, 512)) == 1.0
+    assert causal_share(2048, 2048, *cpu_flash_blocks(2048, 2048)) == pytest.approx(1 / 1.6)
+    aten = torch.ops.aten
+    q = torch.empty(1, 32, 8192, 128, dtype=torch.bfloat16)
+    out = (q, torch.empty(1, 32, 8192))
+    h100 = dm_lib.device_model("H100")
+    op = aten._scaled_dot_product_flash_attention_for_cpu.default
+    full = h100.op_s(op, (q, q, q, 0.0, False), {}, out)
+    causal = h100.op_s(op, (q, q, q, 0.0, True), {}, out)
+    assert causal == pytest.approx(full * causal_share(8192, 8192, 128, 128))
