@@ -121,22 +121,26 @@ def test_llama_on_meta_is_profiled_without_allocating_it():
     assert all(p.device.type == "meta" for p in model.parameters())
 
 
-def test_gpt_matrix_products_agree_with_graph_from_config():
+def test_gpt_nodes_agree_with_graph_from_config():
     """The fake profile of a Hugging Face GPT-2 block at GPT-3 6.7B's width on H100 against
-    graph-from-config for the same configuration: their matrix-product nodes (the QKV and first
-    MLP projections forward and backward, the LM head's backward) within 5 %. Both price a
-    product with from_config.gemm_time; the fake profile adds what the model runs beside it
-    (the bias gradient's sum, the kernel floor). Not compared: the LM head's forward, which
-    carries the step's all-ones output gradient as a real profile's does (block_timing: what
-    runs after the last node is the last node's), the nodes after the attention core and the
-    element-wise ones, where the two graphs cut the model differently (HF charges the
-    attention core to c_proj, from_config gives it its own node)."""
+    graph-from-config for the same configuration, within 5 % wherever the two run the same
+    kernels: per node the QKV and first MLP projections and the GeLU (forward and backward) and
+    the LM head's backward; the MLP from its layer norm to its output projection as one span,
+    forward and backward (Hugging Face charges the attention's residual add to ln_2, from_config
+    fuses it into fc2, so only the span is cut alike). Both price a product with
+    from_config.gemm_time. The model is built as graph-from-config describes it: no dropout
+    and the tanh GeLU as one kernel (gelu_pytorch_tanh). Where the two differ by design, and
+    why, is docs/fake_profile.md "Against graph-from-config": the attention core (a fused
+    flash attention against Megatron's unfused products and softmax), the embedding's backward
+    (a dense gradient of the whole table against the rows touched), the LM head's forward (the
+    step's all-ones output gradient)."""
     transformers = pytest.importorskip("transformers")
     from hybridplan.profiler.from_config import TransformerConfig, graph_from_config
 
     h, heads, seq, vocab = 4096, 32, 2048, 50304
     config = transformers.GPT2Config(n_embd=h, n_head=heads, n_layer=1, n_positions=seq,
-                                     vocab_size=vocab, torch_dtype=torch.bfloat16)
+                                     vocab_size=vocab, attn_pdrop=0.0, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, activation_function="gelu_pytorch_tanh")
     with torch.device("meta"):
         model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)
     fake = profile_dict(model, torch.zeros(1, seq, dtype=torch.long), device_model="H100",
@@ -146,13 +150,19 @@ def test_gpt_matrix_products_agree_with_graph_from_config():
                                 batch_multiples=())
     by_name = {n["name"]: n for n in fake["nodes"]}
     ours = {n["name"]: n for n in planned["nodes"]}
-    pairs = {("transformer.h.0.attn.c_attn", "layers.0.qkv"): ("forward_s", "backward_s"),
-             ("transformer.h.0.mlp.c_fc", "layers.0.fc1"): ("forward_s", "backward_s"),
-             ("lm_head", "lm_head"): ("backward_s",)}
-    for (hf, theirs), fields in pairs.items():
+    pairs = {("transformer.h.0.attn.c_attn",): (("layers.0.qkv",), ("forward_s", "backward_s")),
+             ("transformer.h.0.mlp.c_fc",): (("layers.0.fc1",), ("forward_s", "backward_s")),
+             ("transformer.h.0.mlp.act",): (("layers.0.gelu",), ("forward_s", "backward_s")),
+             ("lm_head",): (("lm_head",), ("backward_s",)),
+             ("transformer.h.0.ln_2", "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.act",
+              "transformer.h.0.mlp.c_proj"):
+                 (("layers.0.ln2", "layers.0.fc1", "layers.0.gelu", "layers.0.fc2"),
+                  ("forward_s", "backward_s"))}
+    for hf, (theirs, fields) in pairs.items():
         for field in fields:
-            assert by_name[hf][field] == pytest.approx(ours[theirs][field], rel=0.05), \
-                (hf, field, by_name[hf][field], ours[theirs][field])
+            fake_s = sum(by_name[n][field] for n in hf)
+            config_s = sum(ours[n][field] for n in theirs)
+            assert fake_s == pytest.approx(config_s, rel=0.05), (hf, field, fake_s, config_s)
 
 
 def test_grouped_mm_is_priced_as_one_product_over_all_rows():
