@@ -17,6 +17,13 @@ cost): the rates a calibrated cluster gives it. On CUDA, `--device-model auto` t
 name ("H100" in "NVIDIA H100 80GB HBM3") from from_config's table. Neither profile carries
 tensor-parallel fields or other batch sizes here (the fake one cannot know the first; both
 would only add time), so the two graphs differ in their times alone.
+
+`--by-op` adds, per family, where the difference comes from: one real training step run under
+a dispatch mode that times every aten op on this thread's clock (CPU) and prices the same op,
+at the same arguments, with the device model; ops are grouped by name and the groups that
+account for most of the real step are printed with their real and priced totals. Each op is
+timed on its own (its inputs produced by the real step), so what the table shows is the op's
+cost against its price, not an attribution between nodes.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python")]
 
 import torch  # noqa: E402
+import torch.utils._python_dispatch  # noqa: E402
 
 from hybridplan import models  # noqa: E402
 from hybridplan.planner import search  # noqa: E402
@@ -74,6 +82,53 @@ def _errors(real: dict, fake: dict) -> dict:
             "real_step_s": step, "fake_step_s": sum(priced.values())}
 
 
+class _OpTimer(torch.utils._python_dispatch.TorchDispatchMode):
+    """Times each aten op (the thread clock: one intra-op thread) and prices it with `dm`."""
+
+    def __init__(self, dm):
+        super().__init__()
+        self.dm, self.ops = dm, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        started = time.thread_time()
+        out = func(*args, **kwargs)
+        real = time.thread_time() - started
+        priced = self.dm.op_s(func, args, kwargs, out)
+        name = func.overloadpacket.__name__
+        count, r, p = self.ops.get(name, (0, 0.0, 0.0))
+        self.ops[name] = (count + 1, r + real, p + priced)
+        return out
+
+
+def _by_op(model, inputs, loss, target, dm, steps: int = 3) -> dict:
+    """{op name: (calls, real s, priced s)} per step, the last of `steps` steps (warm)."""
+    for _ in range(steps):
+        timer = _OpTimer(dm)
+        with timer:
+            out = model(*inputs)
+            value = loss(out, target) if loss else out.sum()
+            value.backward()
+        model.zero_grad(set_to_none=True)
+    return timer.ops
+
+
+def _print_by_op(name: str, ops: dict, share: float = 0.9) -> None:
+    real = sum(r for _, r, _ in ops.values())
+    priced = sum(p for _, _, p in ops.values())
+    print(f"\n{name}: ops of one step, real {real * 1e3:.1f} ms, priced {priced * 1e3:.1f} ms "
+          f"(the groups that make {share:.0%} of the real):\n")
+    print("| op | calls | real ms | priced ms | real / priced |")
+    print("|---|---|---|---|---|")
+    seen = 0.0
+    for op, (count, r, p) in sorted(ops.items(), key=lambda kv: -kv[1][1]):
+        if seen >= share * real:
+            break
+        seen += r
+        ratio = f"{r / p:.1f}" if p > 0 else "-"
+        print(f"| {op} | {count} | {r * 1e3:.2f} | {p * 1e3:.2f} | {ratio} |")
+
+
 def _plan_key(plan) -> tuple:
     p = plan.to_dict()
     return " ".join(f"{k}={p[k]}" for k in ("mode", "dp", "mp", "tp", "sharding", "schedule",
@@ -104,6 +159,8 @@ def main() -> int:
     parser.add_argument("--cluster", default="localhost-cpu")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--by-op", action="store_true",
+                        help="also time and price every aten op of one real step (CPU only)")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # the thread clock measures one thread's work
@@ -114,6 +171,7 @@ def main() -> int:
           "| major worst | step real / fake (ms) | same top plan | same top-k order | "
           "same top-k, zero-bubble fields dropped | fake profile (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    by_op = {}
     for name in args.models:
         torch.manual_seed(0)
         model = models.get(name)
@@ -139,6 +197,10 @@ def main() -> int:
               flush=True)
         if rank_real != rank_fake:
             print(f"  real top plans: {rank_real}\n  fake top plans: {rank_fake}", flush=True)
+        if args.by_op and args.device == "cpu":
+            by_op[name] = _by_op(model, inputs, loss, target, dm)
+    for name, ops in by_op.items():
+        _print_by_op(name, ops)
     return 0
 
 

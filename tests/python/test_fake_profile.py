@@ -273,3 +273,25 @@ def test_causal_attention_is_priced_by_the_blocks_it_computes():
     full = h100.op_s(op, (q, q, q, 0.0, False), {}, out)
     causal = h100.op_s(op, (q, q, q, 0.0, True), {}, out)
     assert causal == pytest.approx(full * causal_share(8192, 8192, 128, 128))
+
+
+def test_convolution_and_pooling_prices_where_measured():
+    """Where a device model carries a convolution cost (fixed seconds a call, FLOP/s) and a
+    pooling cost per window element (measure_cpu measures both on a CPU), a convolution costs
+    its fixed cost (two for its backward: input and weight gradients) plus its FLOPs at that
+    rate, and a pooling its output elements x window x the cost; never less than its bytes."""
+    import dataclasses
+    aten = torch.ops.aten
+    cpu = dataclasses.replace(CPU, convolution=(1e-4, 1e10), window_s=1e-9)
+    x, w = torch.empty(16, 32, 16, 16), torch.empty(32, 32, 1, 1)
+    out = torch.nn.functional.conv2d(x, w)
+    args = (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    flops = 2 * 16 * 16 * 16 * 32 * 32
+    assert cpu.op_s(aten.convolution.default, args, {}, out) == pytest.approx(1e-4 + flops / 1e10)
+    # without the measurement: its FLOPs at the matmul rate or its bytes, the longer
+    nbytes = 4 * (x.numel() + w.numel() + out.numel())
+    assert CPU.op_s(aten.convolution.default, args, {}, out) == pytest.approx(
+        max(flops / 1e11, nbytes / 1e10))
+    pooled = torch.nn.functional.max_pool2d(x, 3, 1, 1, return_indices=True)
+    assert cpu.op_s(aten.max_pool2d_with_indices.default, (x, [3, 3], [1, 1], [1, 1]), {},
+                    pooled) == pytest.approx(x.numel() * 9 * 1e-9)

@@ -13,6 +13,13 @@ Each op is priced by the kind of work it does (`op_s`):
   torch.utils.flop_counter's count at the same achievable rate (no tile model: a convolution
   runs as an implicit GEMM whose tiles the count does not see), or its bytes at memory
   bandwidth where that is longer;
+- **convolutions and pooling on a CPU** (where measure_cpu measured them): a convolution's
+  fixed cost a call (oneDNN's, about 70 us on the test host against a 2-3 us op floor; two for
+  its backward) plus its FLOPs at the measured convolution rate; a pooling op's output
+  elements x window x the measured cost per window element (NCHW pooling runs far below its
+  bytes' bandwidth there). Elsewhere these are priced as the rules above and below;
+- **a causal fused attention**: the counted FLOPs times the share of score blocks on or below
+  the diagonal (causal_share), as FlashAttention and torch's CPU kernel skip the rest;
 - **everything else that runs a kernel**: the bytes its tensor inputs and outputs hold, at
   memory bandwidth (an embedding lookup: the rows it gathers, read and written);
 - **views** (an op whose output aliases its input without writing it: view, transpose,
@@ -58,6 +65,9 @@ kDefaultGpuFloorS = 5e-6
 kFp32PeakFlops = {"A100": 19.5e12, "H100": 67e12}
 
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm"}
+_CONVOLUTIONS = {"convolution", "convolution_backward"}
+_POOLING = {"max_pool2d_with_indices", "max_pool2d", "avg_pool2d", "max_pool1d",
+            "avg_pool1d", "max_pool3d_with_indices", "avg_pool3d"}
 _NO_KERNEL = {"empty", "empty_like", "empty_strided", "empty_permuted", "lift_fresh",
               "_unsafe_view",  # a view whose schema does not say so
               "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel"}
@@ -83,6 +93,12 @@ class DeviceModel:
     # run below the large ones' rate for want of tiles rather than waves (a CPU); empty: the
     # tile model alone
     matmul_curve: Tuple[Tuple[float, float], ...] = ()
+    # convolutions where they run apart from the matmul rate (a CPU's oneDNN): (fixed seconds a
+    # call, FLOP/s beyond it); (0, 0): at the matmul rate with the op floor
+    convolution: Tuple[float, float] = (0.0, 0.0)
+    # seconds per output element per window element of a pooling op, where pooling runs below
+    # its bytes' bandwidth (a CPU's NCHW pooling); 0: its bytes at bandwidth
+    window_s: float = 0.0
 
     @property
     def memory_bandwidth_bytes_per_s(self) -> float:
@@ -114,6 +130,16 @@ class DeviceModel:
             return 0.0  # a view, an allocation, or a query of metadata (prim.device, sizes)
         if name in _GEMMS:
             seconds = self._gemm_op_s(name, args)
+        elif name in _CONVOLUTIONS and self.convolution[1] > 0:
+            floor_s, rate = self.convolution
+            calls = 2 if name == "convolution_backward" else 1  # input and weight gradients
+            seconds = max(calls * floor_s + op_flops(func, args, kwargs, out) / rate,
+                          self.memory_s(_tensor_bytes((args, kwargs)) + _tensor_bytes(out)))
+        elif name in _POOLING and self.window_s > 0:
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            window = math.prod(int(v) for v in args[1]) if len(args) > 1 else 1
+            seconds = max(first.numel() * window * self.window_s,
+                          self.memory_s(_tensor_bytes(args[0]) + _tensor_bytes(out)))
         elif name == "embedding":  # a gather reads the rows it returns, not the whole table
             seconds = self.memory_s(2 * _tensor_bytes(out) + _tensor_bytes(args[1]))
         else:
@@ -382,6 +408,8 @@ def measure_cpu(repeats: int = 5) -> DeviceModel:
         curve.append((working_set, working_set / seconds))
     floor_s = measure_op_floor_s()
     overhead = measure_node_overhead_s(floor_s)
+    convolution = measure_convolution(repeats)
+    window_s = measure_window_s(repeats)
     dev = GemmDevice("cpu", rate, rate, curve[-1][1], 1, (1, 1))
     return DeviceModel(f"cpu ({torch.get_num_threads()} threads)", dev, rate, floor_s,
                        "measured: float32 matmul "
@@ -390,7 +418,46 @@ def measure_cpu(repeats: int = 5) -> DeviceModel:
                        + ", ".join(f"{b / 1e9:.1f} GB/s at {w >> 10} KiB" for w, b in curve)
                        + f", one-element add {floor_s * 1e6:.1f} us, per node "
                        f"{overhead[0] * 1e6:.0f} us forward, {overhead[1] * 1e6:.0f} us "
-                       f"backward", tuple(curve), overhead, tuple(matmuls))
+                       f"backward, convolution {convolution[0] * 1e6:.0f} us a call + "
+                       f"{convolution[1] / 1e9:.0f} GFLOP/s, pooling {window_s * 1e9:.1f} ns "
+                       f"per window element", tuple(curve), overhead, tuple(matmuls),
+                       convolution, window_s)
+
+
+# The convolutions measure_cpu times (batch, channels in = out, size; a 1 x 1 kernel): one that
+# is all fixed cost, and one whose FLOPs dominate, small-channel as the CNN family's are.
+kConvTiny = (16, 16, 2)
+kConvWork = (16, 32, 16)
+
+
+def measure_convolution(repeats: int = 5) -> Tuple[float, float]:
+    """(fixed seconds a call, FLOP/s beyond it) of a float32 2-D convolution on this CPU: the
+    fastest call of kConvTiny (32 kFLOP: its time is the fixed cost, oneDNN's work per call)
+    and of kConvWork (8.4 MFLOP). Measured on the 2-core EPYC host: the fixed cost 66-110 us at
+    every shape tried (a 1 x 1 convolution of 16 channels: 77 us at 2 x 2, 84 us at 8 x 8),
+    where the one-element add costs 2-3 us; beyond it 58-64 GFLOP/s at kConvWork in four
+    runs, where a matmul of the same implicit-GEMM shape runs at 120-160. The rate beyond
+    the fixed cost depends on the working set more than this model says: 107-115 GFLOP/s at
+    64 channels of 8 x 8, 22-74 at 64 of 16 x 16, 12-13 at 32 of 32 x 32 (batch 16 each)."""
+    def conv_s(shape):
+        batch, channels, size = shape
+        x = torch.randn(batch, channels, size, size)
+        w = torch.randn(channels, channels, 1, 1)
+        return _best_s(lambda: torch.nn.functional.conv2d(x, w), repeats)
+    fixed = conv_s(kConvTiny)
+    batch, channels, size = kConvWork
+    flops = 2.0 * batch * size * size * channels * channels
+    return fixed, flops / max(conv_s(kConvWork) - fixed, 1e-9)
+
+
+def measure_window_s(repeats: int = 5) -> float:
+    """Seconds per output element per window element of a 3 x 3 max pooling (stride 1) on a
+    (16, 32, 8, 8) float32 tensor. On the 2-core EPYC host: 32-33 ns an output element at 8 x 8
+    to 32 x 32 (3.6 ns a window element), where its bytes at the copy bandwidth take under
+    1 ns."""
+    x = torch.randn(16, 32, 8, 8)
+    seconds = _best_s(lambda: torch.nn.functional.max_pool2d(x, 3, 1, 1), repeats)
+    return seconds / (x.numel() * 9)
 
 
 # A Linear(8, 8) at batch 1 runs one kernel forward (addmm) and three backward (two matrix
