@@ -247,7 +247,8 @@ def main() -> int:
         flops_per_token = 6 * active + 6 * m["layers"] * m["seq"] * m["hidden"]
         tflops = tokens_per_gpu * flops_per_token
         memory = max(pred["memory_bytes"]) / 2 ** 30
-        theirs = "not expressible without tensor-parallel fields"
+        theirs = ("-" if "none found" in published else
+                  "tensor-parallel: not expressible without tensor-parallel fields")
         if key in PUBLISHED_LAYOUT:
             from hybridplan.planner import InfeasibleError
             try:

@@ -433,7 +433,7 @@ kConvWork = (16, 32, 16)
 def measure_convolution(repeats: int = 5) -> Tuple[float, float]:
     """(fixed seconds a call, FLOP/s beyond it) of a float32 2-D convolution on this CPU: the
     fastest call of kConvTiny (32 kFLOP: its time is the fixed cost, oneDNN's work per call)
-    and of kConvWork (8.4 MFLOP). Measured on the 2-core EPYC host: the fixed cost 66-110 us at
+    and of kConvWork (8.4 MFLOP). Measured on the 2-core Xeon host: the fixed cost 66-110 us at
     every shape tried (a 1 x 1 convolution of 16 channels: 77 us at 2 x 2, 84 us at 8 x 8),
     where the one-element add costs 2-3 us; beyond it 58-64 GFLOP/s at kConvWork in four
     runs, where a matmul of the same implicit-GEMM shape runs at 120-160. The rate beyond
@@ -452,7 +452,7 @@ def measure_convolution(repeats: int = 5) -> Tuple[float, float]:
 
 def measure_window_s(repeats: int = 5) -> float:
     """Seconds per output element per window element of a 3 x 3 max pooling (stride 1) on a
-    (16, 32, 8, 8) float32 tensor. On the 2-core EPYC host: 32-33 ns an output element at 8 x 8
+    (16, 32, 8, 8) float32 tensor. On the 2-core Xeon host: 32-33 ns an output element at 8 x 8
     to 32 x 32 (3.6 ns a window element), where its bytes at the copy bandwidth take under
     1 ns."""
     x = torch.randn(16, 32, 8, 8)
