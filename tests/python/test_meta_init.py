@@ -11,8 +11,13 @@ file, a missing tensor and a mis-shaped one, naming the file and the tensor.
 One launch of 2 Gloo ranks (dist_harness.run_cases) applies a meta-built model under DDP
 (dp=2), zero3 (FSDP2 shards) and tensor parallelism (tp=2); each rank's weights after apply
 equal the one-process reference hybridplan.materialize(model) exactly, and after one step they
-equal one-process training on the global batch (float reassociation). A meta-built model under
-a pipeline plan is refused on every rank (docs/real_size.md says why). Two more cases load a
+equal one-process training on the global batch (float reassociation). So do two pipelines of a
+meta-built model, cut on the meta device: GPT-2 under 1F1B (2 stages, its tied wte/lm_head on
+both) and Llama under ZB-V (4 stages on 2 ranks, rank 0 holding the first and the last). What
+each rank materialised is checked too: a pipeline rank holds storage for its own stages'
+tensors and for nothing else (the other stages and the original module stay on the meta
+device), and a zero3 rank's parameters take 1/2 of the whole model's bytes (each tensor's
+shard, dim-0 rows rounded up). Two more cases load a
 Hugging Face safetensors directory (a meta-built Llama from shards with an index, under zero3;
 a real GPT-2 from one file, under a 1F1B pipeline of 2 stages, its tied wte/lm_head on both),
 train zero steps and export: the exported tensors equal the files read. And
@@ -61,9 +66,42 @@ def plan_for(name, kind):
         return dict(placement_plan(model, dp=2, mp=1, per_replica_batch=BATCH), sharding="zero3")
     if kind == "tp":
         return with_tp(placement_plan(model, dp=1, mp=1, per_replica_batch=BATCH), 2)
+    if kind == "zbv":  # 4 stages on 2 ranks, along a V
+        return pipeline_plan(model, dp=1, mp=2, schedule="zbv", num_microbatches=2,
+                             virtual_stages=2, per_replica_batch=BATCH,
+                             example_inputs=batch(BATCH, 0)[0])
     assert kind == "pipe"
     return pipeline_plan(model, dp=1, mp=2, schedule="1f1b", num_microbatches=2,
                          per_replica_batch=BATCH, example_inputs=batch(BATCH, 0)[0])
+
+
+def _bytes(tensors):
+    """Bytes of storage the (local parts of the) tensors hold, each tensor once; meta: 0."""
+    from torch.distributed.tensor import DTensor
+    seen, total = set(), 0
+    for t in list(tensors):  # alive while counted: ids are not reused
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        local = t.to_local() if isinstance(t, DTensor) else t
+        if not local.is_meta:
+            total += local.numel() * local.element_size()
+    return total
+
+
+def holdings(hp, model):
+    """What this rank materialised: its own part's bytes and every other tensor's it can reach
+    (a pipeline: the other stages' and the original module's), and the whole model's."""
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    if hp.plan.mode == "pipeline":
+        mine = {id(t) for t in list(hp.module.parameters()) + list(hp.module.buffers())}
+        others = [t for i, stage in enumerate(hp._cut.stages) if i not in hp.stages
+                  for t in list(stage.parameters()) + list(stage.buffers())]
+        others += list(model.parameters()) + list(model.buffers())
+        return {"own": _bytes(hp.module.parameters()), "whole": whole,
+                "elsewhere": _bytes(t for t in others if id(t) not in mine),
+                "stages": list(hp.stages)}
+    return {"own": _bytes(hp.module.parameters()), "whole": whole}
 
 
 def sgd(params):
@@ -100,6 +138,8 @@ def meta_cases(cases_file, out_dir):
                            os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
                 continue
         result = {"applied": hp.state_dict(), "mode": plan["mode"]}
+        if not case.get("real") and not case.get("parallelize"):
+            result["holdings"] = holdings(hp, model)
         if case.get("parallelize"):
             pass
         elif case.get("export"):
@@ -149,8 +189,8 @@ def test_every_plan_kind_materialises_the_one_process_weights(tmp_path):
     assert os.path.exists(os.path.join(sources["llama"], "model.safetensors.index.json"))
     cases = [{"id": f"{name}-{kind}", "model": name, "plan": plan_for(name, kind)}
              for name, kind in (("llama", "ddp"), ("llama", "zero3"), ("gpt2", "tp"),
-                                ("gpt2", "pipe"))]
-    # a meta model under zero3; a real one under the pipeline (meta pipelines are refused)
+                                ("gpt2", "pipe"), ("llama", "zbv"))]
+    # a meta model under zero3; a real one under the pipeline (its stages read the files)
     cases += [{"id": f"{name}-{kind}-pretrained", "model": name, "plan": plan_for(name, kind),
                "pretrained": sources[name], "export": str(tmp_path / f"{name}-{kind}-export"),
                "real": kind == "pipe"}
@@ -165,11 +205,25 @@ def test_every_plan_kind_materialises_the_one_process_weights(tmp_path):
         got = results[case["id"]]
         assert isinstance(got, list), got
         name, plan = case["model"], case["plan"]
-        if case["id"] == "gpt2-pipe":  # the exit crash of a fake-traced cut: refused
-            for rank_result in got:
-                assert "pipeline plan on a meta-built model is not supported" in \
-                    rank_result["refused"]
-            continue
+        for rank_result in got:
+            assert "refused" not in rank_result, (case["id"], rank_result)
+        if case["id"] in ("gpt2-pipe", "llama-zbv"):  # a rank holds its stages and no more
+            held = [r["holdings"] for r in got]
+            assert [h["stages"] for h in held] == ([[0], [1]] if case["id"] == "gpt2-pipe"
+                                                   else [[0, 3], [1, 2]])
+            for h in held:
+                assert h["elsewhere"] == 0 and 0 < h["own"] < h["whole"], (case["id"], h)
+            # gpt2's tied wte is on both ranks; llama's stages share nothing
+            extra = 0 if name == "llama" else got[0]["applied"][
+                "transformer.wte.weight"].numel() * 4
+            assert sum(h["own"] for h in held) == held[0]["whole"] + extra, (case["id"], held)
+        if case["id"] == "llama-zero3":  # each rank's shards: half of each tensor's dim 0
+            model, _, _ = meta_model(name)
+            halves = sum(-(-p.shape[0] // 2) * (p.numel() // p.shape[0]) * p.element_size()
+                         for p in model.parameters())
+            held = [r["holdings"] for r in got]
+            assert sum(h["own"] for h in held) == held[0]["whole"], held
+            assert all(h["own"] <= halves for h in held), (held, halves)
         if "pretrained" in case:
             source, exported = read_dir(sources[name]), read_dir(case["export"])
             assert sorted(exported) == sorted(source), case["id"]
@@ -332,3 +386,44 @@ def test_apply_refuses_init_weights_on_a_real_model():
     with pytest.raises(ValueError, match=r"init_weights applies to a model built on the meta"):
         Weights.of(model, lambda m: None, 0, None, "plan.json")
     assert Weights.of(model, None, 0, None, "plan.json") is None
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_meta_cut_runs_on_the_stage_device(name):
+    """A meta-built model is cut on the meta device; the graphs name the meta device where the
+    trace made tensors (Llama's and GPT-2's arange, Llama's rotary `.to(device)`) until
+    stage_on rewrites them; stages given storage and values run as the one-process twin."""
+    import copy
+    import torch.fx as fx
+    import hybridplan
+    from hybridplan.executor.materialize import Weights
+    from hybridplan.profiler import stage_split
+    model, batch, _ = meta_model(name)
+    twin = hybridplan.materialize(copy.deepcopy(model), init_seed=SEED)
+    inputs, _ = batch(2, 0)
+    plan = plan_for(name, "pipe")
+    cut = stage_split.split(model, (), inputs, {a["name"]: a["device"]
+                                                for a in plan["assignment"]}, 2)
+    assert cut.on_meta
+
+    def meta_args(stage):
+        found = []
+        for mod in stage.modules():
+            graph = getattr(mod, "graph", None)
+            if isinstance(graph, fx.Graph):
+                for node in graph.nodes:
+                    fx.node.map_aggregate((node.args, node.kwargs), lambda v: found.append(
+                        node.name) if isinstance(v, torch.device) and v.type == "meta" else v)
+        return found
+    assert meta_args(cut.stages[0])  # the trace's device, in the graph
+    weights = Weights.of(model, None, SEED, None, "plan.json", "pipeline")
+    stages = []
+    for s in range(2):
+        stage = cut.stage_on(s, torch.device("cpu"))
+        assert not meta_args(stage)
+        weights.fill_module(nn.ModuleList([stage]), lambda _n: torch.device("cpu"),
+                            lambda n: stage_split.original_name(n.split(".", 1)[1]))
+        stages.append(stage)
+    assert all(p.is_meta for p in model.parameters())  # the original keeps no storage
+    out = cut.unflatten_outputs(stages[1](*stages[0](*cut.flatten_inputs((), inputs))))
+    assert torch.equal(out.logits, twin(**inputs).logits)

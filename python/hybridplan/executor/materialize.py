@@ -35,15 +35,13 @@ a call that replaces a tensor instead of writing it (`self.weight = nn.Parameter
 call that fails on the meta device (one that reads values, `.item()`). A tensor not on the
 meta device keeps its value.
 
-Pipeline plans on a meta-built model are refused (ValueError): tracing the meta module with
-fake CPU tensors in its place (the fake profile's swap) cuts it, and each rank giving only its
-stages' tensors storage trained correctly, but the fake parameters the trace leaves behind
-crashed the interpreter's last garbage collection at exit (a segmentation fault after the job
-had completed; every attempt to release them first failed). A real model's pipeline stages
-take pretrained weights (stage_targets). Tensor-parallel plans find their split by running the
-model on values (tensor_parallel.detect): for a meta model that check runs on a materialised
-copy of the whole model, freed before anything else is built, so a TP plan's peak includes the
-model once.
+Pipeline plans: the meta module is cut on the meta device (profiler.stage_split: torch.export
+needs shapes, not values), so the stages hold the model's own meta tensors; each rank gives
+storage to its stages' tensors only and fills them (Weights.before_axes), the other stages
+stay on the meta device. A real model's stages take pretrained weights the same way.
+Tensor-parallel plans find their split by running the model on values (tensor_parallel.detect):
+for a meta model that check runs on a materialised copy of the whole model, freed before
+anything else is built, so a TP plan's peak includes the model once.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["materialize", "on_meta", "seed_of", "Initializer", "canonical_names",
-           "fill", "targets_of", "stage_targets", "Weights"]
+           "fill", "targets_of", "Weights"]
 
 
 def on_meta(module: nn.Module) -> bool:
@@ -377,19 +375,6 @@ def fill(targets: Dict[str, List[torch.Tensor]], values: Iterator[Tuple[str, tor
         raise RuntimeError(f"materialize: no value for {sorted(left)[:5]}")
 
 
-# ---- pipeline stages -------------------------------------------------------------------------
-
-def stage_targets(stages: Sequence[nn.Module], canonical: Dict[str, str],
-                  name_of: Callable[[str], str]) -> Dict[str, List[torch.Tensor]]:
-    """canonical name -> this rank's pipeline stages' tensors for it (a real model's stages:
-    pretrained weights are read into them)."""
-    targets: Dict[str, List[torch.Tensor]] = {}
-    for stage in stages:
-        for name, ts in targets_of(stage, canonical, name_of).items():
-            targets.setdefault(name, []).extend(ts)
-    return targets
-
-
 def twin(module: nn.Module, init_weights: Optional[Callable], init_seed: int) -> nn.Module:
     """A materialised CPU copy of a meta-built module (tensor parallelism's split check runs
     the model on values)."""
@@ -414,13 +399,6 @@ class Weights:
                              f"device (with torch.device('meta'): ...); this "
                              f"{type(module).__name__} has no meta tensors")
         self.init_weights, self.init_seed = init_weights, init_seed
-        if self.meta and mode == "pipeline":
-            raise ValueError(
-                f"{source}: a pipeline plan on a meta-built model is not supported: the cut's "
-                f"trace on fake tensors works and trains, but leaves fake parameters that "
-                f"crash the interpreter's last garbage collection at exit; build the model on "
-                f"a real device for a pipeline plan (load_pretrained then reads only this "
-                f"rank's stages), or use a placement plan")
         self.canonical = canonical_names(module)
         self.init = Initializer(module, init_weights, init_seed, source) if self.meta else None
         self.pretrained = (Pretrained(load_pretrained, module, self.canonical, source)
@@ -456,34 +434,37 @@ class Weights:
             if rest:
                 fill(rest, self.init.values(set(rest)), narrow_rank)
 
-    def fill_module(self, module: nn.Module, device_of: Callable[[str], torch.device]) -> None:
-        """A placement replica (the original module, maybe sharded or split): storage for its
-        meta tensors (device_of: the module holding them -> device), then values."""
-        fresh = give_storage(module, device_of) if self.meta else None
-        targets = targets_of(module, self.canonical)
-        if fresh is not None:  # a meta model's real tensors keep their values
-            targets = {n: [t for t in ts if id(t) in fresh or n in self.from_file]
-                       for n, ts in targets.items()}
-        self.fill({n: ts for n, ts in targets.items() if ts})
-
-    def fill_stages(self, stages: Sequence[nn.Module], name_of: Callable[[str], str],
-                    narrow_rank: int) -> None:
-        """This rank's pipeline stages (a real model's: meta ones are refused)."""
-        targets = stage_targets(stages, self.canonical, name_of)
-        self.fill({n: ts for n, ts in targets.items() if n in self.from_file}, narrow_rank)
+    def fill_module(self, module: nn.Module, device_of: Callable[[str], torch.device],
+                    name_of: Callable[[str], str] = lambda n: n, narrow_rank: int = 0) -> None:
+        """A placement replica (the original module, maybe sharded or split) or this rank's
+        pipeline stages (an nn.ModuleList of them; name_of: a stage's names -> the model's):
+        storage for its meta tensors (device_of: the module holding them -> device), then
+        values. A real model's tensors keep theirs unless the files hold them."""
+        fresh = give_storage(module, device_of) if self.meta else set()
+        targets = targets_of(module, self.canonical, name_of)
+        targets = {n: [t for t in ts if id(t) in fresh or n in self.from_file]
+                   for n, ts in targets.items()}
+        self.fill({n: ts for n, ts in targets.items() if ts}, narrow_rank)
 
     # -- the two points of the recipe --
     def before_axes(self, spec: Any, module: nn.Module, cut: Any, rank: int) -> None:
         """Before placement or the pipeline runner: a whole DDP replica (DDP broadcasts
         rank 0's tensors: they must exist), or this rank's pipeline stages."""
         from ..profiler.stage_split import original_name
+        from .calls import device_for
         from .layout import Layout
 
         layout = Layout.of(spec)
         replica, tp_rank = layout.replica_of(rank), layout.tp_rank_of(rank)
-        if spec.mode == "pipeline":
-            self.fill_stages([cut.stages[s] for s in spec.stages_of(layout.stage_of(rank))],
-                             original_name, tp_rank)
+        if spec.mode == "pipeline":  # one ModuleList: a tensor two stages share stays one
+            stage = layout.stage_of(rank)
+            device = device_for(spec, spec.mesh[replica][stage] + tp_rank)
+            # a meta cut's graphs name the meta device where the trace made tensors (arange,
+            # .to(device)): set to the rank's (stage_split.StageCut.stage_on)
+            self.fill_module(nn.ModuleList([cut.stage_on(s, device)
+                                            for s in spec.stages_of(stage)]),
+                             lambda _name: device, lambda n: original_name(n.split(".", 1)[1]),
+                             tp_rank)
         elif spec.sharding == "none" and spec.tp == 1:
             self.fill_module(module, self._device_of(spec, module, replica, tp_rank))
 

@@ -35,6 +35,13 @@ How the cut is made:
   several stages) is copied onto each by the Pipe; `tied` lists them so that the executor sums
   their gradients between those stages, and copies inside one stage are one tensor
   (`_tie_copies`).
+- A module built on the meta device (parameters with shapes and no storage) is traced as it
+  is, with the example's tensors moved to the meta device: torch.export needs one device, not
+  values, and the stages keep the module's own meta tensors, which each rank gives storage to
+  for its stages only (executor/materialize.py). What the trace records of the device it ran
+  on, the `device=` of an `arange` or a `.to(device)`, names the meta device in the stages'
+  graphs; `StageCut.stage_on(s, device)` rewrites those to the device the stage runs on, as
+  torch's own `Pipe.build_stage` does for a traced graph's `device=` arguments.
 """
 
 from __future__ import annotations
@@ -144,6 +151,15 @@ class StageCut:
     carry_meta: List[List[torch.Tensor]]   # stage s -> meta tensors of what it receives
     output_meta: List[torch.Tensor]        # the last stage's outputs
     tied: List[Dict[int, str]]             # per tied parameter: stage -> its name in part
+    on_meta: bool = False                  # traced on the meta device (a meta-built module)
+
+    def stage_on(self, stage: int, device: torch.device) -> "CarryStage":
+        """Stage `stage`, its graphs' meta-device arguments set to `device` when the cut was
+        traced on the meta device (the module doc); its tensors are the caller's to place."""
+        part = self.stages[stage]
+        if self.on_meta:
+            retarget_device(part, torch.device("meta"), torch.device(device))
+        return part
 
     def flatten_inputs(self, args, kwargs, source="pipeline"):
         return self.flat.flatten_inputs(args, kwargs, source)
@@ -156,6 +172,33 @@ class StageCut:
         outputs = (self.carry_meta[stage + 1] if stage + 1 < self.num_stages
                    else self.output_meta)
         return self.carry_meta[stage], outputs
+
+
+def retarget_device(part: nn.Module, old: torch.device, new: torch.device) -> None:
+    """Every `old` device among the arguments of the graphs in `part` (positional or keyword:
+    `arange(..., device=)`, `aten.to.device(x, device, ...)`, `_assert_tensor_metadata(...,
+    device=)`) becomes `new`; the graphs' code is regenerated. torch's `_modify_graph_op_device`
+    (what Pipe.build_stage calls) rewrites only keyword `device=` arguments and every device,
+    not just the traced one; the positional `.to(device)` a Llama rotary embedding traces to
+    would keep the meta device."""
+    def swap(value):
+        return new if isinstance(value, torch.device) and value == old else value
+    for mod in part.modules():
+        graph = getattr(mod, "graph", None)
+        if not isinstance(graph, fx.Graph):
+            continue
+        changed = False
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            args = fx.node.map_aggregate(node.args, swap)
+            kwargs = fx.node.map_aggregate(node.kwargs, swap)
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs, changed = args, kwargs, True
+        if changed:
+            code_of = mod.graph_module if isinstance(mod, InterpreterModule) else mod
+            if isinstance(code_of, fx.GraphModule):
+                code_of.recompile()
 
 
 def original_name(stage_name: str) -> str:
@@ -323,9 +366,16 @@ def split(module: nn.Module, args: Sequence[Any], kwargs: Dict[str, Any],
           stage_of: Dict[str, int], num_stages: int, source: str = "plan") -> StageCut:
     """Cuts `module` as `stage_of` (node name -> stage; nodes not named run with their
     consumers) says. `args`/`kwargs`: one micro-batch. ValueError where torch.export or the
-    split fails (naming the module and the cause) or the stages are not contiguous."""
-    return _split(module, args, kwargs, lambda gm, _inputs, _aliases: (stage_of, num_stages),
-                  source)
+    split fails (naming the module and the cause) or the stages are not contiguous. A module
+    with meta tensors is traced on the meta device (the module doc)."""
+    on_meta = any(t.is_meta for t in list(module.parameters()) + list(module.buffers()))
+    if on_meta:  # the example's values do not matter to the trace, only shapes and dtypes
+        args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"),
+                                            (tuple(args), dict(kwargs)))
+    cut = _split(module, args, kwargs, lambda gm, _inputs, _aliases: (stage_of, num_stages),
+                 source)
+    cut.on_meta = on_meta
+    return cut
 
 
 def _split(module, args, kwargs, stages_for, source) -> StageCut:
