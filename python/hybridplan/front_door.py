@@ -69,8 +69,8 @@ from .planner import (MODES, Cluster, Graph, InfeasibleError, Job, Plan, as_clus
                       evaluate, search)
 
 __all__ = ["parallelize", "Parallelized", "Choice", "choose_plan", "resolve_cluster",
-           "resolve_job", "default_cache_dir", "graph_cache_key", "graph_cache_path",
-           "calibration_path", "launch_hint"]
+           "resolve_job", "job_with_precision", "default_cache_dir", "graph_cache_key",
+           "graph_cache_path", "calibration_path", "launch_hint"]
 
 kDefaultTimeoutS = DEFAULT_TIMEOUT_S  # apply's
 # How long the other ranks wait for rank 0's profile and plan (a group of its own, so the
@@ -284,6 +284,17 @@ def _optimizer_kind(optimizer: Any) -> str:
     return "adam"
 
 
+def job_with_precision(job: Job, precision: str) -> Job:
+    """`job` with the precision `precision` (checked by the core); ValueError when the job
+    names another one."""
+    d = job.to_dict()
+    have = d.get("precision")  # absent: fp32 (the core writes it only otherwise)
+    if have is not None and have != precision:
+        raise ValueError(f"hybridplan.parallelize: precision={precision!r} but the job's "
+                         f"precision is {have!r}: give one of them")
+    return Job.from_dict(dict(d, precision=precision), "job (parallelize's precision)")
+
+
 def resolve_job(job: Any, per_replica_batch: int, optimizer: Any = None) -> Job:
     """`job` as given (a Job, dict or file; a dict without "optimizer" takes the optimizer's),
     else samples/s at `per_replica_batch` (the example's batch) with the optimizer's state."""
@@ -314,6 +325,8 @@ def describe(p: Plan, mode: bool = True) -> str:
     if recomputed:
         text += f" recompute {recomputed} nodes"
     return text
+    if p.precision != "fp32":
+        text += f" {p.precision}"
 
 
 def _first_line(text: str, limit: int = 240) -> str:
@@ -584,7 +597,8 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
                 timeout_s: float = kDefaultTimeoutS,
                 setup_timeout_s: float = kDefaultSetupTimeoutS,
                 profile_options: Optional[Dict[str, Any]] = None, verbose: bool = True,
-                sync_batchnorm: bool = False, **apply_options: Any):
+                sync_batchnorm: bool = False, precision: Optional[str] = None,
+                **apply_options: Any):
     """Profiles `model` (once: cached), plans it for this job and applies the plan; returns the
     AppliedPlan (hybridplan.apply's) with `.parallelized` (see the module doc).
 
@@ -617,6 +631,9 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
                     measure_noise_scale, resume_from, the training step's clip_grad_norm,
                     accumulation_steps and lr_scheduler, ...).
     """
+    precision       "fp32", "bf16" or "fp16": the Job's precision (docs/training_step.md
+                    "Precision"), which the planner prices and the plan carries to apply; None:
+                    the job's (fp32 without one). A job naming another precision is an error.
     clash = sorted(set(apply_options) & set(_APPLY_OWN))
     if clash:
         raise ValueError(f"hybridplan.parallelize: {clash} are parallelize's to set (got them "
@@ -637,6 +654,9 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
         cache_dir = default_cache_dir()
     elif cache_dir is False:
         cache_dir = None
+    if precision is not None:
+        job = job_with_precision(
+            resolve_job(job, _batch_of(example_inputs, 0), optimizer), precision)
     else:
         cache_dir = os.fspath(cache_dir)
     _process_group(world_size, timeout_s)

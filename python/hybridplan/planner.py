@@ -352,6 +352,12 @@ class Plan(_Document):
         return self._dict.get("sharding", "none")
 
     @property
+    def precision(self) -> str:
+        """"fp32", "bf16" or "fp16": the Job's precision the plan was priced in, which the
+        executor applies (docs/training_step.md "Precision")."""
+        return self._dict.get("precision", "fp32")
+
+    @property
     def num_microbatches(self) -> int:
         return self._dict["num_microbatches"]
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import checkpoint, noise, switching
+from . import checkpoint, noise, precision, switching
 from .checkpointing import Checkpointing
 from .layout import Mesh
 from .lifecycle import Lifecycle, destroy_groups
@@ -41,6 +41,7 @@ class Built:
     first_rank: int = 0                 # pipeline: the rank holding stage 0 (reads inputs)
     last_rank: int = 0                  # pipeline: the rank holding the last stage (the loss)
     tp: Any = None                      # tp > 1: recipe.TpSplit (styles, kinds, sequence layout)
+    precision: Any = None               # precision.Precision: how the plan's precision applies
 
 
 class AppliedPlan(Stepping, Checkpointing, switching.Switching):
@@ -78,6 +79,7 @@ class AppliedPlan(Stepping, Checkpointing, switching.Switching):
         self.original, self.module, self._params = built.original, built.module, built.params
         self.ddp, self.shard_units = built.ddp, built.shard_units
         self._tp_sequence = getattr(built.tp, "sequence", None)  # sequence parallelism's layout
+        self._precision = built.precision or precision.Precision()  # the plan's precision
         if spec.mode == "placement":
             self.devices, self._hooks = built.devices, built.hooks
             self.stages = [self.stage]
@@ -87,6 +89,9 @@ class AppliedPlan(Stepping, Checkpointing, switching.Switching):
             self._replica_group = built.replica_group
             self._first_rank, self._last_rank = built.first_rank, built.last_rank
         self.optimizer = optimizer
+        self._scaler = self._precision.scaler(self._first_device())  # fp16's loss scaler
+        if spec.mode == "pipeline":
+            self._runner.scaler = self._scaler
         # the step's options (stepping): clipping, accumulation, the LR scheduler
         self._clip, self._accumulation = clip_grad_norm, accumulation_steps
         self._scheduler = lr_scheduler

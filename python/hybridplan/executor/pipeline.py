@@ -49,6 +49,11 @@
 - Recompute: a stage the plan recomputes runs its forward under torch.utils.checkpoint
   (autograd.recompute), keeping only its inputs (the receive buffers) between a micro-batch's
   forward and backward.
+- Precision (the plan's "precision": bf16 or fp16; executor/precision.py): each stage's
+  forward and the last stage's loss run under torch.autocast (PipelineStage's
+  forward_maybe_with_nosync), the parameters staying fp32; the floating values a stage sends
+  travel in the compute dtype (their static metadata, so the receive buffers, in it), and their
+  gradients with them. fp16's loss scaler scales each micro-batch's loss.
 - BatchNorm in a stage normalises each micro-batch with its own statistics and updates the
   running statistics once per micro-batch, as GPipe does (https://arxiv.org/abs/1811.06965).
 """
@@ -56,6 +61,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -139,6 +145,26 @@ def _stage_class():
         # False on an accumulation's earlier steps (PipelineRunner.step): no backward of the
         # schedule is the last, so DDP and FSDP keep accumulating without reducing
         sync_gradients = True
+        # the plan's precision (executor/precision.py) and, under autocast, the dtypes this
+        # stage sends its outputs in (None: as computed); PipelineRunner sets both
+        mixed = None
+        send_dtypes: Optional[List[torch.dtype]] = None
+
+        def forward_maybe_with_nosync(self, *args, **kwargs):
+            """torch's, under the plan's autocast; a stage's floating outputs leave in the
+            dtypes its peers' receive buffers were allocated in (the compute dtype)."""
+            if self.mixed is None or not self.mixed.autocasts:
+                return super().forward_maybe_with_nosync(*args, **kwargs)
+            with self.mixed.autocast(self.device):
+                output = super().forward_maybe_with_nosync(*args, **kwargs)
+            if self.send_dtypes is None:
+                return output
+
+            def cast(t, dtype):
+                return t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype != dtype else t
+            if isinstance(output, torch.Tensor):
+                return cast(output, self.send_dtypes[0])
+            return type(output)(cast(t, d) for t, d in zip(output, self.send_dtypes))
 
         def perform_reduce_grad(self, grad_scale_factor):
             """torch's, except on an accumulation's earlier steps: FSDP's post-backward then
@@ -195,6 +221,14 @@ def _stage_class():
     return SplitBackwardStage
 
 
+def _as_message(meta: Any, precision: Any) -> Any:
+    """A stage boundary's traced meta tensor in the dtype it travels in (precision)."""
+    if isinstance(meta, torch.Tensor):
+        dtype = precision.message_dtype(meta.dtype)
+        return meta if dtype == meta.dtype else meta.to(dtype)
+    return meta
+
+
 class PipelineRunner:
     """One rank's stages of one replica: `step(flat_inputs, target)` runs the schedule.
     `stages` are this rank's stage indices (increasing) among cut.num_stages."""
@@ -204,7 +238,8 @@ class PipelineRunner:
                  dp_group, dp: int, tie_groups: Dict[int, Any],
                  recompute_stages: Sequence[int] = (), sharding: str = "none",
                  selective_stages: Sequence[int] = (),
-                 dp_mesh: Any = None, tensor_parallel: Optional[tuple] = None):
+                 dp_mesh: Any = None, tensor_parallel: Optional[tuple] = None,
+                 precision: Any = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES} (got {schedule!r})")
         if schedule not in MULTI_STAGE and len(stages) != 1:
@@ -236,10 +271,19 @@ class PipelineRunner:
                                                   **ddp_bucket_kwargs())
                 self.ddps.append(wrapped)
             inputs_meta, outputs_meta = cut.meta_of(index)
+            send_dtypes = None
+            if precision is not None and precision.autocasts:  # messages in the compute dtype
+                if index > 0:
+                    inputs_meta = [_as_message(t, precision) for t in inputs_meta]
+                if index < cut.num_stages - 1:
+                    outputs_meta = [_as_message(t, precision) for t in outputs_meta]
+                    send_dtypes = [t.dtype for t in outputs_meta]
             self.modules.append(module)
-            self.stages.append(stage_class(wrapped, index, cut.num_stages, device,
-                                           input_args=tuple(inputs_meta),
-                                           output_args=tuple(outputs_meta), group=pipe_group))
+            stage = stage_class(wrapped, index, cut.num_stages, device,
+                                input_args=tuple(inputs_meta),
+                                output_args=tuple(outputs_meta), group=pipe_group)
+            stage.mixed, stage.send_dtypes = precision, send_dtypes
+            self.stages.append(stage)
         self.ddp = self.ddps[0] if len(self.ddps) == 1 else None  # one stage: its DDP
         # `module`: the one stage module, or this rank's stage modules in stage order
         self.module = self.modules[0] if len(self.modules) == 1 else nn.ModuleList(self.modules)
@@ -248,9 +292,14 @@ class PipelineRunner:
         self.holds_last = cut.num_stages - 1 in self.stage_indices
 
         self._accumulation = 1  # step()'s accumulation_steps: the loss is divided by it too
+        self.scaler = None  # fp16's loss scaler (AppliedPlan sets it; precision.py)
 
         def micro_loss(outputs, target):
-            loss = loss_fn(cut.unflatten_outputs(outputs), target)
+            with (precision.autocast(device) if precision is not None  # the loss, as forward
+                  else contextlib.nullcontext()):
+                loss = loss_fn(cut.unflatten_outputs(outputs), target)
+            if self.scaler is not None:  # fp16: the backward runs on the scaled loss
+                loss = self.scaler.scale(loss)
             if self._accumulation == 1:
                 return loss / num_microbatches
             return loss / (num_microbatches * self._accumulation)
@@ -314,6 +363,8 @@ class PipelineRunner:
         self.schedule.step(*args, return_outputs=False, **kwargs)
         if self.holds_last:
             loss = torch.stack([loss.detach() for loss in kwargs["losses"]]).sum()
+            if self.scaler is not None:  # the loss as computed, not as scaled for backward
+                loss = loss / self.scaler.get_scale()
             if accumulation_steps != 1:
                 loss = loss * accumulation_steps
         else:

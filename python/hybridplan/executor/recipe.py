@@ -39,6 +39,11 @@ detect_layout names (apply() calls it on the module, with example_inputs) over t
 with DTensor's parallelize_module; data parallelism over the replicas of one TP rank is FSDP2's
 (fully_shard for sharded plans, else replicate), and each TP rank runs its own pipeline.
 
+Precision (the plan's "precision", the Job's: "bf16" or "fp16"; see precision): parameters,
+master weights and optimizer state stay fp32 and gradients are reduced in fp32; the forward
+computes in the dtype, under FSDP2's MixedPrecisionPolicy for sharded placement plans and
+under torch.autocast for the others, fp16 with a loss scaler.
+
 Inputs as users have them: `inputs` is a tensor, a tuple of positional arguments or a dict of
 keyword arguments (input_ids=..., attention_mask=...); the module may return a tensor, a
 tuple, a dict or a ModelOutput, which loss_fn(output, target) receives as the module returns it.
@@ -74,7 +79,7 @@ from torch import nn
 from ..planner import Plan
 from ..profiler import block_timing, stage_split
 from . import batch_norm, checkpoint, noise, placement, sharded_checkpoint, sharding, switching
-from . import materialize, stepping, tensor_parallel
+from . import materialize, precision, stepping, tensor_parallel
 from .applied import AppliedPlan, Built
 from .calls import default_loss, device_for, first_microbatch
 from .checks import check_step_options, local_checks
@@ -128,7 +133,7 @@ def detect_tp(spec: Plan, module: nn.Module, example_inputs: Any) -> TpSplit:
 
 
 def place_replica(spec: Plan, module: nn.Module, mesh: Mesh, tp: TpSplit,
-                  sync_batchnorm: bool) -> Built:
+                  sync_batchnorm: bool, mixed: precision.Precision) -> Built:
     """Placement mode, the axes in the order they apply to the replica: SyncBatchNorm (if
     asked) -> each graph node on its device, recomputed nodes wrapped (placement.place) ->
     tensor parallelism over the replica's TP group -> data parallelism over the replicas:
@@ -147,20 +152,21 @@ def place_replica(spec: Plan, module: nn.Module, mesh: Mesh, tp: TpSplit,
                                     sequence=tp.sequence)
         if spec.dp > 1 and spec.sharding != "none":
             built.shard_units = sharding.shard_placement(module, spec.assignment, mesh.dp(),
-                                                         spec.sharding)
+                                                         spec.sharding, mixed.mp_policy())
         elif spec.dp > 1:
             tensor_parallel.replicate_placement(module, spec.assignment, mesh.dp_tp())
     elif spec.sharding == "none":
         built.ddp = placement.wrap_ddp(module, devices, mesh.dp_group())
     else:  # mp == 1 (plan rule): one device; recompute was applied above, before sharding
         built.shard_units = sharding.shard_placement(
-            module, spec.assignment, mesh.hsdp() if layout.hybrid else mesh.dp(), spec.sharding)
+            module, spec.assignment, mesh.hsdp() if layout.hybrid else mesh.dp(), spec.sharding,
+            mixed.mp_policy())
     built.params = list(module.parameters())  # FSDP's DTensors when sharded
     return built
 
 
 def run_stages(spec: Plan, module: nn.Module, cut: stage_split.StageCut, mesh: Mesh,
-               tp: TpSplit, loss_fn: Callable) -> Built:
+               tp: TpSplit, loss_fn: Callable, mixed: precision.Precision) -> Built:
     """Pipeline mode: this rank's stages of the cut under the plan's schedule (PipelineRunner
     applies, per stage, tensor parallelism, recompute and then DDP, FSDP2 or replicate over the
     stage's DP group), and the groups the step needs: the tied weights' holders and this TP
@@ -188,7 +194,8 @@ def run_stages(spec: Plan, module: nn.Module, cut: stage_split.StageCut, mesh: M
         recompute_stages=sorted(recomputed), sharding=spec.sharding,
         dp_mesh=mesh.hsdp() if layout.hybrid else mesh.dp(),
         selective_stages=sorted(selective),
-        tensor_parallel=(tp.styles, tp.kinds, mesh.dp_tp()) if spec.tp > 1 else None)
+        tensor_parallel=(tp.styles, tp.kinds, mesh.dp_tp()) if spec.tp > 1 else None,
+        precision=mixed)
     return Built(original=module, module=runner.module, params=runner.parameters(),
                  runner=runner, cut=cut, device=device, stages=stages, replica_group=replica_group,
                  # the ranks of this TP rank's pipeline holding stage 0 (the inputs) and the last
@@ -368,10 +375,12 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         weights.before_axes(spec, module, cut, rank)
     # ---- 4. the axes: placement, recompute, tensor parallelism, data parallelism ----
     loss_fn = loss_fn or default_loss(module)
+    mixed = precision.of_plan(spec)  # the plan's precision: FSDP2's policy or autocast
     if spec.mode == "placement":
-        built = place_replica(spec, module, mesh, tp, sync_batchnorm)
+        built = place_replica(spec, module, mesh, tp, sync_batchnorm, mixed)
     else:
-        built = run_stages(spec, module, cut, mesh, tp, loss_fn)
+        built = run_stages(spec, module, cut, mesh, tp, loss_fn, mixed)
+    built.precision = mixed
     # ---- 4b. ... or the shards and slices of a sharded or tensor-parallel replica ----
     if weights is not None and weights.after_axes(spec, module, rank):
         built.params = list(module.parameters())  # the new tensors (FSDP's DTensors)

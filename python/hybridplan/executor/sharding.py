@@ -44,13 +44,15 @@ from torch import nn
 
 from ..profiler import block_list
 
-def shard(module: nn.Module, mesh: Any, sharding: str) -> nn.Module:
-    """fully_shard(module) as one unit with `sharding`'s reshard_after_forward."""
+def shard(module: nn.Module, mesh: Any, sharding: str, mp_policy: Any = None) -> nn.Module:
+    """fully_shard(module) as one unit with `sharding`'s reshard_after_forward; `mp_policy`: a
+    MixedPrecisionPolicy (executor/precision.py), None for FSDP2's default (fp32)."""
     from torch.distributed.fsdp import fully_shard
 
     if sharding not in ("zero2", "zero3"):
         raise ValueError(f"sharding must be 'zero2' or 'zero3' (got {sharding!r})")
-    return fully_shard(module, mesh=mesh, reshard_after_forward=sharding == "zero3")
+    policy = {} if mp_policy is None else {"mp_policy": mp_policy}
+    return fully_shard(module, mesh=mesh, reshard_after_forward=sharding == "zero3", **policy)
 
 
 def node_units(module: nn.Module, nodes: Iterable[str]) -> List[str]:
@@ -72,14 +74,15 @@ def node_units(module: nn.Module, nodes: Iterable[str]) -> List[str]:
     return units
 
 
-def shard_placement(module: nn.Module, nodes: Iterable[str], mesh: Any, sharding: str
-                    ) -> List[str]:
+def shard_placement(module: nn.Module, nodes: Iterable[str], mesh: Any, sharding: str,
+                    mp_policy: Any = None) -> List[str]:
     """Shards a placement replica: each node of node_units() as its own unit, then the root
-    (every parameter left). Returns the node units' names."""
+    (every parameter left), each under `mp_policy` (see shard). Returns the node units'
+    names."""
     units = node_units(module, nodes)
     for name in units:
-        shard(module.get_submodule(name), mesh, sharding)
-    shard(module, mesh, sharding)
+        shard(module.get_submodule(name), mesh, sharding, mp_policy)
+    shard(module, mesh, sharding, mp_policy)
     return units
 
 

@@ -253,9 +253,11 @@ class Stepping:
         if self.plan.mode == "placement":
             args, kwargs = as_call(inputs)
             with self._sync_context(sync):
-                output = (self.ddp or self.original)(*args, **kwargs)
-                loss = self.loss_fn(output, to_device(target, device_of(output)))
-                (loss / k if k > 1 else loss).backward()
+                with self._precision.autocast(self.devices[0]):  # forward and loss (precision)
+                    output = (self.ddp or self.original)(*args, **kwargs)
+                    loss = self.loss_fn(output, to_device(target, device_of(output)))
+                scaled = loss if self._scaler is None else self._scaler.scale(loss)  # fp16
+                (scaled / k if k > 1 else scaled).backward()
             self._micro = index
             if self._noise is not None:
                 self._noise_batch += batch_size(args, kwargs, self.batch_dim)
@@ -303,6 +305,8 @@ class Stepping:
 
     def _clip_grad_norm(self, max_norm: float, norm_type: float) -> torch.Tensor:
         self._check_accumulated("clip_grad_norm")
+        if self._scaler is not None:  # fp16: the norm of the true gradients (collective)
+            self._scaler.unscale_(self.optimizer)
         device = self._first_device()
         norms = []
         for group in _by_layout(self._counted_params()):
@@ -326,7 +330,11 @@ class Stepping:
 
     def _optimizer_step(self) -> None:
         self._check_accumulated("optimizer_step")
-        self.optimizer.step()
+        if self._scaler is None:
+            self.optimizer.step()
+        else:  # fp16: unscales (if clipping did not), skips a step with an inf, on every rank
+            self._scaler.step(self.optimizer)
+            self._scaler.update()
         if self._scheduler is not None:
             self._scheduler.step()
         self._micro = 0

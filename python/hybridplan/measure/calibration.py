@@ -92,6 +92,10 @@ What is measured (every fit by least squares, its points and residuals under "me
                                (selective - full recompute) forward+backward time of a Linear
                                and 16, 64, 256 elementwise ops on a tiny tensor (fit
                                "selective_ops")
+  device.compute_speedup       the workload's forward+backward (--model, else branchy_cnn) in
+                               fp32 / its time under torch.autocast in bf16 and in fp16, as the
+                               executor runs a 16-bit precision (compute_speedup; the planner
+                               divides a float32 graph's node times by it: precision_cost.h)
   device.*, type, collectives  as the probe (python/hybridplan/measure/probe.py); "cpu" and Gloo
                                on CPU
 
@@ -104,6 +108,7 @@ graph (--graph) sizes the messages: up to its gradient bytes (all-reduce) and it
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
@@ -412,6 +417,30 @@ def _workload(model_spec: Optional[str], batch: int) -> Tuple[nn.Module, Callabl
         torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
 
     return module, step
+
+
+def compute_speedup(step: Callable[[], None], device, warmup: int, repeats: int
+                    ) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Cluster device.compute_speedup: how many times faster `step` (the workload's forward and
+    backward) runs under torch.autocast in bf16 and in fp16 than in fp32 on this device, as the
+    executor runs a plan in that precision (executor/precision.py); the slowest rank's medians.
+    Returns ({"bf16": ratio, "fp16": ratio}, the median seconds by precision). A dtype autocast
+    does not run on this device is left out."""
+    seconds: Dict[str, float] = {}
+    for name, dtype in (("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        context = (contextlib.nullcontext() if dtype is None
+                   else torch.autocast(device_type=device.type, dtype=dtype))
+
+        def run():
+            with context:
+                step()
+        try:
+            samples = timed_samples(run, device, warmup, repeats)
+        except RuntimeError:  # autocast has no such dtype on this device type
+            continue
+        seconds[name] = median_slowest(samples, device)
+    return ({k: seconds["fp32"] / v for k, v in seconds.items() if k != "fp32" and v > 0},
+            seconds)
 
 
 def _graph_step_s(graph: Optional[dict], module: Optional[nn.Module], batch: int) -> float:
@@ -979,10 +1008,16 @@ def _tp_link(bursts: List[List[Tuple[int, float]]], world: int, fits: Dict[str, 
 
 def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, batch: int = 32,
               out: Optional[str] = None, name: Optional[str] = None, warmup: int = 3,
-              repeats: int = 15, timeout_s: float = 120.0) -> Optional[dict]:
+              repeats: int = 15, timeout_s: float = 120.0,
+              compile_graph: Optional[str] = None) -> Optional[dict]:
     """Runs the measurements above on every rank of this torchrun job; rank 0 returns the
-    Cluster dict and writes it atomically to `out` (if given), the others return None."""
+    Cluster dict and writes it atomically to `out` (if given), the others return None.
+    `compile_graph`: rank 0 also writes the graph with each node's compile speed-up there
+    (measure/compile_speedup.py; needs graph_path and model)."""
     env = _probe.rank_env("calibrate", min_ranks=1)
+    if compile_graph and not (graph_path and model):
+        raise ValueError("calibrate: --compile-graph needs --graph (the model's profile) and "
+                         "--model (the model it times)")
     graph = None
     if graph_path:
         with open(graph_path, encoding="utf-8") as f:
@@ -995,7 +1030,25 @@ def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, bat
         return None
     if out:
         _probe.write_json(out, cluster)
+    if compile_graph:
+        _probe.write_json(compile_graph, measured_compile_graph(graph, model, batch, warmup,
+                                                                repeats))
     return cluster
+
+
+def measured_compile_graph(graph: dict, model: str, batch: int, warmup: int, repeats: int,
+                           options: Optional[dict] = None) -> dict:
+    """`graph` with each node's compile_speedup measured on `model` (MODULE:FACTORY, with
+    example_inputs(batch)) in this process, on its first device (the profile's)."""
+    from .compile_speedup import compile_speedups, with_compile_speedups
+
+    module, _ = _workload(model, batch)
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    inputs = tuple(module.example_inputs(batch))
+    module.train()
+    speedups = compile_speedups(module, inputs, [n["name"] for n in graph["nodes"]], device,
+                                warmup, repeats, options)
+    return with_compile_speedups(graph, speedups)
 
 
 def _copy_link(device, sizes: List[int], warmup: int, repeats: int, fits: Dict[str, dict]) -> dict:
@@ -1169,6 +1222,7 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         slowdown["check_alone_s"] = check_s
     bandwidth = _memory_bandwidth(device)
     peak_flops = min_over_ranks(_probe.peak_flops(device), device)
+    speedup, speedup_s = compute_speedup(module_step, device, warmup, repeats)
 
     slowdown_table = _slowdown_table(slowdown, graph, module if model else None, batch,
                                      env.local_world_size)
@@ -1179,7 +1233,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         "device": {"name": _probe.device_name(device), "type": device.type,
                    "memory_bytes": _probe.device_memory_bytes(device, env.local_world_size),
                    "peak_flops": peak_flops,
-                   "memory_bandwidth_bytes_per_s": bandwidth["bandwidth_bytes_per_s"]},
+                   "memory_bandwidth_bytes_per_s": bandwidth["bandwidth_bytes_per_s"],
+                   "compute_speedup": speedup},
         "intra_node": intra, "inter_node": dict(intra),
         "collectives": {"library": backend if backend in ("gloo", "nccl") else "nccl"},
         "runtime": {"step_s": executor["step_s"], "action_s": 0.0,
@@ -1190,7 +1245,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     }
     measured = {"fits": fits, "tiny_compute_s": executor["tiny_compute_s"],
                 "dp_step_s": executor["dp_step_s"], "shared_host": slowdown,
-                "memory_bandwidth": bandwidth, "world_size": env.world_size, "warmup": warmup,
+                "memory_bandwidth": bandwidth, "compute_speedup_step_s": speedup_s,
+                "world_size": env.world_size, "warmup": warmup,
                 "repeats": repeats}
     busy = busy_host_warning(slowdown)
     if busy and env.rank == 0:

@@ -124,10 +124,12 @@ def _recompute_of(plan: Plan, caps: Capabilities, unexpressed: List[str]) -> str
 
 
 def _precision_of(graph: Optional[Graph], job: Optional[Job]) -> str:
-    mixed = job is not None and job.to_dict().get("mixed_precision", False)
+    # the Job's precision (docs/training_step.md "Precision"); the trainers' files are written
+    # in bf16 or fp32 only, so an fp16 job is written as bf16, the trainers' common choice
+    mixed = job is not None and job.to_dict().get("precision", "fp32") != "fp32"
     dtype = None if graph is None else graph.to_dict()["profiled"].get("dtype")
     # a graph measured in float32 without a mixed-precision job trains in float32; the 16-bit
-    # graphs (and a plan without a graph) in bf16, the trainers' common choice
+    # graphs (and a plan without a graph) in bf16
     return "fp32" if dtype == "float32" and not mixed else "bf16"
 
 
