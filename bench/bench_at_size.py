@@ -205,11 +205,39 @@ def plan_words(plan: dict) -> str:
     return ", ".join(words)
 
 
+def full_depth_check(name: str, layers: int, out_dir: Path) -> int:
+    """`name` profiled at full depth and at `layers` layers repeated: the largest relative
+    difference of any node's forward, backward, output and saved bytes, and the edges."""
+    from hybridplan.profiler.layer_repeat import repeat_layers
+    depth = MODELS[name]["layers"]
+    full = profile_row(name, depth, out_dir)
+    shallow = profile_row(name, layers, out_dir)
+    repeated = repeat_layers(shallow["graph"], "model.layers.", depth)
+    worst = (0.0, "")
+    names = [n["name"] for n in full["graph"]["nodes"]]
+    if names != [n["name"] for n in repeated["nodes"]]:
+        raise SystemExit(f"bench_at_size: {name}: the repeated graph's nodes differ")
+    for a, b in zip(full["graph"]["nodes"], repeated["nodes"]):
+        for key in ("forward_s", "backward_s", "output_bytes", "saved_bytes", "flops"):
+            diff = abs(a[key] - b[key]) / max(abs(a[key]), 1e-30) if a[key] else abs(b[key])
+            worst = max(worst, (diff, f"{a['name']} {key}"))
+    edge = lambda e: (e["src"], e["dst"], e.get("bytes"))  # noqa: E731
+    same_edges = sorted(map(edge, full["graph"]["edges"])) == sorted(map(edge, repeated["edges"]))
+    print(f"{name}: full depth ({depth} layers) profiled in {full['wall_s']:.1f} s, peak RSS "
+          f"{full['peak_rss_bytes'] / 1e9:.2f} GB; {layers} layers in {shallow['wall_s']:.1f} s, "
+          f"{shallow['peak_rss_bytes'] / 1e9:.2f} GB; repeated against full: {len(names)} nodes, "
+          f"largest relative difference {worst[0]:.2e} ({worst[1]}), edges equal: {same_edges}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--profile-layers", type=int, default=3)
     parser.add_argument("--out-dir", default=str(ROOT / "out" / "bench" / "at_size"))
+    parser.add_argument("--full-depth-check", metavar="MODEL", choices=list(MODELS),
+                        help="also profile MODEL at its full depth and compare it node by node "
+                             "with the repeated profile (its wall time and memory too)")
     parser.add_argument("--profile-one", help=argparse.SUPPRESS)
     parser.add_argument("--graph-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -218,6 +246,8 @@ def main() -> int:
     from hybridplan.profiler.layer_repeat import repeat_layers
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.full_depth_check:
+        return full_depth_check(args.full_depth_check, args.profile_layers, out_dir)
     profiles = {}
     print("| model | GPUs | global batch (seq x tokens) | profile: wall s, peak RSS GB | "
           "plan | predicted tokens/s/GPU | model TFLOP/s/GPU (MFU) | predicted memory/GPU GiB "
