@@ -295,3 +295,19 @@ def test_convolution_and_pooling_prices_where_measured():
     pooled = torch.nn.functional.max_pool2d(x, 3, 1, 1, return_indices=True)
     assert cpu.op_s(aten.max_pool2d_with_indices.default, (x, [3, 3], [1, 1], [1, 1]), {},
                     pooled) == pytest.approx(x.numel() * 9 * 1e-9)
+
+
+def test_measured_kernels_are_priced_per_element():
+    """An op whose cost per element was measured (measure_kernels: normalisations, GeLU,
+    softmax on a CPU) costs its largest output's elements x that cost where this exceeds its
+    bytes at bandwidth; other ops keep their bytes' price."""
+    import dataclasses
+    aten = torch.ops.aten
+    cpu = dataclasses.replace(CPU, kernel_s=(("gelu", 1e-9),))
+    x = torch.empty(1 << 16)
+    assert cpu.op_s(aten.gelu.default, (x,), {}, x) == pytest.approx(x.numel() * 1e-9)
+    assert cpu.op_s(aten.relu.default, (x,), {}, x) == CPU.op_s(aten.relu.default, (x,), {}, x)
+    measured = dict(dm_lib.measure_kernels(repeats=1))
+    assert {"native_layer_norm", "native_layer_norm_backward", "gelu", "gelu_backward",
+            "_log_softmax", "_log_softmax_backward_data"} <= set(measured)
+    assert all(v > 0 for v in measured.values())

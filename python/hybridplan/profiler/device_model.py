@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable, Dict, Tuple, Union
 
 import torch
+import torch.utils._python_dispatch
 from torch import nn
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -99,6 +100,10 @@ class DeviceModel:
     # seconds per output element per window element of a pooling op, where pooling runs below
     # its bytes' bandwidth (a CPU's NCHW pooling); 0: its bytes at bandwidth
     window_s: float = 0.0
+    # ((aten op name, seconds per element of its largest output), ...) measured where such
+    # kernels run below their bytes' bandwidth (a CPU's normalisations, GeLU, softmax:
+    # measure_kernels); empty: their bytes at bandwidth
+    kernel_s: Tuple[Tuple[str, float], ...] = ()
 
     @property
     def memory_bandwidth_bytes_per_s(self) -> float:
@@ -145,6 +150,9 @@ class DeviceModel:
         else:
             nbytes = _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
             seconds = self.memory_s(nbytes)
+            per_element = dict(self.kernel_s).get(name) if self.kernel_s else None
+            if per_element:
+                seconds = max(seconds, _largest_numel(out) * per_element)
             flops = op_flops(func, args, kwargs, out) * self._causal_share(func, args, kwargs)
             if flops:
                 seconds = max(seconds, flops / self.matmul_flops(_dtype_of(args, out)))
@@ -283,6 +291,15 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
+def _largest_numel(value: Any) -> int:
+    """Elements of the largest tensor in `value` (an op's outputs)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if isinstance(value, (list, tuple)):
+        return max((_largest_numel(v) for v in value), default=0)
+    return 0
+
+
 def _dtype_of(args: tuple, out: Any) -> torch.dtype:
     for v in (*args, out):
         if isinstance(v, torch.Tensor) and v.is_floating_point():
@@ -410,6 +427,7 @@ def measure_cpu(repeats: int = 5) -> DeviceModel:
     overhead = measure_node_overhead_s(floor_s)
     convolution = measure_convolution(repeats)
     window_s = measure_window_s(repeats)
+    kernels = measure_kernels(repeats)
     dev = GemmDevice("cpu", rate, rate, curve[-1][1], 1, (1, 1))
     return DeviceModel(f"cpu ({torch.get_num_threads()} threads)", dev, rate, floor_s,
                        "measured: float32 matmul "
@@ -420,8 +438,10 @@ def measure_cpu(repeats: int = 5) -> DeviceModel:
                        f"{overhead[0] * 1e6:.0f} us forward, {overhead[1] * 1e6:.0f} us "
                        f"backward, convolution {convolution[0] * 1e6:.0f} us a call + "
                        f"{convolution[1] / 1e9:.0f} GFLOP/s, pooling {window_s * 1e9:.1f} ns "
-                       f"per window element", tuple(curve), overhead, tuple(matmuls),
-                       convolution, window_s)
+                       f"per window element, "
+                       + ", ".join(f"{op} {c * 1e9:.2f}" for op, c in kernels)
+                       + " ns per element", tuple(curve), overhead, tuple(matmuls),
+                       convolution, window_s, kernels)
 
 
 # The convolutions measure_cpu times (batch, channels in = out, size; a 1 x 1 kernel): one that
@@ -448,6 +468,57 @@ def measure_convolution(repeats: int = 5) -> Tuple[float, float]:
     batch, channels, size = kConvWork
     flops = 2.0 * batch * size * size * channels * channels
     return fixed, flops / max(conv_s(kConvWork) - fixed, 1e-9)
+
+
+# The kernels measure_kernels times: (aten ops, the block that dispatches them forward and
+# backward, its input's shape), at about 200 k elements (the model families' activations at
+# batch 16 are 50-200 k).
+kKernelBlocks = (
+    (("native_layer_norm", "native_layer_norm_backward"),
+     lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]), (64, 32, 96)),
+    (("native_group_norm", "native_group_norm_backward"),
+     lambda x: torch.nn.functional.group_norm(x, 4), (16, 32, 16, 16)),
+    (("gelu", "gelu_backward"), torch.nn.functional.gelu, (16, 32, 384)),
+    (("_softmax", "_softmax_backward_data"), lambda x: torch.softmax(x, -1), (512, 384)),
+    (("_log_softmax", "_log_softmax_backward_data"),
+     lambda x: torch.log_softmax(x, -1), (512, 384)),
+)
+
+
+class _KernelClock(torch.utils._python_dispatch.TorchDispatchMode):
+    """Times the aten ops named in `ops` (this thread's clock where one intra-op thread)."""
+
+    def __init__(self, ops):
+        super().__init__()
+        self.ops, self.times, self.clock = ops, {}, _clock()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        started = self.clock()
+        out = func(*args, **(kwargs or {}))
+        if name in self.ops:
+            elapsed = self.clock() - started
+            self.times[name] = min(self.times.get(name, math.inf),
+                                   elapsed / max(1, _largest_numel(out)))
+        return out
+
+
+def measure_kernels(repeats: int = 5) -> Tuple[Tuple[str, float], ...]:
+    """((aten op, seconds per element of its largest output), ...) of the kernels of
+    kKernelBlocks, each the fastest of `repeats` forward and backward runs of its block. On the
+    2-core Xeon host, op by op in a real step (bench_fake_profile --by-op), layer norm ran 5-7x
+    its bytes at the copy bandwidth, GeLU 3-3.5x, log-softmax 3-4x: they compute per element
+    (reductions, erf, exp) more than they move."""
+    out = []
+    for ops, block, shape in kKernelBlocks:
+        x = torch.randn(shape, requires_grad=True)
+        timer = _KernelClock(ops)
+        for _ in range(repeats + 1):
+            with timer:
+                block(x).backward(torch.ones(shape))
+            x.grad = None
+        out += [(op, timer.times[op]) for op in ops if op in timer.times]
+    return tuple(out)
 
 
 def measure_window_s(repeats: int = 5) -> float:
