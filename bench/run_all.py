@@ -37,6 +37,7 @@ QUICK_ARGS = {
     "bench_allocator_policy.py": ["--models", "branchy_cnn", "--pairs", "1", "--steps", "2",
                                   "--batch", "4"],
     "bench_at_scale.py": ["--out-dir", "{out}/at_scale"],
+    "bench_at_size.py": ["--rows", "8b-8", "--out-dir", "{out}/at_size"],
     "bench_checkpoint.py": ["--quick", "--out-dir", "{out}/checkpoint"],
     "bench_cpp_ddp.py": ["--widths", "16,32,8", "--global-batch", "8", "--steps", "3",
                          "--warmup-steps", "1", "--rounds", "1"],
