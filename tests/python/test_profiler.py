@@ -1,6 +1,10 @@
 """hybridplan.profile: nodes, edges (torch.fx and the hook fallback), times, bytes, errors."""
 
 import json
+import os
+import platform
+import subprocess
+import sys
 import time
 
 import pytest
@@ -679,6 +683,44 @@ def test_retain_freed_memory_sets_glibc_thresholds():
     # On glibc (this machine, CI) mallopt accepts both settings; elsewhere nothing is changed.
     import platform
     assert _timing.retain_freed_memory() == (platform.libc_ver()[0] == "glibc")
+
+
+_FREED_KEPT = """
+import ctypes, sys
+from hybridplan.profiler import block_timing
+if sys.argv[1] == "return":
+    assert block_timing.return_freed_memory()
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                               "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+libc.free(libc.malloc(16 << 20))  # glibc's own threshold rises to the 16 MiB block freed
+blocks, kept = [], []
+for _ in range(10):  # 8 MiB blocks, each below a live 256 KiB one in the heap
+    blocks.append(libc.malloc(8 << 20))
+    kept.append(libc.malloc(256 << 10))
+for block in blocks:
+    libc.free(block)
+print(libc.mallinfo2().fordblks >> 20)  # MiB freed but kept by malloc
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc policy")
+def test_return_freed_memory_gives_large_blocks_back():
+    """glibc's default keeps freed 8 MiB blocks in its heap once a larger block freed has raised
+    its mmap threshold; return_freed_memory (apply's retain_freed_memory=False) mmaps them, so
+    freeing gives them back. Each policy in a process of its own (mallopt is process-wide)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(os.path.dirname(__file__), "..", "..", "python"),
+         os.environ.get("PYTHONPATH", "")]))
+    kept = {policy: int(subprocess.run([sys.executable, "-c", _FREED_KEPT, policy], env=env,
+                                       check=True, capture_output=True, text=True).stdout)
+            for policy in ("default", "return")}
+    assert kept["default"] >= 70 and kept["return"] <= 4, kept
 
 
 def test_a_profile_with_the_loss_charges_it_to_the_last_node():

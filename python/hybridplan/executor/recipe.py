@@ -281,8 +281,10 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                as caching allocators (CUDA's) do: otherwise every large activation or gradient
                buffer of every step is mapped anew and page-faults on first touch. BigLSTM's
                step at batch 32 took 28.8 ms without, 21.4 ms with it (one process, median of
-               10); the profile, and so the plan's prediction, assumes it. False: leave malloc
-               as it is.
+               10); the profile, and so the plan's prediction, assumes it. False, for memory
+               (a model too large to waste what it frees, docs/real_size.md): give blocks of
+               1 MiB or more back to the kernel when freed
+               (profiler.block_timing.return_freed_memory).
     adapt      a hybridplan.Adapt policy (needs measure_noise_scale): the adaptive mode, in which
                step() now and then asks switch_advice on rank 0 and switches this AppliedPlan
                in place (AppliedPlan.switch) when it says so; see executor/switching.py.
@@ -325,8 +327,11 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     timeout = datetime.timedelta(seconds=timeout_s)
     switching.check_adapt(adapt, measure_noise_scale)  # the same arguments on every rank
     check_step_options(clip_grad_norm, accumulation_steps, lr_scheduler)
-    if retain_freed_memory and not torch.cuda.is_available():  # CPU devices (calls.device_for)
-        block_timing.retain_freed_memory()
+    if not torch.cuda.is_available():  # CPU devices (calls.device_for)
+        if retain_freed_memory:
+            block_timing.retain_freed_memory()
+        else:
+            block_timing.return_freed_memory()
     init_process_group(timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     plan_sha, spec, cut, error, weights = None, None, None, None, None

@@ -79,13 +79,32 @@ def retain_freed_memory() -> bool:
     process's allocation history; caching allocators (CUDA's, jemalloc, tcmalloc) never do.
     The C++ profiler does the same (csrc/profiler/profile.h). False where the C library is not
     glibc (nothing changed)."""
+    one_gib = 1 << 30
+    return _mallopt({M_MMAP_THRESHOLD: one_gib, M_TRIM_THRESHOLD: one_gib})
+
+
+def return_freed_memory() -> bool:
+    """The opposite policy, for memory: glibc's malloc serves every block of 1 MiB or more with
+    mmap and gives it back to the kernel when it is freed (mallopt M_MMAP_THRESHOLD fixed at
+    1 MiB; process-wide, it stays). glibc's default threshold starts at 128 KiB but rises to
+    the largest mmapped block freed (up to 32 MiB), after which blocks below it come from the
+    heap, and freed ones stay resident wherever a live block sits above them: a zero3 rank
+    training a 0.11 B Llama held 0.4-0.66 GiB freed in its heaps at its peak, 1.46-1.57 GiB
+    resident against 0.98 GiB with this policy (benchmarks/meta-memory-2026-12-06.md). The
+    price is a page fault on each first touch of a new block (retain_freed_memory's reason).
+    False where the C library is not glibc (nothing changed)."""
+    return _mallopt({M_MMAP_THRESHOLD: 1 << 20})
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def _mallopt(settings: Dict[int, int]) -> bool:
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
-    m_trim_threshold, m_mmap_threshold, one_gib = -1, -3, ctypes.c_int(1 << 30)
-    return bool(mallopt(m_mmap_threshold, one_gib)) and bool(mallopt(m_trim_threshold, one_gib))
+    return all(bool(mallopt(param, ctypes.c_int(value))) for param, value in settings.items())
 
 
 def busy_cpu_warning(device: torch.device, clock: str) -> Optional[str]:
