@@ -793,10 +793,16 @@ void Evaluator::memory_fold_ranks(const Plan& plan, double scale) const {
     // in W: its workspace is W's, and its I needs none.
     weight_workspace_bytes_ = stage_workspace_bytes_;
     input_workspace_bytes_.assign(values, 0.0);
-    for (size_t v = 0; v < graph.nodes.size(); ++v) {
+    // I runs the region's nodes from the stage's outputs back (reverse topological order) with
+    // the graph retained for W: the nodes after v free nothing (memory_transient's credit does
+    // not apply), and the gradients I recorded at them are held while v's backward runs.
+    for (auto it = graph.topo_order.rbegin(); it != graph.topo_order.rend(); ++it) {
+      const int32_t v = *it;
       if (!input_region_[v]) continue;  // I records nothing for it: W runs it whole
       const int32_t s = plan.assignment[v];
-      input_workspace_bytes_[s] = stage_workspace_bytes_[s];
+      input_workspace_bytes_[s] = std::max(input_workspace_bytes_[s],
+                                           backward_workspace_bytes(graph, v, scale) +
+                                               split_held_bytes_[s] + recompute_bytes_[s]);
       weight_workspace_bytes_[s] = 0.0;
       // the gradients I records for W, held until it: measured, else the output gradient of
       // a node with parameters

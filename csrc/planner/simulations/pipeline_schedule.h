@@ -152,8 +152,9 @@ std::string passes_to_string(const std::vector<PipelinePass>& passes);
 // split_held_bytes[stage] (empty: none). workspace_bytes[stage] (empty: none) is what a backward
 // pass (B, or I) of the stage needs while it runs, above what is held: the peak is the largest of
 // held + workspace at each backward pass and held after each forward. An I pass's own held output
-// gradients are made inside its workspace, so they count from the next pass on (the pass itself
-// needs the larger of the two). weight_workspace_bytes[stage] (empty: none) is what a W pass
+// gradients are made inside its workspace (an I workspace counts those recorded before each
+// node's backward: memory_cost.h), so they count from the next pass on (the pass itself needs
+// the larger of the two). weight_workspace_bytes[stage] (empty: none) is what a W pass
 // needs while it runs (a stage outside its input region runs its whole backward in W).
 double peak_activation_bytes(const std::vector<PipelinePass>& passes,
                              const std::vector<double>& activation_bytes,

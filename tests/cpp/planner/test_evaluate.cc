@@ -327,6 +327,37 @@ TEST_CASE("evaluate: a zero-bubble split holds the gradients I records, measured
                     Catch::Contains("nodes[0].split_held_bytes") && Catch::Contains(">= 0"));
 }
 
+TEST_CASE("evaluate: a zero-bubble I frees nothing as it goes and holds what it recorded",
+          "[evaluate]") {
+  // a -> b -> c1 -> c2 -> d on ZB-V's 4 stages, M = 1: a on stage 0, b on 1, c1 and c2 on 2, d
+  // on 3; rank 1 runs F s1, F s2, I s2, W s2, I s1, W s1. c2 records 3,000 bytes of gradients
+  // for W. I runs c2's backward first, then c1's while c2's recorded gradients are held, and
+  // with the graph retained for W c2 frees nothing before c1 runs (a plain backward's credit).
+  const auto rank1 = [](int64_t c1_workspace, int64_t c2_workspace) {
+    Problem problem;
+    problem.graph = test::make_graph(
+        {{"a", 1, 2, 100, 50}, {"b", 1, 2, 100, 50}, {"c1", 1, 2, 100, 50},
+         {"c2", 1, 2, 100, 50}, {"d", 1, 2, 100, 50}},
+        {{0, 1, 50}, {1, 2, 50}, {2, 3, 50}, {3, 4, 50}}, 2, "ab12d");
+    problem.cluster = test::make_cluster(1, 2, 100, 0);
+    for (Node& n : problem.graph.nodes) n.backward_workspace_bytes = 10;
+    problem.graph.nodes[2].backward_workspace_bytes = c1_workspace;
+    problem.graph.nodes[3].backward_workspace_bytes = c2_workspace;
+    problem.graph.nodes[3].split_held_bytes = 3000;
+    Plan plan = test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline, 2,
+                                {0, 1, 2, 2, 3}, 1, Schedule::kZBV);
+    plan.virtual_stages = 2;
+    return evaluate(problem, plan).memory_bytes[1];
+  };
+  // c1's workspace of 1,000 comes on top of c2's 3,000 held: the peak of I s2 is 4,000 above
+  // what rank 1 held, against 3,050 (everything recorded, c1's 50 included, at I's end) when
+  // c1 needs 10. A plain backward's credit (c2's 50 saved bytes freed first) would give 950
+  // and hide it under 3,050.
+  CHECK(rank1(1000, 10) - rank1(10, 10) == 4000 - 3050);
+  // c2 runs first, before anything is recorded: its workspace of 1,000 stays under the 3,050
+  CHECK(rank1(10, 1000) == rank1(10, 10));
+}
+
 TEST_CASE("evaluate: every tensor crossing a stage boundary pays the link latency", "[evaluate]") {
   // a and b both feed c: two values (two messages) cross the 0|1 boundary, 50 bytes each.
   Problem problem;
