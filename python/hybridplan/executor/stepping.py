@@ -77,6 +77,43 @@ def _by_layout(params: Sequence[torch.Tensor]) -> List[List[torch.Tensor]]:
     return list(groups.values())
 
 
+def _local_norm_power(params: Sequence[torch.Tensor], norm_type: float,
+                      device: torch.device) -> torch.Tensor:
+    """This rank's part of the global gradient norm of `params`, on `device`: the sum of the
+    p-th powers of each gradient layout's norm (their max for norm_type inf), a DTensor's norm
+    that of the whole parameter (reduced over its mesh)."""
+    norms = []
+    for group in _by_layout(params):
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
+        norms.append(sharding.full(norm).to(device))  # a DTensor's: over its mesh
+    if not norms:
+        return torch.zeros((), device=device)
+    if math.isinf(norm_type):
+        return torch.stack(norms).max()
+    return torch.stack(norms).pow(norm_type).sum()
+
+
+def _micro_steps(v: Any, k: int, batch_dim: int) -> List[Any]:
+    """`v` (a tensor, a dict, a tuple or list of them, or anything else, repeated) in k equal
+    parts along batch_dim: one step()'s batch cut into its accumulation's micro-steps."""
+    if isinstance(v, torch.Tensor):
+        n = v.shape[batch_dim] if v.dim() > batch_dim else 0
+        if n == 0 or n % k:
+            raise ValueError(
+                f"hybridplan step: with accumulation_steps={k} each input and target "
+                f"tensor holds accumulation_steps x per_replica_batch samples along "
+                f"batch_dim={batch_dim}, cut into {k} equal micro-steps (got "
+                f"shape {list(v.shape)})")
+        return list(torch.tensor_split(v, k, dim=batch_dim))
+    if isinstance(v, dict):
+        each = {key: _micro_steps(x, k, batch_dim) for key, x in v.items()}
+        return [{key: each[key][i] for key in each} for i in range(k)]
+    if isinstance(v, (tuple, list)):
+        each_item = [_micro_steps(x, k, batch_dim) for x in v]
+        return [tuple(parts[i] for parts in each_item) for i in range(k)]
+    return [v] * k
+
+
 class Stepping:
     """AppliedPlan's training role; the attributes it reads are set by AppliedPlan.__init__
     (_clip, _accumulation, _micro, _scheduler among them: apply's options)."""
@@ -202,25 +239,8 @@ class Stepping:
         k = self._accumulation
         if k == 1:
             return [(inputs, target)]
-
-        def split(v: Any) -> List[Any]:
-            if isinstance(v, torch.Tensor):
-                n = v.shape[self.batch_dim] if v.dim() > self.batch_dim else 0
-                if n == 0 or n % k:
-                    raise ValueError(
-                        f"hybridplan step: with accumulation_steps={k} each input and target "
-                        f"tensor holds accumulation_steps x per_replica_batch samples along "
-                        f"batch_dim={self.batch_dim}, cut into {k} equal micro-steps (got "
-                        f"shape {list(v.shape)})")
-                return list(torch.tensor_split(v, k, dim=self.batch_dim))
-            if isinstance(v, dict):
-                each = {key: split(x) for key, x in v.items()}
-                return [{key: each[key][i] for key in each} for i in range(k)]
-            if isinstance(v, (tuple, list)):
-                each_item = [split(x) for x in v]
-                return [tuple(parts[i] for parts in each_item) for i in range(k)]
-            return [v] * k
-        return list(zip(split(inputs), split(target)))
+        return list(zip(_micro_steps(inputs, k, self.batch_dim),
+                        _micro_steps(target, k, self.batch_dim)))
 
     def _sync_context(self, sync: bool):
         """Placement: no gradient synchronisation on an accumulation's earlier micro-steps
@@ -307,17 +327,8 @@ class Stepping:
         self._check_accumulated("clip_grad_norm")
         if self._scaler is not None:  # fp16: the norm of the true gradients (collective)
             self._scaler.unscale_(self.optimizer)
-        device = self._first_device()
-        norms = []
-        for group in _by_layout(self._counted_params()):
-            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
-            norms.append(sharding.full(norm).to(device))  # a DTensor's: over its mesh
         inf = math.isinf(norm_type)
-        if inf:
-            total = torch.stack(norms).max() if norms else torch.zeros((), device=device)
-        else:
-            total = (torch.stack(norms).pow(norm_type).sum() if norms
-                     else torch.zeros((), device=device))
+        total = _local_norm_power(self._counted_params(), norm_type, self._first_device())
         if self.plan.mode == "pipeline" and self.plan.mp > 1:  # over the replica's stages
             dist.all_reduce(total, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM,
                             group=self._replica_group)
