@@ -93,6 +93,19 @@ def _local_norm_power(params: Sequence[torch.Tensor], norm_type: float,
     return torch.stack(norms).pow(norm_type).sum()
 
 
+def _send_loss(loss: torch.Tensor, last: int, rank: int, group: Any) -> Any:
+    """The pipeline's loss broadcast from the last stage's rank `last` to the replica's others
+    (into `loss` there, waited for); on `last` the work, still pending: the sender does not
+    wait for it, since it finishes its schedule before stage 0, and a rank blocked in a
+    collective took CPU from the ranks still computing on a shared CPU (+5-10 % step time in
+    bench/bench_executor.py). Stepping._settle waits for it before the next micro-step."""
+    work = dist.broadcast(loss, src=last, group=group, async_op=True)
+    if rank == last:
+        return work
+    work.wait()
+    return None
+
+
 def _micro_steps(v: Any, k: int, batch_dim: int) -> List[Any]:
     """`v` (a tensor, a dict, a tuple or list of them, or anything else, repeated) in k equal
     parts along batch_dim: one step()'s batch cut into its accumulation's micro-steps."""
@@ -158,18 +171,12 @@ class Stepping:
     # ---- the step --------------------------------------------------------------------------------
     def step(self, inputs: Any, target: Any) -> torch.Tensor:
         """zero_grad, forward_backward on each of the accumulation_steps equal parts of this
-        replica's batch, clip_grad_norm (when apply's clip_grad_norm is set), optimizer_step.
-        `inputs`: a tensor, a tuple of positional or a dict of keyword arguments of forward(),
-        accumulation_steps x per_replica_batch samples along batch_dim (in pipeline mode only
-        the rank holding stage 0 reads the inputs and only the one holding the last stage the
-        target, others may pass None). Returns the replica's mean loss on every rank (a
-        pipeline's broadcast from the rank holding its last stage: pipeline rank mp - 1, or 0
-        under "zbv").
-
-        If a peer is lost (killed, or silent past the timeout), raises RuntimeError naming it
-        (see lost_peer) instead of the transport's error. Under apply(..., adapt=) a step may
-        end with a switch to another plan: read the next global batch from hp.plan.
-        """
+        replica's batch, clip_grad_norm (when apply's clip_grad_norm is set), optimizer_step;
+        returns the replica's mean loss on every rank. `inputs`: a tensor, a tuple of
+        positional or a dict of keyword arguments of forward(), accumulation_steps x
+        per_replica_batch samples along batch_dim. A lost peer is a RuntimeError naming it
+        (lost_peer); under apply(..., adapt=) a step may end with a switch to another plan.
+        Which pipeline ranks read the inputs and the target: docs/training_step.md."""
         self._check_open("step")
         parts = self._accumulation_parts(inputs, target)
         with self._lost_peer_guard(f"step {self.step_count + 1}"):
@@ -295,17 +302,8 @@ class Stepping:
         self._micro = index
         if self._noise is not None and sync:  # stage 0 checked the batches
             self._noise.end_step(self.plan.per_replica_batch * k)
-        self._loss_sent = None
-        if self.plan.mp > 1:  # the last stage's rank sends the loss to the replica's others
-            last = self._last_rank
-            work = dist.broadcast(loss, src=last, group=self._replica_group, async_op=True)
-            # The sender does not wait for it here: it finishes its schedule before stage 0,
-            # and a rank blocked in a collective took CPU from the ranks still computing on a
-            # shared CPU (+5-10 % step time in bench/bench_executor.py).
-            if self.rank == last:
-                self._loss_sent = work
-            else:
-                work.wait()
+        self._loss_sent = (_send_loss(loss, self._last_rank, self.rank, self._replica_group)
+                           if self.plan.mp > 1 else None)
         return loss
 
     def _check_accumulated(self, what: str) -> None:
