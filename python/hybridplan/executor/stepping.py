@@ -106,6 +106,19 @@ def _send_loss(loss: torch.Tensor, last: int, rank: int, group: Any) -> Any:
     return None
 
 
+def _share(inputs: Any, target: Any, dp: int, replica: int, batch_dim: int) -> Tuple[Any, Any]:
+    """Stepping.shard: replica `replica`'s 1/dp of each tensor along batch_dim, in the same form."""
+    def part(v):
+        if isinstance(v, torch.Tensor):
+            return torch.tensor_split(v, dp, dim=batch_dim)[replica]
+        return v
+    if isinstance(inputs, dict):
+        return {k: part(v) for k, v in inputs.items()}, part(target)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(part(v) for v in inputs), part(target)
+    return part(inputs), part(target)
+
+
 def _micro_steps(v: Any, k: int, batch_dim: int) -> List[Any]:
     """`v` (a tensor, a dict, a tuple or list of them, or anything else, repeated) in k equal
     parts along batch_dim: one step()'s batch cut into its accumulation's micro-steps."""
@@ -134,15 +147,7 @@ class Stepping:
     def shard(self, inputs: Any, target: Any = None) -> Tuple[Any, Any]:
         """This replica's share (1/dp along batch_dim) of a global batch of inputs (a tensor, a
         tuple or a dict, see apply) and target, in the same form."""
-        def part(v):
-            if isinstance(v, torch.Tensor):
-                return torch.tensor_split(v, self.plan.dp, dim=self.batch_dim)[self.replica]
-            return v
-        if isinstance(inputs, dict):
-            return {k: part(v) for k, v in inputs.items()}, part(target)
-        if isinstance(inputs, (tuple, list)):
-            return tuple(part(v) for v in inputs), part(target)
-        return part(inputs), part(target)
+        return _share(inputs, target, self.plan.dp, self.replica, self.batch_dim)
 
     # ---- the options the step runs with (apply's) -----------------------------------------------
     @property
@@ -357,12 +362,10 @@ class Stepping:
 
     # ---- statistical efficiency ---------------------------------------------------------------
     def noise_scale(self):
-        """The gradient noise scale B_simple measured online (apply(..., measure_noise_scale=N):
-        every N-th step), as a convergence.noise_scale.NoiseScale: `b_simple` and its `stderr`,
-        `g_squared`, `trace_sigma`, `effective_steps` (1 / sum of squared step weights), with
-        small_batch = this replica's batch and big_batch = dp times it. Numerator and
-        denominator are exponential moving averages (weight noise_scale_decay per measured
-        step). None before two measured steps. The same on every rank. See executor/noise.py."""
+        """The gradient noise scale B_simple measured online (apply(..., measure_noise_scale=N)),
+        a convergence.noise_scale.NoiseScale (b_simple, stderr, g_squared, trace_sigma,
+        effective_steps), the same on every rank; None before two measured steps
+        (docs/statistical_efficiency.md "Online", executor/noise.py)."""
         if self._noise is None:
             raise ValueError("hybridplan: noise_scale() needs apply(..., measure_noise_scale=N) "
                              "(measure every N steps; it needs dp >= 2)")
@@ -371,10 +374,9 @@ class Stepping:
     def switch_advice(self, graph: Any, cluster: Any, job: Any, *, devices: Optional[int] = None,
                       min_gain: float = 0.05, processes: Optional[int] = None,
                       modes: Optional[Sequence[str]] = None):
-        """Whether another plan would now win, with the measured critical batch in place of
-        `job`'s (see gradient_noise.noise_scale_job.switch_advice): a SwitchAdvice with the best
-        plan for the measured critical batch and the predicted gain of switching to it. `graph`,
-        `cluster` and `job` are what the applied plan was planned with; `devices` defaults to
+        """A SwitchAdvice (gradient_noise.noise_scale_job.switch_advice): the best plan with the
+        measured critical batch in place of `job`'s, and the predicted gain of switching to it.
+        `graph`, `cluster`, `job`: what the applied plan was planned with; `devices`: default
         the plan's world size. None until noise_scale() has an estimate."""
         estimate = self.noise_scale()
         if estimate is None:
