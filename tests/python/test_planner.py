@@ -407,18 +407,23 @@ def test_search_takes_tensor_degrees_and_tp_plans_count_their_processes(box):
 
 
 def test_mixed_precision_job_prices_fp32_master_weights(box):
-    """Job "mixed_precision": an fp32 master copy and fp32 optimizer state beside the graph's
-    16-bit parameters (docs/formats.md, Job); refused on a float32 graph."""
+    """Job "precision" (the older "mixed_precision": true is "bf16"): an fp32 master copy and
+    fp32 optimizer state beside the 16-bit parameters (docs/formats.md, Job); a float32 graph
+    needs the device's measured compute_speedup to be priced in bf16."""
     d = diamond_dict()
     d["profiled"]["dtype"] = "bfloat16"
     g = Graph.from_dict(d)
     plan = hand_plan_dict(g)
     plain = Job.from_dict({"schema_version": 1, "kind": "hybridplan.job", "optimizer": "adam"})
     mixed = Job.from_dict(dict(plain.to_dict(), mixed_precision=True))
-    assert mixed.to_dict()["mixed_precision"] is True and "mixed_precision" not in plain.to_dict()
+    assert mixed.to_dict()["precision"] == "bf16" and "precision" not in plain.to_dict()
+    assert "mixed_precision" not in mixed.to_dict()
     a, b = planner.evaluate(g, box, plan, plain), planner.evaluate(g, box, plan, mixed)
     # 4000 B of bf16 parameters: Adam 4 x 4000 before, 2 x 4000 + 2 * (1 + 2) x 4000 with masters
     assert b["memory_bytes"][0] - a["memory_bytes"][0] == 8 * 4000 - 4 * 4000
-    with pytest.raises(ValueError, match="mixed_precision needs a graph profiled in a 16-bit"):
+    with pytest.raises(ValueError, match="device.compute_speedup.bf16 is needed to plan the "
+                                         "job's precision"):
         planner.evaluate(Graph.from_dict(diamond_dict()), box, hand_plan_dict(
             Graph.from_dict(diamond_dict())), mixed)
+    with pytest.raises(ValueError, match='precision must be one of "fp32", "bf16", "fp16"'):
+        Job.from_dict(dict(plain.to_dict(), precision="half"), "job.json")

@@ -7,6 +7,7 @@
 #include "planner/costs/compute_cost.h"
 #include "planner/costs/memory_cost.h"
 #include "planner/costs/optimizer_cost.h"
+#include "planner/costs/precision_cost.h"
 #include "planner/costs/tensor_parallel_cost.h"
 #include "planner/run/convergence.h"
 
@@ -23,10 +24,13 @@ double plain_weight_base_s(const NodeTimes& times, size_t v) {
 }  // namespace
 
 Evaluator::Evaluator(const Problem& problem)
-    : problem_(problem),
-      compute_(problem.graph, problem.cluster),
-      optimizer_state_(hybridplan::optimizer_state(problem.job, problem.graph)),
-      reverse_topo_(problem.graph.topo_order.rbegin(), problem.graph.topo_order.rend()) {}
+    : converted_(converts_graph(problem) ? std::make_shared<const Problem>(in_job_precision(problem))
+                                         : nullptr),
+      problem_(converted_ ? *converted_ : problem),
+      compute_(problem_.graph, problem_.cluster),
+      optimizer_state_(hybridplan::optimizer_state(problem_.job, problem_.graph)),
+      reduce_ratio_(gradient_reduce_ratio(problem)),
+      reverse_topo_(problem_.graph.topo_order.rbegin(), problem_.graph.topo_order.rend()) {}
 
 Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int64_t tp,
                                               bool sequence_parallel) const {
@@ -393,6 +397,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
   const int64_t groups = plan.mp;
   fill_param_bytes(plan);
   group_bytes_.assign(param_bytes_.begin(), param_bytes_.end());
+  for (double& b : group_bytes_) b *= reduce_ratio_;  // gradients reduced in fp32 (precision_cost.h)
   count_groups_on_nodes(plan);
   buckets_.resize(groups);
   out.allreduce_rings.resize(groups);
@@ -424,7 +429,7 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
     double node_bytes = 0;
     for (size_t v = 0; v < graph.nodes.size(); ++v) {
       if (plan.device_of(plan.assignment[v]) == k) {
-        node_bytes += static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v]));
+        node_bytes += static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v])) * reduce_ratio_;
       }
     }
     const double copies = group_bytes_[k] - node_bytes;
@@ -438,7 +443,8 @@ double Evaluator::exposed_allreduce_s(const Plan& plan, double compute_s, Predic
                 .backward;
   for (NodeIndex v : ready_order) {
     buckets_[plan.device_of(plan.assignment[v])].add_gradient(
-        gradient_ready_s_[v], static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v])));
+        gradient_ready_s_[v],
+        static_cast<double>(tp_param_bytes(graph.nodes[v], degrees[v])) * reduce_ratio_);
   }
   double end_s = 0;
   for (auto& bucketed : buckets_) end_s = std::max(end_s, bucketed.end_s());
@@ -525,6 +531,7 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   // of its shard (bytes / dp_shard) over its replicate group, as FSDP2 runs them in turn.
   const double shard_share = 1.0 / static_cast<double>(plan.shard_degree());
   const auto reduce_s = [&](int64_t k, double bytes) {
+    bytes *= reduce_ratio_;  // gradients leave in fp32 under a 16-bit precision (precision_cost.h)
     return scatter_cost_[k].time_s(bytes) + (hybrid ? replicate_cost_[k].time_s(bytes * shard_share) : 0.0);
   };
   if (plan.mode == MpMode::kPipeline) {
@@ -532,8 +539,9 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
     // a rank reduce-scatters its stages' gradients after its last backward.
     double fill_s = 0;
     for (size_t s = 0; s < stage_param_bytes_.size(); ++s) {
+      // a pipeline's stages run under autocast with fp32 parameters: gathered in fp32
       fill_s += gather_cost_[plan.device_of(static_cast<int32_t>(s))].time_s(
-          static_cast<double>(stage_param_bytes_[s]));
+          static_cast<double>(stage_param_bytes_[s]) * reduce_ratio_);
     }
     fill_group_ready_s(plan);
     double end_s = 0;
@@ -678,7 +686,8 @@ double Evaluator::tied_allreduce_s(const Plan& plan) const {
     if (group_devices_.size() < 2) continue;
     std::sort(group_devices_.begin(), group_devices_.end());
     total_s += group_allreduce(problem_.cluster, group_devices_, plan.tp)
-                   .time_s(static_cast<double>(tp_tied_bytes(tied, node_degrees(plan.tp))));
+                   .time_s(static_cast<double>(tp_tied_bytes(tied, node_degrees(plan.tp))) *
+                           reduce_ratio_);  // fp32 gradients (precision_cost.h)
   }
   return total_s;
 }
@@ -873,6 +882,16 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
 
 Prediction Evaluator::evaluate(const Plan& plan) const {
   check_shape(plan);
+  // The job's precision is what is priced (the search copies it into its plans); a plan that
+  // names another was planned for another job. A plan without one is priced in the job's.
+  if (plan.precision != Precision::kFp32 && plan.precision != problem_.job.precision) {
+    throw_input_error("plan", "precision",
+                      std::string("must be the job's precision \"") +
+                          precision_name(problem_.job.precision) +
+                          "\" (a plan is priced and applied in the precision of the job it was "
+                          "planned for)",
+                      std::string("\"") + precision_name(plan.precision) + "\"");
+  }
   Prediction out;
   out.compute_model = compute_.description();
   out.compute_slowdown = compute_slowdown(plan);

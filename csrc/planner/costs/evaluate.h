@@ -207,9 +207,13 @@ class Evaluator {
   void memory_transient(const Plan& plan, double scale) const;
   void memory_fold_ranks(const Plan& plan, double scale) const;
 
+  // The problem in the job's precision where it converts the graph (precision_cost.h), which
+  // problem_ then refers to; null otherwise (problem_ is the caller's).
+  std::shared_ptr<const Problem> converted_;
   const Problem& problem_;
   ComputeModel compute_;
   OptimizerState optimizer_state_;
+  double reduce_ratio_ = 1;  // gradient_reduce_ratio (precision_cost.h)
   std::vector<NodeIndex> reverse_topo_;
   mutable std::map<std::tuple<double, double, int64_t, bool>, std::unique_ptr<BatchCosts>> batch_costs_;
   mutable std::map<int64_t, std::vector<int64_t>> node_degrees_;  // per tp

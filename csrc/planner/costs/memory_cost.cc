@@ -63,17 +63,18 @@ double OptimizerState::shard_copies() const {
 OptimizerState optimizer_state(const Job& job, const Graph& graph, const std::string& source) {
   OptimizerState out;
   out.optimizer = job.optimizer;
-  if (!job.mixed_precision) return out;
+  if (!job.mixed_precision()) return out;
   const std::optional<int64_t> bytes = dtype_bytes(graph.profiled.dtype);
-  if (!bytes || *bytes >= 4) {
-    throw_input_error(source, "mixed_precision",
-                      "needs a graph profiled in a 16-bit dtype (float16, bfloat16): graph \"" +
-                          graph.name + "\" has profiled.dtype \"" + graph.profiled.dtype + "\"" +
-                          (bytes ? " (its parameters would be their own fp32 master copy)"
-                                 : " (an unknown dtype)"),
-                      "true");
+  if (!bytes || *bytes > 4) {
+    throw_input_error(source, "precision",
+                      "needs a graph profiled in float32 or a 16-bit dtype (float16, bfloat16): "
+                      "graph \"" + graph.name + "\" has profiled.dtype \"" +
+                          graph.profiled.dtype + "\"" + (bytes ? "" : " (an unknown dtype)"),
+                      std::string("\"") + precision_name(job.precision) + "\"");
   }
-  out.master_ratio = 4.0 / static_cast<double>(*bytes);
+  // an fp32 master copy and fp32 state per parameter of the compute dtype (a float32 graph is
+  // priced at the precision's bytes: precision_cost.h)
+  out.master_ratio = 4.0 / static_cast<double>(precision_bytes(job.precision));
   return out;
 }
 

@@ -7,6 +7,8 @@
 // on different nodes.
 #include "planner/documents/cluster.h"
 
+#include "planner/documents/precision.h"
+
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -258,6 +260,17 @@ Cluster cluster_from_json(const Json& j, const std::string& source) {
   if (const Json* f = in.optional(device, "call_floor_s")) {
     c.device.call_floor_s = in.number(*f, "device.call_floor_s");
   }
+  if (const Json* by_dtype = in.optional(device, "compute_speedup")) {
+    in.object(*by_dtype, "device.compute_speedup");
+    for (const auto& [name, value] : by_dtype->items()) {
+      const std::string path = "device.compute_speedup." + name;
+      const std::optional<Precision> p = precision_from_name(name);
+      if (!p || *p == Precision::kFp32) in.fail(path, "must name \"bf16\" or \"fp16\"", value);
+      const double x = in.number(value, path);
+      if (!(x > 0)) in.fail(path, "must be > 0", value);
+      c.device.compute_speedup.emplace_back(name, x);
+    }
+  }
 
   const Json& intra = in.object(in.required(j, "", "intra_node"), "intra_node");
   const Json* matrix = in.optional(intra, "bandwidth_matrix_bytes_per_s");
@@ -324,6 +337,7 @@ Json cluster_to_json(const Cluster& c) {
     device["memory_bandwidth_bytes_per_s"] = c.device.memory_bandwidth_bytes_per_s;
   }
   if (c.device.call_floor_s > 0) device["call_floor_s"] = c.device.call_floor_s;
+  for (const auto& [name, x] : c.device.compute_speedup) device["compute_speedup"][name] = x;
   Json j = {{"schema_version", 1},
             {"kind", kClusterKind},
             {"name", c.name},

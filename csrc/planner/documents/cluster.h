@@ -26,6 +26,12 @@ struct DeviceSpec {
   // (compute_cost.h). The plan says when either is missing.
   double memory_bandwidth_bytes_per_s = 0;
   double call_floor_s = 0;
+  // Optional (JSON "compute_speedup": {"bf16": x, "fp16": y}; empty = none measured): how many
+  // times faster the device computes a float32-profiled graph's nodes in that 16-bit dtype
+  // (autocast) than in float32. `hybridplan calibrate` measures it on a CPU (the profiled
+  // matmuls in each dtype); costs/precision_cost.h divides node times by it. Needed to plan a
+  // 16-bit Job precision on a float32 graph.
+  std::vector<std::pair<std::string, double>> compute_speedup;
 };
 
 struct Link {

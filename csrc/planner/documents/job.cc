@@ -196,8 +196,20 @@ Job job_from_json(const Json& j, const std::string& source) {
     job.global_batches = batch_candidates_from_json(*b, source, "global_batch");
   }
   if (const Json* o = in.optional(j, "optimizer")) job.optimizer = optimizer_from_name(in, *o);
-  if (const Json* m = in.optional(j, "mixed_precision")) {
-    job.mixed_precision = in.boolean(*m, "mixed_precision");
+  if (const Json* m = in.optional(j, "precision")) {
+    const std::optional<Precision> p = precision_from_name(in.string(*m, "precision"));
+    if (!p) in.fail("precision", precision_rule(), *m);
+    job.precision = *p;
+  }
+  if (const Json* m = in.optional(j, "mixed_precision")) {  // the older form: true = bf16
+    const Precision legacy = in.boolean(*m, "mixed_precision") ? Precision::kBf16 : Precision::kFp32;
+    if (in.optional(j, "precision") && legacy != job.precision) {
+      in.fail("mixed_precision",
+              std::string("must agree with \"precision\": \"") + precision_name(job.precision) +
+                  "\" (true is \"bf16\", false \"fp32\"; give precision alone)",
+              *m);
+    }
+    job.precision = legacy;
   }
   if (const Json* c = in.optional(j, "convergence")) job.convergence = convergence_from_json(in, *c);
   if (const Json* m = in.optional(j, "num_microbatches")) {
@@ -213,7 +225,7 @@ Job job_from_json(const Json& j, const std::string& source) {
 Json job_to_json(const Job& job) {
   Json j = {{"schema_version", 1}, {"kind", kJobKind}, {"optimizer", optimizer_name(job.optimizer)}};
   if (job.samples_per_epoch > 0) j["samples_per_epoch"] = job.samples_per_epoch;
-  if (job.mixed_precision) j["mixed_precision"] = true;  // absent: false
+  if (job.mixed_precision()) j["precision"] = precision_name(job.precision);  // absent: fp32
   for (const auto& [key, batches] : {std::pair{"per_replica_batch", &job.per_replica_batches},
                                       {"global_batch", &job.global_batches}}) {
     if (batches->size() == 1) j[key] = batches->front();

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "planner/documents/precision.h"
+
 namespace hybridplan {
 
 using Json = nlohmann::json;
@@ -38,12 +40,15 @@ struct Job {
   BatchCandidates per_replica_batches;
   BatchCandidates global_batches;
   Optimizer optimizer = Optimizer::kSgd;
-  // Mixed-precision training (JSON "mixed_precision", absent = false): the model's parameters
-  // and gradients are in the graph's 16-bit dtype (Graph profiled.dtype), and the optimizer
-  // keeps an fp32 master copy of the parameters and its state in fp32 (Megatron-LM's fp16 /
-  // bf16 training: 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter under Adam). memory_cost.h
-  // OptimizerState prices it; the gradient all-reduce stays at the graph's dtype.
-  bool mixed_precision = false;
+  // The precision it trains in (JSON "precision": "fp32" | "bf16" | "fp16", absent = "fp32";
+  // precision.h). The older boolean "mixed_precision" is read as "bf16" (true) or "fp32"; the
+  // two disagreeing is an error. A 16-bit precision keeps an fp32 master copy of the parameters
+  // and the optimizer state in fp32 (memory_cost.h OptimizerState) and reduces gradients in
+  // fp32; on a graph profiled in float32 the search prices compute at the device's rate for the
+  // dtype (Cluster device.compute_speedup) and activations, messages and tensor-parallel
+  // collectives at its bytes (costs/precision_cost.h). The search copies it into each Plan.
+  Precision precision = Precision::kFp32;
+  bool mixed_precision() const { return precision != Precision::kFp32; }
   Convergence convergence;
   std::vector<int64_t> num_microbatches;  // candidates for pipelines; empty: 1,2,4,... dividing
                                           // the batch, and the batch itself (search.cc)

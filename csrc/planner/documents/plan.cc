@@ -608,6 +608,11 @@ Plan plan_from_json(const Json& j, const std::string& source) {
   if (const Json* sp = in.optional(j, "sequence_parallel")) {
     p.sequence_parallel = in.boolean(*sp, "sequence_parallel");
   }
+  if (const Json* pr = in.optional(j, "precision")) {
+    const std::optional<Precision> precision = precision_from_name(in.string(*pr, "precision"));
+    if (!precision) in.fail("precision", precision_rule(), *pr);
+    p.precision = *precision;
+  }
   p.mode = mode_from_json(in, in.required(j, "", "mode"));
   p.per_replica_batch = in.field_int(j, "", "per_replica_batch");
   p.global_batch = in.field_int(j, "", "global_batch");
@@ -764,6 +769,7 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
   if (p.sharding != Sharding::kNone) j["sharding"] = sharding_name(p.sharding);  // absent: none
   if (p.virtual_stages != 1) j["virtual_stages"] = p.virtual_stages;              // absent: 1
   if (p.tp != 1) j["tp"] = p.tp;                                                  // absent: 1
+  if (p.precision != Precision::kFp32) j["precision"] = precision_name(p.precision);  // absent: fp32
   if (p.sequence_parallel) j["sequence_parallel"] = true;                         // absent: false
   if (p.dp_shard != 0 && p.dp_shard != p.dp) j["dp_shard"] = p.dp_shard;          // absent: dp
   if (!p.device_mapping_note.empty()) j["device_mapping"] = p.device_mapping_note;

@@ -10,6 +10,7 @@
 
 #include "planner/documents/cluster.h"
 #include "planner/documents/graph.h"
+#include "planner/documents/precision.h"
 
 namespace hybridplan {
 
@@ -125,6 +126,9 @@ struct Plan {
   bool recomputes_selectively(size_t node) const {
     return !recompute.empty() && recompute[node] == kRecomputeSelective;
   }
+  // JSON "precision" (absent = "fp32", written only otherwise; precision.h): the Job's
+  // precision, which the search copies here and evaluate() prices; the executor applies it.
+  Precision precision = Precision::kFp32;
   std::string device_mapping_note;  // e.g. "NVLink quad {0,1,2,3} of each DGX-1 node"
   Prediction predicted;             // filled by search/evaluate
 

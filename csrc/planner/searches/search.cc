@@ -325,6 +325,7 @@ Plan skeleton_with_mapping(const Problem& problem, const SearchSpacePoint& point
   Plan plan;
   plan.graph_name = problem.graph.name;
   plan.graph_sha256 = graph_sha256;
+  plan.precision = problem.job.precision;  // the job's, which evaluate() prices
   plan.cluster_name = problem.cluster.name;
   plan.cluster_num_nodes = problem.cluster.num_nodes;
   plan.cluster_devices_per_node = problem.cluster.devices_per_node;

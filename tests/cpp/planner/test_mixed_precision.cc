@@ -1,11 +1,15 @@
-// Mixed-precision training (Job::mixed_precision): an fp32 master copy and fp32 optimizer state
-// beside the graph's 16-bit parameters and gradients, in every memory formula of memory_cost.h
-// and in the optimizer step's bytes (optimizer_cost.h); absent, the numbers of before.
+// Mixed-precision training (Job::precision bf16 / fp16): an fp32 master copy and fp32 optimizer
+// state beside the 16-bit parameters and gradients, in every memory formula of memory_cost.h
+// and in the optimizer step's bytes (optimizer_cost.h); fp32, the numbers of before. A graph
+// profiled in float32 is priced in the precision (costs/precision_cost.h): compute at the
+// device's measured rate, activations, messages and TP collectives at 2 bytes, gradients
+// reduced in fp32.
 #include "catch.h"
 #include "model_fixtures.h"
 #include "planner/costs/evaluate.h"
 #include "planner/costs/memory_cost.h"
 #include "planner/costs/optimizer_cost.h"
+#include "planner/costs/precision_cost.h"
 #include "planner/documents/job.h"
 #include "planner/documents/problem.h"
 
@@ -24,7 +28,7 @@ Problem fp16_problem(Optimizer optimizer, bool mixed) {
   p.cluster = test::make_cluster(1, 2, 100, 0);
   p.cluster.device.memory_bandwidth_bytes_per_s = 100;
   p.job.optimizer = optimizer;
-  p.job.mixed_precision = mixed;
+  p.job.precision = mixed ? Precision::kBf16 : Precision::kFp32;
   return p;
 }
 
@@ -64,27 +68,29 @@ TEST_CASE("mixed precision: the optimizer's copies in every sharding variant", "
   CHECK(optimizer_bytes_touched_per_param_byte(OptimizerState{Optimizer::kSgdMomentum, 2.0}) == 10);
 }
 
-TEST_CASE("mixed precision: r from the graph's dtype, refused on a 32-bit graph", "[memory_cost]") {
+TEST_CASE("mixed precision: r = 4 / the precision's bytes, refused on an unknown dtype",
+          "[memory_cost]") {
   Problem p = fp16_problem(Optimizer::kAdam, true);
   CHECK(optimizer_state(p.job, p.graph).master_ratio == 2);
   p.graph.profiled.dtype = "bfloat16";
   CHECK(optimizer_state(p.job, p.graph).master_ratio == 2);
-  p.graph.profiled.dtype = "float8_e4m3fn";
-  CHECK(optimizer_state(p.job, p.graph).master_ratio == 4);
   p.graph.profiled.dtype = "16-bit";  // a config graph's other element sizes
   CHECK(optimizer_state(p.job, p.graph).master_ratio == 2);
-  p.graph.profiled.dtype = "float32";
+  p.graph.profiled.dtype = "float32";  // priced in the precision's dtype (precision_cost.h)
+  CHECK(optimizer_state(p.job, p.graph).master_ratio == 2);
+  CHECK_NOTHROW(p.validate());
+  p.graph.profiled.dtype = "float64";
   CHECK(input_error_of([&] { optimizer_state(p.job, p.graph); }) ==
-        "job: mixed_precision needs a graph profiled in a 16-bit dtype (float16, bfloat16): "
-        "graph \"ab\" has profiled.dtype \"float32\" (its parameters would be their own fp32 "
-        "master copy) (got true)");
-  CHECK(input_error_of([&] { p.validate(); }).rfind("problem (job): mixed_precision needs", 0) == 0);
+        "job: precision needs a graph profiled in float32 or a 16-bit dtype (float16, "
+        "bfloat16): graph \"ab\" has profiled.dtype \"float64\" (got \"bf16\")");
+  CHECK(input_error_of([&] { p.validate(); }).rfind("problem (job): precision needs", 0) == 0);
   CHECK_THROWS_AS(Evaluator(p), InputError);
   p.graph.profiled.dtype = "posit16";
   CHECK(input_error_of([&] { optimizer_state(p.job, p.graph); }) ==
-        "job: mixed_precision needs a graph profiled in a 16-bit dtype (float16, bfloat16): "
-        "graph \"ab\" has profiled.dtype \"posit16\" (an unknown dtype) (got true)");
-  p.job.mixed_precision = false;  // without it any dtype goes, as before
+        "job: precision needs a graph profiled in float32 or a 16-bit dtype (float16, "
+        "bfloat16): graph \"ab\" has profiled.dtype \"posit16\" (an unknown dtype) (got "
+        "\"bf16\")");
+  p.job.precision = Precision::kFp32;  // without it any dtype goes, as before
   CHECK(optimizer_state(p.job, p.graph).master_ratio == 0);
   CHECK_NOTHROW(p.validate());
   CHECK(dtype_bytes("float64") == 8);
@@ -93,18 +99,82 @@ TEST_CASE("mixed precision: r from the graph's dtype, refused on a 32-bit graph"
   CHECK(dtype_bytes("123-bit") == std::nullopt);
 }
 
-TEST_CASE("mixed precision: a job field, written only when true", "[job]") {
+TEST_CASE("precision: a job field, written only when not fp32; mixed_precision read as bf16",
+          "[job]") {
   const Json base = Json::parse(R"({"schema_version": 1, "kind": "hybridplan.job"})");
-  CHECK(!job_from_json(base, "job.json").mixed_precision);
-  CHECK(!job_to_json(job_from_json(base, "job.json")).contains("mixed_precision"));
+  CHECK(job_from_json(base, "job.json").precision == Precision::kFp32);
+  CHECK(!job_to_json(job_from_json(base, "job.json")).contains("precision"));
   Json j = base;
-  j["mixed_precision"] = true;
+  j["mixed_precision"] = true;  // the older form
   const Job job = job_from_json(j, "job.json");
-  CHECK(job.mixed_precision);
-  CHECK(job_to_json(job)["mixed_precision"] == true);
+  CHECK(job.precision == Precision::kBf16);
+  CHECK(job_to_json(job)["precision"] == "bf16");
+  CHECK(!job_to_json(job).contains("mixed_precision"));
   j["mixed_precision"] = "fp16";
   CHECK(input_error_of([&] { job_from_json(j, "job.json"); }) ==
         "job.json: mixed_precision must be true or false (got \"fp16\")");
+  j = base;
+  j["precision"] = "fp16";
+  CHECK(job_from_json(j, "job.json").precision == Precision::kFp16);
+  j["mixed_precision"] = false;
+  CHECK(input_error_of([&] { job_from_json(j, "job.json"); }) ==
+        "job.json: mixed_precision must agree with \"precision\": \"fp16\" (true is \"bf16\", "
+        "false \"fp32\"; give precision alone) (got false)");
+  j.erase("mixed_precision");
+  j["precision"] = "float16";
+  CHECK(input_error_of([&] { job_from_json(j, "job.json"); }) ==
+        "job.json: precision must be one of \"fp32\", \"bf16\", \"fp16\" (got \"float16\")");
+}
+
+TEST_CASE("precision: a plan field, copied from the job by the search and checked by evaluate",
+          "[plan]") {
+  Problem p = fp16_problem(Optimizer::kAdam, true);
+  Plan plan = test::make_plan(p.graph, p.cluster, 2, 1, MpMode::kPlacement, 1, {0, 0});
+  Json j = plan_to_json(plan, p.graph);
+  CHECK(!j.contains("precision"));  // absent: fp32
+  plan.precision = Precision::kBf16;
+  j = plan_to_json(plan, p.graph);
+  CHECK(j["precision"] == "bf16");
+  CHECK(plan_from_json(j, "plan.json").precision == Precision::kBf16);
+  j["precision"] = "half";
+  CHECK(input_error_of([&] { plan_from_json(j, "plan.json"); }) ==
+        "plan.json: precision must be one of \"fp32\", \"bf16\", \"fp16\" (got \"half\")");
+  CHECK_NOTHROW(evaluate(p, plan));
+  plan.precision = Precision::kFp16;
+  CHECK(input_error_of([&] { evaluate(p, plan); }) ==
+        "plan: precision must be the job's precision \"bf16\" (a plan is priced and applied in "
+        "the precision of the job it was planned for) (got \"fp16\")");
+}
+
+TEST_CASE("precision: a float32 graph priced in bf16", "[evaluate]") {
+  // The fp16 problem's graph, profiled in float32 instead: 300 B of fp32 parameters.
+  Problem fp32 = fp16_problem(Optimizer::kSgd, false);
+  fp32.graph.profiled.dtype = "float32";
+  Problem bf16 = fp32;
+  bf16.job.precision = Precision::kBf16;
+  const Plan dp2 = test::make_plan(fp32.graph, fp32.cluster, 2, 1, MpMode::kPlacement, 1, {0, 0});
+  const Plan mp2 = test::make_plan(fp32.graph, fp32.cluster, 1, 2, MpMode::kPlacement, 1, {0, 1});
+  CHECK(input_error_of([&] { evaluate(bf16, dp2); }).rfind(
+            "cluster: device.compute_speedup.bf16 is needed to plan the job's precision \"bf16\" "
+            "on graph \"ab\" (profiled in float32)", 0) == 0);
+  bf16.cluster.device.compute_speedup = {{"bf16", 2.0}};
+  const Prediction a = evaluate(fp32, dp2), b = evaluate(bf16, dp2);
+  CHECK(b.compute_s == Approx(a.compute_s / 2));        // the device's rate for bf16
+  CHECK(b.allreduce_s == Approx(a.allreduce_s));        // gradients reduced in fp32
+  // memory: fp32 2P + 1P... SGD: P (2 + 0) = 600 B before; 150 B bf16 parameters x (2 + 2) = 600
+  // (the fp32 master copy is the 300 B the fp32 run held), activations halved
+  CHECK(b.memory_bytes[0] < a.memory_bytes[0]);
+  // the edge a -> b (10 B) crosses the devices under mp = 2: half the bytes in bf16
+  const Prediction c = evaluate(fp32, mp2), d = evaluate(bf16, mp2);
+  CHECK(c.compute_s - d.compute_s > 0);
+  Problem converted = in_job_precision(bf16);
+  CHECK(converted.graph.profiled.dtype == "bfloat16");
+  CHECK(converted.graph.nodes[0].param_bytes == 50);
+  CHECK(converted.graph.edges[0].bytes == 5);
+  CHECK(converted.graph.nodes[0].forward_s == Approx(fp32.graph.nodes[0].forward_s / 2));
+  CHECK(gradient_reduce_ratio(bf16) == 2);
+  CHECK(gradient_reduce_ratio(fp32) == 1);
+  CHECK(gradient_reduce_ratio(fp16_problem(Optimizer::kSgd, true)) == 1);  // a 16-bit graph
 }
 
 TEST_CASE("mixed precision: evaluate's memory and optimizer step, the all-reduce unchanged",
