@@ -311,3 +311,21 @@ def test_measured_kernels_are_priced_per_element():
     assert {"native_layer_norm", "native_layer_norm_backward", "gelu", "gelu_backward",
             "_log_softmax", "_log_softmax_backward_data"} <= set(measured)
     assert all(v > 0 for v in measured.values())
+
+
+def test_attention_dropout_is_priced_as_the_gpu_fused_kernel():
+    """Attention dropout sends the CPU's scaled dot-product attention to its float32 math
+    path; priced for a GPU the fake profile prices the fused kernel a GPU runs with dropout
+    inside: GPT-2's attention with dropout 0.1 prices as with none."""
+    transformers = pytest.importorskip("transformers")
+
+    def attention_s(dropout):
+        config = transformers.GPT2Config(n_embd=256, n_head=4, n_layer=1, n_positions=256,
+                                         vocab_size=1024, attn_pdrop=dropout)
+        with torch.device("meta"):
+            model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)
+        graph = profile_dict(model, torch.zeros(1, 256, dtype=torch.long), device_model="H100",
+                             verbose=False, batch_sizes=())
+        node = next(n for n in graph["nodes"] if n["name"] == "transformer.h.0.attn.c_proj")
+        return node["forward_s"], node["backward_s"]
+    assert attention_s(0.1) == pytest.approx(attention_s(0.0), rel=1e-9)
