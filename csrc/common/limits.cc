@@ -21,6 +21,10 @@ void check_batch_size(const std::string& source, const std::string& path, int64_
   check_range(source, path, value, kMaxBatchSize, "2^24 samples");
 }
 
+void check_accumulation_steps(const std::string& source, const std::string& path, int64_t value) {
+  check_range(source, path, value, kMaxAccumulationSteps, "2^16 steps");
+}
+
 void check_device_count(const std::string& source, const std::string& path, int64_t value) {
   check_range(source, path, value, kMaxDevices, "2^20 devices");
 }

@@ -123,6 +123,14 @@ Executor::Executor(const Plan& plan, const Graph& graph, std::shared_ptr<torch::
                       "or 1F1B); run the plan with the Python executor (hybridplan.apply)",
                       std::string("\"") + schedule_name(plan_.schedule) + "\"");
   }
+  if (plan_.accumulation_steps != 1) {
+    // Its step() is one forward and backward of per_replica_batch samples per replica; run as
+    // it is, it would train a smaller global batch than the plan's.
+    throw_input_error(src, "accumulation_steps",
+                      "is not supported by the C++ executor (its step is one micro-step); run "
+                      "the plan with the Python executor (hybridplan.apply)",
+                      std::to_string(plan_.accumulation_steps));
+  }
   if (plan_.num_processes() != env_.world_size) {
     throw_input_error(src, "dp/mp",
                       std::string("need ") + std::to_string(plan_.num_processes()) + " processes for a " +

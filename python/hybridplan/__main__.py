@@ -235,6 +235,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="workload for the shared-core measurement (default: the built-in "
                           "branchy_cnn) and, with --graph, for the pipeline runs")
     cal.add_argument("--batch", type=int, default=32, help="the workload's batch")
+    cal.add_argument("--compile-graph", metavar="OUT",
+                     help="with --graph and --model: time each graph node of the model "
+                          "compiled (torch.compile, one graph per block) against eager on rank "
+                          "0 and write the graph with each node's compile_speedup to OUT (what "
+                          "a Job with \"compile\": true prices)")
     cal.add_argument("--warmup", type=int, default=3)
     cal.add_argument("--repeats", type=int, default=15)
     cal.add_argument("--timeout-s", type=float, default=120.0)
@@ -434,7 +439,7 @@ def _calibrate(args) -> int:
                          f"{args.warmup}, {args.repeats}, {args.batch})")
     cluster = calibrate(graph_path=args.graph, model=args.model, batch=args.batch, out=args.out,
                         name=args.name, warmup=args.warmup, repeats=args.repeats,
-                        timeout_s=args.timeout_s)
+                        timeout_s=args.timeout_s, compile_graph=args.compile_graph)
     if cluster is not None:
         rt, intra = cluster["runtime"], cluster["intra_node"]
         print(f"wrote {args.out}: p2p {intra['latency_s'] * 1e6:.0f} us + "

@@ -2,7 +2,7 @@
 
     hp = hybridplan.parallelize(model, example_inputs, example_target=target, loss_fn=loss_fn,
                                 optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3))
-    global_batch = hp.plan.dp * hp.plan.per_replica_batch
+    global_batch = hp.global_batch                   # dp x per_replica_batch x accumulation
     for inputs, target in batches(global_batch):     # the same global batch on every rank
         loss = hp.step(*hp.shard(inputs, target))    # this replica's share
 
@@ -319,6 +319,10 @@ def describe(p: Plan, mode: bool = True) -> str:
     if p.mode == "pipeline":
         text += f" {p.schedule} M={p.num_microbatches}"
     text += f" b={p.per_replica_batch}"
+    if p.accumulation_steps > 1:
+        text += f" x{p.accumulation_steps} accumulated"
+    if p.compile:
+        text += " compiled"
     if p.sharding != "none":
         text += f" {p.sharding}"
     recomputed = len(p.recompute)

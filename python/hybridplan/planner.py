@@ -366,9 +366,23 @@ class Plan(_Document):
         return self._dict["per_replica_batch"]
 
     @property
+    def accumulation_steps(self) -> int:
+        """Forward and backward micro-steps per optimizer step, each of per_replica_batch
+        samples per replica, the gradients synchronised once (1 when the plan has none;
+        docs/training_step.md)."""
+        return self._dict.get("accumulation_steps", 1)
+
+    @property
+    def compile(self) -> bool:
+        """Whether the planner priced compiled blocks (the Job's "compile"; apply then compiles
+        each block with torch.compile, docs/training_step.md); False when absent."""
+        return bool(self._dict.get("compile", False))
+
+    @property
     def global_batch(self) -> int:
-        """Samples per optimizer step over all replicas: dp * per_replica_batch."""
-        return self.dp * self.per_replica_batch
+        """Samples per optimizer step over all replicas: dp * per_replica_batch *
+        accumulation_steps."""
+        return self.dp * self.per_replica_batch * self.accumulation_steps
 
     @property
     def mesh(self) -> list:

@@ -39,6 +39,14 @@ Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int
   if (!slot) {
     slot = std::make_unique<BatchCosts>();
     slot->times = compute_.at_batch(batch);
+    if (problem_.job.compile) {  // compiled blocks: eager time / measured speed-up
+      const std::vector<Node>& nodes = problem_.graph.nodes;
+      for (size_t v = 0; v < nodes.size(); ++v) {
+        if (!nodes[v].has_compile_speedup()) continue;
+        slot->times.forward_s[v] /= nodes[v].compile_forward_speedup;
+        slot->times.backward_s[v] /= nodes[v].compile_backward_speedup;
+      }
+    }
     for (double& t : slot->times.forward_s) t *= slowdown;
     for (double& t : slot->times.backward_s) t *= slowdown;
     if (tp > 1) {  // split compute, then the collectives (not slowed: not compute)
@@ -501,7 +509,8 @@ const AllReduceCost& Evaluator::shard_group_cost(Collective kind, bool allreduce
   return it->second;
 }
 
-double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double slowdown) const {
+double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double slowdown,
+                                     bool reduce) const {
   const Graph& graph = problem_.graph;
   const Cluster& cluster = problem_.cluster;
   fill_param_bytes(plan);
@@ -531,7 +540,8 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
   // of its shard (bytes / dp_shard) over its replicate group, as FSDP2 runs them in turn.
   const double shard_share = 1.0 / static_cast<double>(plan.shard_degree());
   const auto reduce_s = [&](int64_t k, double bytes) {
-    bytes *= reduce_ratio_;  // gradients leave in fp32 under a 16-bit precision (precision_cost.h)
+    if (!reduce) return 0.0;  // an accumulation's earlier micro-step: no reduction
+    bytes *= reduce_ratio_;   // gradients leave in fp32 under a 16-bit precision (precision_cost.h)
     return scatter_cost_[k].time_s(bytes) + (hybrid ? replicate_cost_[k].time_s(bytes * shard_share) : 0.0);
   };
   if (plan.mode == MpMode::kPipeline) {
@@ -604,7 +614,7 @@ double Evaluator::exposed_sharding_s(const Plan& plan, double compute_s, double 
         }
       }
       t += times.backward_s[v];
-      comm = std::max(t, comm) + reduce_s(0, bytes(v));
+      if (reduce) comm = std::max(t, comm) + reduce_s(0, bytes(v));
     } else {
       t += times.backward_s[v];
     }
@@ -759,9 +769,11 @@ void Evaluator::memory_transient(const Plan& plan, double scale) const {
   stage_workspace_bytes_ = transient_bytes_;
   if (sink >= 0) {
     const double replica_scale = batch_scale(graph, static_cast<double>(plan.per_replica_batch));
-    // the replica's input batch, where the first node runs
+    // the replica's input batch, where the first node runs: a step's whole batch, all its
+    // micro-steps' (the caller holds it while step() runs its parts)
     transient_bytes_[plan.assignment[graph.topo_order.front()]] +=
-        scaled_bytes(graph.profiled.input_bytes, replica_scale);
+        scaled_bytes(graph.profiled.input_bytes, replica_scale) *
+        static_cast<double>(plan.accumulation_steps);
     // the model's output, held until its backward is done: the whole batch's (placement), or
     // one per micro-batch in flight on the last stage (pipeline)
     const int32_t last = plan.assignment[sink];
@@ -862,6 +874,7 @@ void Evaluator::memory(const Plan& plan, Prediction& out) const {
   sharded.dp = plan.shard_degree();
   sharded.pipeline = pipeline;
   sharded.overlapped = !serial_replica_devices();
+  sharded.accumulating = plan.accumulation_steps > 1;
   for (int64_t k = 0; k < plan.mp; ++k) {
     const int64_t in_flight =
         multi_stage ? 1
@@ -892,22 +905,44 @@ Prediction Evaluator::evaluate(const Plan& plan) const {
                           "planned for)",
                       std::string("\"") + precision_name(plan.precision) + "\"");
   }
+  if (plan.compile != problem_.job.compile) {
+    throw_input_error("plan", "compile",
+                      std::string("must be the job's compile = ") +
+                          (problem_.job.compile ? "true" : "false") +
+                          " (a plan is priced and applied compiled or eager as the job it was "
+                          "planned for says)",
+                      plan.compile ? "true" : "false");
+  }
   Prediction out;
   out.compute_model = compute_.description();
   out.compute_slowdown = compute_slowdown(plan);
-  out.compute_s = plan.mode == MpMode::kPipeline ? pipeline_compute(plan, out.compute_slowdown, out)
-                                                 : placement_compute(plan, out.compute_slowdown, out);
+  // One micro-step's compute; the gradients are synchronised once, overlapping the last
+  // micro-step's backward (accumulation: the earlier ones only accumulate).
+  const double micro_s = plan.mode == MpMode::kPipeline
+                             ? pipeline_compute(plan, out.compute_slowdown, out)
+                             : placement_compute(plan, out.compute_slowdown, out);
+  const auto steps = static_cast<double>(plan.accumulation_steps);
   if (plan.sharding == Sharding::kNone) {
-    out.allreduce_s = exposed_allreduce_s(plan, out.compute_s, out) + tied_allreduce_s(plan);
+    out.allreduce_s = exposed_allreduce_s(plan, micro_s, out) + tied_allreduce_s(plan);
   } else {
     out.allreduce_rings.clear();
-    out.sharding_s = exposed_sharding_s(plan, out.compute_s, out.compute_slowdown);
+    out.sharding_s = exposed_sharding_s(plan, micro_s, out.compute_slowdown, true);
+    // the earlier micro-steps gather the parameters again but reduce nothing
+    if (plan.accumulation_steps > 1) {
+      out.sharding_s +=
+          (steps - 1) * exposed_sharding_s(plan, micro_s, out.compute_slowdown, false);
+    }
     out.allreduce_s = tied_allreduce_s(plan);
   }
+  // accumulation_steps micro-steps per step: their compute and what it includes
+  out.compute_s = steps * micro_s;
+  out.transfer_s *= steps;
+  out.bubble_s *= steps;
+  out.tp_comm_s *= steps;
   out.optimizer_s = optimizer_s(plan);
   out.overhead_s = problem_.cluster.runtime.step_overhead_s(plan.dp);
   out.step_s = out.compute_s + out.allreduce_s + out.sharding_s + out.optimizer_s + out.overhead_s;
-  const auto global_batch = static_cast<double>(plan.dp * plan.per_replica_batch);
+  const auto global_batch = static_cast<double>(plan.global_batch);
   // A graph of zero-time nodes has step_s = 0; report 0 rather than an infinite rate, which
   // JSON cannot carry.
   out.samples_per_s = out.step_s > 0 ? global_batch / out.step_s : 0.0;
@@ -915,8 +950,8 @@ Prediction Evaluator::evaluate(const Plan& plan) const {
   const Job& job = problem_.job;
   if (job.convergence.model != Convergence::Model::kNone) {
     out.epochs = epochs_to_target(job.convergence, global_batch);
-    out.time_to_train_s = time_to_train_s(out.epochs, job.samples_per_epoch,
-                                          plan.dp * plan.per_replica_batch, out.step_s);
+    out.time_to_train_s = time_to_train_s(out.epochs, job.samples_per_epoch, plan.global_batch,
+                                          out.step_s);
   }
   return out;
 }

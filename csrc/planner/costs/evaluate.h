@@ -80,6 +80,15 @@
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
 //                     (with Job::mixed_precision, an fp32 master copy and fp32 optimizer state:
 //                     memory_cost.h OptimizerState, which optimizer_s streams too)
+//   accumulation    = a plan with accumulation_steps = K > 1 (Plan::accumulation_steps): the
+//                     step runs K micro-steps of per_replica_batch samples per replica, and
+//                     compute_s (with transfer_s, bubble_s, tp_comm_s) is K times one
+//                     micro-step's; allreduce_s is the one synchronisation's, exposed past the
+//                     last micro-step's backward; sharding_s the last micro-step's plus K - 1
+//                     times a micro-step's without reduce-scatters (their gathers; FSDP2's
+//                     set_requires_gradient_sync(False)); optimizer_s and overhead_s once;
+//                     memory one micro-step's activations, the step's whole input batch and,
+//                     sharded, the unsharded gradients held between micro-steps (memory_cost.h)
 //   samples_per_s   = global_batch / step_s
 //   epochs          = epochs_to_target(global_batch)                     (convergence.h)
 //   time_to_train_s = epochs * ceil(samples_per_epoch / global_batch) * step_s
@@ -181,7 +190,8 @@ class Evaluator {
   void fill_param_bytes(const Plan& plan) const;
   double tied_allreduce_s(const Plan& plan) const;
   // sharding_s above (after placement_compute / pipeline_compute filled gradient_ready_s_).
-  double exposed_sharding_s(const Plan& plan, double compute_s, double slowdown) const;
+  // `reduce` false: a micro-step before an accumulation's last (gathers only, no reduction).
+  double exposed_sharding_s(const Plan& plan, double compute_s, double slowdown, bool reduce) const;
   // groups_on_node_: per node, the DP groups with bytes (group_bytes_) that span nodes and
   // have a member there.
   void count_groups_on_nodes(const Plan& plan) const;

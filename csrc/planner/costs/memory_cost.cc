@@ -85,9 +85,12 @@ double parameter_state_bytes(double param_bytes, const OptimizerState& optimizer
   switch (state.sharding) {
     case Sharding::kNone: return param_bytes * (2 + optimizer.copies());
     case Sharding::kZero2:
-      return state.pipeline ? 2 * param_bytes + shards
-                            : param_bytes + shards + state.largest_unit_bytes;
-    case Sharding::kZero3: return shards + (state.overlapped ? 3 : 2) * state.largest_unit_bytes;
+      if (state.pipeline || state.accumulating) return 2 * param_bytes + shards;
+      return param_bytes + shards + state.largest_unit_bytes;
+    case Sharding::kZero3: {
+      const double units = (state.overlapped ? 3 : 2) - (state.accumulating ? 1 : 0);
+      return (state.accumulating ? param_bytes : 0.0) + shards + units * state.largest_unit_bytes;
+    }
   }
   return param_bytes * (2 + optimizer.copies());
 }

@@ -24,6 +24,12 @@
 //     zero2, pipeline   2P + Os * P/d                 the stage's parameters stay gathered and
 //                       its gradients unsharded across the micro-batches (torch's pipeline
 //                       schedules reduce-scatter once, after the last backward)
+//     accumulating (Plan::accumulation_steps > 1): the micro-steps before the last do not
+//     reduce-scatter, and FSDP2 keeps each unit's unsharded gradient until the last does
+//     (set_requires_gradient_sync(False)): all of them, P, are held together
+//       zero2, placement  2P + Os * P/d             (U's gradient is among them)
+//       zero3, placement  P + Os * P/d + (w - 1) U  (likewise)
+//       zero2, pipeline   unchanged (its gradients stay unsharded already)
 //     The gradient shards (P/d) exist only once the backward has freed most activations and
 //     gathered parameters, so they do not add to the peak. Without mixed precision (O = k_opt,
 //     Os = 1 + k_opt): P * (2 + k_opt), P + (1 + k_opt) * P/d + U, (1 + k_opt) * P/d + w * U and
@@ -125,6 +131,7 @@ struct ShardedState {
   int64_t dp = 1;
   bool pipeline = false;
   bool overlapped = false;     // collectives overlap compute (prefetch): zero3 holds 3 units
+  bool accumulating = false;   // accumulation_steps > 1: unsharded gradients held (above)
   double largest_unit_bytes = 0;
 };
 double parameter_state_bytes(double param_bytes, const OptimizerState& optimizer,

@@ -641,6 +641,18 @@ Graph graph_from_json(const Json& j, const std::string& source) {
         in.fail(path + ".selective_recompute_fraction", "must be in [0, 1]", *again);
       }
     }
+    if (const Json* c = in.optional(jn, "compile_speedup")) {
+      const std::string cpath = path + ".compile_speedup";
+      in.object(*c, cpath);
+      for (const auto& [key, out] : {std::pair<const char*, double*>{"forward", &node.compile_forward_speedup},
+                                     {"backward", &node.compile_backward_speedup}}) {
+        const Json& v = in.required(*c, cpath, key);
+        *out = in.number(v, json_child_path(cpath, key));
+        if (!(std::isfinite(*out) && *out > 0)) {
+          in.fail(json_child_path(cpath, key), "must be finite and > 0 (eager time / compiled time)", v);
+        }
+      }
+    }
     if (const Json* ops = in.optional(jn, "selective_ops")) {
       node.selective_ops = in.integer(*ops, path + ".selective_ops");
       if (node.selective_ops < 0) in.fail(path + ".selective_ops", "must be >= 0", *ops);
@@ -725,6 +737,10 @@ Json graph_to_json(const Graph& g) {
     if (n.has_selective()) {
       jn["selective_saved_bytes"] = n.selective_saved_bytes;
       jn["selective_recompute_fraction"] = n.selective_recompute_fraction;
+    }
+    if (n.has_compile_speedup()) {
+      jn["compile_speedup"] = {{"forward", n.compile_forward_speedup},
+                               {"backward", n.compile_backward_speedup}};
     }
     if (n.selective_ops >= 0) jn["selective_ops"] = n.selective_ops;
     if (n.param_tensors >= 0) jn["param_tensors"] = n.param_tensors;

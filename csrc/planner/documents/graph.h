@@ -147,6 +147,13 @@ struct Node {
   // recompute's dispatch mode costs Cluster runtime.selective_op_s per op (evaluate.h).
   int64_t selective_ops = -1;
   bool has_selective() const { return selective_saved_bytes >= 0; }
+  // Optional (JSON "compile_speedup": {"forward": f, "backward": b}; -1 = not measured): the
+  // node's forward and backward eager time over its time compiled by torch.compile (one graph
+  // per block, `hybridplan calibrate --model`; docs/calibration.md). A Job with "compile"
+  // divides the node's times by them (Evaluator); absent, the node is priced eager.
+  double compile_forward_speedup = -1;
+  double compile_backward_speedup = -1;
+  bool has_compile_speedup() const { return compile_forward_speedup > 0; }
   // Optional: times at other batch sizes, batch_size strictly increasing, never the profiled one
   // (that is forward_s/backward_s). Empty: only the profiled batch was measured.
   std::vector<BatchTime> batch_times;

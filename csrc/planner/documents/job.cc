@@ -129,6 +129,12 @@ void Job::validate(const std::string& source) const {
   for (size_t i = 0; i < num_microbatches.size(); ++i) {
     check_batch_size(source, json_index_path("num_microbatches", i), num_microbatches[i]);
   }
+  for (size_t i = 0; i < accumulation_steps.size(); ++i) {
+    check_accumulation_steps(source,
+                             accumulation_steps.size() == 1 ? std::string("accumulation_steps")
+                                                            : json_index_path("accumulation_steps", i),
+                             accumulation_steps[i]);
+  }
   switch (convergence.model) {
     case Convergence::Model::kNone:
       return;
@@ -195,6 +201,13 @@ Job job_from_json(const Json& j, const std::string& source) {
   if (const Json* b = in.optional(j, "global_batch")) {
     job.global_batches = batch_candidates_from_json(*b, source, "global_batch");
   }
+  if (const Json* k = in.optional(j, "accumulation_steps")) {
+    // the batches' syntax; each checked against kMaxAccumulationSteps by validate below
+    if (k->is_number_integer() && k->get<int64_t>() > kMaxAccumulationSteps) {
+      check_accumulation_steps(source, "accumulation_steps", k->get<int64_t>());
+    }
+    job.accumulation_steps = batch_candidates_from_json(*k, source, "accumulation_steps");
+  }
   if (const Json* o = in.optional(j, "optimizer")) job.optimizer = optimizer_from_name(in, *o);
   if (const Json* m = in.optional(j, "precision")) {
     const std::optional<Precision> p = precision_from_name(in.string(*m, "precision"));
@@ -211,6 +224,7 @@ Job job_from_json(const Json& j, const std::string& source) {
     }
     job.precision = legacy;
   }
+  if (const Json* c = in.optional(j, "compile")) job.compile = in.boolean(*c, "compile");
   if (const Json* c = in.optional(j, "convergence")) job.convergence = convergence_from_json(in, *c);
   if (const Json* m = in.optional(j, "num_microbatches")) {
     in.array(*m, "num_microbatches");
@@ -232,6 +246,9 @@ Json job_to_json(const Job& job) {
     if (batches->size() > 1) j[key] = *batches;
   }
   if (!job.num_microbatches.empty()) j["num_microbatches"] = job.num_microbatches;
+  if (job.compile) j["compile"] = true;  // absent: false
+  if (job.accumulation_steps.size() == 1) j["accumulation_steps"] = job.accumulation_steps.front();
+  if (job.accumulation_steps.size() > 1) j["accumulation_steps"] = job.accumulation_steps;
   const Convergence& c = job.convergence;
   if (c.model == Convergence::Model::kCriticalBatch) {
     Json bc = c.critical_batch;
@@ -247,6 +264,14 @@ Json job_to_json(const Job& job) {
     j["convergence"] = {{"model", "table"}, {"points", std::move(points)}};
   }
   return j;
+}
+
+BatchCandidates Job::accumulation_candidates() const {
+  if (!accumulation_steps.empty()) return accumulation_steps;
+  if (global_batches.empty()) return {1};
+  BatchCandidates out;
+  for (int64_t k = 1; k <= kDefaultMaxAccumulationSteps; k *= 2) out.push_back(k);
+  return out;
 }
 
 Job load_job(const std::string& path) { return job_from_json(read_json_file(path, "job"), path); }

@@ -39,6 +39,17 @@ struct Job {
   // where dp divides it). Both empty: the graph's profiled batch size per replica.
   BatchCandidates per_replica_batches;
   BatchCandidates global_batches;
+  // Gradient accumulation steps the search may give a plan (JSON "accumulation_steps": an
+  // integer, a list or a {min, max} range, as the batches; Plan::accumulation_steps). Each
+  // micro-step runs the per-replica batch; a step's global batch is dp * per-replica batch *
+  // steps. With global_batches, the search tries the smallest first and the next only where
+  // memory binds at the one before (search.cc); empty there means 1, 2, 4, ...,
+  // kDefaultMaxAccumulationSteps. Otherwise every candidate is its own global batch; empty
+  // means 1.
+  BatchCandidates accumulation_steps;
+  static constexpr int64_t kDefaultMaxAccumulationSteps = 64;
+  // The candidates the search walks (accumulation_steps, or its default above).
+  BatchCandidates accumulation_candidates() const;
   Optimizer optimizer = Optimizer::kSgd;
   // The precision it trains in (JSON "precision": "fp32" | "bf16" | "fp16", absent = "fp32";
   // precision.h). The older boolean "mixed_precision" is read as "bf16" (true) or "fp32"; the
@@ -49,6 +60,10 @@ struct Job {
   // collectives at its bytes (costs/precision_cost.h). The search copies it into each Plan.
   Precision precision = Precision::kFp32;
   bool mixed_precision() const { return precision != Precision::kFp32; }
+  // torch.compile per graph block (JSON "compile", absent = false; docs/training_step.md):
+  // the search prices each node at its measured speed-up (Node compile_forward_speedup /
+  // compile_backward_speedup; eager where not measured) and marks its plans "compile".
+  bool compile = false;
   Convergence convergence;
   std::vector<int64_t> num_microbatches;  // candidates for pipelines; empty: 1,2,4,... dividing
                                           // the batch, and the batch itself (search.cc)

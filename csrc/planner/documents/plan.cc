@@ -211,9 +211,14 @@ static void check_sizes(const Plan& plan, const std::string& source) {
                       str(plan.world_size));
   }
   check_batch_size(source, "per_replica_batch", plan.per_replica_batch);
-  if (plan.global_batch != plan.dp * plan.per_replica_batch) {
+  check_accumulation_steps(source, "accumulation_steps", plan.accumulation_steps);
+  // each bounded: dp * per_replica_batch * accumulation_steps < 2^61
+  const int64_t samples = plan.dp * plan.per_replica_batch * plan.accumulation_steps;
+  if (plan.global_batch != samples) {
     throw_input_error(source, "global_batch",
-                      "must equal dp * per_replica_batch = " + str(plan.dp * plan.per_replica_batch),
+                      plan.accumulation_steps == 1
+                          ? "must equal dp * per_replica_batch = " + str(samples)
+                          : "must equal dp * per_replica_batch * accumulation_steps = " + str(samples),
                       str(plan.global_batch));
   }
 }
@@ -615,6 +620,10 @@ Plan plan_from_json(const Json& j, const std::string& source) {
   }
   p.mode = mode_from_json(in, in.required(j, "", "mode"));
   p.per_replica_batch = in.field_int(j, "", "per_replica_batch");
+  if (const Json* c = in.optional(j, "compile")) p.compile = in.boolean(*c, "compile");
+  if (in.optional(j, "accumulation_steps")) {
+    p.accumulation_steps = in.field_int(j, "", "accumulation_steps");
+  }
   p.global_batch = in.field_int(j, "", "global_batch");
   p.num_microbatches = in.field_int(j, "", "num_microbatches");
   p.schedule = schedule_from_json(in, in.required(j, "", "schedule"));
@@ -768,6 +777,8 @@ Json plan_to_json(const Plan& p, const Graph& graph) {
             {"predicted", prediction_to_json(p.predicted)}};
   if (p.sharding != Sharding::kNone) j["sharding"] = sharding_name(p.sharding);  // absent: none
   if (p.virtual_stages != 1) j["virtual_stages"] = p.virtual_stages;              // absent: 1
+  if (p.accumulation_steps != 1) j["accumulation_steps"] = p.accumulation_steps;  // absent: 1
+  if (p.compile) j["compile"] = true;                                             // absent: false
   if (p.tp != 1) j["tp"] = p.tp;                                                  // absent: 1
   if (p.precision != Precision::kFp32) j["precision"] = precision_name(p.precision);  // absent: fp32
   if (p.sequence_parallel) j["sequence_parallel"] = true;                         // absent: false

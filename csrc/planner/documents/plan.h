@@ -85,8 +85,19 @@ struct Plan {
   // allow it at tp (tensor_parallel_cost.h sequence_parallel_refusal).
   bool sequence_parallel = false;
   MpMode mode = MpMode::kPlacement;
+  // Samples one replica's forward and backward take at once: a micro-step's (the whole step's
+  // when accumulation_steps = 1).
   int64_t per_replica_batch = 1;
+  // Gradient accumulation (JSON "accumulation_steps", absent = 1; docs/training_step.md): a
+  // step runs accumulation_steps forward and backward passes of per_replica_batch samples per
+  // replica, synchronises the gradients once, after the last, then steps the optimizer.
+  int64_t accumulation_steps = 1;
+  // Samples per optimizer step: dp * per_replica_batch * accumulation_steps.
   int64_t global_batch = 1;
+  // JSON "compile" (absent = false, written only when true): the job's compile, which the
+  // search copies here and evaluate() prices (each node at its measured compile speed-up); the
+  // Python executor then compiles each graph block with torch.compile.
+  bool compile = false;
   int64_t num_microbatches = 1;
   Schedule schedule = Schedule::kNone;
   // Pipeline stages per rank (JSON "virtual_stages", absent = 1): 1 for gpipe and 1f1b, >= 2

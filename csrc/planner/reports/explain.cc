@@ -106,8 +106,12 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
           << " of the tokens)";
     }
   }
-  out << "\n  batch: " << plan.per_replica_batch << " per replica, " << plan.global_batch
-      << " global\n";
+  out << "\n  batch: " << plan.per_replica_batch << " per replica";
+  if (plan.accumulation_steps > 1) {
+    out << " per micro-step, " << plan.accumulation_steps
+        << " micro-steps (gradients accumulated, synchronised once)";
+  }
+  out << ", " << plan.global_batch << " global\n";
   if (!plan.device_mapping_note.empty()) out << "  device mapping: " << plan.device_mapping_note << "\n";
 
   out << "mesh (replica: global devices)\n";

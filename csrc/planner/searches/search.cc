@@ -43,6 +43,7 @@ std::string describe(const SearchSpacePoint& p) {
   if (p.mode == MpMode::kPipeline)
     os << " (" << schedule_name(p.schedule) << ", " << p.num_microbatches << " micro-batches)";
   os << " b=" << p.per_replica_batch;
+  if (p.accumulation_steps > 1) os << " K=" << p.accumulation_steps;
   return os.str();
 }
 
@@ -214,6 +215,14 @@ void add_pipeline_points(SearchSpacePoint p, const std::vector<int64_t>& counts,
 
 }  // namespace
 
+int64_t next_accumulation_steps(const Problem& problem, int64_t replica_samples, int64_t after) {
+  for (int64_t k : problem.job.accumulation_candidates()) {
+    if (k <= after || replica_samples % k != 0) continue;
+    if (replica_samples / k >= problem.graph.profiled.min_batch_size) return k;
+  }
+  return 0;
+}
+
 std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
                                            std::vector<std::string>* skipped) {
   const Cluster& cluster = problem.cluster;
@@ -232,6 +241,8 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
   const int64_t spanning_max_mp = std::min({kMaxSpanningStages, n, stage_starts + 1});
   bool said_spanning = false;
   std::vector<SearchSpacePoint> points;
+  const bool by_global = !problem.job.global_batches.empty();
+  const BatchCandidates accumulation = problem.job.accumulation_candidates();
   const std::vector<int64_t> degrees = search_tensor_degrees(problem, options);
   const std::map<int64_t, std::vector<bool>> sp_settings =
       search_sequence_parallel(problem, options, degrees);
@@ -298,13 +309,30 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
       // two stages per rank need twice the nodes and places to cut
       const bool multi_ok = n >= 2 * mp && stage_starts >= 2 * mp - 1;
       const int64_t min_batch = graph.profiled.min_batch_size;
-      for (int64_t batch : batches) {
+      // (micro-step batch, accumulation steps) pairs: a global batch's first K (search()
+      // tries the next where memory binds), else every K with the batch as it is
+      std::vector<std::pair<int64_t, int64_t>> steps;
+      for (int64_t replica : batches) {
+        if (by_global) {
+          const int64_t k = next_accumulation_steps(problem, replica, 0);
+          if (k == 0 && replica >= min_batch) {
+            skip(head + " global batch " + str(replica * dp) + ": no accumulation_steps of the "
+                 "job divides the " + str(replica) + " samples per replica");
+            continue;
+          }
+          steps.emplace_back(k > 0 ? replica / k : replica, std::max<int64_t>(k, 1));
+        } else {
+          for (int64_t k : accumulation) steps.emplace_back(replica, k);
+        }
+      }
+      for (const auto& [batch, k] : steps) {
         if (batch < min_batch) {
           skip(head + " b=" + str(batch) + ": below the smallest batch the model accepts "
                "(graph profiled.min_batch_size = " + str(min_batch) + ")");
           continue;
         }
-        const SearchSpacePoint p{.dp = dp, .mp = mp, .tp = tp, .per_replica_batch = batch};
+        const SearchSpacePoint p{.dp = dp, .mp = mp, .tp = tp, .per_replica_batch = batch,
+                                 .accumulation_steps = k};
         if (placement_ok) push(p);
         if (!pipeline_ok) continue;
         const auto counts = microbatch_counts(problem.job, batch);
@@ -339,7 +367,9 @@ Plan skeleton_with_mapping(const Problem& problem, const SearchSpacePoint& point
   plan.virtual_stages = point.virtual_stages;
   plan.num_microbatches = point.num_microbatches;
   plan.per_replica_batch = point.per_replica_batch;
-  plan.global_batch = point.dp * point.per_replica_batch;
+  plan.accumulation_steps = point.accumulation_steps;
+  plan.compile = problem.job.compile;
+  plan.global_batch = point.dp * point.per_replica_batch * point.accumulation_steps;
   plan.mesh = mapping.mesh;
   plan.device_mapping_note = mapping.note;
   plan.assignment.assign(problem.graph.nodes.size(), 0);
@@ -405,7 +435,8 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   } else {
     compute_s = placement_lower_bound_s(evaluator, plan);
   }
-  return compute_s + cluster.runtime.step_overhead_s(plan.dp);
+  return static_cast<double>(plan.accumulation_steps) * compute_s +
+         cluster.runtime.step_overhead_s(plan.dp);
 }
 
 namespace {
@@ -414,7 +445,7 @@ namespace {
 double objective_of_step(const Problem& problem, const Plan& plan, double step_s) {
   Prediction p;
   p.step_s = step_s;
-  const int64_t global_batch = plan.dp * plan.per_replica_batch;
+  const int64_t global_batch = plan.global_batch;
   p.samples_per_s = step_s > 0 ? static_cast<double>(global_batch) / step_s : 0.0;
   if (problem.job.convergence.model != Convergence::Model::kNone) {
     p.epochs = epochs_to_target(problem.job.convergence, static_cast<double>(global_batch));
@@ -502,7 +533,46 @@ int64_t recompute_to_fit(const Evaluator& evaluator, const std::vector<std::vect
   return 0;
 }
 
+// A pipeline point of the accumulation chain (search_space's comment) at its new, smaller
+// per-replica batch: its micro-batch count M kept where the batch still splits into M
+// micro-batches the model accepts, else its micro-batch size kept (fewer micro-batches: the
+// receive buffers, one per micro-batch, shrink with them); false when neither satisfies
+// torch's schedules (1F1B: M >= mp; the interleaved ones: M a multiple of their rounds).
+bool accumulated_microbatches(SearchSpacePoint& point, int64_t micro, int64_t min_batch) {
+  const int64_t b = point.per_replica_batch;
+  int64_t m = point.num_microbatches;
+  if (b % m != 0 || b / m < min_batch) {
+    if (b % micro != 0) return false;
+    m = b / micro;
+  }
+  if (m < 1 || b % m != 0 || b / m < min_batch) return false;
+  if (point.schedule == Schedule::k1F1B && m < point.mp) return false;
+  if (schedule_is_multi_stage(point.schedule) && point.schedule != Schedule::kZBV &&
+      m % std::max<int64_t>(1, m / point.mp) != 0) {
+    return false;
+  }
+  point.num_microbatches = m;
+  return true;
+}
+
 }  // namespace
+
+std::optional<SearchSpacePoint> next_accumulation_point(const Problem& problem,
+                                                        const SearchSpacePoint& point) {
+  if (problem.job.global_batches.empty()) return std::nullopt;
+  const int64_t replica = point.per_replica_batch * point.accumulation_steps;
+  const int64_t k = next_accumulation_steps(problem, replica, point.accumulation_steps);
+  if (k == 0) return std::nullopt;
+  SearchSpacePoint next = point;
+  next.accumulation_steps = k;
+  next.per_replica_batch = replica / k;
+  if (point.mode == MpMode::kPipeline &&
+      !accumulated_microbatches(next, point.per_replica_batch / point.num_microbatches,
+                                problem.graph.profiled.min_batch_size)) {
+    return std::nullopt;
+  }
+  return next;
+}
 
 std::vector<int64_t> shard_degrees(const Plan& plan, const Cluster& cluster) {
   std::vector<int64_t> out = {0};  // the whole data-parallel group
@@ -584,71 +654,95 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   std::map<std::string, std::string> pipeline_notes;
   PipelinePartitionCache partitions;
   std::vector<std::vector<size_t>> module_groups;  // recompute_to_fit's, on first need
-  for (const auto& [bound, index] : by_bound) {
-    if (static_cast<int>(best_k.size()) == options.top_k && bound > best_k.top()) {
-      ++pruned;
-      continue;
-    }
-    const SearchSpacePoint& point = points[index];
-    Plan plan = std::move(skeletons[index]);
-    const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
-                             (point.tp > 1 ? " tp=" + str(point.tp) : "") +
-                             (point.sequence_parallel ? " sp" : "") + " " + mode_name(point.mode);
-    if (point.mode == MpMode::kPlacement) {
-      PlacementOutcome o = search_placement(evaluator, plan, placement_options);
-      result.candidates_evaluated += o.evaluations;
-      if (point.mp > 1) {  // (tp = 1: placement with tp > 1 has mp = 1)
-        result.notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
-                               str(point.per_replica_batch) + " placement: " + o.note);
+  int64_t accumulated = 0;  // plans with more accumulation steps than their point's first
+  size_t derived = points.size();  // ranking index of the accumulation chain's points
+  for (const auto& [first_bound, first_index] : by_bound) {
+    // A global batch's point, then (search_space's comment) the same point with more
+    // accumulation steps while memory binds: each with its own bound.
+    SearchSpacePoint point = points[first_index];
+    Plan plan = std::move(skeletons[first_index]);
+    double bound = first_bound;
+    size_t index = first_index;
+    for (;;) {
+      if (static_cast<int>(best_k.size()) == options.top_k && bound > best_k.top()) {
+        ++pruned;
+        break;
       }
-      plan.assignment = std::move(o.assignment);
-      plan.predicted = std::move(o.predicted);
-    } else {
-      // The stages are split for each sharding kind the point allows (a sharded stage holds
-      // less, so another split may fit or win); the best split of the best kind stands.
-      std::vector<std::pair<Sharding, int64_t>> kinds;  // (kind, shard degree)
-      for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
-        if (!sharding_allowed(plan, options.shardings, kind)) continue;
-        if (kind == Sharding::kNone) kinds.emplace_back(kind, 0);
-        else for (int64_t degree : shard_degrees(plan, problem.cluster)) kinds.emplace_back(kind, degree);
-      }
-      if (kinds.empty()) kinds.emplace_back(Sharding::kNone, 0);  // none excluded, none other allowed
-      std::optional<Plan> best;
-      for (const auto& [kind, degree] : kinds) {
-        Plan trial = plan;
-        trial.sharding = kind;
-        trial.dp_shard = degree;
-        PipelineOutcome o =
-            search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
+      const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
+                               (point.tp > 1 ? " tp=" + str(point.tp) : "") +
+                               (point.sequence_parallel ? " sp" : "") + " " + mode_name(point.mode);
+      bool fits_plainly = false;  // unsharded, without recompute (memory does not bind)
+      if (point.mode == MpMode::kPlacement) {
+        PlacementOutcome o = search_placement(evaluator, plan, placement_options);
         result.candidates_evaluated += o.evaluations;
-        // one note per (dp, mp, tp): a split found where any M or schedule has one
-        const auto [note, fresh] = pipeline_notes.emplace(head, o.note);
-        if (!fresh && note->second.rfind("no split fits", 0) == 0) note->second = o.note;
-        trial.assignment = std::move(o.assignment);
-        trial.recompute = std::move(o.recompute);
-        trial.predicted = std::move(o.predicted);
-        if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
+        if (point.mp > 1) {  // (tp = 1: placement with tp > 1 has mp = 1)
+          result.notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
+                                 str(point.per_replica_batch) + " placement: " + o.note);
+        }
+        plan.assignment = std::move(o.assignment);
+        plan.predicted = std::move(o.predicted);
+        fits_plainly = plan.predicted.feasible;
+      } else {
+        // The stages are split for each sharding kind the point allows (a sharded stage holds
+        // less, so another split may fit or win); the best split of the best kind stands.
+        std::vector<std::pair<Sharding, int64_t>> kinds;  // (kind, shard degree)
+        for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
+          if (!sharding_allowed(plan, options.shardings, kind)) continue;
+          if (kind == Sharding::kNone) kinds.emplace_back(kind, 0);
+          else for (int64_t degree : shard_degrees(plan, problem.cluster)) kinds.emplace_back(kind, degree);
+        }
+        if (kinds.empty()) kinds.emplace_back(Sharding::kNone, 0);  // none excluded, none other allowed
+        std::optional<Plan> best;
+        for (const auto& [kind, degree] : kinds) {
+          Plan trial = plan;
+          trial.sharding = kind;
+          trial.dp_shard = degree;
+          PipelineOutcome o =
+              search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
+          result.candidates_evaluated += o.evaluations;
+          // one note per (dp, mp, tp): a split found where any M or schedule has one
+          const auto [note, fresh] = pipeline_notes.emplace(head, o.note);
+          if (!fresh && note->second.rfind("no split fits", 0) == 0) note->second = o.note;
+          trial.assignment = std::move(o.assignment);
+          trial.recompute = std::move(o.recompute);
+          trial.predicted = std::move(o.predicted);
+          if (kind == Sharding::kNone) {
+            fits_plainly = trial.predicted.feasible &&
+                           std::none_of(trial.recompute.begin(), trial.recompute.end(),
+                                        [](uint8_t r) { return r != 0; });
+          }
+          if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
+        }
+        plan = std::move(*best);
       }
-      plan = std::move(*best);
+      if (point.mode == MpMode::kPlacement) {
+        result.candidates_evaluated += choose_sharding(evaluator, options.shardings, plan);
+      }
+      if (plan.sharding != Sharding::kNone) ++sharded;
+      if (!plan.predicted.feasible && module_groups.empty()) module_groups = module_call_groups(problem.graph);
+      if (!plan.predicted.feasible && recompute_to_fit(evaluator, module_groups, plan) > 0) {
+        ++recomputed;
+      }
+      if (!plan.predicted.feasible) {
+        const int64_t peak = peak_memory_bytes(plan.predicted);
+        if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
+        result.infeasible.push_back(describe(point) + ": " + plan.predicted.infeasible_reason);
+      } else {
+        const double obj = objective(problem, plan.predicted);
+        best_k.push(obj);
+        if (static_cast<int>(best_k.size()) > options.top_k) best_k.pop();
+        if (point.accumulation_steps > points[first_index].accumulation_steps) ++accumulated;
+        ranked.emplace_back(obj, index, std::move(plan));
+      }
+      // Memory binds: the same global batch in more micro-steps of fewer samples.
+      if (fits_plainly) break;
+      const std::optional<SearchSpacePoint> next = next_accumulation_point(problem, point);
+      if (!next) break;
+      point = *next;
+      plan = skeleton_with_mapping(problem, point, sha, mappings.at({point.dp, point.mp, point.tp}));
+      bound = objective_of_step(problem, plan, step_lower_bound_s(evaluator, plan));
+      index = derived++;
     }
-    if (point.mode == MpMode::kPlacement) {
-      result.candidates_evaluated += choose_sharding(evaluator, options.shardings, plan);
-    }
-    if (plan.sharding != Sharding::kNone) ++sharded;
-    if (!plan.predicted.feasible && module_groups.empty()) module_groups = module_call_groups(problem.graph);
-    if (!plan.predicted.feasible && recompute_to_fit(evaluator, module_groups, plan) > 0) {
-      ++recomputed;
-    }
-    if (!plan.predicted.feasible) {
-      const int64_t peak = peak_memory_bytes(plan.predicted);
-      if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
-      result.infeasible.push_back(describe(point) + ": " + plan.predicted.infeasible_reason);
-      continue;
-    }
-    const double obj = objective(problem, plan.predicted);
-    best_k.push(obj);
-    if (static_cast<int>(best_k.size()) > options.top_k) best_k.pop();
-    ranked.emplace_back(obj, index, std::move(plan));
   }
   if (pruned > 0) {
     result.notes.push_back(std::to_string(pruned) + " of " + std::to_string(points.size()) +
@@ -661,6 +755,12 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
     result.notes.push_back(std::to_string(sharded) +
                            " points are best sharded (zero2/zero3: gradients, optimizer state and "
                            "for zero3 parameters over the data-parallel group)");
+  }
+  if (accumulated > 0) {
+    result.notes.push_back(std::to_string(accumulated) +
+                           " plans run their global batch in more gradient accumulation steps "
+                           "than their point's first: memory bound at fewer (unsharded, without "
+                           "recompute)");
   }
   if (recomputed > 0) {
     result.notes.push_back(std::to_string(recomputed) +

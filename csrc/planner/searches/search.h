@@ -69,8 +69,23 @@ struct SearchSpacePoint {
   Schedule schedule = Schedule::kNone;
   int64_t virtual_stages = 1;
   int64_t num_microbatches = 1;
-  int64_t per_replica_batch = 1;
+  int64_t per_replica_batch = 1;  // a micro-step's, per replica
+  int64_t accumulation_steps = 1;  // micro-steps per step (Plan::accumulation_steps)
 };
+
+// The accumulation step counts after `after` (0: from the first) that the job allows for a
+// replica's `replica_samples` per step (Job::accumulation_candidates): the smallest candidate
+// K > after dividing replica_samples with replica_samples / K >= the graph's
+// profiled.min_batch_size; 0 when none.
+int64_t next_accumulation_steps(const Problem& problem, int64_t replica_samples, int64_t after);
+
+// The point search() tries after `point` where memory binds (search_space's comment): with a
+// job's global_batch, the same global batch in the next accumulation step count
+// (next_accumulation_steps), a pipeline's micro-batch count kept or else its micro-batch size
+// kept (torch's schedule rules holding); nullopt when the job has no global_batch or nothing
+// is left to try.
+std::optional<SearchSpacePoint> next_accumulation_point(const Problem& problem,
+                                                        const SearchSpacePoint& point);
 
 // The points search() considers, in its order: for every tensor-parallel degree tp
 // (options.tensor_degrees; 1 first, so ties go to plans without tensor parallelism; only 1 with
@@ -90,6 +105,14 @@ struct SearchSpacePoint {
 // and M a multiple of torch's rounds max(1, M / mp) for the interleaved ones. Each point with
 // tp > 1 comes without and then with sequence parallelism where options.sequence_parallel and
 // the graph allow (SequenceParallelSearch), so ties go to the plan without.
+// Gradient accumulation (Job::accumulation_steps): with the job's per_replica_batch (or none),
+// every accumulation candidate K is a point of its own (global batch dp * b * K); with its
+// global_batch, a point takes the first K next_accumulation_steps allows (b = global / (dp K)),
+// and search() tries the next K (b halved for K doubled; a pipeline's micro-batch count M kept,
+// or where b no longer splits into M its micro-batch size kept) only where the point's best
+// plan does not fit in memory unsharded and without recompute: for one global batch, more
+// micro-steps only add compute (each at a smaller batch, a pipeline's fill and drain each
+// time) unless they save memory.
 // Why a dp/mp/M was left out goes to `skipped` (may be null). Throws InputError on bad options.
 std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
                                            std::vector<std::string>* skipped);
@@ -108,7 +131,8 @@ std::vector<int64_t> shard_degrees(const Plan& plan, const Cluster& cluster);
 // batch, micro-batches and schedule fixed): the compute at least the placement bound (critical
 // path, work per device), or for a pipeline the stage work M * (F + B) spread perfectly over
 // the ranks with every action's runtime cost, or more: the fill and drain no split avoids
-// (search.cc); plus the fixed step overhead (all-reduce and optimizer >= 0).
+// (search.cc); that times the plan's accumulation steps, plus the fixed step overhead
+// (all-reduce and optimizer >= 0).
 // search() leaves out a point whose bound exceeds the top k found.
 double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan);
 

@@ -6,7 +6,8 @@ takes the running plan apart."""
 from __future__ import annotations
 
 import math
-from typing import Any
+import warnings
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -86,6 +87,21 @@ def local_checks(spec: Plan, module: nn.Module, graph: Any, world_size: int,
         first_microbatch(spec, example_inputs, batch_dim)
 
 
+def accumulation_steps_of(spec: Any, option: Optional[int], rank: int = 0) -> int:
+    """The accumulation steps a step runs: apply's accumulation_steps where given (an override:
+    the plan's predicted step is for its own; rank 0 warns where they differ), else the plan's
+    (Plan.accumulation_steps, 1 when it has none). The one place the two meet."""
+    if option is None or option == spec.accumulation_steps:
+        return spec.accumulation_steps
+    if rank == 0 and spec.accumulation_steps != 1:
+        warnings.warn(f"hybridplan apply: accumulation_steps={option} overrides the plan's "
+                      f"{spec.accumulation_steps} ({spec.source}): the global batch is "
+                      f"{spec.dp * spec.per_replica_batch * option}, not the plan's "
+                      f"{spec.global_batch}, and its predicted step time is not this step's",
+                      stacklevel=3)
+    return option
+
+
 def check_step_options(clip_grad_norm: Any, accumulation_steps: Any, lr_scheduler: Any) -> None:
     """ValueError naming the option unless apply's training-step options are usable."""
     if clip_grad_norm is not None and (
@@ -94,10 +110,11 @@ def check_step_options(clip_grad_norm: Any, accumulation_steps: Any, lr_schedule
         raise ValueError(f"hybridplan.apply: clip_grad_norm must be None (no clipping) or a "
                          f"finite number > 0, the largest global gradient norm "
                          f"(got {clip_grad_norm!r})")
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
-            or accumulation_steps < 1:
-        raise ValueError(f"hybridplan.apply: accumulation_steps must be an integer >= 1, the "
-                         f"forward_backward calls per optimizer step (got "
+    if accumulation_steps is not None and (
+            isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int)
+            or accumulation_steps < 1):
+        raise ValueError(f"hybridplan.apply: accumulation_steps must be None (the plan's) or an "
+                         f"integer >= 1, the forward_backward calls per optimizer step (got "
                          f"{accumulation_steps!r})")
     if lr_scheduler is not None and (isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
                                      or not callable(lr_scheduler)):

@@ -79,10 +79,10 @@ from torch import nn
 from ..planner import Plan
 from ..profiler import block_timing, stage_split
 from . import batch_norm, checkpoint, noise, placement, sharded_checkpoint, sharding, switching
-from . import materialize, precision, stepping, tensor_parallel
+from . import compiling, materialize, precision, stepping, tensor_parallel
 from .applied import AppliedPlan, Built
 from .calls import default_loss, device_for, first_microbatch
-from .checks import check_step_options, local_checks
+from .checks import accumulation_steps_of, check_step_options, local_checks
 from .layout import Layout, Mesh
 from .lifecycle import DEFAULT_TIMEOUT_S, init_process_group
 from .pipeline import PipelineRunner
@@ -133,7 +133,8 @@ def detect_tp(spec: Plan, module: nn.Module, example_inputs: Any) -> TpSplit:
 
 
 def place_replica(spec: Plan, module: nn.Module, mesh: Mesh, tp: TpSplit,
-                  sync_batchnorm: bool, mixed: precision.Precision) -> Built:
+                  sync_batchnorm: bool, mixed: precision.Precision,
+                  compiled: Optional[Dict[str, Any]] = None) -> Built:
     """Placement mode, the axes in the order they apply to the replica: SyncBatchNorm (if
     asked) -> each graph node on its device, recomputed nodes wrapped (placement.place) ->
     tensor parallelism over the replica's TP group -> data parallelism over the replicas:
@@ -145,6 +146,8 @@ def place_replica(spec: Plan, module: nn.Module, mesh: Mesh, tp: TpSplit,
         module = batch_norm.convert_sync(module, mesh.dp_group(),  # tp == 1 (plan rule)
                                          device_for(spec, spec.mesh[replica][0]))
     devices = [device_for(spec, g + tp_rank) for g in spec.mesh[replica]]
+    if compiled is not None:  # each block's forward compiled, under the hooks place() adds
+        compiling.compile_blocks(module, spec.assignment, compiled)
     hooks = placement.place(module, spec.assignment, devices, spec.recompute, spec.selective)
     built = Built(original=module, module=module, params=[], devices=devices, hooks=hooks)
     if spec.tp > 1:  # mp == 1 (plan rule): TP over the replica's group, DP over the dp dim
@@ -244,7 +247,8 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
           sync_batchnorm: bool = False, init_weights: Optional[Callable] = None,
           init_seed: int = 0, load_pretrained: Union[str, os.PathLike, None] = None,
           clip_grad_norm: Optional[float] = None,
-          accumulation_steps: int = 1, lr_scheduler: Optional[Callable] = None) -> AppliedPlan:
+          accumulation_steps: Optional[int] = None, lr_scheduler: Optional[Callable] = None,
+          compile: Any = None) -> AppliedPlan:
     """Trains `module` under `plan` in this torch.distributed job; see the module docstring.
 
     plan       a hybridplan Plan (anything with to_dict()), a plan dict, or a path to its JSON.
@@ -312,8 +316,13 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     accumulation_steps  K: a step accumulates K forward_backward calls' gradients, synchronised
                over the replicas on the K-th only, each loss divided by K, so it trains as one
                process on dp x per_replica_batch x K samples; step() takes K x
-               per_replica_batch samples per replica (hp.global_batch in all). The executor's
-               option: the plan's batch is still per_replica_batch (see executor/stepping.py).
+               per_replica_batch samples per replica (hp.global_batch in all). None (default):
+               the plan's accumulation_steps (1 when it has none); an integer overrides it
+               (the plan's predicted step is then for its own K; rank 0 logs the difference).
+    compile    torch.compile per graph block (executor/compiling.py): True (inductor), a dict
+               of torch.compile keyword arguments, False; None (default): the plan's "compile"
+               (False when it has none). Placement plans without sharding or tensor
+               parallelism; a block torch cannot compile as one graph runs eager (warned).
     lr_scheduler  a factory optimizer -> torch.optim.lr_scheduler.LRScheduler (e.g.
                hybridplan.warmup_cosine(warmup_steps, total_steps)), stepped after each
                optimizer step; its state is in both checkpoints, restored on resume under any
@@ -327,6 +336,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     timeout = datetime.timedelta(seconds=timeout_s)
     switching.check_adapt(adapt, measure_noise_scale)  # the same arguments on every rank
     check_step_options(clip_grad_norm, accumulation_steps, lr_scheduler)
+    compiling.compile_options(compile)  # the option's form; the plan's checked below
     if not torch.cuda.is_available():  # CPU devices (calls.device_for)
         if retain_freed_memory:
             block_timing.retain_freed_memory()
@@ -334,7 +344,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
             block_timing.return_freed_memory()
     init_process_group(timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    plan_sha, spec, cut, error, weights = None, None, None, None, None
+    plan_sha, spec, cut, error, weights, compiled = None, None, None, None, None, None
     resumed, resumed_from = None, ""
     tp = TpSplit()
     signature = param_signature(module)  # before the cut, which may copy tied parameters
@@ -346,6 +356,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                      measure_noise_scale, noise_scale_decay, optimizer)
         batch_norm.check_sync(spec, module, sync_batchnorm)
+        compiled = compiling.compile_of(spec, compile)
         weights = materialize.Weights.of(module, init_weights, init_seed, load_pretrained,
                                          spec.source, spec.mode)
         if weights is not None and weights.meta and resume_from is not None:
@@ -382,7 +393,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     loss_fn = loss_fn or default_loss(module)
     mixed = precision.of_plan(spec)  # the plan's precision: FSDP2's policy or autocast
     if spec.mode == "placement":
-        built = place_replica(spec, module, mesh, tp, sync_batchnorm, mixed)
+        built = place_replica(spec, module, mesh, tp, sync_batchnorm, mixed, compiled)
     else:
         built = run_stages(spec, module, cut, mesh, tp, loss_fn, mixed)
     built.precision = mixed
@@ -401,11 +412,13 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                "measure_noise_scale": measure_noise_scale,
                "noise_scale_decay": noise_scale_decay, "adapt": adapt,
                "sync_batchnorm": sync_batchnorm, "clip_grad_norm": clip_grad_norm,
-               "accumulation_steps": accumulation_steps, "lr_scheduler": lr_scheduler}
+               "accumulation_steps": accumulation_steps, "lr_scheduler": lr_scheduler,
+               "compile": compile}
     hp = AppliedPlan(spec, mesh, built, opt, loss_fn, timeout, batch_dim, carried, aliases,
                      meter, resumed, resumed_from,
                      os.fspath(checkpoint_dir) if checkpoint_dir is not None else None,
-                     clip_grad_norm=clip_grad_norm, accumulation_steps=accumulation_steps,
+                     clip_grad_norm=clip_grad_norm,
+                     accumulation_steps=accumulation_steps_of(spec, accumulation_steps, rank),
                      lr_scheduler=scheduler)
     hp._rebuild = apply  # switch() rebuilds through this recipe (switching.switch_plan)
     batch_norm.note_data_parallel(spec, module, sync_batchnorm, rank)

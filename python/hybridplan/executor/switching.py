@@ -53,7 +53,7 @@ from torch import nn
 
 from ..planner import Plan
 from ..profiler.dataflow import map_tensors
-from . import batch_norm, checkpoint, rank_agreement
+from . import batch_norm, checkpoint, compiling, rank_agreement
 from .lifecycle import Lifecycle, destroy_groups
 from .checks import check_step_options, local_checks
 from .plan_spec import parse_plan
@@ -247,7 +247,7 @@ class Switching:
 # apply() options a switch accepts (the rest are apply's own: resume_from is the running state)
 _OPTIONS = ("loss_fn", "optimizer", "timeout_s", "graph", "batch_dim", "measure_noise_scale",
             "noise_scale_decay", "adapt", "retain_freed_memory", "sync_batchnorm",
-            "clip_grad_norm", "accumulation_steps", "lr_scheduler")
+            "clip_grad_norm", "accumulation_steps", "lr_scheduler", "compile")
 _STATE_NOTE = ("The training state at the switch is the exception's .hybridplan_state: "
                "hybridplan.apply(plan, module, resume_from=e.hybridplan_state) resumes it")
 # AppliedPlan's own public attributes: every other public attribute is the user's, carried over
@@ -295,6 +295,7 @@ def _unplace(hp: Any) -> None:
     for handle in getattr(hp, "_hooks", None) or []:
         handle.remove()
     if hp.plan.mode == "placement":
+        compiling.uncompile_blocks(hp.original, hp.plan.assignment)  # under recompute's wrapper
         for name in hp.plan.recompute:
             node = hp.original.get_submodule(name.split("@")[0])
             if getattr(node.__dict__.get("forward"), "_hybridplan_recompute", False):
@@ -368,7 +369,7 @@ def switch_plan(hp: Any, plan: Any, *, module: Optional[nn.Module] = None,
                      settings["batch_dim"], settings["measure_noise_scale"],
                      settings["noise_scale_decay"], settings["optimizer"])
         batch_norm.check_sync(spec, target, settings.get("sync_batchnorm", False))
-        check_step_options(settings.get("clip_grad_norm"), settings.get("accumulation_steps", 1),
+        check_step_options(settings.get("clip_grad_norm"), settings.get("accumulation_steps"),
                            settings.get("lr_scheduler"))
         if target is hp.original and hp._switch_options.get("sync_batchnorm") \
                 and not settings.get("sync_batchnorm"):
@@ -426,7 +427,8 @@ def switch_plan(hp: Any, plan: Any, *, module: Optional[nn.Module] = None,
             retain_freed_memory=settings.get("retain_freed_memory", True),
             sync_batchnorm=settings.get("sync_batchnorm", False),
             clip_grad_norm=settings.get("clip_grad_norm"),
-            accumulation_steps=settings.get("accumulation_steps", 1),
+            accumulation_steps=settings.get("accumulation_steps"),
+            compile=settings.get("compile"),
             lr_scheduler=settings.get("lr_scheduler"))
     except BaseException as e:
         Lifecycle.forget(hp)

@@ -1008,10 +1008,16 @@ def _tp_link(bursts: List[List[Tuple[int, float]]], world: int, fits: Dict[str, 
 
 def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, batch: int = 32,
               out: Optional[str] = None, name: Optional[str] = None, warmup: int = 3,
-              repeats: int = 15, timeout_s: float = 120.0) -> Optional[dict]:
+              repeats: int = 15, timeout_s: float = 120.0,
+              compile_graph: Optional[str] = None) -> Optional[dict]:
     """Runs the measurements above on every rank of this torchrun job; rank 0 returns the
-    Cluster dict and writes it atomically to `out` (if given), the others return None."""
+    Cluster dict and writes it atomically to `out` (if given), the others return None.
+    `compile_graph`: rank 0 also writes the graph with each node's compile speed-up there
+    (measure/compile_speedup.py; needs graph_path and model)."""
     env = _probe.rank_env("calibrate", min_ranks=1)
+    if compile_graph and not (graph_path and model):
+        raise ValueError("calibrate: --compile-graph needs --graph (the model's profile) and "
+                         "--model (the model it times)")
     graph = None
     if graph_path:
         with open(graph_path, encoding="utf-8") as f:
@@ -1024,7 +1030,25 @@ def calibrate(graph_path: Optional[str] = None, model: Optional[str] = None, bat
         return None
     if out:
         _probe.write_json(out, cluster)
+    if compile_graph:
+        _probe.write_json(compile_graph, measured_compile_graph(graph, model, batch, warmup,
+                                                                repeats))
     return cluster
+
+
+def measured_compile_graph(graph: dict, model: str, batch: int, warmup: int, repeats: int,
+                           options: Optional[dict] = None) -> dict:
+    """`graph` with each node's compile_speedup measured on `model` (MODULE:FACTORY, with
+    example_inputs(batch)) in this process, on its first device (the profile's)."""
+    from .compile_speedup import compile_speedups, with_compile_speedups
+
+    module, _ = _workload(model, batch)
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    inputs = tuple(module.example_inputs(batch))
+    module.train()
+    speedups = compile_speedups(module, inputs, [n["name"] for n in graph["nodes"]], device,
+                                warmup, repeats, options)
+    return with_compile_speedups(graph, speedups)
 
 
 def _copy_link(device, sizes: List[int], warmup: int, repeats: int, fits: Dict[str, dict]) -> dict:

@@ -102,6 +102,15 @@ inline Plan make_plan(const Graph& graph, const Cluster& cluster, int64_t dp, in
   return p;
 }
 
+// The diamond a -> {b, c} -> d of test_placement_simulation.cc: forward 1, 2, 3, 1 s and
+// backward 2, 4, 6, 2 s at the profiled batch 1; parameters a = 100, c = 200 bytes; outputs
+// a = b = d = 100, c = 40 bytes; every edge carries 100 bytes.
+inline Graph diamond_graph() {
+  return make_graph({{"a", 1, 2, 100, 100}, {"b", 2, 4, 0, 100}, {"c", 3, 6, 200, 40},
+                     {"d", 1, 2, 0, 100}},
+                    {{0, 1, 100}, {0, 2, 100}, {1, 3, 100}, {2, 3, 100}}, 1, "diamond");
+}
+
 // A fresh directory per test process under the system temp directory.
 // A node's tensor_parallel object: its style, max degree, split parameter bytes and whether
 // its kept activations divide by the degree (no collectives, no split times).

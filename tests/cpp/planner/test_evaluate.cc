@@ -17,9 +17,7 @@ namespace {
 // bytes a=b=d=100, c=40; every edge carries 100 bytes. Profiled batch 1.
 Problem diamond_problem() {
   Problem p;
-  p.graph = test::make_graph({{"a", 1, 2, 100, 100}, {"b", 2, 4, 0, 100}, {"c", 3, 6, 200, 40},
-                              {"d", 1, 2, 0, 100}},
-                             {{0, 1, 100}, {0, 2, 100}, {1, 3, 100}, {2, 3, 100}}, 1, "diamond");
+  p.graph = test::diamond_graph();
   // One node of 4 devices, 100 bytes/s, 0.5 s latency (an edge of 100 bytes costs 1.5 s).
   p.cluster = test::make_cluster(1, 4, 100, 0.5);
   p.job.samples_per_epoch = 5;

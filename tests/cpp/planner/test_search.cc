@@ -1,7 +1,8 @@
 // search() against brute force: on random small graphs and clusters the best plan's objective
 // equals the minimum of objective(evaluate(plan)) over EVERY plan of the search space (all
 // dp x mp, all m^n placements, all contiguous pipeline splits, all micro-batch counts, both
-// schedules, every data-parallel sharding kind).
+// schedules, every data-parallel sharding kind, and a global batch in more accumulation steps
+// where no unsharded plan of a point fits: search.h next_accumulation_point).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,12 +27,15 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The minimum objective over every plan of one point (its mesh from plan_skeleton).
-double brute_force_point(const Problem& problem, const SearchSpacePoint& point) {
+// The minimum objective over every plan of one point (its mesh from plan_skeleton); `plain`
+// (may be null): whether an unsharded plan of it fits in memory.
+double brute_force_point(const Problem& problem, const SearchSpacePoint& point,
+                         bool* plain = nullptr) {
   const Evaluator ev(problem);
   Plan plan = plan_skeleton(problem, point, "");
   const auto n = static_cast<int64_t>(problem.graph.nodes.size());
   double best = kInf;
+  if (plain) *plain = false;
   // Every data-parallel sharding kind the point allows (plan.h's rules).
   std::vector<Sharding> kinds = {Sharding::kNone};
   if (point.dp >= 2 && (point.mode == MpMode::kPipeline || point.mp == 1)) kinds.push_back(Sharding::kZero2);
@@ -42,7 +46,9 @@ double brute_force_point(const Problem& problem, const SearchSpacePoint& point) 
       // every shard group size the search tries (HSDP across nodes)
       for (int64_t degree : kind == Sharding::kNone ? std::vector<int64_t>{0} : shard_degrees(plan, problem.cluster)) {
         plan.dp_shard = degree;
-        best = std::min(best, objective(problem, ev.evaluate(plan)));
+        const Prediction p = ev.evaluate(plan);
+        best = std::min(best, objective(problem, p));
+        if (plain && kind == Sharding::kNone && p.feasible) *plain = true;
       }
       plan.dp_shard = 0;
     }
@@ -99,9 +105,15 @@ TEST_CASE("search: best plan equals brute force over the whole space", "[search]
                   << problem.cluster.num_nodes << "x" << problem.cluster.devices_per_node
                   << (problem.cluster.bandwidth_matrix.empty() ? " uniform" : " matrix"));
     std::vector<double> per_point;  // each point's best objective, brute force
-    for (const SearchSpacePoint& point : search_space(problem, options, nullptr)) {
-      const double b = brute_force_point(problem, point);
-      if (!std::isinf(b)) per_point.push_back(b);
+    for (const SearchSpacePoint& first : search_space(problem, options, nullptr)) {
+      // and a job's global batch in more accumulation steps while memory binds (search.h)
+      for (std::optional<SearchSpacePoint> point = first; point;
+           point = next_accumulation_point(problem, *point)) {
+        bool plain = false;
+        const double b = brute_force_point(problem, *point, &plain);
+        if (!std::isinf(b)) per_point.push_back(b);
+        if (plain) break;
+      }
     }
     std::sort(per_point.begin(), per_point.end());
     const double brute = per_point.empty() ? kInf : per_point.front();
