@@ -438,7 +438,8 @@ def compute_speedup(step: Callable[[], None], device, warmup: int, repeats: int
             samples = timed_samples(run, device, warmup, repeats)
         except RuntimeError:  # autocast has no such dtype on this device type
             continue
-        seconds[name] = median_slowest(samples, device)
+        seconds[name] = (median_slowest(samples, device) if dist.is_initialized()
+                         else statistics.median(samples))  # one process (bench_precision.py)
     return ({k: seconds["fp32"] / v for k, v in seconds.items() if k != "fp32" and v > 0},
             seconds)
 
