@@ -13,7 +13,8 @@ One launch of 2 Gloo ranks (dist_harness.run_cases) applies a meta-built model u
 equal the one-process reference hybridplan.materialize(model) exactly, and after one step they
 equal one-process training on the global batch (float reassociation). So do two pipelines of a
 meta-built model, cut on the meta device: GPT-2 under 1F1B (2 stages, its tied wte/lm_head on
-both) and Llama under ZB-V (4 stages on 2 ranks, rank 0 holding the first and the last). What
+both; a switch reusing its module, whose tensors stay on the meta device, is refused) and
+Llama under ZB-V (4 stages on 2 ranks, rank 0 holding the first and the last). What
 each rank materialised is checked too: a pipeline rank holds storage for its own stages'
 tensors and for nothing else (the other stages and the original module stay on the meta
 device), and a zero3 rank's parameters take 1/2 of the whole model's bytes (each tensor's
@@ -147,6 +148,11 @@ def meta_cases(cases_file, out_dir):
         else:
             hp.step(*hp.shard(*batch(plan["dp"] * BATCH, 1)))
             result["stepped"] = hp.state_dict()
+            if case.get("switch"):  # the module is still on the meta device: refused, intact
+                try:
+                    hp.switch(plan)
+                except ValueError as e:
+                    result["switch_refused"] = str(e)
         hp.close()
         torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
     destroy_groups()
@@ -187,7 +193,8 @@ def test_every_plan_kind_materialises_the_one_process_weights(tmp_path):
         model.save_pretrained(directory, max_shard_size=shard_size)
         sources[name] = directory
     assert os.path.exists(os.path.join(sources["llama"], "model.safetensors.index.json"))
-    cases = [{"id": f"{name}-{kind}", "model": name, "plan": plan_for(name, kind)}
+    cases = [{"id": f"{name}-{kind}", "model": name, "plan": plan_for(name, kind),
+              "switch": kind == "pipe"}
              for name, kind in (("llama", "ddp"), ("llama", "zero3"), ("gpt2", "tp"),
                                 ("gpt2", "pipe"), ("llama", "zbv"))]
     # a meta model under zero3; a real one under the pipeline (its stages read the files)
@@ -217,6 +224,9 @@ def test_every_plan_kind_materialises_the_one_process_weights(tmp_path):
             extra = 0 if name == "llama" else got[0]["applied"][
                 "transformer.wte.weight"].numel() * 4
             assert sum(h["own"] for h in held) == held[0]["whole"] + extra, (case["id"], held)
+        if case.get("switch"):  # a switch cannot reuse a module whose weights are stages'
+            for rank_result in got:
+                assert "was built on the meta device" in rank_result["switch_refused"]
         if case["id"] == "llama-zero3":  # each rank's shards: half of each tensor's dim 0
             model, _, _ = meta_model(name)
             halves = sum(-(-p.shape[0] // 2) * (p.numel() // p.shape[0]) * p.element_size()

@@ -341,6 +341,13 @@ def switch_plan(hp: Any, plan: Any, *, module: Optional[nn.Module] = None,
                              f"undone: pass switch(..., module=) a freshly built model (the "
                              f"same architecture; its weights are replaced by the running "
                              f"state)")
+        if target is hp.original and any(t.is_meta for t in list(target.parameters())
+                                         + list(target.buffers())):
+            raise ValueError("the running plan's module was built on the meta device and "
+                             "its weights live in this plan's stages only (docs/real_size."
+                             "md): pass switch(..., module=) a model built on a real device "
+                             "(the same architecture; its weights are replaced by the "
+                             "running state)")
         spec = parse_plan(plan)  # read once: the new plan's object from here on
         plan_sha = spec.sha256
         if ("measure_noise_scale" not in options and settings["measure_noise_scale"]
