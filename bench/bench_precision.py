@@ -7,7 +7,7 @@
         relative loss difference; then the loss curves side by side. Exits 1 outside the bound.
     python bench/bench_precision.py speedup [--model transformer_lm] [--batch 8]
         this CPU's rate in bf16 and fp16 against fp32, one process, one thread: torch.matmul
-        at the model's Linear shapes (M = batch x sequence rows), and the model's
+        at the model's Linear shapes (a token model: M = batch x sequence rows), and the model's
         forward+backward under torch.autocast (measure.calibration.compute_speedup, what
         `hybridplan calibrate` records as device.compute_speedup).
     python bench/bench_precision.py predict [--model transformer_lm] [--batch 8] [--devices 2]
@@ -90,9 +90,10 @@ def measure_speedup(name, batch):
     from hybridplan.profiler.block_timing import backward_roots
     torch.set_num_threads(1)
     module, inputs, loss_fn, target = _model(name, batch)
-    rows_of = inputs[0].numel()  # tokens in the batch: the Linear's M
-    shapes = sorted({(rows_of, m.in_features, m.out_features)
-                     for m in module.modules() if isinstance(m, torch.nn.Linear)})
+    shapes = []
+    if not inputs[0].is_floating_point():  # token ids: a Linear's M is the batch's tokens
+        shapes = sorted({(inputs[0].numel(), m.in_features, m.out_features)
+                         for m in module.modules() if isinstance(m, torch.nn.Linear)})
     matmuls = []
     for m, k, n in shapes:
         times = {}
@@ -128,11 +129,11 @@ def speedup(args) -> int:
 def predict(args) -> int:
     import hybridplan
     from hybridplan import planner
-    from hybridplan.planner import Cluster, Graph, Job
+    from hybridplan.front_door import describe
+    from hybridplan.planner import Cluster, Job
     _, _, ratio = measure_speedup(args.model, args.batch)
     module, inputs, loss_fn, target = _model(args.model, args.batch)
-    graph = Graph.from_dict(hybridplan.profile_dict(module, inputs, loss_fn=loss_fn,
-                                                    target=target, verbose=False))
+    graph = hybridplan.profile(module, inputs, loss_fn=loss_fn, target=target, verbose=False)
     cluster_dict = Cluster.preset("localhost-cpu").to_dict()
     cluster_dict["device"]["compute_speedup"] = ratio
     cluster = Cluster.from_dict(cluster_dict)
@@ -146,7 +147,7 @@ def predict(args) -> int:
                              "per_replica_batch": args.batch})
         best = planner.plan(graph, cluster, job=job, devices=args.devices)
         p = best.predicted
-        print(f"| {precision} | {best.explain().splitlines()[0][:60]} | {p['step_s'] * 1e3:.2f} ms | "
+        print(f"| {precision} | {describe(best)} | {p['step_s'] * 1e3:.2f} ms | "
               f"{p['compute_s'] * 1e3:.2f} ms | {p['allreduce_s'] * 1e3:.2f} ms | "
               f"{p.get('sharding_s', 0) * 1e3:.2f} ms | {max(p['memory_bytes']) / 2**20:.1f} MiB |")
     return 0

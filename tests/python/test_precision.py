@@ -27,7 +27,7 @@ under bf16 and must not under fp32.
 
 One 2-rank launch runs dp, zero3, a 1F1B pipeline and tp in bf16, dp in fp32 and the pipeline in
 fp16 for STEPS steps each;
-the `full` form runs every 2-rank kind (zero2, placement mp=2, recompute, GPipe, interleaved
+the `full` form runs every 2-rank kind (zero2, placement dp=2 x mp=2, recompute, GPipe, interleaved
 1F1B, ZB-V too) for 20 steps, and `python bench/bench_precision.py` prints the table and the
 loss curves side by side.
 """
@@ -52,7 +52,7 @@ FULL_FP16_KINDS = ("dp", "zero3", "pipeline", "tp")
 FULL_KINDS = ("dp", "zero2", "zero3", "placement", "recompute", "tp", "pipeline", "gpipe",
               "interleaved", "zbv")
 FSDP_KINDS = ("zero2", "zero3")   # FSDP2's MixedPrecisionPolicy; the others autocast
-DP = {"dp": 2, "zero2": 2, "zero3": 2, "placement": 1, "recompute": 2, "tp": 1,
+DP = {"dp": 2, "zero2": 2, "zero3": 2, "placement": 2, "recompute": 2, "tp": 1,
       "pipeline": 1, "gpipe": 1, "interleaved": 1, "zbv": 1}
 
 
@@ -78,8 +78,8 @@ def plan_of(kind, precision="bf16"):
                              virtual_stages=virtual)
     elif kind == "tp":
         plan = with_tp(placement_plan(model, dp=1, mp=1, per_replica_batch=BATCH), 2)
-    elif kind == "placement":
-        plan = placement_plan(model, dp=1, mp=2, per_replica_batch=BATCH)
+    elif kind == "placement":  # two replicas, each of two devices (run one after another)
+        plan = placement_plan(model, dp=2, mp=2, per_replica_batch=BATCH)
     else:
         plan = placement_plan(model, dp=2, mp=1, per_replica_batch=BATCH)
         if kind in FSDP_KINDS:
