@@ -11,10 +11,11 @@ file, a missing tensor and a mis-shaped one, naming the file and the tensor.
 One launch of 2 Gloo ranks (dist_harness.run_cases) applies a meta-built model under DDP
 (dp=2), zero3 (FSDP2 shards) and tensor parallelism (tp=2); each rank's weights after apply
 equal the one-process reference hybridplan.materialize(model) exactly, and after one step they
-equal one-process training on the global batch (float reassociation). So do two pipelines of a
+equal one-process training on the global batch (float reassociation). So does a pipeline of a
 meta-built model, cut on the meta device: GPT-2 under 1F1B (2 stages, its tied wte/lm_head on
-both; a switch reusing its module, whose tensors stay on the meta device, is refused) and
-Llama under ZB-V (4 stages on 2 ranks, rank 0 holding the first and the last). What
+both; a switch reusing its module, whose tensors stay on the meta device, is refused), and
+(marker `full`, a launch of its own) Llama under ZB-V (4 stages on 2 ranks, rank 0 holding the
+first and the last) and under a placement of each replica's nodes over 2 devices. What
 each rank materialised is checked too: a pipeline rank holds storage for its own stages'
 tensors and for nothing else (the other stages and the original module stay on the meta
 device), and a zero3 rank's parameters take 1/2 of the whole model's bytes (each tensor's
@@ -63,6 +64,8 @@ def plan_for(name, kind):
     model, batch, _ = real_model(name)  # the plan reads module structure and call order only
     if kind == "ddp":
         return placement_plan(model, dp=2, mp=1, per_replica_batch=BATCH)
+    if kind == "place2":  # each replica's nodes over 2 devices of its one process
+        return placement_plan(model, dp=2, mp=2, per_replica_batch=BATCH)
     if kind == "zero3":
         return dict(placement_plan(model, dp=2, mp=1, per_replica_batch=BATCH), sharding="zero3")
     if kind == "tp":
@@ -196,7 +199,7 @@ def test_every_plan_kind_materialises_the_one_process_weights(tmp_path):
     cases = [{"id": f"{name}-{kind}", "model": name, "plan": plan_for(name, kind),
               "switch": kind == "pipe"}
              for name, kind in (("llama", "ddp"), ("llama", "zero3"), ("gpt2", "tp"),
-                                ("gpt2", "pipe"), ("llama", "zbv"))]
+                                ("gpt2", "pipe"))]
     # a meta model under zero3; a real one under the pipeline (its stages read the files)
     cases += [{"id": f"{name}-{kind}-pretrained", "model": name, "plan": plan_for(name, kind),
                "pretrained": sources[name], "export": str(tmp_path / f"{name}-{kind}-export"),
@@ -204,6 +207,19 @@ def test_every_plan_kind_materialises_the_one_process_weights(tmp_path):
               for name, kind in (("llama", "zero3"), ("gpt2", "pipe"))]
     cases.append({"id": "gpt2-parallelize", "model": "gpt2", "parallelize": True,
                   "plan": {"dp": 1}})
+    check_cases(cases, tmp_path, sources)
+
+
+@pytest.mark.full
+def test_meta_model_under_more_plan_kinds(tmp_path):
+    """The same checks for a zero-bubble multi-stage pipeline (ZB-V) and a placement of each
+    replica's nodes over 2 devices (make test-full: another 2-rank launch)."""
+    check_cases([{"id": f"llama-{kind}", "model": "llama", "plan": plan_for("llama", kind)}
+                 for kind in ("zbv", "place2")], tmp_path, {})
+
+
+def check_cases(cases, tmp_path, sources):
+    """Runs `cases` on 2 ranks (meta_cases) and checks each against the one-process twin."""
     results, failures = run_cases("test_meta_init:meta_cases", {2: cases}, tmp_path,
                                   timeout_s=240)
     assert not failures, failures
