@@ -42,10 +42,10 @@ struct Job {
   // Gradient accumulation steps the search may give a plan (JSON "accumulation_steps": an
   // integer, a list or a {min, max} range, as the batches; Plan::accumulation_steps). Each
   // micro-step runs the per-replica batch; a step's global batch is dp * per-replica batch *
-  // steps. With global_batches, the search tries the smallest first and the next only where
-  // memory binds at the one before (search.cc); empty there means 1, 2, 4, ...,
-  // kDefaultMaxAccumulationSteps. Otherwise every candidate is its own global batch; empty
-  // means 1.
+  // steps. Each listed candidate is searched (with global_batches: the same global batch in
+  // that many micro-steps; else a global batch of its own). Empty: 1, and with global_batches
+  // the search tries 2, 4, ..., kDefaultMaxAccumulationSteps in turn where no plan of a point
+  // fits in memory (search.h search_space).
   BatchCandidates accumulation_steps;
   static constexpr int64_t kDefaultMaxAccumulationSteps = 64;
   // The candidates the search walks (accumulation_steps, or its default above).

@@ -313,7 +313,16 @@ std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchO
       // tries the next where memory binds), else every K with the batch as it is
       std::vector<std::pair<int64_t, int64_t>> steps;
       for (int64_t replica : batches) {
-        if (by_global) {
+        if (by_global && !problem.job.accumulation_steps.empty()) {  // each listed K
+          for (int64_t k : accumulation) {
+            if (replica % k == 0 && replica / k >= min_batch) steps.emplace_back(replica / k, k);
+          }
+          if (steps.empty() || steps.back().first * steps.back().second != replica) {
+            skip(head + " global batch " + str(replica * dp) + ": no accumulation_steps of the "
+                 "job divides the " + str(replica) + " samples per replica into batches the "
+                 "model accepts");
+          }
+        } else if (by_global) {
           const int64_t k = next_accumulation_steps(problem, replica, 0);
           if (k == 0 && replica >= min_batch) {
             skip(head + " global batch " + str(replica * dp) + ": no accumulation_steps of the "
@@ -558,8 +567,35 @@ bool accumulated_microbatches(SearchSpacePoint& point, int64_t micro, int64_t mi
 }  // namespace
 
 std::optional<SearchSpacePoint> next_accumulation_point(const Problem& problem,
+                                                        const SearchSpacePoint& point);
+
+namespace {
+
+// Whether `plan` (of `point`, found not to fit) fits at the last accumulation step count the
+// chain reaches from it (next_accumulation_point), its assignment, sharding and recompute kept.
+bool fits_at_last_accumulation(const Evaluator& evaluator, const SearchSpacePoint& point,
+                               const Plan& plan) {
+  SearchSpacePoint last = point;
+  while (const std::optional<SearchSpacePoint> next =
+             next_accumulation_point(evaluator.problem(), last)) {
+    last = *next;
+  }
+  Plan trial = plan;
+  trial.accumulation_steps = last.accumulation_steps;
+  trial.per_replica_batch = last.per_replica_batch;
+  trial.num_microbatches = last.num_microbatches;
+  trial.global_batch = last.dp * last.per_replica_batch * last.accumulation_steps;
+  return evaluator.evaluate(trial).feasible;
+}
+
+}  // namespace
+
+std::optional<SearchSpacePoint> next_accumulation_point(const Problem& problem,
                                                         const SearchSpacePoint& point) {
-  if (problem.job.global_batches.empty()) return std::nullopt;
+  // listed steps are points of their own (search_space)
+  if (problem.job.global_batches.empty() || !problem.job.accumulation_steps.empty()) {
+    return std::nullopt;
+  }
   const int64_t replica = point.per_replica_batch * point.accumulation_steps;
   const int64_t k = next_accumulation_steps(problem, replica, point.accumulation_steps);
   if (k == 0) return std::nullopt;
@@ -655,97 +691,100 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   PipelinePartitionCache partitions;
   std::vector<std::vector<size_t>> module_groups;  // recompute_to_fit's, on first need
   int64_t accumulated = 0;  // plans with more accumulation steps than their point's first
-  size_t derived = points.size();  // ranking index of the accumulation chain's points
-  for (const auto& [first_bound, first_index] : by_bound) {
-    // A global batch's point, then (search_space's comment) the same point with more
-    // accumulation steps while memory binds: each with its own bound.
-    SearchSpacePoint point = points[first_index];
-    Plan plan = std::move(skeletons[first_index]);
-    double bound = first_bound;
-    size_t index = first_index;
-    for (;;) {
-      if (static_cast<int>(best_k.size()) == options.top_k && bound > best_k.top()) {
-        ++pruned;
-        break;
+  // Best-first over the points: the search space's, and (search_space's comment) a global
+  // batch's point again in more accumulation steps where memory binds, queued with its own
+  // bound, so that it is searched only while that bound can still enter the top k.
+  using Entry = std::pair<double, size_t>;  // (objective lower bound, ranking index)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue(by_bound.begin(),
+                                                                            by_bound.end());
+  std::vector<SearchSpacePoint> derived;  // ranking index points.size() + i
+  while (!queue.empty()) {
+    const auto [bound, index] = queue.top();
+    queue.pop();
+    if (static_cast<int>(best_k.size()) == options.top_k && bound > best_k.top()) {
+      ++pruned;
+      continue;
+    }
+    const bool first = index < points.size();
+    const SearchSpacePoint point = first ? points[index] : derived[index - points.size()];
+    Plan plan = first ? std::move(skeletons[index])
+                      : skeleton_with_mapping(problem, point, sha,
+                                              mappings.at({point.dp, point.mp, point.tp}));
+    const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
+                             (point.tp > 1 ? " tp=" + str(point.tp) : "") +
+                             (point.sequence_parallel ? " sp" : "") + " " + mode_name(point.mode);
+    if (point.mode == MpMode::kPlacement) {
+      PlacementOutcome o = search_placement(evaluator, plan, placement_options);
+      result.candidates_evaluated += o.evaluations;
+      if (point.mp > 1) {  // (tp = 1: placement with tp > 1 has mp = 1)
+        result.notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
+                               str(point.per_replica_batch) + " placement: " + o.note);
       }
-      const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
-                               (point.tp > 1 ? " tp=" + str(point.tp) : "") +
-                               (point.sequence_parallel ? " sp" : "") + " " + mode_name(point.mode);
-      bool fits_plainly = false;  // unsharded, without recompute (memory does not bind)
-      if (point.mode == MpMode::kPlacement) {
-        PlacementOutcome o = search_placement(evaluator, plan, placement_options);
+      plan.assignment = std::move(o.assignment);
+      plan.predicted = std::move(o.predicted);
+    } else {
+      // The stages are split for each sharding kind the point allows (a sharded stage holds
+      // less, so another split may fit or win); the best split of the best kind stands.
+      std::vector<std::pair<Sharding, int64_t>> kinds;  // (kind, shard degree)
+      for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
+        if (!sharding_allowed(plan, options.shardings, kind)) continue;
+        if (kind == Sharding::kNone) kinds.emplace_back(kind, 0);
+        else for (int64_t degree : shard_degrees(plan, problem.cluster)) kinds.emplace_back(kind, degree);
+      }
+      if (kinds.empty()) kinds.emplace_back(Sharding::kNone, 0);  // none excluded, none other allowed
+      std::optional<Plan> best;
+      for (const auto& [kind, degree] : kinds) {
+        Plan trial = plan;
+        trial.sharding = kind;
+        trial.dp_shard = degree;
+        PipelineOutcome o =
+            search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
         result.candidates_evaluated += o.evaluations;
-        if (point.mp > 1) {  // (tp = 1: placement with tp > 1 has mp = 1)
-          result.notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
-                                 str(point.per_replica_batch) + " placement: " + o.note);
-        }
-        plan.assignment = std::move(o.assignment);
-        plan.predicted = std::move(o.predicted);
-        fits_plainly = plan.predicted.feasible;
-      } else {
-        // The stages are split for each sharding kind the point allows (a sharded stage holds
-        // less, so another split may fit or win); the best split of the best kind stands.
-        std::vector<std::pair<Sharding, int64_t>> kinds;  // (kind, shard degree)
-        for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
-          if (!sharding_allowed(plan, options.shardings, kind)) continue;
-          if (kind == Sharding::kNone) kinds.emplace_back(kind, 0);
-          else for (int64_t degree : shard_degrees(plan, problem.cluster)) kinds.emplace_back(kind, degree);
-        }
-        if (kinds.empty()) kinds.emplace_back(Sharding::kNone, 0);  // none excluded, none other allowed
-        std::optional<Plan> best;
-        for (const auto& [kind, degree] : kinds) {
-          Plan trial = plan;
-          trial.sharding = kind;
-          trial.dp_shard = degree;
-          PipelineOutcome o =
-              search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
-          result.candidates_evaluated += o.evaluations;
-          // one note per (dp, mp, tp): a split found where any M or schedule has one
-          const auto [note, fresh] = pipeline_notes.emplace(head, o.note);
-          if (!fresh && note->second.rfind("no split fits", 0) == 0) note->second = o.note;
-          trial.assignment = std::move(o.assignment);
-          trial.recompute = std::move(o.recompute);
-          trial.predicted = std::move(o.predicted);
-          if (kind == Sharding::kNone) {
-            fits_plainly = trial.predicted.feasible &&
-                           std::none_of(trial.recompute.begin(), trial.recompute.end(),
-                                        [](uint8_t r) { return r != 0; });
-          }
-          if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
-        }
-        plan = std::move(*best);
+        // one note per (dp, mp, tp): a split found where any M or schedule has one
+        const auto [note, fresh] = pipeline_notes.emplace(head, o.note);
+        if (!fresh && note->second.rfind("no split fits", 0) == 0) note->second = o.note;
+        trial.assignment = std::move(o.assignment);
+        trial.recompute = std::move(o.recompute);
+        trial.predicted = std::move(o.predicted);
+        if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
       }
-      if (point.mode == MpMode::kPlacement) {
-        result.candidates_evaluated += choose_sharding(evaluator, options.shardings, plan);
-      }
-      if (plan.sharding != Sharding::kNone) ++sharded;
-      if (!plan.predicted.feasible && module_groups.empty()) module_groups = module_call_groups(problem.graph);
-      if (!plan.predicted.feasible && recompute_to_fit(evaluator, module_groups, plan) > 0) {
-        ++recomputed;
-      }
-      if (!plan.predicted.feasible) {
-        const int64_t peak = peak_memory_bytes(plan.predicted);
-        if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
-        result.infeasible.push_back(describe(point) + ": " + plan.predicted.infeasible_reason);
-      } else {
-        const double obj = objective(problem, plan.predicted);
-        best_k.push(obj);
-        if (static_cast<int>(best_k.size()) > options.top_k) best_k.pop();
-        if (point.accumulation_steps > points[first_index].accumulation_steps) ++accumulated;
-        ranked.emplace_back(obj, index, std::move(plan));
-      }
-      // Memory binds: the same global batch in more micro-steps of fewer samples.
-      if (fits_plainly) break;
-      const std::optional<SearchSpacePoint> next = next_accumulation_point(problem, point);
-      if (!next) break;
-      point = *next;
-      plan = skeleton_with_mapping(problem, point, sha, mappings.at({point.dp, point.mp, point.tp}));
-      bound = objective_of_step(problem, plan, step_lower_bound_s(evaluator, plan));
-      index = derived++;
+      plan = std::move(*best);
+    }
+    if (point.mode == MpMode::kPlacement) {
+      result.candidates_evaluated += choose_sharding(evaluator, options.shardings, plan);
+    }
+    if (plan.sharding != Sharding::kNone) ++sharded;
+    if (!plan.predicted.feasible && module_groups.empty()) module_groups = module_call_groups(problem.graph);
+    if (!plan.predicted.feasible && recompute_to_fit(evaluator, module_groups, plan) > 0) {
+      ++recomputed;
+    }
+    if (!plan.predicted.feasible) {
+      const int64_t peak = peak_memory_bytes(plan.predicted);
+      if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
+      result.infeasible.push_back(describe(point) + ": " + plan.predicted.infeasible_reason);
+    } else {
+      const double obj = objective(problem, plan.predicted);
+      best_k.push(obj);
+      if (static_cast<int>(best_k.size()) > options.top_k) best_k.pop();
+      if (!first) ++accumulated;
+      ranked.emplace_back(obj, index, std::move(plan));
+    }
+    // Nothing fits: the same global batch in more micro-steps of fewer samples, unless the
+    // plan found does not fit at the job's last step count either (its smallest micro-step:
+    // what is over is the parameter state, which no step count shrinks).
+    if (plan.predicted.feasible) continue;
+    if (const std::optional<SearchSpacePoint> next = next_accumulation_point(problem, point);
+        next && fits_at_last_accumulation(evaluator, point, plan)) {
+      const Plan skeleton =
+          skeleton_with_mapping(problem, *next, sha, mappings.at({next->dp, next->mp, next->tp}));
+      queue.emplace(objective_of_step(problem, skeleton, step_lower_bound_s(evaluator, skeleton)),
+                    points.size() + derived.size());
+      derived.push_back(*next);
     }
   }
   if (pruned > 0) {
-    result.notes.push_back(std::to_string(pruned) + " of " + std::to_string(points.size()) +
+    result.notes.push_back(std::to_string(pruned) + " of " +
+                           std::to_string(points.size() + derived.size()) +
                            " points not searched: a lower bound on their objective (compute "
                            "bound + fixed overhead) exceeds the top " +
                            std::to_string(options.top_k) + " found");
@@ -759,8 +798,8 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   if (accumulated > 0) {
     result.notes.push_back(std::to_string(accumulated) +
                            " plans run their global batch in more gradient accumulation steps "
-                           "than their point's first: memory bound at fewer (unsharded, without "
-                           "recompute)");
+                           "than their point's first, at which no plan fits in memory (sharded "
+                           "or recomputing)");
   }
   if (recomputed > 0) {
     result.notes.push_back(std::to_string(recomputed) +

@@ -79,8 +79,9 @@ struct SearchSpacePoint {
 // profiled.min_batch_size; 0 when none.
 int64_t next_accumulation_steps(const Problem& problem, int64_t replica_samples, int64_t after);
 
-// The point search() tries after `point` where memory binds (search_space's comment): with a
-// job's global_batch, the same global batch in the next accumulation step count
+// The point search() tries after `point` where nothing fits (search_space's comment): with a
+// job's global_batch and no accumulation_steps listed, the same global batch in the next
+// accumulation step count
 // (next_accumulation_steps), a pipeline's micro-batch count kept or else its micro-batch size
 // kept (torch's schedule rules holding); nullopt when the job has no global_batch or nothing
 // is left to try.
@@ -107,12 +108,14 @@ std::optional<SearchSpacePoint> next_accumulation_point(const Problem& problem,
 // the graph allow (SequenceParallelSearch), so ties go to the plan without.
 // Gradient accumulation (Job::accumulation_steps): with the job's per_replica_batch (or none),
 // every accumulation candidate K is a point of its own (global batch dp * b * K); with its
-// global_batch, a point takes the first K next_accumulation_steps allows (b = global / (dp K)),
-// and search() tries the next K (b halved for K doubled; a pipeline's micro-batch count M kept,
-// or where b no longer splits into M its micro-batch size kept) only where the point's best
-// plan does not fit in memory unsharded and without recompute: for one global batch, more
-// micro-steps only add compute (each at a smaller batch, a pipeline's fill and drain each
-// time) unless they save memory.
+// global_batch and listed accumulation_steps, every listed K dividing the replica's samples is
+// a point of its own (b = global / (dp K)); with its global_batch alone, a point takes K = 1
+// and search() tries the next K (2, 4, ..., 64: b halved for K doubled; a pipeline's
+// micro-batch count M kept, or where b no longer splits into M its micro-batch size kept)
+// only where no plan of the point fits in memory, sharded or recomputing: for one global
+// batch, more micro-steps only add compute (each at a smaller batch, a pipeline's fill and
+// drain each time) unless memory needs them. (Whether more micro-steps beat recomputing is
+// searched where the job lists the steps.)
 // Why a dp/mp/M was left out goes to `skipped` (may be null). Throws InputError on bad options.
 std::vector<SearchSpacePoint> search_space(const Problem& problem, const SearchOptions& options,
                                            std::vector<std::string>* skipped);

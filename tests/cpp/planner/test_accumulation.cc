@@ -209,6 +209,18 @@ TEST_CASE("accumulation: the search accumulates where memory binds, and not othe
     CHECK(r.plans.front().accumulation_steps == 4);
     CHECK(r.plans.front().per_replica_batch == 2);
   }
+  SECTION("listed steps with a global batch: each searched, the faster kept") {
+    Problem problem = memory_bound_problem(int64_t{1} << 30);
+    problem.job.accumulation_steps = {1, 2};
+    SearchOptions options;
+    options.top_k = 4;
+    const SearchResult r = search(problem, options);
+    REQUIRE(r.plans.size() == 2);
+    CHECK(r.plans.front().accumulation_steps == 1);  // equal steps here: ties go to fewer steps
+    CHECK(r.plans.back().accumulation_steps == 2);
+    CHECK(r.plans.back().per_replica_batch == 4);
+    CHECK(r.plans.back().global_batch == 8);
+  }
   SECTION("per-replica batches: each K is its own global batch, ranked by the objective") {
     Problem problem = memory_bound_problem(int64_t{1} << 30);
     problem.job.global_batches.clear();

@@ -2,7 +2,7 @@
 // equals the minimum of objective(evaluate(plan)) over EVERY plan of the search space (all
 // dp x mp, all m^n placements, all contiguous pipeline splits, all micro-batch counts, both
 // schedules, every data-parallel sharding kind, and a global batch in more accumulation steps
-// where no unsharded plan of a point fits: search.h next_accumulation_point).
+// where no plan of a point fits: search.h next_accumulation_point).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,15 +27,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The minimum objective over every plan of one point (its mesh from plan_skeleton); `plain`
-// (may be null): whether an unsharded plan of it fits in memory.
-double brute_force_point(const Problem& problem, const SearchSpacePoint& point,
-                         bool* plain = nullptr) {
+// The minimum objective over every plan of one point (its mesh from plan_skeleton).
+double brute_force_point(const Problem& problem, const SearchSpacePoint& point) {
   const Evaluator ev(problem);
   Plan plan = plan_skeleton(problem, point, "");
   const auto n = static_cast<int64_t>(problem.graph.nodes.size());
   double best = kInf;
-  if (plain) *plain = false;
   // Every data-parallel sharding kind the point allows (plan.h's rules).
   std::vector<Sharding> kinds = {Sharding::kNone};
   if (point.dp >= 2 && (point.mode == MpMode::kPipeline || point.mp == 1)) kinds.push_back(Sharding::kZero2);
@@ -46,9 +43,7 @@ double brute_force_point(const Problem& problem, const SearchSpacePoint& point,
       // every shard group size the search tries (HSDP across nodes)
       for (int64_t degree : kind == Sharding::kNone ? std::vector<int64_t>{0} : shard_degrees(plan, problem.cluster)) {
         plan.dp_shard = degree;
-        const Prediction p = ev.evaluate(plan);
-        best = std::min(best, objective(problem, p));
-        if (plain && kind == Sharding::kNone && p.feasible) *plain = true;
+        best = std::min(best, objective(problem, ev.evaluate(plan)));
       }
       plan.dp_shard = 0;
     }
@@ -109,10 +104,10 @@ TEST_CASE("search: best plan equals brute force over the whole space", "[search]
       // and a job's global batch in more accumulation steps while memory binds (search.h)
       for (std::optional<SearchSpacePoint> point = first; point;
            point = next_accumulation_point(problem, *point)) {
-        bool plain = false;
-        const double b = brute_force_point(problem, *point, &plain);
-        if (!std::isinf(b)) per_point.push_back(b);
-        if (plain) break;
+        const double b = brute_force_point(problem, *point);
+        if (std::isinf(b)) continue;  // nothing fits: the next accumulation step count
+        per_point.push_back(b);
+        break;
       }
     }
     std::sort(per_point.begin(), per_point.end());
