@@ -19,6 +19,7 @@ consolidated checkpoint resumes under a non-TP plan and back, training on equal 
 """
 
 import os
+import re
 
 import pytest
 import torch
@@ -81,14 +82,14 @@ def gpt2():
     return GPT2LMHeadModel(config), _lm_batch, _lm_loss
 
 
-def _llama(layers, heads, kv_heads):
+def _llama(layers, heads, kv_heads, use_cache=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=32,
                          num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv_heads, max_position_embeddings=2 * SEQ,
-                         use_cache=False, attention_dropout=0.0, pad_token_id=0, bos_token_id=0,
+                         use_cache=use_cache, attention_dropout=0.0, pad_token_id=0, bos_token_id=0,
                          eos_token_id=0)
     return LlamaForCausalLM(config), _lm_batch, _lm_loss
 
@@ -103,8 +104,14 @@ def llama_gqa_pipe():
     return _llama(layers=2, heads=4, kv_heads=2)
 
 
+def llama_cache():
+    """Llama with grouped-query attention and LlamaConfig's default use_cache=True: each
+    forward fills a KV cache layer by layer, which every layer's split attention reads."""
+    return _llama(layers=2, heads=4, kv_heads=2, use_cache=True)
+
+
 MODELS = {"encoder_stack": encoder_stack, "gpt2": gpt2, "llama": llama,
-          "llama_gqa": llama_gqa_pipe}
+          "llama_gqa": llama_gqa_pipe, "llama_cache": llama_cache}
 # composition -> (mode, dp, mp, sharding, recompute); ranks = dp * mp * 2
 COMPOSITIONS = {
     "tp": ("placement", 1, 1, "none", False),
@@ -119,7 +126,8 @@ COMPOSITIONS = {
     "dp.tp+sp+z3": ("placement", 2, 1, "zero3", False),
 }
 TP = 2
-CASES = [(m, c) for m in MODELS for c in ("tp", "dp.tp", "pp.tp")] + [
+CASES = [(m, c) for m in MODELS if m != "llama_cache" for c in ("tp", "dp.tp", "pp.tp")] + [
+    ("llama_cache", "tp"),
     ("llama", "tp+rc"), ("encoder_stack", "tp+rc"), ("gpt2", "dp.tp+z2"),
     ("llama", "dp.tp+z3"), ("encoder_stack", "tp+sp"), ("llama", "tp+sp"),
     ("encoder_stack", "tp+sp+rc"), ("llama", "dp.tp+sp+z3")]
@@ -369,6 +377,14 @@ def test_tensor_parallel_trains_like_one_process(trained, name, composition):
     assert any(not torch.equal(expected[k], initial[k]) for k in initial)  # it trained
     for out in outs:
         assert out["split"], f"{name}-{composition}: no parameter was split"
+        if name.startswith("llama"):  # every layer's attention splits (whole kv heads), as
+            # its MLP does: q/k/v column-wise, o row-wise
+            # (a pipeline stage's names carry its own prefix)
+            layers = {m.group(0) for n in out["split"]
+                      for m in [re.search(r"model\.layers\.\d+\.", n)] if m}
+            assert layers and all(any(n.endswith(f"{layer}self_attn.{p}_proj")
+                                      for n in out["split"])
+                                  for layer in layers for p in "qkvo"), out["split"]
         # with sequence parallelism every per-token node ran on 1/tp of the sequence
         assert out["tokens"] == ([SEQ // TP] if "+sp" in composition else [])
         assert list(out["state"]) == list(expected)

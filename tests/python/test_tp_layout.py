@@ -28,14 +28,14 @@ def tiny_gpt2():
     return GPT2LMHeadModel(config)
 
 
-def tiny_llama(kv_heads=2):
+def tiny_llama(kv_heads=2, use_cache=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=kv_heads, max_position_embeddings=64,
-                         use_cache=False, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+                         use_cache=use_cache, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     return LlamaForCausalLM(config)
 
 
@@ -163,6 +163,25 @@ def test_llama_attention_splits_into_whole_kv_heads(kv_heads):
     assert layout["model.layers.0.self_attn.v_proj"].activation_split
     assert not layout["model.layers.0.self_attn.q_proj"].activation_split
     assert layout["lm_head"].forward_collective == Collective("all_gather", "output")
+
+
+def test_llama_attention_splits_in_every_layer_with_its_kv_cache_on():
+    """LlamaConfig's default use_cache=True: each forward fills a DynamicCache layer by layer,
+    so layer 1's attention is called with a cache holding layer 0's keys, computed with
+    autograd on. The check and the split timing run each split on a copy of the cache as it
+    was when the attention was called (kept as the live object, it refused every layer after
+    the first: the narrowed keys did not concatenate with the whole ones the cache held)."""
+    model = tiny_llama(kv_heads=2, use_cache=True)
+    inputs = ids(2, 8)
+    layout = detect_layout(model, example_inputs=inputs)
+    assert not [n for n in layout.refused if "self_attn" in n], layout.refused
+    for i in range(2):
+        attn = f"model.layers.{i}.self_attn"
+        assert [layout[f"{attn}.{p}_proj"].style for p in "qkvo"] == ["colwise"] * 3 + ["rowwise"]
+        assert layout[f"{attn}.o_proj"].max_degree == 2  # whole key-value heads
+    graph = profile_dict(model, inputs, warmup=1, repeats=2, batch_sizes=(), verbose=False)
+    o_proj = {n["name"]: n for n in graph["nodes"]}["model.layers.1.self_attn.o_proj"]
+    assert [s["degree"] for s in o_proj["tensor_parallel"]["split_times"]] == [2]
 
 
 def test_bert_regions_span_sibling_modules():

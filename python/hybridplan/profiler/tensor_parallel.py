@@ -315,8 +315,36 @@ def _detached(value: Any) -> Any:
             return {k: _detached(v) for k, v in value.items()}
     if value is None or isinstance(value, (int, float, bool, str, nn.Module)):
         return value
+    return _copy_object(value)
+
+
+def _copy_object(value: Any) -> Any:
+    """A deep copy of a stateful object a forward reads and updates (a Hugging Face KV cache,
+    `past_key_values`), or the object itself where it cannot be copied. Tensors in it that
+    autograd computed (the keys and values earlier layers stored while the trace ran with
+    autograd on) are detached views in the copy: copy.deepcopy refuses a non-leaf tensor, and
+    a cache kept as the live object would carry the whole heads of every earlier run into the
+    next (a narrowed run's keys then fail to concatenate: "Sizes of tensors must match ...
+    Expected size 8 but got size 4"). Other tensors are copied, as deepcopy copies them."""
+    memo: Dict[int, Any] = {}
+    seen: set = set()
+    todo = [value]
+    while todo:  # the non-leaf tensors reachable through containers and attributes
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (nn.Module, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if not obj.is_leaf:
+                memo[id(obj)] = obj.detach()
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())
     try:
-        return copy.deepcopy(value)
+        return copy.deepcopy(value, memo)
     except Exception:  # not copyable: the object itself
         return value
 
@@ -331,10 +359,7 @@ def _fresh(value: Any) -> Any:
         return {k: _fresh(v) for k, v in value.items()}
     if isinstance(value, (int, float, bool, str, nn.Module)):
         return value
-    try:
-        return copy.deepcopy(value)
-    except Exception:
-        return value
+    return _copy_object(value)
 
 
 def _nbytes(value: Any) -> int:
@@ -1079,13 +1104,14 @@ def _time_unit(unit: nn.Module, members: Sequence[str], trace_call: _Call,
     (`ids`: the first input replaced, an embedding's rank-local ids). The fastest, not the
     median: with at most 3 steps, interference from other processes only adds time, and a
     ratio of two inflated medians is noise."""
-    args, kwargs = _fresh(trace_call.args), _fresh(trace_call.kwargs)
-    if ids is not None:
-        args = (ids,) + tuple(args[1:])
     timer = StepTimer(unit, {m: _submodule(unit, m) for m in members}, clock)
     samples = []
     try:
         for i in range(warmup + repeats):
+            # each step on inputs as captured: a cache the forward updates starts as it was
+            args, kwargs = _fresh(trace_call.args), _fresh(trace_call.kwargs)
+            if ids is not None:
+                args = (ids,) + tuple(args[1:])
             step = timer.step(args, kwargs)
             if i >= warmup:
                 samples.append(step)
