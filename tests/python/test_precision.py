@@ -260,3 +260,44 @@ def test_bf16_every_kind_over_twenty_steps(tmp_path):
         diff, bound, loss_diff = compare(outs, kind, FULL_STEPS)
         assert diff <= bound, f"{kind}: differs by {diff:.3g} (bound {bound:.3g})"
         assert loss_diff <= TOLERANCE, (kind, loss_diff)
+
+
+# ---- one process, no launch -------------------------------------------------------------------
+
+def test_the_policy_follows_the_plan_kind():
+    """FSDP2's MixedPrecisionPolicy for sharded placement plans, autocast for every other kind,
+    nothing for fp32; fp16 alone gets a loss scaler (executor/precision.py)."""
+    pytest.importorskip("hybridplan.planner", reason="needs the compiled planner (make build)")
+    pytest.importorskip("transformers")
+    from hybridplan.executor import precision
+    from hybridplan.executor.plan_spec import parse_plan
+    for kind in QUICK_KINDS + ("zero2",):
+        mixed = precision.of_plan(parse_plan(plan_of(kind)))
+        assert mixed.dtype == torch.bfloat16
+        assert mixed.fsdp_policy == (kind in FSDP_KINDS) and mixed.autocasts != mixed.fsdp_policy
+        assert (mixed.mp_policy() is not None) == mixed.fsdp_policy
+        assert mixed.scaler(torch.device("cpu")) is None
+        assert mixed.message_dtype(torch.float32) == (
+            torch.bfloat16 if mixed.autocasts else torch.float32)
+        assert mixed.message_dtype(torch.int64) == torch.int64
+    plain = precision.of_plan(parse_plan(plan_of("dp", "fp32")))
+    assert plain.dtype is None and not plain.autocasts and plain.mp_policy() is None
+    policy = precision.of_plan(parse_plan(plan_of("zero3", "fp16"))).mp_policy()
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.float16, torch.float32)
+    with pytest.raises(ValueError, match='precision must be one of "fp32", "bf16", "fp16" '
+                                         r'\(got "half"\)'):
+        parse_plan(plan_of("dp", "half"))
+
+
+def test_parallelize_precision_is_the_jobs():
+    pytest.importorskip("hybridplan.planner", reason="needs the compiled planner (make build)")
+    from hybridplan.front_door import job_with_precision, resolve_job
+    job = job_with_precision(resolve_job(None, 8), "bf16")
+    assert job.to_dict()["precision"] == "bf16" and job.to_dict()["per_replica_batch"] == 8
+    assert job_with_precision(job, "bf16").to_dict() == job.to_dict()
+    with pytest.raises(ValueError, match="precision='fp16' but the job's precision is 'bf16'"):
+        job_with_precision(job, "fp16")
+    legacy = resolve_job({"mixed_precision": True}, 8)  # the older boolean: bf16
+    assert legacy.to_dict()["precision"] == "bf16"
+    with pytest.raises(ValueError, match='precision must be one of "fp32", "bf16", "fp16"'):
+        job_with_precision(resolve_job(None, 8), "half")

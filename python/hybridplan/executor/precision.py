@@ -18,10 +18,11 @@ state fp32 too) and gradients are reduced in fp32.
       dtype's bytes, as the planner prices them.
 
 fp16 (whose range is narrow: small gradients underflow) adds a loss scaler under every plan
-kind: torch's ShardedGradScaler, the GradScaler that all-reduces its inf/NaN check over a process
-group (here the whole job), so that every rank skips or takes the same steps: a pipeline's
-stages and a tensor-parallel group's ranks each see only their own gradients, and FSDP2's only
-their shards (torch.amp.GradScaler alone checks the rank's own). The loss is scaled before its
+kind: torch's ShardedGradScaler (on each gradient's local tensor: _scaler_class), the
+GradScaler that all-reduces its inf/NaN check over a process group (here the whole job), so
+that every rank skips or takes the same steps: a pipeline's stages and a tensor-parallel
+group's ranks each see only their own gradients, and FSDP2's only their shards
+(torch.amp.GradScaler alone checks the rank's own). The loss is scaled before its
 backward, the gradients unscaled before clipping or the optimizer step, a step with an inf or
 NaN skipped and the scale halved (doubled after 2000 clean steps), as GradScaler does. bf16 has
 fp32's range and needs none.
@@ -31,7 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Optional
+import functools
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -72,10 +74,9 @@ class Precision:
         if self.dtype != torch.float16:
             return None
         import torch.distributed as dist
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        scaler = ShardedGradScaler(device=torch.device(device).type,
-                                   process_group=dist.group.WORLD)
+        scaler = _scaler_class()(device=torch.device(device).type,
+                                 process_group=dist.group.WORLD)
         scaler.scale(torch.zeros((), device=device))  # creates the scale tensor on `device`
         return scaler
 
@@ -85,6 +86,39 @@ class Precision:
         if self.autocasts and dtype.is_floating_point:
             return self.dtype
         return dtype
+
+
+@functools.lru_cache(maxsize=None)
+def _scaler_class():
+    """ShardedGradScaler that checks and unscales each gradient's local tensor. torch 2.13's
+    found-inf kernel refuses a DTensor gradient beside its plain found-inf tensor (FSDP2's
+    shards and TP's slices over 2 ranks: "got mixed torch.Tensor and DTensor"); a DTensor's
+    local tensor is this rank's part of it, all the check and the in-place unscale need, and
+    ShardedGradScaler.unscale_ then all-reduces the found infs over the job as before."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.distributed.tensor import DTensor
+
+    class LocalShardGradScaler(ShardedGradScaler):
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+            grads: Dict[Tuple[torch.device, torch.dtype], List[torch.Tensor]] = {}
+            with torch.no_grad():
+                for group in optimizer.param_groups:
+                    for param in group["params"]:
+                        if param.grad is None:
+                            continue
+                        grad = param.grad
+                        local = grad.to_local() if isinstance(grad, DTensor) else grad
+                        grads.setdefault((local.device, local.dtype), []).append(local)
+                found: Dict[torch.device, torch.Tensor] = {}
+                for (device, _), tensors in grads.items():
+                    if device not in found:
+                        found[device] = found_inf.to(device)
+                    torch._amp_foreach_non_finite_check_and_unscale_(
+                        tensors, found[device], inv_scale.to(device))
+            if not found:  # nothing to unscale on this rank: still one found-inf to reduce
+                found[found_inf.device] = found_inf
+            return found
+    return LocalShardGradScaler
 
 
 def of_plan(plan: Any) -> Precision:
