@@ -581,11 +581,13 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
             assert all(used[i][0] > sent[i][1] for i in sent), (sent, used)
 
 
-@pytest.mark.parametrize("name", ["transformer_lm", "biglstm"])
+@pytest.mark.parametrize("name", ["transformer_lm", pytest.param("biglstm", marks=pytest.mark.full)])
 def test_validate_runs_the_other_model_families(calibrated, tmp_path, name):
     """The cost model's other families end to end in reduced form: profiled with their own
     loss, planned, two plans trained and compared (structure and sanity only, as above; the
-    figures are bench/bench_validate_families.py's on a quiet machine)."""
+    figures are bench/bench_validate_families.py's on a quiet machine). `make test` runs
+    transformer_lm (a pipeline family priced per layer beside branchy_cnn's convolutions);
+    biglstm, whose nodes are the same kind of products, in `make test-full`."""
     import torch
 
     import hybridplan
