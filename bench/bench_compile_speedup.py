@@ -13,6 +13,7 @@ from the same steps eager (the tolerance torch.compile allows: rtol 1e-4, atol 1
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 import warnings
@@ -37,6 +38,7 @@ def main() -> int:
     from hybridplan.executor.compiling import compile_blocks
     from hybridplan.factories import load_factory
     from hybridplan.measure.compile_speedup import compile_speedups, with_compile_speedups
+    from hybridplan.measure.timing import timed_samples
     from hybridplan.planner import Graph, Job
 
     torch.manual_seed(0)
@@ -74,21 +76,31 @@ def main() -> int:
         best = hybridplan.plan(written, "localhost-cpu", job, devices=1)
         print(f"\npredicted step at batch {args.batch} on one CPU rank, "
               f"{'compiled' if compile_flag else 'eager'}: {best.predicted['step_s'] * 1e3:.2f} ms")
-    # the whole model, every block compiled, 2 SGD steps against eager
+    # the whole model, every block compiled, 2 SGD steps against eager; then its step timed
     eager, compiled = copy.deepcopy(module), copy.deepcopy(module)
     compile_blocks(compiled, names, options)
-    for model in (eager, compiled):
+    steps = {}
+    for label, model in (("eager", eager), ("compiled", compiled)):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(2):
+
+        def step(model=model, opt=opt):
             opt.zero_grad()
             out = model(*inputs)
             loss = loss_fn(out, target) if loss_fn is not None else out.float().mean()
             loss.backward()
             opt.step()
+        for _ in range(2):
+            step()
+        steps[label] = step
     diff = max((a - b).abs().max().item()
                for a, b in zip(eager.parameters(), compiled.parameters()))
     close = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5)
                 for a, b in zip(eager.parameters(), compiled.parameters()))
+    for label, step in steps.items():
+        seconds = statistics.median(timed_samples(step, torch.device("cpu"), args.warmup,
+                                                  args.repeats))
+        print(f"measured step (forward, backward, SGD) at batch {args.batch}, {label}: "
+              f"{seconds * 1e3:.2f} ms")
     print(f"\nparameters after 2 steps, every block compiled vs eager: largest difference "
           f"{diff:.3g} ({'within' if close else 'OUTSIDE'} rtol 1e-4, atol 1e-5)")
     return 0 if close else 1
