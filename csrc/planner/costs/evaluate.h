@@ -78,7 +78,7 @@
 //                     collectives on the TP group on the critical path (in tp_comm_s too),
 //                     replacing the TP collectives of its colwise / rowwise nodes
 //   memory_bytes[k] = memory_cost.h, per local device / stage; any > device memory: infeasible
-//                     (with Job::mixed_precision, an fp32 master copy and fp32 optimizer state:
+//                     (with a 16-bit Job::precision, an fp32 master copy and fp32 optimizer state:
 //                     memory_cost.h OptimizerState, which optimizer_s streams too)
 //   accumulation    = a plan with accumulation_steps = K > 1 (Plan::accumulation_steps): the
 //                     step runs K micro-steps of per_replica_batch samples per replica, and

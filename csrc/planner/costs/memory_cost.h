@@ -7,7 +7,7 @@
 //   largest sharded unit's bytes (a node's parameters; a pipeline stage is one unit), and the
 //   optimizer's copies per parameter byte (OptimizerState):
 //     O  = k_opt                 its state at the parameters' dtype;
-//          r * (1 + k_opt)       with mixed precision (Job::mixed_precision): an fp32 master
+//          r * (1 + k_opt)       with a 16-bit precision (Job::precision): an fp32 master
 //                                copy and fp32 state, r = 4 / the graph's dtype bytes
 //                                (Megatron-LM's fp16 Adam: 2 + 2 + r(1 + 2) * 2 = 16 bytes
 //                                per parameter)
@@ -103,7 +103,7 @@ double backward_workspace_bytes(const Graph& graph, NodeIndex v, double scale);
 // 0, 1 or 2 copies of the parameters for the optimizer state.
 int64_t optimizer_state_copies(Optimizer optimizer);
 
-// What the optimizer keeps per parameter (Job::optimizer, Job::mixed_precision).
+// What the optimizer keeps per parameter (Job::optimizer, Job::precision).
 struct OptimizerState {
   Optimizer optimizer = Optimizer::kSgd;
   // r = 4 / the graph's dtype bytes with mixed precision (2 for fp16 or bf16); 0 without.
@@ -115,9 +115,9 @@ struct OptimizerState {
   double shard_copies() const;
 };
 
-// The job's optimizer state for `graph`. With mixed precision the graph's profiled.dtype must
-// be a known dtype narrower than float32 (its parameters would otherwise be their own master
-// copy); InputError naming `source` and mixed_precision otherwise.
+// The job's optimizer state for `graph`. With a 16-bit precision the graph's profiled.dtype must
+// be float32 (priced in the precision: precision_cost.h) or a known 16-bit dtype; InputError
+// naming `source` and precision otherwise.
 OptimizerState optimizer_state(const Job& job, const Graph& graph,
                                const std::string& source = "job");
 

@@ -5,7 +5,7 @@
 //     sgd           read p, g; write p                       = 3
 //     sgd_momentum  read p, g, m; write m, p                 = 5
 //     adam          read p, g, m, v; write p, m, v           = 7
-//   i.e. 3 + 2 k_opt; with mixed precision (Job::mixed_precision, memory_cost.h OptimizerState:
+//   i.e. 3 + 2 k_opt; with mixed precision (a 16-bit Job::precision, memory_cost.h OptimizerState:
 //   an fp32 master copy and fp32 state, r = 4 / the graph's dtype bytes): read g, the master
 //   and the state, write them and the parameters cast back to the graph's dtype
 //                   2 + 2 r (1 + k_opt)                      (Adam, fp16: 14, 28 B a parameter)
