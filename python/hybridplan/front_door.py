@@ -325,12 +325,12 @@ def describe(p: Plan, mode: bool = True) -> str:
         text += " compiled"
     if p.sharding != "none":
         text += f" {p.sharding}"
+    if p.precision != "fp32":
+        text += f" {p.precision}"
     recomputed = len(p.recompute)
     if recomputed:
         text += f" recompute {recomputed} nodes"
     return text
-    if p.precision != "fp32":
-        text += f" {p.precision}"
 
 
 def _first_line(text: str, limit: int = 240) -> str:
@@ -631,13 +631,13 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
     sync_batchnorm  apply's (True: BatchNorm layers normalise over the global batch, torch's
                     SyncBatchNorm); then only "placement" plans are searched, as apply refuses
                     it for a pipeline.
+    precision       "fp32", "bf16" or "fp16": the Job's precision (docs/training_step.md
+                    "Precision"), which the planner prices and the plan carries to apply; None:
+                    the job's (fp32 without one). A job naming another precision is an error.
     apply_options   further keyword arguments of hybridplan.apply (batch_dim,
                     measure_noise_scale, resume_from, the training step's clip_grad_norm,
                     accumulation_steps and lr_scheduler, ...).
     """
-    precision       "fp32", "bf16" or "fp16": the Job's precision (docs/training_step.md
-                    "Precision"), which the planner prices and the plan carries to apply; None:
-                    the job's (fp32 without one). A job naming another precision is an error.
     clash = sorted(set(apply_options) & set(_APPLY_OWN))
     if clash:
         raise ValueError(f"hybridplan.parallelize: {clash} are parallelize's to set (got them "
@@ -654,13 +654,13 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
     apply_options["sync_batchnorm"] = sync_batchnorm
     batch_dim = apply_options.get("batch_dim", 0)
     example_batch = _batch_of(example_inputs, batch_dim)
+    if precision is not None:
+        job = job_with_precision(
+            resolve_job(job, _batch_of(example_inputs, 0), optimizer), precision)
     if cache_dir is None:
         cache_dir = default_cache_dir()
     elif cache_dir is False:
         cache_dir = None
-    if precision is not None:
-        job = job_with_precision(
-            resolve_job(job, _batch_of(example_inputs, 0), optimizer), precision)
     else:
         cache_dir = os.fspath(cache_dir)
     _process_group(world_size, timeout_s)
