@@ -189,3 +189,27 @@ def test_apply_with_inductor_trains_as_eager_within_tolerance(tmp_path):
     r = _apply_with(True, tmp_path, 600)
     print(f"inductor vs eager, largest parameter difference after 2 steps: {r['diff']:.3g}")
     assert r["close"], f"largest difference from eager: {r['diff']:.3g}"
+
+
+def test_calibrate_writes_the_graph_with_each_nodes_speedup():
+    """calibrate --compile-graph's measurement (measure.calibration.measured_compile_graph) on a
+    built-in model, with the fast backend: every node of its profile gets a speed-up."""
+    import hybridplan
+    from hybridplan import models
+    from hybridplan.factories import load_factory
+    from hybridplan.measure.calibration import measured_compile_graph
+
+    spec = "hybridplan.models:digits_cnn"
+    module = load_factory(spec)()
+    loss_fn, target = models.loss_and_target(module, 8)
+    graph = hybridplan.profile(module, tuple(module.example_inputs(8)), loss_fn=loss_fn,
+                               target=target, warmup=1, repeats=3, verbose=False).to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = measured_compile_graph(graph, spec, 8, 1, 3, options=FAST)
+    loaded = Graph.from_dict(written, "g.json").to_dict()
+    assert [n["name"] for n in loaded["nodes"]] == [n["name"] for n in graph["nodes"]]
+    for node in loaded["nodes"]:
+        assert node["compile_speedup"]["forward"] > 0, node["name"]
+        assert node["compile_speedup"]["backward"] > 0, node["name"]
+    assert "compile_speedup" not in graph["nodes"][0]  # the profile itself is left as it was
