@@ -12,6 +12,7 @@
 #include "planner/costs/precision_cost.h"
 #include "planner/documents/job.h"
 #include "planner/documents/problem.h"
+#include "planner/searches/search.h"
 
 using namespace hybridplan;
 using hybridplan::test::input_error_of;
@@ -200,4 +201,21 @@ TEST_CASE("mixed precision: evaluate's memory and optimizer step, the all-reduce
   CHECK(evaluate(plain, zero2).memory_bytes[0] - a.memory_bytes[0] == 950 - 1200);
   // a sharded step updates half the bytes
   CHECK(evaluate(mixed, zero2).optimizer_s == Approx(150.0 * 14 / 100));
+}
+
+TEST_CASE("precision: the search's plans carry the job's, and bf16 is priced on them", "[search]") {
+  Problem fp32 = fp16_problem(Optimizer::kAdam, false);
+  fp32.graph.profiled.dtype = "float32";
+  fp32.cluster.device.compute_speedup = {{"bf16", 2.0}};
+  Problem bf16 = fp32;
+  bf16.job.precision = Precision::kBf16;
+  const SearchResult a = search(fp32, SearchOptions{}), b = search(bf16, SearchOptions{});
+  REQUIRE(!a.plans.empty());
+  REQUIRE(!b.plans.empty());
+  for (const Plan& plan : a.plans) CHECK(plan.precision == Precision::kFp32);
+  for (const Plan& plan : b.plans) {
+    CHECK(plan.precision == Precision::kBf16);
+    CHECK(plan.predicted.step_s == Approx(evaluate(bf16, plan).step_s));  // priced in bf16
+  }
+  CHECK(plan_to_json(b.plans.front(), bf16.graph)["precision"] == "bf16");
 }
