@@ -98,6 +98,10 @@ def train_cases(cases_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     for case in torch.load(cases_file):
+        if case["id"] == "parallelize":
+            result = _parallelize()
+            torch.save(result, os.path.join(out_dir, f"parallelize.rank{dist.get_rank()}.pt"))
+            continue
         model, batch, loss_fn = gpt2()
         plan = plan_of(case["kind"], case.get("precision", "bf16"))
         hp = hybridplan.apply(plan, model, loss_fn=loss_fn, optimizer=sgd, timeout_s=120,
@@ -115,6 +119,37 @@ def train_cases(cases_file, out_dir):
         hp.close()
         torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
     destroy_groups()
+
+
+SPEEDUP = {"bf16": 0.6}  # a cluster's measured device.compute_speedup (any figure will do here)
+
+
+def _parallelize():
+    """hybridplan.parallelize(..., precision="bf16"): the job's precision, planned (with a
+    cluster that has a bf16 compute_speedup) and applied; without one, the error."""
+    import hybridplan
+    model, batch, loss_fn = gpt2()
+    inputs, target = batch(BATCH, 0)
+    cluster = hybridplan.Cluster.preset("localhost-cpu").to_dict()
+    common = dict(example_target=target, loss_fn=loss_fn, optimizer=sgd, cache_dir=False,
+                  verbose=False, timeout_s=120, precision="bf16")
+    report = {}
+    try:
+        hybridplan.parallelize(model, inputs, cluster=cluster, **common)
+    except ValueError as e:
+        report["error"] = str(e)
+    hp = hybridplan.parallelize(model, inputs, cluster=dict(
+        cluster, device=dict(cluster["device"], compute_speedup=SPEEDUP)), **common)
+    saved = set()
+
+    def pack(t):
+        saved.add(str(t.dtype))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hp.step(*hp.shard(*batch(hp.global_batch, 100)))
+    report.update(plan=hp.plan.to_dict(), job=hp.parallelized.job.to_dict(), saved=sorted(saved))
+    hp.close()
+    return report
 
 
 # ---- the reference: one process ---------------------------------------------------------------
@@ -205,7 +240,8 @@ def quick(tmp_path_factory):
                         reason="needs the compiled planner hybridplan._C (make build)")
     pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
     return launch(QUICK_KINDS, STEPS, tmp_path_factory.mktemp("precision"),
-                  extra=[{"id": "dp-fp32", "kind": "dp", "steps": STEPS, "precision": "fp32"}] +
+                  extra=[{"id": "dp-fp32", "kind": "dp", "steps": STEPS, "precision": "fp32"},
+                         {"id": "parallelize"}] +
                   [{"id": f"{kind}-fp16", "kind": kind, "steps": STEPS, "precision": "fp16"}
                    for kind in FP16_KINDS])
 
@@ -219,6 +255,17 @@ def test_bf16_trains_like_one_process_in_bf16(quick, kind):
     diff, bound, loss_diff = compare(outs, kind, STEPS)
     assert diff <= bound, f"{kind}: differs by {diff:.3g} (bound {bound:.3g})"
     assert loss_diff <= TOLERANCE, (kind, global_losses(outs), loss_diff)
+
+
+def test_parallelize_plans_and_applies_the_precision(quick):
+    """parallelize(precision="bf16"): the job's precision, the plan's, priced with the cluster's
+    compute_speedup, applied (bf16 tensors saved); a cluster without one is refused, naming
+    the field."""
+    for out in outputs_of(quick, "parallelize"):
+        assert "device.compute_speedup.bf16 is needed to plan the job's precision" in \
+            out["error"], out["error"]
+        assert out["job"]["precision"] == "bf16" and out["plan"]["precision"] == "bf16"
+        assert "torch.bfloat16" in out["saved"], out["saved"]
 
 
 def test_fp32_computes_nothing_in_bf16(quick):
