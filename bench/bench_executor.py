@@ -82,6 +82,9 @@ def parse_args(argv=None):
     p.add_argument("--d-model", type=int, default=96)
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--timeout-s", type=float, default=180.0, help="process group timeout")
+    p.add_argument("--tp-mesh", choices=("default", "executor"), default="default",
+                   help="the hand-written tp rows' mesh: a plain init_device_mesh (default), or "
+                        "the executor's own mesh, so both sides' collectives use one Gloo group")
     p.add_argument("--profile-dir", help="after timing, run each side's steps again under "
                    "cProfile, one file per row, side and rank (<row>-<side>.rank<r>.prof)")
     p.add_argument("--json", help=argparse.SUPPRESS)  # a rank job's results file (internal)
@@ -314,6 +317,9 @@ def row_tensor_parallel(args, kind):
     if executor_split != set(styles):  # the same layout on both sides, or no comparison
         raise RuntimeError(f"the executor splits {sorted(executor_split)}, the hand-written "
                            f"plan {sorted(styles)}")
+    if args.tp_mesh == "executor":  # both sides over the executor's groups
+        mesh = hp._mesh.dp_tp()
+        mesh = {"tp": mesh[mesh.mesh_dim_names[1]], "dp": mesh[mesh.mesh_dim_names[0]]}
     parallelize_module(ref, mesh["tp"], styles)
     if dp > 1:
         from torch.distributed._composable.replicate_with_fsdp import replicate
