@@ -16,6 +16,14 @@ prediction within its interval.
 
     python bench/bench_validate_families.py [--runs 3] [--models transformer_lm biglstm]
                                             [--out-dir out/bench/validate] [--quick]
+                                            [--precision fp32 bf16] [--plans 8]
+                                            [--max-launches 7]
+
+`--precision fp32 bf16` validates each run's job in every precision given, one after the other
+on the same profile and calibration (calibrate measures the model's own bf16 speed-up, which
+the planner prices; examples/demo.py --precision): one row per run and precision, the
+precision a column, and a summary per family and precision. `--plans` and `--max-launches`
+bound each validation (a shorter run on a loaded host).
 
 Needs a quiet machine: the ranks' timings are the measurement. Runs land in
 <out-dir>/<model>-<run>/ (validate.md there has every plan's terms). `--quick` runs
@@ -32,21 +40,32 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("branchy_cnn", "transformer_lm", "biglstm")
 
 
-def one_run(model: str, out_dir: Path, quick: bool = False) -> dict:
+def one_run(model: str, out_dir: Path, quick: bool = False, precisions=("fp32",),
+            plans=None, max_launches=None) -> dict:
+    """examples/demo.py on `model` into `out_dir`, validated in each of `precisions` in turn;
+    {precision: the figures of its validate.json}."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    extra = (["--quick"] if quick else []) + ["--precision", *precisions]
+    extra += ["--plans", str(plans)] if plans else []
+    extra += ["--max-launches", str(max_launches)] if max_launches else []
     with open(out_dir / "demo.log", "w") as log:  # the ranks' warnings stay out of the table
         done = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--model",
-                               model, "--out-dir", str(out_dir)] + (["--quick"] if quick else []),
+                               model, "--out-dir", str(out_dir)] + extra,
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode:
         raise SystemExit(f"{model}: examples/demo.py failed ({done.returncode}); see "
                          f"{out_dir / 'demo.log'}")
-    result = json.loads((out_dir / "validate.json").read_text())
-    return {"verdict": result["verdict"],
-            "first_fastest": result["best_predicted_rank_measured"] == 1,
-            "signed": result.get("signed_median_error"),
-            "rounds": result.get("round_speed") or [],
-            "within": result.get("within_step_spread")}
+    out = {}
+    for precision in precisions:  # demo.py's layout: fp32 in out_dir, another below it
+        where = out_dir if precision == "fp32" else out_dir / precision
+        result = json.loads((where / "validate.json").read_text())
+        out[precision] = {"verdict": result["verdict"],
+                          "first_fastest": result["best_predicted_rank_measured"] == 1,
+                          "signed": result.get("signed_median_error"),
+                          "rounds": result.get("round_speed") or [],
+                          "within": result.get("within_step_spread"),
+                          "speedup": (result.get("precision") or {}).get("compute_speedup")}
+    return out
 
 
 def _pct(x) -> str:
@@ -69,7 +88,7 @@ def _span(values: list) -> str:
     return "-" if not values else f"{_pct(min(values))} - {_pct(max(values))}"
 
 
-def summary(model: str, runs: list) -> str:
+def summary(model: str, precision: str, runs: list) -> str:
     """One family over its runs: the verdicts met, the median and worst-steady ranges, every
     run's unsteady plans, the worst memory error and every target missed."""
     verdicts = [r["verdict"] for r in runs]
@@ -81,7 +100,7 @@ def summary(model: str, runs: list) -> str:
     unsteady = [f"run {i + 1}: {_unsteady(v)}" for i, v in enumerate(verdicts) if v["unsteady"]]
     missed = [f"run {i + 1}: {'; '.join(v['missed'])}" for i, v in enumerate(verdicts)
               if v["missed"]]
-    return (f"| {model} | {sum(v['met'] for v in verdicts)} of {len(verdicts)} | "
+    return (f"| {model} | {precision} | {sum(v['met'] for v in verdicts)} of {len(verdicts)} | "
             f"{_span(medians)} | {_span(worst)} | {' / '.join(unsteady) or '-'} | "
             f"{_pct(max(memory, default=None))} | {' / '.join(missed) or '-'} |")
 
@@ -93,30 +112,43 @@ def main(argv=None) -> int:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "out" / "bench" / "validate")
     parser.add_argument("--quick", action="store_true",
                         help="examples/demo.py --quick per run (a smoke run, not a measurement)")
+    parser.add_argument("--precision", nargs="+", default=["fp32"],
+                        choices=("fp32", "bf16", "fp16"),
+                        help="the job's precision, each validated in turn on the same "
+                             "calibration (default fp32)")
+    parser.add_argument("--plans", type=int, help="plans per validation (demo's default 8)")
+    parser.add_argument("--max-launches", type=int,
+                        help="launches of a plan at most (default 7)")
     args = parser.parse_args(argv)
-    print("| model | run | verdict | median \\|error\\| | worst, steady (plan) | unsteady: 90 % "
-          "interval ms (prediction) | memory worst | first plan fastest | signed median | "
-          "rounds' speed | within steps p10-p90 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    precisions = list(dict.fromkeys(args.precision))
+    print("| model | run | precision | compute_speedup | verdict | median \\|error\\| | "
+          "worst, steady (plan) | unsteady: 90 % interval ms (prediction) | memory worst | "
+          "first plan fastest | signed median | rounds' speed | within steps p10-p90 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     runs = {}
     for model in args.models:
-        runs[model] = []
         for run in range(1, args.runs + 1):
-            r = one_run(model, args.out_dir / f"{model}-{run}", args.quick)
-            runs[model].append(r)
-            v = r["verdict"]
-            signed = "-" if r["signed"] is None else f"{100 * r['signed']:+.1f} %"
-            print(f"| {model} | {run} | {'met' if v['met'] else 'missed'} | "
-                  f"{_pct(v['median_abs_error'])} | {_worst(v)} | {_unsteady(v)} | "
-                  f"{_pct(v['memory_worst_abs_error'])} | "
-                  f"{'yes' if r['first_fastest'] else 'no'} | {signed} | "
-                  f"{', '.join(f'{x:.2f}' for x in r['rounds'])} | "
-                  f"{'-' if not r['within'] else '{} of {}'.format(*r['within'])} |", flush=True)
-    print("\n| model | verdict met | median \\|error\\| | worst, steady | unsteady plans | "
-          "memory worst | missed |")
-    print("|---|---|---|---|---|---|---|")
-    for model, family in runs.items():
-        print(summary(model, family))
+            by_precision = one_run(model, args.out_dir / f"{model}-{run}", args.quick,
+                                   precisions, args.plans, args.max_launches)
+            for precision in precisions:
+                r = by_precision[precision]
+                runs.setdefault((model, precision), []).append(r)
+                v = r["verdict"]
+                signed = "-" if r["signed"] is None else f"{100 * r['signed']:+.1f} %"
+                speedup = "-" if r["speedup"] is None else f"{r['speedup']:.3f}"
+                print(f"| {model} | {run} | {precision} | {speedup} | "
+                      f"{'met' if v['met'] else 'missed'} | "
+                      f"{_pct(v['median_abs_error'])} | {_worst(v)} | {_unsteady(v)} | "
+                      f"{_pct(v['memory_worst_abs_error'])} | "
+                      f"{'yes' if r['first_fastest'] else 'no'} | {signed} | "
+                      f"{', '.join(f'{x:.2f}' for x in r['rounds'])} | "
+                      f"{'-' if not r['within'] else '{} of {}'.format(*r['within'])} |",
+                      flush=True)
+    print("\n| model | precision | verdict met | median \\|error\\| | worst, steady | "
+          "unsteady plans | memory worst | missed |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (model, precision), family in runs.items():
+        print(summary(model, precision, family))
     met = all(r["verdict"]["met"] for family in runs.values() for r in family)
     print("verdict (median <= 10 %, worst steady <= 25 %, memory within 15 %, unsteady plans "
           "within their interval):", "met in every run" if met else "missed in at least one run")

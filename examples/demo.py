@@ -22,6 +22,12 @@ predicted-vs-measured figures mean nothing): batch 8 profiled at that one batch 
 calibration without the model's own pipeline runs (links and the built-in tiny workload only:
 those runs take most of a calibration), the planner's first plan for 3 steps in one launch (so
 its steadiness is unknown), the sharded plans left out.
+
+`--precision bf16` (or `fp32 bf16`, each in turn) plans and validates the job in that precision
+on the same profile and calibration (calibrate measures the model's own bf16 and fp16
+speed-up, which the planner prices; `--quick` measures it on calibrate's default workload):
+fp32 lands in out/demo/ as before, another precision in out/demo/<precision>/. `--plans` and
+`--max-launches` bound a validation (8 plans, up to 7 launches each, by default).
 """
 import argparse
 import json
@@ -58,6 +64,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=MODEL, choices=sorted(models.MODELS))
     parser.add_argument("--out-dir", default=str(ROOT / "out" / "demo"))
+    parser.add_argument("--precision", nargs="+", default=["fp32"],
+                        choices=("fp32", "bf16", "fp16"),
+                        help="the job's precision, each validated in turn (fp32 into --out-dir, "
+                             "another into --out-dir/<precision>)")
+    parser.add_argument("--plans", type=int, help=f"plans to validate (default {PLANS})")
+    parser.add_argument("--max-launches", type=int,
+                        help="launches of a plan at most (validate's default 7)")
     parser.add_argument("--quick", action="store_true",
                         help="every step at its smallest size (a smoke run: the figures it "
                              "prints are not measurements)")
@@ -65,6 +78,8 @@ def main(argv=None) -> int:
     model_name, out, quick = args.model, Path(args.out_dir), args.quick
     batch = QUICK["batch"] if quick else PROFILE_BATCH
     plans, steps = (QUICK["plans"], QUICK["steps"]) if quick else (PLANS, STEPS)
+    plans = args.plans or plans
+    precisions = list(dict.fromkeys(args.precision))  # each once, in the order given
     out.mkdir(parents=True, exist_ok=True)
     cli = Path(os.environ.get("HYBRIDPLAN_CLI", ROOT / "build" / "bin" / "hybridplan"))
     torch.set_num_threads(1)  # one thread per rank: the two ranks share this machine's cores
@@ -90,28 +105,47 @@ def main(argv=None) -> int:
                     "--graph", out / "graph.json", "--out", out / "cluster.json"] + workload,
         env=env)
 
-    print(f"\n== 3. plan on {DEVICES} devices of the calibrated cluster", flush=True)
-    run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
-         "--devices", DEVICES, "--top", 5, "--out", out / "plan.json"])
+    for precision in precisions:
+        validate(precision, out if precision == "fp32" else out / precision, out, cli, env,
+                 model_name, plans, steps, quick, args.max_launches)
+    return 0
 
+
+def validate(precision: str, where: Path, out: Path, cli: Path, env: dict, model_name: str,
+             plans: int, steps: int, quick: bool, max_launches) -> None:
+    """Steps 3 and 4 for the job in `precision`: plan, then validate into `where`."""
+    where.mkdir(parents=True, exist_ok=True)
+    job = []
+    if precision != "fp32":  # the default job in that precision
+        (where / "job.json").write_text(json.dumps(
+            {"schema_version": 1, "kind": "hybridplan.job", "precision": precision}) + "\n")
+        job = ["--job", where / "job.json"]
+    print(f"\n== 3. plan on {DEVICES} devices of the calibrated cluster ({precision})",
+          flush=True)
+    run([cli, "plan", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
+         "--devices", DEVICES, "--top", 5, "--out", where / "plan.json"] + job)
+
+    launches = 1 if quick else (max_launches or 7)
     if quick:
-        print(f"\n== 4. train the best plan for {steps} steps in one launch: predicted vs "
-              "measured (--quick: not a measurement)", flush=True)
+        print(f"\n== 4. train the best plan for {steps} steps in one launch ({precision}): "
+              "predicted vs measured (--quick: not a measurement)", flush=True)
     else:
         print(f"\n== 4. train {plans} plans across the ranking and the sharded data-parallel "
-              f"ones, {steps} steps each, in 3 interleaved launches, up to 7 for a plan whose "
-              "median step is not yet known within +-5 % (each plan's median launch): predicted "
-              "vs measured", flush=True)
+              f"ones in {precision}, {steps} steps each, in 3 interleaved launches, up to "
+              f"{launches} for a plan whose median step is not yet known within +-5 % (each "
+              "plan's median launch): predicted vs measured", flush=True)
     run([cli, "validate", "--graph", out / "graph.json", "--cluster", out / "cluster.json",
          "--model", f"hybridplan.models:{model_name}", "--devices", DEVICES, "--plans", plans,
-         "--steps", steps, "--out-dir", out, "--baseline-cluster", "localhost-cpu"]
-        + (["--warmup", 1, "--rounds", 1, "--max-launches", 1] if quick else ["--sharding"]),
+         "--steps", steps, "--out-dir", where, "--baseline-cluster", "localhost-cpu",
+         "--precision", precision]
+        + (["--warmup", 1, "--rounds", 1, "--max-launches", 1] if quick else
+           ["--sharding"] + (["--rounds", min(3, launches), "--max-launches", launches]
+                             if max_launches else [])),
         env=env)
 
-    verdict = json.loads((out / "validate.json").read_text())["verdict"]
-    print("\n== " + ("the verdict (--quick: not a measurement)" if quick else "the verdict"))
+    verdict = json.loads((where / "validate.json").read_text())["verdict"]
+    print(f"\n== the verdict ({precision}" + (", --quick: not a measurement)" if quick else ")"))
     print("\n".join(verdict_lines(verdict)), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

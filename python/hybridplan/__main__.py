@@ -253,6 +253,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="the model (its module has example_inputs/example_target); required "
                           "unless --time-to-target (the task names the model)")
     val.add_argument("--job", help="Job JSON (default: samples/s at the graph's batch)")
+    val.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                     help="the job's precision (default: the --job's, else fp32): the plans "
+                          "are the planner's for it and each rank runs its plan in it; a 16-bit "
+                          "one needs the cluster's compute_speedup as calibrate measured it")
     val.add_argument("--devices", type=int, default=2)
     val.add_argument("--plans", type=int, default=8, help="how many plans to run")
     val.add_argument("--steps", type=int, default=20)
@@ -458,6 +462,9 @@ def _calibrate(args) -> int:
 
 def _validate(args) -> int:
     if args.time_to_target:
+        if args.precision:
+            raise ValueError("validate: --precision is for the plans' validation (the "
+                             "--time-to-target job names its own precision)")
         return _validate_time_to_target(args)
     if not args.model:
         raise ValueError("validate: --model is required (or --time-to-target with --task)")
@@ -474,7 +481,8 @@ def _validate(args) -> int:
                                  warmup=args.warmup, timeout_s=args.timeout_s,
                                  out_dir=args.out_dir, baseline_cluster=args.baseline_cluster,
                                  rounds=args.rounds, recompute=args.recompute,
-                                 sharding=args.sharding, max_launches=args.max_launches)
+                                 sharding=args.sharding, max_launches=args.max_launches,
+                                 precision=args.precision)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

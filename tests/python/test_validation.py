@@ -320,6 +320,64 @@ def test_the_verdict_holds_steady_plans_to_the_targets_and_unsteady_ones_to_thei
     assert "1x2 1f1b M=32 b=8 (steady) step error +30.0 % beyond 25 %" in v["missed"]
 
 
+def test_a_plan_whose_products_ran_in_another_precision_misses_the_verdict():
+    """The worker records the dtypes its measured step's matrix products ran in; a bf16 plan
+    whose products ran in fp32 was not the plan predicted, whatever its errors."""
+    terms = {t: 0.0 for t in validation.TERMS}
+    plan = dict(_plan(2, 1), precision="bf16",
+                predicted=dict(terms, step_s=0.010, memory_bytes=[100, 100]))
+
+    def row(per_rank):
+        return validation.compare(plan, dict(terms, step_s=0.010, memory_bytes=[100, 100],
+                                             product_dtypes=per_rank))
+
+    ran = row([{"bf16": 40}, {"bf16": 40}])
+    assert ran["precision"] == "bf16"
+    assert ran["measured_precision"] == {"dtype": "bf16", "share": 1.0, "products": 80}
+    result = validation.summarize([ran], "x")
+    assert result.verdict["met"] and result.verdict["precision_misses"] == []
+    assert "| bf16 (bf16 100 %) |" in validation.markdown(result, "t")
+    ignored = row([{"fp32": 40}, {"fp32": 36, "bf16": 4}])
+    assert ignored["measured_precision"] == {"dtype": "fp32", "share": 0.95, "products": 80}
+    v = validation.summarize([ignored], "x").verdict
+    assert not v["met"] and v["precision_misses"][0]["ran_in"] == "fp32"
+    assert v["missed"] == ["2x1 dp b=8 planned in bf16, its matrix products ran in fp32 (95 %)"]
+    # an fp32 plan (no "precision") held to fp32; a row without the record is not judged
+    fp32 = validation.compare(dict(plan, precision="fp32"), dict(
+        terms, step_s=0.010, memory_bytes=[100, 100], product_dtypes=[{"bf16": 3}]))
+    assert not validation.summarize([fp32], "x").verdict["met"]
+    assert validation.compare(plan, dict(terms, step_s=0.010))["measured_precision"] is None
+
+
+def test_a_16_bit_validation_takes_the_speedup_calibrate_measured():
+    cluster = {"device": {"compute_speedup": {"bf16": 0.5}},
+               "measured": {"compute_speedup_step_s": {"fp32": 0.020, "bf16": 0.040},
+                            "shared_host": {"workload": {"model": "m:lm", "batch": 32}}}}
+    got = validation.calibrated_speedup(cluster, "bf16", "m:lm", "c.json")
+    assert got == {"name": "bf16", "compute_speedup": 0.5, "fp32_step_s": 0.020,
+                   "step_s": 0.040, "workload": {"model": "m:lm", "batch": 32}}
+    # measured on another model: taken, and said
+    assert "measured on m:lm, not on m:cnn" in validation.calibrated_speedup(
+        cluster, "bf16", "m:cnn", "c.json")["warning"]
+    # a figure calibrate did not measure (set by hand, a preset's) is refused, naming the file
+    edited = dict(cluster, device={"compute_speedup": {"bf16": 0.6}})
+    with pytest.raises(ValueError, match="c.json: device.compute_speedup.bf16 = 0.6 is not "
+                                         "calibrate's measurement"):
+        validation.calibrated_speedup(edited, "bf16", "m:lm", "c.json")
+    with pytest.raises(ValueError, match="was not measured by calibrate"):
+        validation.calibrated_speedup({"device": {"compute_speedup": {"bf16": 0.5}}}, "bf16",
+                                      "m:lm", "c.json")
+    with pytest.raises(ValueError, match="lacks"):
+        validation.calibrated_speedup(cluster, "fp16", "m:lm", "c.json")
+    # --precision sets the job's, whatever the job said
+    from hybridplan import planner
+
+    job = validation.with_precision(planner.Job.from_dict(
+        {"schema_version": 1, "kind": "hybridplan.job", "optimizer": "adam"}), "bf16")
+    assert job.to_dict()["precision"] == "bf16" and job.to_dict()["optimizer"] == "adam"
+    assert validation.with_precision(None, None) is None
+
+
 def test_validate_needs_max_launches_at_least_its_rounds(capsys):
     from hybridplan.__main__ import main
 
@@ -617,6 +675,70 @@ def test_validate_runs_the_other_model_families(calibrated, tmp_path, name):
         # each timed step's slowest rank, and their spread around the median
         low, high = row["step_spread_s"]
         assert len(row["step_samples_s"]) == 2 and 0 < low <= high
+
+
+def test_validate_runs_the_plans_of_a_bf16_job_in_bf16(calibrated, tmp_path):
+    """`validate --precision bf16` in reduced form: the planner's plans for a bf16 job, each
+    trained by ranks that run it in bf16 (the dtypes of the measured step's matrix products,
+    recorded by the worker), predicted with the bf16 speed-up calibrate measured, and the step
+    and peak memory predicted beside measured (structure and sanity only; the figures are
+    bench/bench_validate_families.py --precision fp32 bf16 on a quiet machine)."""
+    import torch
+
+    import hybridplan
+    from hybridplan import models, planner
+
+    torch.set_num_threads(1)
+    module = models.get("transformer_lm", seed=0)
+    loss_fn, target = models.loss_and_target(module, 8)
+    graph = hybridplan.profile(module, module.example_inputs(8), verbose=False, batch_sizes=(),
+                               repeats=2, clock="thread", loss_fn=loss_fn, target=target)
+    graph_path = tmp_path / "graph.json"
+    graph.save(graph_path)
+    out = tmp_path / "validate"
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridplan", "validate", "--graph", str(graph_path), "--cluster",
+         str(calibrated), "--model", "hybridplan.models:transformer_lm", "--devices", "2",
+         "--plans", "2", "--steps", "2", "--rounds", "1", "--max-launches", "1",
+         "--precision", "bf16", "--baseline-cluster", "localhost-cpu", "--out-dir", str(out)],
+        env=dict(os.environ, PYTHONPATH=str(REPO / "python")), capture_output=True, text=True,
+        timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "validate.json").read_text())
+    cluster = json.loads(calibrated.read_text())
+    # the speed-up the predictions used is calibrate's measurement, with where it was taken
+    # (the fixture calibrated on branchy_cnn, which validate says)
+    seconds = cluster["measured"]["compute_speedup_step_s"]
+    precision = result["precision"]
+    assert precision["name"] == "bf16"
+    assert precision["compute_speedup"] == cluster["device"]["compute_speedup"]["bf16"]
+    assert precision["compute_speedup"] == pytest.approx(seconds["fp32"] / seconds["bf16"])
+    assert precision["workload"]["model"] == "hybridplan.models:branchy_cnn"
+    assert "not on hybridplan.models:transformer_lm" in precision["warning"]
+    # the preset has no bf16 speed-up: it cannot price these plans, and its column is left out
+    assert "localhost-cpu has no compute_speedup.bf16" in precision["baseline_left_out"]
+    assert result["baseline_cluster"] is None
+    rows = result["rows"]
+    assert len(rows) == 2
+    bf16_job = planner.Job.from_dict({"schema_version": 1, "kind": "hybridplan.job",
+                                      "precision": "bf16"})
+    top = planner.search(str(graph_path), str(calibrated), bf16_job, devices=2, top_k=1).plans[0]
+    assert rows[0]["kind"] == plan_kind(top.to_dict())  # the planner's choice for bf16 first
+    for row in rows:
+        assert row["precision"] == "bf16"
+        # every rank's measured step ran its matrix products in bf16
+        assert len(row["product_dtypes"]) == 2
+        for rank in row["product_dtypes"]:
+            assert rank.get("bf16", 0) > 0 and rank.get("bf16", 0) >= 0.9 * sum(rank.values())
+        assert row["measured_precision"]["dtype"] == "bf16"
+        assert row["measured"]["step_s"] > 0 and row["predicted"]["step_s"] > 0
+        assert max(row["measured_memory_bytes"]) > 0 and max(row["predicted_memory_bytes"]) > 0
+        assert row["errors"]["step_s"] == pytest.approx(
+            row["predicted"]["step_s"] / row["measured"]["step_s"] - 1)
+    assert result["verdict"]["precision_misses"] == []
+    text = (out / "validate.md").read_text()
+    assert ", bf16: predicted vs measured" in text and "| bf16 (bf16 " in text
+    assert "compute predicted at the cluster's compute_speedup.bf16" in text
 
 
 def test_select_plans_measures_a_tensor_parallel_plan_ranked_last():

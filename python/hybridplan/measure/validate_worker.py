@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -69,7 +69,7 @@ class _Clock:
 kMeasuredStep = "hybridplan::measured_step"
 
 
-def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
+def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, Any]:
     """Peak bytes of live tensors during one step, two ways from one torch.profiler run:
     "timeline", torch.profiler's memory timeline (every tensor the step uses, by category), and
     "allocations", the bytes of the tensors alive when the step starts (`live_at_start()`:
@@ -78,7 +78,8 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
     allocation_peak_bytes). The timeline's data-flow analysis rejects FSDP2's in-place
     parameter swaps under zero3 and DTensor's sequence-parallel collectives ("version
     mismatch"); there "timeline" is absent and the allocations stand in, which the plans where
-    both exist hold against each other (docs/sharding.md).
+    both exist hold against each other (docs/sharding.md). Beside them, "product_dtypes": the
+    dtypes the step's matrix products ran in (_product_dtypes), read from the same run.
 
     `run_step(i)` runs step i. The profiler runs across two steps and the measured one is the
     second: torch reports a free to the profiler only for a block allocated while it ran, so
@@ -95,7 +96,8 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
             run_step(1)
     since_ns, until_ns = _range_ns(prof, kMeasuredStep)
     out = {"allocations": sum(start.values()) + allocation_peak_bytes(
-        prof, since_ns=since_ns, counted=set(start))}
+        prof, since_ns=since_ns, counted=set(start)),
+        "product_dtypes": _product_dtypes(prof, since_ns, until_ns)}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "timeline.json")
         try:
@@ -119,6 +121,40 @@ def _peak_tensor_bytes(run_step, live_at_start) -> Dict[str, int]:
     out["timeline"] = int(max((sum(s) - unreported(t) for t, s in zip(times, sizes)
                                if since_ns // 1000 <= t <= until_ns // 1000), default=0))
     return out
+
+
+# The ops that do a step's matrix products (forward and backward): the ones a 16-bit precision
+# runs in its dtype (autocast's lower-precision list; FSDP2's bf16 parameters), whose inputs'
+# dtype tells the precision the step really computed in. Recorded where the dispatcher runs
+# the kernel: autocast casts aten::linear's or aten::matmul's fp32 inputs and the products
+# below them see the casts.
+kProductOps = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+                         "aten::_convolution", "aten::mkldnn_rnn_layer",
+                         "aten::_scaled_dot_product_flash_attention_for_cpu",
+                         "aten::_scaled_dot_product_flash_attention",
+                         "aten::_scaled_dot_product_efficient_attention"})
+
+# torch dtypes by the plan's precision names (executor/precision.py); other dtypes by torch's
+kDtypeNames = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _product_dtypes(prof, since_ns: int, until_ns: int) -> Dict[str, int]:
+    """{dtype: count} of the matrix products (kProductOps) that ran in [since_ns, until_ns] (the
+    measured step), by the dtype of each one's first tensor input ("fp32", "bf16", "fp16", else
+    torch's name): what precision the step's products really ran in, whatever the plan asked."""
+    from torch._C._profiler import _EventType
+
+    counts: Dict[str, int] = {}
+    for event in profiler_events(prof):
+        if (event.tag != _EventType.TorchOp or event.name not in kProductOps
+                or not since_ns <= event.start_time_ns <= until_ns):
+            continue
+        first = next((x for x in event.extra_fields.inputs
+                      if getattr(x, "dtype", None) is not None), None)
+        if first is not None:
+            name = kDtypeNames.get(first.dtype, str(first.dtype).replace("torch.", ""))
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _range_ns(prof, name: str):
@@ -247,7 +283,7 @@ def _timed_terms(run: _Run, warmup: int, steps: int) -> dict:
     return mine
 
 
-def _peak_memory(run: _Run, step: int) -> Dict[str, int]:
+def _peak_memory(run: _Run, step: int) -> Dict[str, Any]:
     """The peak tensor bytes of step `step` + 1 (its batch), profiled with step `step` before it
     (_peak_tensor_bytes); the timeline's where it has one."""
 
@@ -264,7 +300,8 @@ def _peak_memory(run: _Run, step: int) -> Dict[str, int]:
 
     peaks = _peak_tensor_bytes(step_then_meet, lambda: run.live_storages(shards[1]))
     return {"memory_bytes": peaks.get("timeline", peaks["allocations"]),
-            "memory_allocations_bytes": peaks["allocations"]}
+            "memory_allocations_bytes": peaks["allocations"],
+            "product_dtypes": peaks["product_dtypes"]}
 
 
 def _write_all_ranks(mine: dict, path: str) -> None:
@@ -279,6 +316,8 @@ def _write_all_ranks(mine: dict, path: str) -> None:
         out["per_rank"] = ranks
         out["memory_bytes"] = [r["memory_bytes"] for r in ranks]
         out["memory_allocations_bytes"] = [r["memory_allocations_bytes"] for r in ranks]
+        # per rank, the dtypes its measured step's matrix products ran in (_product_dtypes)
+        out["product_dtypes"] = [r["product_dtypes"] for r in ranks]
         write_text_atomic(path, json.dumps(out))
     dist.barrier()
 

@@ -46,6 +46,18 @@ plans unsteady on this host with their intervals; validate.json's "verdict"), pl
 predicted schedule beside the measured forward/backward actions). Every plan's predicted and
 measured step is also written as a trace for Perfetto or chrome://tracing,
 trace-<row>-<kind>.json (hybridplan.trace; the row's `trace` names it).
+
+Precision (`precision`, the Job's: "fp32", "bf16", "fp16"; validate --precision sets it): the
+planner's candidates are then the plans it makes for that precision (compute divided by the
+cluster's device.compute_speedup for the dtype, activations and messages at its bytes), and
+each rank applies the plan's precision as hybridplan.apply does (executor/precision.py). The
+speed-up must be calibrate's own measurement on this machine (measured.compute_speedup_step_s,
+its fp32 over its 16-bit forward+backward time; calibrated_speedup), never a figure from
+elsewhere; it is reported with the workload it was measured on, and validate says when that is
+not the validated model. Every row has the dtypes its ranks' matrix products ran in, read by
+the worker from the profiled step (`product_dtypes`, `measured_precision`): a plan whose
+products did not run in its precision is a miss of the verdict, since its measurement is not
+of the plan predicted.
 """
 
 from __future__ import annotations
@@ -155,6 +167,9 @@ class ValidationResult:
     within_step_spread: Optional[List[int]] = None
     # the targets met or missed, the plans unsteady on this host (verdict.decide)
     verdict: Optional[dict] = None
+    # the job's precision: {"name"} for fp32; a 16-bit one also with the cluster's
+    # compute_speedup for it and where calibrate measured it (calibrated_speedup)
+    precision: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -296,6 +311,59 @@ def rank_output(text: str, limit: int = 4000) -> str:
     return "\n".join(own)[-limit:]
 
 
+def measured_precision(product_dtypes: Sequence[Dict[str, int]]) -> Optional[dict]:
+    """The dtype most of the measured step's matrix products ran in over every rank
+    (validate_worker._product_dtypes: per rank, {dtype: count}), with its share of them:
+    {"dtype": "bf16", "share": 1.0, "products": 96}; None where no product was recorded."""
+    counts: Dict[str, int] = {}
+    for rank in product_dtypes or []:
+        for dtype, n in (rank or {}).items():
+            counts[dtype] = counts.get(dtype, 0) + n
+    total = sum(counts.values())
+    if not total:
+        return None
+    dtype = max(sorted(counts), key=lambda d: counts[d])
+    return {"dtype": dtype, "share": counts[dtype] / total, "products": total}
+
+
+def calibrated_speedup(cluster: dict, precision: str, model: str,
+                       source: str = "cluster") -> dict:
+    """The cluster's device.compute_speedup for a 16-bit `precision` as calibrate measured it,
+    with where: {"name", "compute_speedup", "fp32_step_s", "step_s", "workload": {"model",
+    "batch"}} and "warning" when the workload is not `model`. ValueError naming `source` where
+    the figure is missing or is not calibrate's measurement on this machine (its
+    measured.compute_speedup_step_s, fp32 over the dtype's time): validate holds a 16-bit
+    plan's predicted compute to a speed-up this host measured, not one copied from elsewhere."""
+    speedup = (cluster.get("device", {}).get("compute_speedup") or {}).get(precision)
+    seconds = cluster.get("measured", {}).get("compute_speedup_step_s") or {}
+    how = (f"calibrate measures it on its workload: torchrun --nproc-per-node 2 -m hybridplan "
+           f"calibrate --model {model} --batch B --graph G --out {source}")
+    if speedup is None:
+        raise ValueError(f"{source}: validate --precision {precision} needs the cluster's "
+                         f"device.compute_speedup.{precision}, which it lacks; {how}")
+    if not seconds.get("fp32") or not seconds.get(precision):
+        raise ValueError(f"{source}: device.compute_speedup.{precision} = {speedup} was not "
+                         f"measured by calibrate (no measured.compute_speedup_step_s.fp32 and "
+                         f".{precision}); validate holds the prediction to a speed-up measured "
+                         f"on this machine: {how}")
+    ratio = seconds["fp32"] / seconds[precision]
+    if abs(ratio / speedup - 1) > 1e-9:
+        raise ValueError(f"{source}: device.compute_speedup.{precision} = {speedup} is not "
+                         f"calibrate's measurement (measured.compute_speedup_step_s: fp32 "
+                         f"{seconds['fp32']:.6g} s / {precision} {seconds[precision]:.6g} s = "
+                         f"{ratio:.6g}); validate holds the prediction to a speed-up measured "
+                         f"on this machine: {how}")
+    workload = dict(cluster.get("measured", {}).get("shared_host", {}).get("workload") or {})
+    out = {"name": precision, "compute_speedup": speedup, "fp32_step_s": seconds["fp32"],
+           "step_s": seconds[precision], "workload": workload}
+    if workload.get("model") != model:
+        out["warning"] = (f"the cluster's compute_speedup.{precision} ({speedup:.3f}) was "
+                          f"measured on {workload.get('model', 'an unnamed workload')}, not on "
+                          f"{model}: a model whose mix of operations differs runs at another "
+                          f"ratio ({how})")
+    return out
+
+
 def _error(predicted: float, measured: float) -> Optional[float]:
     return None if not measured else predicted / measured - 1
 
@@ -311,6 +379,10 @@ def compare(plan: dict, measured: dict) -> dict:
     row = {"kind": plan_kind(plan), "dp": plan["dp"], "mp": plan["mp"], "mode": plan["mode"],
            "schedule": plan["schedule"], "num_microbatches": plan["num_microbatches"],
            "per_replica_batch": plan["per_replica_batch"],
+           # the plan's precision, and the dtypes its ranks' matrix products ran in
+           "precision": plan.get("precision", "fp32"),
+           "product_dtypes": measured.get("product_dtypes", []),
+           "measured_precision": measured_precision(measured.get("product_dtypes", [])),
            "predicted": {t: predicted.get(t, 0.0) for t in TERMS},
            "measured": {t: measured[t] for t in TERMS},
            "predicted_memory_bytes": predicted.get("memory_bytes", []),
@@ -380,6 +452,14 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.2f}"
 
 
+def _precision_cell(row: dict) -> str:
+    """"bf16 (bf16 100 %)": the plan's precision and the dtype most of its measured step's
+    matrix products ran in, with their share."""
+    ran = row.get("measured_precision")
+    return (f"{row.get('precision', 'fp32')} "
+            + ("(-)" if not ran else f"({ran['dtype']} {100 * ran['share']:.0f} %)"))
+
+
 def _spread(spread: Optional[List[float]]) -> str:
     return "-" if not spread else f"{_ms(spread[0])}-{_ms(spread[1])}"
 
@@ -391,20 +471,22 @@ def markdown(result: ValidationResult, title: str) -> str:
              "every launch's step under launches); peak memory is each rank's median over the "
              "launches; error = predicted / measured - 1. The first row is the planner's "
              "choice.", "",
-             "| plan | batch | step pred | step meas | steps p10-p90 | launches | error | "
+             "| plan | batch | precision (products ran in) | step pred | step meas | "
+             "steps p10-p90 | launches | error | "
              "compute pred | "
              "compute meas | "
              "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "
              "| overhead meas | peak mem pred | peak mem meas | mem error |"
              + (f" step pred ({result.baseline_cluster}) | its error |" if base else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
              + ("---|---|" if base else "")]
     for r in result.rows:
         p, m = r["predicted"], r["measured"]
         mem_p = max(r["predicted_memory_bytes"] or [0]) / 2**20
         mem_m = max(r["measured_memory_bytes"] or [0]) / 2**20
         lines.append(
-            f"| {r['dp']}x{r['mp']} {r['kind']} | {r['per_replica_batch']} | {_ms(p['step_s'])} | "
+            f"| {r['dp']}x{r['mp']} {r['kind']} | {r['per_replica_batch']} | "
+            f"{_precision_cell(r)} | {_ms(p['step_s'])} | "
             f"{_ms(m['step_s'])} | {_spread(r.get('step_spread_s'))} | "
             f"{' / '.join(_ms(t) for t in r.get('launch_step_s', []))} | "
             f"{_pct(r['errors']['step_s'])} | {_ms(p['compute_s'])} | "
@@ -450,6 +532,17 @@ def markdown(result: ValidationResult, title: str) -> str:
         lines[-1:-1] = [f"the same runs predicted with {result.baseline_cluster}: median |error| "
                         f"{100 * result.baseline_median_abs_error:.1f} %, worst "
                         f"{100 * result.baseline_worst_abs_error:.1f} %"]
+    prec = result.precision
+    if prec and prec.get("compute_speedup") is not None:
+        work = prec.get("workload") or {}
+        lines[-1:-1] = [f"precision {prec['name']}: compute predicted at the cluster's "
+                        f"compute_speedup.{prec['name']} {prec['compute_speedup']:.3f}, "
+                        f"calibrate's measurement (forward+backward of "
+                        f"{work.get('model', '?')} at batch {work.get('batch', '?')}: fp32 "
+                        f"{_ms(prec['fp32_step_s'])} ms, {prec['name']} {_ms(prec['step_s'])} "
+                        "ms)" + (f"; {prec['warning']}" if prec.get("warning") else "")
+                        + (f"; {prec['baseline_left_out']}" if prec.get("baseline_left_out")
+                           else "")]
     if result.verdict:
         lines += ["## Verdict", ""] + verdict_lines(result.verdict) + [""]
     return "\n".join(lines)
@@ -522,7 +615,8 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
              steps: int = 20, warmup: int = 5, timeout_s: float = 120.0,
              out_dir: str = "out/validate", progress: bool = True,
              baseline_cluster=None, rounds: int = 3, recompute: bool = False,
-             sharding: bool = False, max_launches: Optional[int] = None) -> ValidationResult:
+             sharding: bool = False, max_launches: Optional[int] = None,
+             precision: Optional[str] = None) -> ValidationResult:
     """Runs `plans` plans of `model` (MODULE:FACTORY, whose module has example_inputs /
     example_target and, optionally, loss) on `devices` local ranks and compares each with its
     prediction; see the module docstring. `graph`, `cluster`, `job`: objects, dicts or paths.
@@ -537,14 +631,34 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
     plans without it.
     `sharding`: also run the first data-parallel plan (mp = 1) chosen as zero2 and as zero3,
     and the first pipeline plan with dp >= 2 as zero2 (planner.with_sharding), each beside the
-    same plan unsharded (docs/sharding.md)."""
+    same plan unsharded (docs/sharding.md).
+    `precision` ("fp32", "bf16", "fp16"; None: the job's): the job's precision, so the plans
+    are the planner's for it and the ranks run each in it; a 16-bit one needs the cluster's
+    compute_speedup for it as calibrate measured it (calibrated_speedup)."""
     from tqdm import tqdm
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     g, c = planner.as_graph(graph), planner.as_cluster(cluster)
-    j = planner.as_job(job)
     baseline = None if baseline_cluster is None else planner.as_cluster(baseline_cluster)
+    j = with_precision(planner.as_job(job), precision)
+    precision = "fp32" if j is None else j.to_dict().get("precision", "fp32")
+    precision_info = {"name": precision}
+    if precision != "fp32":
+        precision_info = calibrated_speedup(
+            c.to_dict(), precision, model,
+            cluster if isinstance(cluster, (str, os.PathLike)) else c.name)
+        if progress and precision_info.get("warning"):
+            print(f"validate: {precision_info['warning']}", file=sys.stderr)
+        if baseline is not None and (baseline.to_dict()["device"].get("compute_speedup")
+                                     or {}).get(precision) is None:
+            # a preset without the dtype's speed-up cannot price the plan: no baseline column
+            precision_info["baseline_left_out"] = (
+                f"{baseline.name} has no compute_speedup.{precision}: it cannot price the "
+                f"plans in {precision}, and its column is left out")
+            if progress:
+                print(f"validate: {precision_info['baseline_left_out']}", file=sys.stderr)
+            baseline = None
     ranked = planner.search(g, c, j, devices=devices, top_k=1000).plans
     chosen = select_plans([p.to_dict() for p in ranked], plans)
     if recompute:
@@ -612,12 +726,25 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
             timeline(plan, measured, predicted, out / "timeline.png")
             drew_timeline = True
     result = summarize(rows, str(out), None if baseline is None else baseline.name, speed)
+    result.precision = precision_info
     (out / "validate.json").write_text(json.dumps(result.to_dict(), indent=2))
-    (out / "validate.md").write_text(markdown(result, f"{g.name} on {c.name}: predicted vs "
-                                                      "measured"))
+    (out / "validate.md").write_text(markdown(result, f"{g.name} on {c.name}, {precision}: "
+                                                      "predicted vs measured"))
     scatter(result, out / "scatter.png")
     write_traces(out, traces, g, c, j)
     return result
+
+
+def with_precision(job, precision: Optional[str]):
+    """`job` (a planner.Job or None, the default job) with its precision set to `precision`
+    (None: `job` unchanged); the older "mixed_precision" flag is dropped for it."""
+    if precision is None:
+        return job
+    d = (job.to_dict() if job is not None
+         else {"schema_version": 1, "kind": "hybridplan.job"})
+    d = dict(d, precision=precision)
+    d.pop("mixed_precision", None)
+    return planner.Job.from_dict(d, "job")
 
 
 def write_traces(out: Path, traces: Sequence[tuple], graph, cluster, job) -> None:

@@ -14,6 +14,8 @@ The verdict holds:
     worst  |step error| <= 25 %     over the steady plans (and those of one launch: no interval)
     worst  |memory error| <= 15 %   over every plan that measured its peak
     an unsteady plan's prediction lies within its interval
+    every plan's matrix products ran in its precision (the dtype most of them ran in, recorded
+    by the worker: otherwise the measurement is not of the plan predicted)
 A steady plan beyond 25 % is the cost model's miss and is named as such; being unsteady excuses
 a plan from the worst target only, never from the median.
 """
@@ -107,6 +109,17 @@ def decide(rows: Sequence[dict]) -> dict:
     if memory and max(memory) > kMemoryTarget:
         missed.append(f"worst |memory error| {100 * max(memory):.1f} % > "
                       f"{100 * kMemoryTarget:.0f} %")
+    # a plan whose step's matrix products did not run in its precision was not the plan
+    # predicted (validation.measured_precision; rows without the record are not judged)
+    precision_misses = []
+    for i, r in enumerate(rows):
+        ran = r.get("measured_precision")
+        if ran is not None and ran["dtype"] != r.get("precision", "fp32"):
+            precision_misses.append({"row": i, "plan": _label(r),
+                                     "precision": r.get("precision", "fp32"),
+                                     "ran_in": ran["dtype"], "share": ran["share"]})
+            missed.append(f"{_label(r)} planned in {r.get('precision', 'fp32')}, its matrix "
+                          f"products ran in {ran['dtype']} ({100 * ran['share']:.0f} %)")
     for u in unsteady:
         if not u["within"]:
             missed.append(f"{u['plan']} (unsteady) predicted {1e3 * u['predicted_s']:.2f} ms, "
@@ -119,6 +132,7 @@ def decide(rows: Sequence[dict]) -> dict:
             "memory_worst_abs_error": max(memory) if memory else None,
             "memory_target": kMemoryTarget,
             "steady_misses": steady_misses, "unsteady": unsteady,
+            "precision_misses": precision_misses,
             "one_launch": [_label(r) for r in rows if r.get("steady") is None],
             "step_tolerance": kStepTolerance, "interval_confidence": kIntervalConfidence}
 
