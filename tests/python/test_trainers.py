@@ -9,6 +9,7 @@ as the reproduction prices them."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -400,3 +401,153 @@ def test_export_keeps_to_what_the_trainers_own_parsers_accept(problem):
                       "zero_optimization": {"stage": 3, "mics_shard_size": 4}})
     assert (trainers.parse("deepspeed", old).dp_shard, trainers.parse("deepspeed", old).dp) \
         == (4, 8)
+
+
+# ---- gradient accumulation and precision in every trainer's file --------------------------------
+
+K = 4
+
+
+def _job(precision, accumulation_steps=K):
+    return planner.Job.from_dict({"schema_version": 1, "kind": "hybridplan.job",
+                                  "global_batch": 64, "optimizer": "adam",
+                                  "precision": precision,
+                                  "accumulation_steps": accumulation_steps}, "job")
+
+
+def _arithmetic(trainer, text, plan):
+    """What `trainer` computes from its own keys in `text` (read here as the trainer reads
+    them, not through trainers.parse): (micro-batch, accumulation steps, micro-batches per
+    pipeline schedule, data-parallel size, global batch, precision). Each trainer's own
+    divisibility rule is checked where it has one."""
+    import shlex
+    import tomllib
+
+    import yaml
+    if trainer == "torchtitan":
+        d = tomllib.loads(text)
+        train, par = d["training"], d["parallelism"]
+        dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+        local, glob = train["local_batch_size"], train["global_batch_size"]
+        # torchtitan's Trainer: global % (local x dp) == 0, K = global / (local x dp); each
+        # step runs local / pipeline_parallel_microbatch_size micro-batches
+        assert glob % (local * dp) == 0, text
+        micro = par.get("pipeline_parallel_microbatch_size", local) \
+            if par.get("pipeline_parallel_degree", 1) > 1 else local
+        precision = {"bfloat16": "bf16", "float32": "fp32"}[train["mixed_precision_param"]]
+        return micro, glob // (local * dp), local // micro, dp, glob, precision
+    if trainer == "megatron":
+        words = shlex.split(" ".join(ln.split("#", 1)[0].rstrip().rstrip("\\")
+                                     for ln in text.splitlines()))
+        value = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+        micro, glob = int(value["--micro-batch-size"]), int(value["--global-batch-size"])
+        dp = plan.world_size // (int(value["--tensor-model-parallel-size"]) *
+                                 int(value["--pipeline-model-parallel-size"]))
+        # num_microbatches_calculator: global % (micro x dp) == 0, global / (micro x dp)
+        # micro-batches a step: accumulated without a pipeline, one schedule under one
+        assert glob % (micro * dp) == 0, text
+        count = glob // (micro * dp)
+        precision = "bf16" if "--bf16" in words else "fp16" if "--fp16" in words else "fp32"
+        assert not ("--bf16" in words and "--fp16" in words), text
+        if int(value["--pipeline-model-parallel-size"]) == 1:
+            return micro, count, 1, dp, glob, precision
+        return micro, 1, count, dp, glob, precision
+    if trainer == "deepspeed":
+        d = json.loads(text)
+        micro, steps = d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"]
+        dp = plan.world_size // (d.get("tensor_parallel", {}).get("autotp_size", 1) *
+                                 d.get("hybridplan_pipeline", {}).get("num_stages", 1))
+        # DeepSpeed's config check: train_batch_size = micro x gradient_accumulation x dp
+        assert d["train_batch_size"] == micro * steps * dp, text
+        assert not (d["bf16"]["enabled"] and d["fp16"]["enabled"]), text
+        precision = "bf16" if d["bf16"]["enabled"] else "fp16" if d["fp16"]["enabled"] \
+            else "fp32"
+        if "hybridplan_pipeline" not in d:
+            return micro, steps, 1, dp, d["train_batch_size"], precision
+        return micro, 1, steps, dp, d["train_batch_size"], precision
+    d = yaml.safe_load(text)   # accelerate: the Accelerator's steps from the launch's env
+    steps = int(re.search(r"ACCELERATE_GRADIENT_ACCUMULATION_STEPS=(\d+)", text).group(1)) \
+        if "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in text else 1
+    per = int(re.search(r"# per-process batch (\d+)", text).group(1))
+    dp = d["num_processes"] // (d.get("parallelism_config") or {}).get(
+        "parallelism_config_tp_size", 1)
+    precision = {"bf16": "bf16", "fp16": "fp16", "no": "fp32"}[d["mixed_precision"]]
+    return per, steps, 1, dp, per * steps * dp, precision
+
+
+@pytest.mark.parametrize("trainer", sorted(trainers.TRAINERS))
+def test_exports_carry_the_accumulation_steps_and_precision(problem, trainer):
+    """A plan with K = 4 accumulation steps in bf16, of every kind: each trainer's file, read
+    by the trainer's own rule, runs the plan's global batch as micro-batch x K x dp, with the
+    plan's micro-batch per forward, its K (under a pipeline, Megatron-LM and DeepSpeed run the
+    K x micro-batches in one schedule, said in words) and --bf16 / bf16.enabled /
+    mixed_precision bf16; reading it back gives the same K where the trainer's reading holds
+    it."""
+    g, c = problem
+    job = _job("bf16")
+    caps = trainers.capabilities(trainer)
+    for kind, plan in plan_kinds(g, c, job, DEVICES).items():
+        assert (plan.accumulation_steps, plan.precision) == (K, "bf16"), kind
+        text, unexpressed = trainers.export(plan, trainer, g, job)
+        pp = plan.mp if plan.mode == "pipeline" else 1
+        if trainer == "accelerate" and pp > 1:
+            continue   # Accelerate runs no pipeline (test_what_deepspeed_and_accelerate...)
+        micro, steps, microbatches, dp, glob, precision = _arithmetic(trainer, text, plan)
+        assert micro * steps * microbatches * dp == glob == plan.global_batch, (kind, text)
+        assert dp == plan.dp and precision == "bf16", (kind, text)
+        piped = pp > 1 and caps.pipeline_accumulates
+        assert micro == plan.per_replica_batch // plan.num_microbatches, (kind, text)
+        assert (steps, microbatches) == ((1, K * plan.num_microbatches) if piped
+                                         else (K, plan.num_microbatches)), (kind, text)
+        notes = [u for u in unexpressed if "gradient-accumulation steps" in u]
+        assert len(notes) == (piped or bool(caps.accumulation_note)), (kind, unexpressed)
+        layout = trainers.parse(trainer, text, g, world_size=plan.world_size)
+        assert layout.global_batch == plan.global_batch, (kind, text)
+        assert layout.accumulation_steps == (1 if piped or trainer == "megatron" else K), kind
+        if trainer != "megatron":   # Megatron's micro-batches read as one batch a replica
+            back = trainers.plan_from(trainer, text, g, c, job)
+            assert back.accumulation_steps == layout.accumulation_steps
+            assert back.global_batch == plan.global_batch
+
+
+def test_the_micro_batch_each_trainer_writes_for_accumulation(problem):
+    """The samples one forward takes per rank are the plan's per-replica batch (a micro-batch
+    of it under a pipeline), not the replica's share of the global batch, which is K times
+    more."""
+    g, c = problem
+    job = _job("bf16")
+    plans = plan_kinds(g, c, job, DEVICES)
+    dp, piped = plans["dp"], plans["1f1b"]
+    assert dp.per_replica_batch * K * dp.dp == 64
+    for trainer in sorted(trainers.TRAINERS):
+        text, _ = trainers.export(dp, trainer, g, job)
+        assert _arithmetic(trainer, text, dp)[:2] == (dp.per_replica_batch, K), trainer
+    micro = piped.per_replica_batch // piped.num_microbatches
+    text, _ = trainers.export(piped, "torchtitan", g, job)
+    assert (f"local_batch_size = {piped.per_replica_batch}\n" in text and
+            f"pipeline_parallel_microbatch_size = {micro}\n" in text), text
+    text, _ = trainers.export(piped, "megatron", g, job)
+    assert f"--micro-batch-size {micro}" in text and "--global-batch-size 64" in text
+    text, _ = trainers.export(piped, "deepspeed", g, job)
+    assert json.loads(text)["gradient_accumulation_steps"] == K * piped.num_microbatches
+
+
+def test_fp16_is_written_where_the_trainer_has_it(problem):
+    """fp16 plans: Megatron-LM's --fp16, DeepSpeed's fp16.enabled (its loss scaler),
+    Accelerate's mixed_precision fp16; torchtitan's mixed_precision_param has no float16: bf16
+    written, said in words. Each reads back as fp16 where written."""
+    g, c = problem
+    job = _job("fp16", 1)
+    plan = plan_kinds(g, c, job, DEVICES)["zero3"]
+    assert plan.precision == "fp16"
+    for trainer in sorted(trainers.TRAINERS):
+        text, unexpressed = trainers.export(plan, trainer, g, job)
+        precision = _arithmetic(trainer, text, plan)[5]
+        said = [u for u in unexpressed if u.startswith("precision 'fp16'")]
+        if trainer == "torchtitan":
+            assert precision == "bf16" and said == [
+                "precision 'fp16': torchtitan's file sets fp32 or bf16 only; wrote 'bf16'"]
+        else:
+            assert precision == "fp16" and not said, (trainer, text)
+        assert trainers.parse(trainer, text, g, world_size=plan.world_size).precision == \
+            precision

@@ -34,7 +34,8 @@ def add_parsers(sub) -> None:
     exp.add_argument("--graph", help="the plan's Graph JSON: its layer count sets the "
                                      "trainers' per-stage layer settings and its dtype the "
                                      "precision")
-    exp.add_argument("--job", help="Job JSON (its precision sets the precision)")
+    exp.add_argument("--job", help="Job JSON (its precision sets the precision of a plan "
+                                   "without one)")
     exp.add_argument("--out", help="write here instead of standard output")
     ev = sub.add_parser("evaluate-config", help="price a trainer's configuration on a graph "
                                                 "and cluster, beside the best one that trainer "

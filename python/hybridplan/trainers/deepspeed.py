@@ -3,7 +3,11 @@
     train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp
     zero_optimization.stage 0 | 2 | 3 (read: mics_shard_size, the ZeRO-3 shard groups of the
                                        DeepSpeed versions before MiCS was removed, i.e. HSDP)
-    tensor_parallel.autotp_size (AutoTP training), bf16.enabled, activation_checkpointing
+    tensor_parallel.autotp_size (AutoTP training), bf16.enabled, fp16.enabled (its dynamic loss
+    scaler), activation_checkpointing
+
+A plan's accumulation steps K are gradient_accumulation_steps (times a pipeline's micro-batches:
+DeepSpeed's pipeline engine runs gradient_accumulation_steps micro-batches in one schedule).
 
 DeepSpeed's pipeline engine takes its stages in code (deepspeed.pipe.PipelineModule(layers,
 num_stages=...)), not in this file: a pipeline plan is written with its micro-batches as
@@ -28,7 +32,7 @@ CAPABILITIES = Capabilities(
     sequence_parallel_optional=True, recompute_kinds=("none", "full"), sequence_parallel=False,
     # partition_method "uniform" splits PipelineModule's layer list evenly, the first parts one
     # longer: [embedding, layers..., head] makes the embedding and head a layer each
-    stage_split="layers+ends",
+    stage_split="layers+ends", pipeline_accumulates=True,
     pipeline_sharding_note="DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3 (\"ZeRO-2 and "
                            "ZeRO-3 are incompatible with pipeline parallelism\"); wrote ZeRO "
                            "stage 1 (the optimizer state sharded), which reads back as 'zero2'",
@@ -40,14 +44,16 @@ _STAGE = {"none": 0, "zero2": 2, "zero3": 3}
 
 
 def write(layout: Layout, num_layers: Optional[int] = None) -> str:
-    accumulation = layout.num_microbatches
+    # micro x accumulation x dp = train_batch_size, which DeepSpeed checks
+    accumulation = layout.num_microbatches * layout.accumulation_steps
     d = {"train_batch_size": layout.global_batch,
          "train_micro_batch_size_per_gpu": layout.micro_batch,
          "gradient_accumulation_steps": accumulation,
          # under a pipeline, ZeRO-1 at most (deepspeed/runtime/pipe/engine.py)
          "zero_optimization": {"stage": min(_STAGE[layout.sharding], 1) if layout.pp > 1
                                else _STAGE[layout.sharding]},
-         "bf16": {"enabled": layout.precision == "bf16"}}
+         "bf16": {"enabled": layout.precision == "bf16"},
+         "fp16": {"enabled": layout.precision == "fp16"}}
     if layout.tp > 1:
         d["tensor_parallel"] = {"autotp_size": layout.tp}
     if layout.recompute != "none":
@@ -89,16 +95,16 @@ def read(text: str, source: str = "DeepSpeed config",
                          f"train_micro_batch_size_per_gpu x gradient_accumulation_steps = "
                          f"{micro * accumulation} (got {global_batch})")
     dp = global_batch // (micro * accumulation)
-    if pp == 1 and accumulation > 1:
-        # no pipeline: hybridplan has no accumulation; each replica's step is its whole batch
-        micro = micro * accumulation
+    # without a pipeline, the steps accumulated; under one, its micro-batches
+    steps = accumulation if pp == 1 else 1
     mics = int(d.get("zero_optimization", {}).get("mics_shard_size", -1))
     shard = dp if sharding != "none" else 1
     if sharding == "zero3" and 0 < mics < dp:
         shard = mics
     recompute = "full" if d.get("activation_checkpointing") else "none"
-    bf16 = d.get("bf16", {}).get("enabled", False) or d.get("fp16", {}).get("enabled", False)
+    precision = ("bf16" if d.get("bf16", {}).get("enabled", False) else
+                 "fp16" if d.get("fp16", {}).get("enabled", False) else "fp32")
     return Layout(dp_replicate=dp // shard, dp_shard=shard, tp=tp, pp=pp,
                   schedule="1f1b" if pp > 1 else "none", micro_batch=micro,
                   global_batch=global_batch, recompute=recompute, sharding=sharding,
-                  precision="bf16" if bf16 else "fp32", sequence_parallel=False)
+                  precision=precision, sequence_parallel=False, accumulation_steps=steps)

@@ -1,8 +1,9 @@
 """The layout every trainer's configuration names, between a hybridplan Plan and a trainer's file.
 
 A trainer does not name nodes: it names degrees (data-parallel replicate and shard, tensor,
-pipeline), a schedule, a micro-batch size, one activation-checkpointing mode for every layer
-and a precision. `layout_of` reduces a Plan to that, listing what the trainer cannot hold;
+pipeline), a schedule, a micro-batch size, the gradient-accumulation steps (each trainer as its
+batch arithmetic: global batch = micro-batch x micro-batches x accumulation steps x data-parallel
+size), one activation-checkpointing mode for every layer and a precision. `layout_of` reduces a Plan to that, listing what the trainer cannot hold;
 `plan_of` builds the nearest Plan back for a graph and cluster: the pipeline stages split the
 graph's layers (nodes named `layers.<i>.`) as the trainer splits them (`stage_split`), and the
 ranks are in the trainers' order (tensor innermost, then data, then pipeline).
@@ -17,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..planner import Cluster, Graph, Job, Plan, evaluate
 
 RECOMPUTES = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +34,11 @@ class Layout:
     global_batch: int = 1          # samples per optimizer step over all replicas
     recompute: str = "none"        # RECOMPUTES, applied to every layer
     sharding: str = "none"         # "none", "zero2", "zero3"
-    precision: str = "bf16"        # "bf16" or "fp32"
+    precision: str = "bf16"        # PRECISIONS: "fp32", "bf16" or "fp16"
     sequence_parallel: bool = False
+    # forward and backward passes per optimizer step, each of per_replica_batch samples per
+    # replica, the gradients synchronised once (the Plan's accumulation_steps)
+    accumulation_steps: int = 1
 
     @property
     def dp(self) -> int:
@@ -45,7 +50,8 @@ class Layout:
 
     @property
     def per_replica_batch(self) -> int:
-        return self.global_batch // self.dp
+        """Samples per replica in one forward and backward (one accumulation step)."""
+        return self.global_batch // (self.dp * self.accumulation_steps)
 
     @property
     def num_microbatches(self) -> int:
@@ -78,6 +84,13 @@ class Capabilities:
     # tensor parallelism composes with sharded data parallelism only (Accelerate's
     # ParallelismConfig refuses tp > 1 with dp_replicate > 1 and dp_shard 1)
     tp_needs_sharding: bool = False
+    precisions: Sequence[str] = PRECISIONS   # the mixed precisions its file can set
+    # where its file does not hold the accumulation steps as a key it reads, in words ("" when
+    # it does)
+    accumulation_note: str = ""
+    # its pipeline runs a step's micro-batches in one schedule: accumulation steps over a
+    # pipeline become more micro-batches of that schedule (Megatron-LM, DeepSpeed)
+    pipeline_accumulates: bool = False
     # what its file holds for sharding under a pipeline when not the plan's (DeepSpeed's
     # pipeline engine: ZeRO stage 1 at most), in words; "" when it holds the plan's
     pipeline_sharding_note: str = ""
@@ -123,14 +136,23 @@ def _recompute_of(plan: Plan, caps: Capabilities, unexpressed: List[str]) -> str
     return chosen
 
 
-def _precision_of(graph: Optional[Graph], job: Optional[Job]) -> str:
-    # the Job's precision (docs/training_step.md "Precision"); the trainers' files are written
-    # in bf16 or fp32 only, so an fp16 job is written as bf16, the trainers' common choice
-    mixed = job is not None and job.to_dict().get("precision", "fp32") != "fp32"
-    dtype = None if graph is None else graph.to_dict()["profiled"].get("dtype")
-    # a graph measured in float32 without a mixed-precision job trains in float32; the 16-bit
-    # graphs (and a plan without a graph) in bf16
-    return "fp32" if dtype == "float32" and not mixed else "bf16"
+def _precision_of(plan: Plan, caps: Capabilities, graph: Optional[Graph], job: Optional[Job],
+                  unexpressed: List[str]) -> str:
+    """The plan's precision (docs/training_step.md "Precision"), else the Job's; a plan and a
+    Job in fp32 train a graph measured in float32 in fp32, the 16-bit graphs (and a plan
+    without a graph) in bf16. A precision the trainer's file cannot set is written as bf16,
+    said in words."""
+    name = plan.to_dict().get("precision")
+    if name is None:
+        mixed = None if job is None else job.to_dict().get("precision", "fp32")
+        dtype = None if graph is None else graph.to_dict()["profiled"].get("dtype")
+        name = mixed if mixed not in (None, "fp32") else (
+            "fp32" if dtype == "float32" else "bf16")
+    if name not in caps.precisions:
+        unexpressed.append(f"precision {name!r}: {caps.name}'s file sets "
+                           f"{' or '.join(caps.precisions)} only; wrote 'bf16'")
+        name = "bf16"
+    return name
 
 
 def _split_note(plan: Plan, caps: Capabilities, graph: Optional[Graph],
@@ -225,12 +247,21 @@ def layout_of(plan: Plan, caps: Capabilities, graph: Optional[Graph] = None,
                            f"replicas): {caps.name} lacks it; wrote one shard group of "
                            f"{plan.dp}")
         dp_shard = plan.dp
+    k = plan.accumulation_steps
+    if k > 1 and caps.accumulation_note:
+        unexpressed.append(f"{k} gradient-accumulation steps: {caps.accumulation_note}")
+    if k > 1 and pp > 1 and caps.pipeline_accumulates:
+        unexpressed.append(f"{k} gradient-accumulation steps over a pipeline of {microbatches} "
+                           f"micro-batches: {caps.name} runs the {k * microbatches} micro-"
+                           f"batches of a step in one pipeline schedule (one fill and drain, "
+                           f"where the plan runs {k})")
     layout = Layout(dp_replicate=plan.dp // dp_shard, dp_shard=dp_shard, tp=tp, pp=pp,
                     schedule=schedule, virtual_stages=vs,
                     micro_batch=plan.per_replica_batch // microbatches,
                     global_batch=plan.global_batch,
                     recompute=_recompute_of(plan, caps, unexpressed), sharding=sharding,
-                    precision=_precision_of(graph, job), sequence_parallel=sequence_parallel)
+                    precision=_precision_of(plan, caps, graph, job, unexpressed),
+                    sequence_parallel=sequence_parallel, accumulation_steps=k)
     return Reduced(layout, unexpressed, lost)
 
 
@@ -296,9 +327,11 @@ def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] =
     innermost, then data, then pipeline: Megatron-LM's default order, torchtitan's device mesh
     ["pp", "dp_replicate", "dp_shard", "tp"], DeepSpeed's pipe-data-model topology)."""
     dp, mp, tp = layout.dp, layout.pp, layout.tp
-    if layout.global_batch % dp:
+    k = layout.accumulation_steps
+    if layout.global_batch % (dp * k):
         raise ValueError(f"{source}: global batch must be a multiple of the data-parallel "
-                         f"degree {dp} (got {layout.global_batch})")
+                         f"degree {dp} x the accumulation steps {k} (got "
+                         f"{layout.global_batch})")
     if layout.pp > 1 and layout.per_replica_batch % layout.micro_batch:
         raise ValueError(f"{source}: each replica's batch {layout.per_replica_batch} must be a "
                          f"multiple of the micro-batch (got {layout.micro_batch})")
@@ -327,6 +360,7 @@ def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] =
          "mode": "pipeline" if mp > 1 else "placement",
          "per_replica_batch": layout.per_replica_batch, "global_batch": layout.global_batch,
          "num_microbatches": layout.num_microbatches,
+         **({"accumulation_steps": k} if k > 1 else {}),
          "schedule": layout.schedule if mp > 1 else "none",
          # the trainers' rank order: a TP group's tp devices together, then the replicas,
          # then the pipeline stages

@@ -8,9 +8,12 @@ Megatron-Core's ModelParallelConfig fields, recompute its TransformerConfig's).
     --use-distributed-optimizer [--num-distributed-optimizer-instances R]
     --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
     --ckpt-format fsdp_dtensor
-    --bf16
+    --bf16 | --fp16
 
-The data-parallel size is what the world size leaves: world / (T * P). Megatron runs 1F1B, and
+The data-parallel size is what the world size leaves: world / (T * P). Megatron runs G / (B *
+dp) micro-batches a step (megatron/core/num_microbatches_calculator.py): a plan's accumulation
+steps K are G = B * micro-batches * K * dp; without a pipeline they are accumulated one after
+another, under one they all run in one pipeline schedule. Megatron runs 1F1B, and
 its interleaved 1F1B with virtual stages; its distributed optimizer shards the optimizer state
 and reduce-scatters the gradients (ZeRO-2's traffic), over R instances for hybrid sharding;
 Megatron-FSDP shards the parameters too (ZeRO-3).
@@ -28,7 +31,7 @@ CAPABILITIES = Capabilities(
     name="Megatron-LM",
     schedules={"1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B"},
     shardings=("none", "zero2", "zero3"), tensor_parallel=True, hybrid_sharding=True,
-    sequence_parallel_optional=True)
+    sequence_parallel_optional=True, pipeline_accumulates=True)
 
 
 def write(layout: Layout, num_layers: Optional[int] = None) -> str:
@@ -59,8 +62,8 @@ def write(layout: Layout, num_layers: Optional[int] = None) -> str:
                  "--ckpt-format fsdp_dtensor"]
         if layout.dp_replicate > 1:
             args.append(f"--num-distributed-optimizer-instances {layout.dp_replicate}")
-    if layout.precision == "bf16":
-        args.append("--bf16")
+    if layout.precision in ("bf16", "fp16"):
+        args.append(f"--{layout.precision}")
     header = (f"# Megatron-LM arguments written by `hybridplan export --to megatron`; add your "
               f"model's.\n# Megatron reads the world size from torchrun: WORLD_SIZE="
               f"{layout.world_size} (data-parallel size {layout.dp})")
@@ -182,5 +185,5 @@ def read(text: str, source: str = "Megatron-LM arguments", num_layers: Optional[
                   schedule=("interleaved-1f1b" if vs > 1 else "1f1b") if pp > 1 else "none",
                   virtual_stages=vs, micro_batch=micro, global_batch=global_batch,
                   recompute=granularity or "none", sharding=sharding,
-                  precision="bf16" if "--bf16" in o or "--fp16" in o else "fp32",
+                  precision="bf16" if "--bf16" in o else "fp16" if "--fp16" in o else "fp32",
                   sequence_parallel="--sequence-parallel" in o)

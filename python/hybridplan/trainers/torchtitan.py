@@ -5,8 +5,10 @@ Python configurations take the same fields as `--section.option` flags).
                    fsdp_reshard_after_forward, tensor_parallel_degree, pipeline_parallel_degree,
                    pipeline_parallel_schedule, pipeline_parallel_microbatch_size,
                    pipeline_parallel_layers_per_stage
-    [training]     local_batch_size (per data-parallel rank), global_batch_size,
-                   mixed_precision_param, mixed_precision_reduce
+    [training]     local_batch_size (per data-parallel rank and accumulation step),
+                   global_batch_size (gradient_accumulation_steps = global_batch_size /
+                   (local_batch_size x data-parallel degree), torchtitan's Trainer computes it),
+                   mixed_precision_param (bfloat16 or float32: no fp16), mixed_precision_reduce
     [activation_checkpoint] mode, selective_ac_option
     [compile]      enable
 
@@ -34,7 +36,9 @@ CAPABILITIES = Capabilities(
     shardings=("none", "zero2", "zero3"), tensor_parallel=True, hybrid_sharding=True,
     sequence_parallel_optional=False,
     # generate_llm_fqn_per_model_part: the embedding and the output count as a layer each
-    stage_split="layers+ends")
+    stage_split="layers+ends",
+    # TrainingConfig.mixed_precision_param: Literal["bfloat16", "float32"]
+    precisions=("fp32", "bf16"))
 
 _RESHARD = {"zero2": "never", "zero3": "always"}
 _DEFAULT_STAGES_PER_RANK = 2   # torchtitan's multi-stage schedules without layers_per_stage
@@ -76,6 +80,8 @@ def write(layout: Layout, num_layers: Optional[int] = None) -> str:
         if per_stage is not None:
             parallelism["pipeline_parallel_layers_per_stage"] = per_stage
     dtype = "bfloat16" if layout.precision == "bf16" else "float32"
+    # torchtitan accumulates global_batch_size / (local_batch_size x dp) steps, each running
+    # the pipeline schedule (local_batch_size / pipeline_parallel_microbatch_size micro-batches)
     training = {"local_batch_size": layout.per_replica_batch,
                 "global_batch_size": layout.global_batch,
                 "mixed_precision_param": dtype, "mixed_precision_reduce": "float32"}
@@ -124,6 +130,13 @@ def read(text: str, source: str = "torchtitan config",
             vs = math.ceil((num_layers + 2) / int(per_stage)) // pp
     local = int(train.get("local_batch_size", 8))
     dp = replicate * shard
+    global_batch = int(train.get("global_batch_size", -1))
+    if global_batch <= 0:
+        global_batch = local * dp   # torchtitan's default: no accumulation
+    if global_batch % (local * dp):
+        raise ValueError(f"{source}: training.global_batch_size must be a multiple of "
+                         f"local_batch_size x the data-parallel degree = {local * dp} (got "
+                         f"{global_batch})")
     mode = d.get("activation_checkpoint", {}).get("mode", "selective")
     if mode not in ("none", "full", "selective"):
         raise ValueError(f"{source}: activation_checkpoint.mode must be none, full or "
@@ -140,8 +153,7 @@ def read(text: str, source: str = "torchtitan config",
                   tp=tp, pp=pp, schedule=schedule, virtual_stages=vs,
                   micro_batch=int(par.get("pipeline_parallel_microbatch_size", 1))
                   if pp > 1 else local,
-                  global_batch=int(train.get("global_batch_size", -1)) if
-                  int(train.get("global_batch_size", -1)) > 0 else local * dp,
+                  global_batch=global_batch, accumulation_steps=global_batch // (local * dp),
                   recompute=mode, sharding=sharding,
                   precision="bf16" if train.get("mixed_precision_param", "bfloat16")
                   == "bfloat16" else "fp32",
