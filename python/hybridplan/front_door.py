@@ -63,7 +63,7 @@ from .executor.calls import as_call, batch_size, default_loss
 from .executor.lifecycle import DEFAULT_TIMEOUT_S, init_process_group
 from .executor.rank_agreement import rank_zero_acts
 from .net import free_port
-from .profiler.dataflow import map_tensors
+from .profiler.dataflow import resize_batch
 from .profiler.profile import snake_case
 from .planner import (MODES, Cluster, Graph, InfeasibleError, Job, Plan, as_cluster, as_job,
                       evaluate, search)
@@ -494,19 +494,6 @@ def _batch_of(example_inputs: Any, batch_dim: int) -> int:
                      f"{batch_dim} is the batch (got {_shapes(example_inputs)})")
 
 
-def _resize_batch(value: Any, have: int, want: int, batch_dim: int) -> Any:
-    """`value` with every tensor whose batch dimension is `have` cut or repeated to `want`
-    samples: the example at the plan's per-replica batch (a pipeline's stages are traced at it)."""
-    if have == want:
-        return value
-
-    def resize(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() > batch_dim and t.shape[batch_dim] == have:
-            return t.index_select(batch_dim, torch.arange(want, device=t.device) % have)
-        return t
-    return map_tensors(value, resize)
-
-
 def _graph(model, example_inputs, example_target, loss_fn, cache_dir, profile_options, log
            ) -> Tuple[Graph, str, Optional[str]]:
     """(Graph, "cache" | "profiled", cache path): the cached profile, else a new one (cached)."""
@@ -699,7 +686,7 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
                               else f"{key} from rank 0")
 
     graph, plan = received(Graph, "graph"), received(Plan, "plan")
-    example = _resize_batch(example_inputs, example_batch, plan.per_replica_batch, batch_dim)
+    example = resize_batch(example_inputs, plan.per_replica_batch, batch_dim, have=example_batch)
     try:
         hp = apply(plan, model, loss_fn=loss_fn, optimizer=optimizer, timeout_s=timeout_s,
                    graph=graph, example_inputs=example, **apply_options)
@@ -710,8 +697,8 @@ def parallelize(model: nn.Module, example_inputs: Any, *, optimizer: Any = None,
         if rank == 0:
             log(f"hybridplan: the pipeline plan could not be applied ({_first_line(e, 300)}); "
                 f"falling back to {describe(plan)}")
-        example = _resize_batch(example_inputs, example_batch, plan.per_replica_batch,
-                                batch_dim)
+        example = resize_batch(example_inputs, plan.per_replica_batch, batch_dim,
+                               have=example_batch)
         hp = apply(plan, model, loss_fn=loss_fn, optimizer=optimizer, timeout_s=timeout_s,
                    graph=graph, example_inputs=example, **apply_options)
     hp.parallelized = Parallelized(

@@ -131,12 +131,22 @@ def require_phase(runs: Tuple[Any, Dict[str, Tuple[bool, str]]], phase: str) -> 
     return out_dir
 
 
+def load_allowance() -> float:
+    """How many times longer than on an idle machine a job's hang guard waits: the load average
+    per core (1-minute), at least 1 and at most 8. A timeout here only tells a hang from a slow
+    run: on this 2-core host at a load average of 26, test_switch's dp -> pipeline -> dp job
+    took 130 s against its 60 s guard, and a fixed guard called it a hang. What a test
+    measures is never scaled."""
+    return min(8.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+
+
 def run_commands(argvs: Sequence[Sequence[str]], *, timeout_s: float = 60,
                  env: Optional[Dict[str, str]] = None,
                  env_per_rank: Optional[List[Dict[str, str]]] = None) -> List[RankResult]:
     """Starts argvs[r] as rank r of a job of len(argvs) processes (any program: a C++ rank too)
     and waits for all of them, at most timeout_s in total."""
     world_size = len(argvs)
+    timeout_s *= load_allowance()
     port = free_port()
     procs = []
     for rank, argv in enumerate(argvs):

@@ -851,3 +851,19 @@ def test_allocation_peak_since_a_time_counts_what_the_run_still_holds_then():
     assert _timing.allocation_peak_bytes(prof, since_ns=5) == 180
     # no event after it: what is held then
     assert _timing.allocation_peak_bytes(prof, since_ns=9, counted={0xF0}) == 150
+
+
+def test_resize_batch_cuts_or_repeats_only_the_batch():
+    """One definition of bringing an example to a plan's batch (the front door, a switch): cyclic
+    repetition along the batch dimension; with `have`, tensors of another size there are left
+    alone (a mask of fixed length is not a batch); 0-d and empty tensors pass through."""
+    x = torch.arange(6.0).reshape(3, 2)
+    mask = torch.ones(5, 3)
+    out = _tracing.resize_batch({"x": x, "mask": mask, "s": torch.tensor(1.0), "e": torch.ones(0)},
+                                5, 0, have=3)
+    assert out["x"].tolist() == [[0, 1], [2, 3], [4, 5], [0, 1], [2, 3]]
+    assert out["mask"] is mask and out["s"].dim() == 0 and out["e"].numel() == 0
+    cut = _tracing.resize_batch((x, [x.t()]), 2, 0)
+    assert cut[0].tolist() == [[0, 1], [2, 3]] and isinstance(cut[1], list)
+    assert cut[1][0].shape == (2, 3)  # every tensor with the dimension, without `have`
+    assert _tracing.resize_batch(x.t(), 4, 1)[:, 3].tolist() == [0, 1]

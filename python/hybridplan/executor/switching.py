@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..planner import Plan
-from ..profiler.dataflow import map_tensors
+from ..profiler.dataflow import map_tensors, resize_batch
 from . import batch_norm, checkpoint, compiling, rank_agreement
 from .lifecycle import Lifecycle, destroy_groups
 from .checks import check_step_options, local_checks
@@ -268,23 +268,14 @@ def _agree(rank: int, plan_sha: Optional[str], error: Optional[str], module: nn.
                          f"trains on") from None
 
 
-def _resized(value: Any, want: int) -> Any:
-    """`value`'s tensors cut or repeated to `want` samples along dim 0 (CPU copies)."""
-    def resize(t: torch.Tensor) -> torch.Tensor:
-        t = t.detach().cpu()
-        if t.dim() == 0 or t.shape[0] == 0:
-            return t
-        return t.index_select(0, torch.arange(want) % t.shape[0])
-    return map_tensors(value, resize)
-
-
 def _derived_example(hp: Any, spec: Any) -> Any:
     """One replica batch at the new plan's per_replica_batch from rank 0's last step's inputs
     (rank 0 holds replica 0's inputs under every plan), broadcast to every rank; None when
     rank 0 has none (no step yet) or the batch is not along dim 0. Collective."""
     box: List[Any] = [None]
     if hp.rank == 0 and hp._last_inputs is not None and hp.batch_dim == 0:
-        box[0] = _resized(hp._last_inputs, spec.per_replica_batch)
+        box[0] = resize_batch(map_tensors(hp._last_inputs, lambda t: t.detach().cpu()),
+                              spec.per_replica_batch)
     dist.broadcast_object_list(box, src=0)
     return box[0]
 

@@ -82,6 +82,21 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return value
 
 
+def resize_batch(value: Any, want: int, batch_dim: int = 0, have: Optional[int] = None) -> Any:
+    """`value` with its tensors cut or repeated (cyclically) to `want` samples along `batch_dim`:
+    every tensor with that dimension, or with `have` given, only those whose batch dimension
+    is `have` (a tensor of another size there is not a batch). An example brought to a plan's
+    per-replica batch (the front door) or a switch's (executor/switching.py)."""
+    def resize(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() <= batch_dim or t.shape[batch_dim] == 0 or t.shape[batch_dim] == want:
+            return t
+        if have is not None and t.shape[batch_dim] != have:
+            return t
+        index = torch.arange(want, device=t.device) % t.shape[batch_dim]
+        return t.index_select(batch_dim, index)
+    return map_tensors(value, resize)
+
+
 def nbytes_tree(value: Any) -> Any:
     """The nested structure of `value` with each tensor replaced by its size in bytes."""
     if isinstance(value, torch.Tensor):
