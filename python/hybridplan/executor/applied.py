@@ -116,8 +116,15 @@ class AppliedPlan(Stepping, Checkpointing, switching.Switching):
             checkpoint.load_optimizer_state(self.optimizer, self._param_names(),
                                             resumed["optimizer"], resumed_from)
             checkpoint.load_scheduler_state(self._scheduler, resumed, resumed_from)
+            checkpoint.load_scaler_state(self._scaler, resumed, resumed_from)  # fp16
             self.step_count = resumed["step"]
         self._adapt_state = {"checked": self.step_count, "switched": self.step_count}
+
+    @property
+    def grad_scaler(self) -> Any:
+        """fp16's loss scaler (executor/precision.py: its get_scale(), state_dict()); None under
+        fp32 and bf16. Checkpoints hold its state and resuming restores it."""
+        return self._scaler
 
     def _first_device(self) -> torch.device:
         return self.devices[0] if self.plan.mode == "placement" else self.device

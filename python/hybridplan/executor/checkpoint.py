@@ -117,14 +117,67 @@ def merge_optimizer_states(parts: List[OptimizerByName]) -> OptimizerByName:
 
 
 def build(model: Dict[str, torch.Tensor], optimizer: OptimizerByName, step: int,
-          plan_json: str, graph_sha256: str, lr_scheduler: Optional[Dict[str, Any]] = None
-          ) -> Dict[str, Any]:
+          plan_json: str, graph_sha256: str, lr_scheduler: Optional[Dict[str, Any]] = None,
+          grad_scaler: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     ckpt = {"format": kFormat, "version": kVersion, "model": dict(model),  # plain, ordered
             "optimizer": optimizer, "step": int(step), "plan": plan_json,
             "graph_sha256": graph_sha256}
     if lr_scheduler is not None:  # optional: a run without a scheduler has none
         ckpt["lr_scheduler"] = lr_scheduler
+    if grad_scaler is not None:  # optional: fp16 runs only (their loss scaler)
+        ckpt["grad_scaler"] = grad_scaler
     return ckpt
+
+
+_SCALER_FIELDS = (("scale", float), ("growth_factor", float), ("backoff_factor", float),
+                  ("growth_interval", int), ("_growth_tracker", int))
+
+
+def scaler_state(scaler: Any) -> Optional[Dict[str, Any]]:
+    """fp16's loss scaler's state as the checkpoints hold it: GradScaler.state_dict(), plain
+    numbers (the scale, its growth and backoff factors, the growth interval and the count of
+    clean steps since the scale last changed; the same on every rank: the scaler reduces its
+    inf check over the job), or None without a scaler (fp32, bf16)."""
+    if scaler is None:
+        return None
+    state = scaler.state_dict()
+    return {name: kind(state[name]) for name, kind in _SCALER_FIELDS}
+
+
+def load_scaler_state(scaler: Any, ckpt: Dict[str, Any], path: str) -> None:
+    """Restores fp16's loss scaler from the checkpoint's grad_scaler, so that the resumed run
+    scales, skips and grows as the uninterrupted one would (a scaler restarted at 2^16 skips
+    the steps that overflow until it has halved back down). A checkpoint without one (saved in
+    fp32 or bf16) leaves the scaler at its initial scale, which rank 0 notes; a plan without a
+    scaler ignores the field. ValueError naming the file when the field is malformed."""
+    if scaler is None:
+        return
+    saved = ckpt.get("grad_scaler")
+    if saved is None:
+        import sys
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"hybridplan: {path} holds no loss scale (saved without fp16): the fp16 loss "
+                  f"scaler starts at its initial scale {scaler.get_scale():g} at step "
+                  f"{ckpt.get('step')}", file=sys.stderr, flush=True)
+        return
+    scaler.load_state_dict(check_scaler_state(saved, path))
+
+
+def check_scaler_state(saved: Any, path: str) -> Dict[str, Any]:
+    """The grad_scaler field's fields and types; ValueError naming `path` and the field."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: grad_scaler must be a dict (got {type(saved).__name__})")
+    for name, kind in _SCALER_FIELDS:
+        value = saved.get(name)
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              if kind is float else isinstance(value, int) and not isinstance(value, bool))
+        if not ok or value < 0 or (name == "scale" and not value > 0):
+            what = "positive " if name == "scale" else "non-negative "
+            raise ValueError(f"{path}: grad_scaler.{name} must be a {what}{kind.__name__} "
+                             f"(got {value!r})")
+    return {name: kind(saved[name]) for name, kind in _SCALER_FIELDS}
 
 
 def scheduler_state(scheduler: Any) -> Optional[Dict[str, Any]]:
@@ -199,6 +252,8 @@ def check_envelope(ckpt: Any, path: str) -> Dict[str, Any]:
         if not isinstance(ckpt.get(field), kind):
             raise ValueError(f"{path}: {field} must be a {kind.__name__} (got "
                              f"{type(ckpt.get(field)).__name__})")
+    if ckpt.get("grad_scaler") is not None:
+        check_scaler_state(ckpt["grad_scaler"], path)
     return ckpt
 
 

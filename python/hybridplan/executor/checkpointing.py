@@ -70,7 +70,7 @@ class Checkpointing:
             merge_states(self.original, [p["model"] for p in mine]),
             checkpoint.merge_optimizer_states([p["optimizer"] for p in mine]),
             self.step_count, self.plan.to_json(), self.plan.graph_sha256,
-            checkpoint.scheduler_state(self._scheduler))
+            checkpoint.scheduler_state(self._scheduler), checkpoint.scaler_state(self._scaler))
 
     def consolidated_state(self) -> Dict[str, Any]:
         """The whole training state in memory, on every rank, as save_checkpoint writes it

@@ -26,7 +26,8 @@ What each rank writes (DCP's keys, flat, "/" between the parts, which no paramet
                       parameter is
   hybridplan/meta     format, version, step, plan, graph hash, optimizer class and param_groups
                       (merged over the ranks), the LR scheduler's state (checkpoint.
-                      scheduler_state; None without one), the caller's `extra`
+                      scheduler_state; None without one), fp16's loss scale and growth tracker
+                      (checkpoint.scaler_state; None without fp16), the caller's `extra`
 
 Loading (apply(resume_from=...)) reads the whole model and optimizer state on every rank into
 the consolidated form (checkpoint.build's dict) with DCP's load (no_dist: each rank alone, no
@@ -193,7 +194,8 @@ def begin(hp: Any, root: str, group: Any, async_save: bool, extra: Any) -> Pendi
     meta = {"format": kFormat, "version": kVersion, "step": int(step),
             "plan": hp.plan.to_json(), "graph_sha256": hp.plan.graph_sha256,
             "optimizer_class": merged["class"], "param_groups": merged["param_groups"],
-            "lr_scheduler": checkpoint.scheduler_state(hp._scheduler), "extra": extra}
+            "lr_scheduler": checkpoint.scheduler_state(hp._scheduler),
+            "grad_scaler": checkpoint.scaler_state(hp._scaler), "extra": extra}
     state = local_state(hp)
     state[_META_KEY] = _encode(meta)
     pending = PendingSave(root, step, partial, meta)
@@ -403,7 +405,7 @@ def read(path: str) -> Dict[str, Any]:
     optimizer = {"class": meta["optimizer_class"], "state": state,
                  "param_groups": meta["param_groups"]}
     ckpt = checkpoint.build(model, optimizer, meta["step"], meta["plan"], meta["graph_sha256"],
-                            meta.get("lr_scheduler"))
+                            meta.get("lr_scheduler"), meta.get("grad_scaler"))
     ckpt["extra"] = meta.get("extra")
     return ckpt
 
