@@ -329,3 +329,88 @@ def test_attention_dropout_is_priced_as_the_gpu_fused_kernel():
         node = next(n for n in graph["nodes"] if n["name"] == "transformer.h.0.attn.c_proj")
         return node["forward_s"], node["backward_s"]
     assert attention_s(0.1) == pytest.approx(attention_s(0.0), rel=1e-9)
+
+
+def _llama(layers, device="meta", **widths):
+    transformers = pytest.importorskip("transformers")
+    shape = dict(vocab_size=250, hidden_size=64, intermediate_size=100, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=8)
+    shape.update(widths)
+    config = transformers.LlamaConfig(num_hidden_layers=layers, max_position_embeddings=64,
+                                      tie_word_embeddings=False, **shape)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(config)
+
+
+def test_tensor_parallel_fields_of_a_meta_model_agree_with_its_real_profile():
+    """fake_tensor_parallel: a meta-built Llama's fake profile decides its splits on a
+    miniature (the same class, heads and layers, widths 24 and 4 a head) and sizes them at the
+    model's own shapes; the real profile of the same configuration, with values, checks every
+    split on the model itself. Every field but the times agrees, node by node: the styles, the
+    max degrees set by the model's sizes (8 query and 4 key-value heads: 4; an MLP of width
+    100: 100; a vocabulary of 250: 250, none of them the miniature's), the split bytes, which
+    activations split, the collectives and their bytes; and each node is timed at the same
+    degrees (those of 2, 4, 8 that divide its max degree)."""
+    import torch.nn.functional as F
+    ids = torch.randint(0, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    loss = lambda out, y: F.cross_entropy(out.logits.flatten(0, 1), y.flatten())  # noqa: E731
+    common = dict(verbose=False, batch_sizes=(), loss_fn=loss, target=ids, name="llama")
+    real = profile_dict(_llama(3, "cpu"), ids, repeats=1, warmup=0, **common)
+    fake = profile_dict(_llama(3), ids, device_model=CPU, **common)
+    Graph.from_dict(fake)
+    split = [n["name"] for n in real["nodes"] if "tensor_parallel" in n]
+    assert [n["name"] for n in fake["nodes"] if "tensor_parallel" in n] == split
+    assert len(split) == 1 + 3 * 8 + 1  # embedding, q/k/v/o and gate/act/up/down, head
+    by_name = {n["name"]: n["tensor_parallel"] for n in fake["nodes"] if "tensor_parallel" in n}
+    for node in real["nodes"]:
+        if "tensor_parallel" not in node:
+            continue
+        ours, theirs = dict(by_name[node["name"]]), dict(node["tensor_parallel"])
+        assert [s["degree"] for s in ours.pop("split_times")] == \
+            [s["degree"] for s in theirs.pop("split_times")], node["name"]
+        assert ours == theirs, node["name"]
+    degrees = {n: t["max_degree"] for n, t in by_name.items()}
+    assert degrees["model.layers.1.self_attn.k_proj"] == 4
+    assert degrees["model.layers.1.mlp.down_proj"] == 100
+    assert degrees["model.embed_tokens"] == degrees["lm_head"] == 250
+
+
+def test_tensor_parallel_split_times_are_one_ranks_shapes_priced():
+    """A split node's split time at degree 2 is what the device model prices for the same
+    node in a model built at one rank's shapes (half the heads, half the MLP width, half the
+    vocabulary; the hidden width whole): the fake profile narrows the meta model's weights to
+    rank 0's slices and prices a step of it, attention core included (charged to o_proj)."""
+    ids = torch.zeros(2, 32, dtype=torch.long)
+    common = dict(device_model="H100", verbose=False, batch_sizes=(), name="llama")
+    whole = profile_dict(_llama(3, vocab_size=512, intermediate_size=256), ids, **common)
+    rank = profile_dict(_llama(3, vocab_size=256, intermediate_size=128, num_attention_heads=4,
+                               num_key_value_heads=2), ids, tensor_parallel=False, **common)
+    assert not any("tensor_parallel" in n for n in rank["nodes"])
+    rank_nodes = {n["name"]: n for n in rank["nodes"]}
+    checked = 0
+    for node in whole["nodes"]:
+        field = node.get("tensor_parallel")
+        if field is None:
+            assert node["name"].endswith(("norm", "rotary_emb")), node["name"]
+            continue
+        at2 = next(s for s in field["split_times"] if s["degree"] == 2)
+        theirs = rank_nodes[node["name"]]
+        assert at2["forward_s"] == pytest.approx(theirs["forward_s"], rel=1e-9), node["name"]
+        assert at2["backward_s"] == pytest.approx(theirs["backward_s"], rel=1e-9), node["name"]
+        checked += 1
+    assert checked == 1 + 3 * 8 + 1
+    # and the split is not the whole: o_proj at half the heads is cheaper
+    o = next(n for n in whole["nodes"] if n["name"] == "model.layers.1.self_attn.o_proj")
+    assert o["tensor_parallel"]["split_times"][0]["forward_s"] < o["forward_s"]
+
+
+def test_a_size_no_even_degree_divides_is_not_split_at_size():
+    """The miniature's vocabulary (a multiple of 24) splits; the model's own, 251 rows, has no
+    even divisor, so its embedding and head run whole, as a real profile leaves them."""
+    ids = torch.zeros(1, 16, dtype=torch.long)
+    graph = profile_dict(_llama(3, vocab_size=251), ids, device_model=CPU, verbose=False,
+                         batch_sizes=())
+    fields = {n["name"]: n.get("tensor_parallel") for n in graph["nodes"]}
+    assert fields["model.embed_tokens"] is None and fields["lm_head"] is None
+    assert fields["model.layers.0.self_attn.q_proj"]["max_degree"] == 4

@@ -21,9 +21,16 @@ forward and backward), which here reads a clock that advances by each op's model
 the bytes of the outputs of recompute.SAVED_OPS and the share of the node's modelled forward
 in the other ops.
 
+**Tensor parallelism** (`tensor_parallel=True`, the default): a split is found by running
+each candidate on real values, which fake tensors have none of, so what splits is decided on a
+miniature with values (the model itself where it has values; for a meta-built Hugging Face
+model, the same class at narrow widths; or `miniature=(module, inputs)`) and how far each split
+goes, its bytes and its per-rank times at the model's own shapes, priced
+(fake_tensor_parallel).
+
 **What is left out, and why** (the planner treats each as absent, as for a graph that lacks
-it): `tensor_parallel` and `sequence_parallel` (a split is found by running each candidate
-split on real values and comparing; fake tensors have none), `backward_workspace_bytes` and
+it): `sequence_parallel` (its check cuts the sequence of real activations),
+`tensor_parallel` where no miniature can be had (the log says why), `backward_workspace_bytes` and
 `profiled.loss_backward_bytes` (read from the allocator's events, which a fake run has none
 of), and the zero-bubble split of the backward (`backward_input_s`/`backward_weight_s`, timed
 separately by the real profiler). The log names them.
@@ -50,10 +57,11 @@ from .graph_steps import (Inputs, _add_pipeline_split, _batch_advice, _batch_siz
                       _check_acyclic, _check_inputs, _edges, _first_tensor, _loss_at,
                       _slice_batch, _smallest_batch, kBatchTimeBudgetS, snake_case)
 from .device_model import DeviceModel, device_model as make_device_model, op_flops
+from . import fake_tensor_parallel
 
 __all__ = ["fake_profile_dict", "on_meta_device", "LEFT_OUT"]
 
-LEFT_OUT = ("tensor_parallel (a split is checked on real values)",
+LEFT_OUT = ("sequence_parallel (checked on real activations)",
             "backward_workspace_bytes and loss_backward_bytes (read from allocator events)",
             "the zero-bubble backward split (timed apart by the real profiler)")
 
@@ -167,12 +175,17 @@ def fake_profile_dict(module: nn.Module, example_inputs: Inputs,
                       batch_sizes: Union[str, Sequence[int]] = "auto",
                       batch_time_budget_s: float = kBatchTimeBudgetS,
                       loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None,
-                      target: Any = None) -> Dict[str, Any]:
+                      target: Any = None, tensor_parallel: bool = True,
+                      miniature: Optional[Tuple[nn.Module, Inputs]] = None) -> Dict[str, Any]:
     """profile.profile_dict's Graph, priced by `device_model` (device_model.device_model: "cpu"
     measures this CPU; a preset name such as "dgx-h100", a cluster dict or a DeviceModel) from a
     fake run (the module doc). `example_inputs`, `name`, `batch_sizes`, `loss_fn`, `target` as
     profile_dict's; only their shapes and dtypes are read. `batch_time_budget_s` bounds the
     wall time of the runs at the other batch sizes, as profile_dict's bounds its measurements.
+    `tensor_parallel`: write the nodes' "tensor_parallel" objects (fake_tensor_parallel: the
+    split decided on `miniature`, (module, example inputs) of the same structure with values;
+    default the module itself where it has values, else a Hugging Face model's narrowed
+    configuration; without one the fields are left out and the log says why).
     Raises ValueError as profile_dict does."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"profile: module must be a torch.nn.Module (got {type(module).__name__})")
@@ -195,8 +208,13 @@ def fake_profile_dict(module: nn.Module, example_inputs: Inputs,
     target = _fake_values(target, mode)
     gpu_kernels = _GpuAttention() if dm.gemm.sms > 1 else contextlib.nullcontext()
     with _fake_state(module, mode), mode, gpu_kernels:
-        graph, flow, floor = _profile_fake(module, (args, kwargs), dm, graph_name, log,
-                                           batch_sizes, batch_time_budget_s, loss_fn, target)
+        graph, flow, floor, nodes = _profile_fake(module, (args, kwargs), dm, graph_name, log,
+                                                  batch_sizes, batch_time_budget_s, loss_fn,
+                                                  target)
+    if tensor_parallel:
+        _add_tensor_parallel(graph, module, nodes, flow.order, (args, kwargs), mode, dm,
+                             _loss_at(loss_fn, target, int(_first_tensor(args, kwargs).shape[0]))(
+                                 None), example_inputs, miniature, log)
     # the cut's inputs where the module's parameters are: meta for a meta-built module
     cut_device = (torch.device("meta") if on_meta_device(module)
                   else next(module.parameters()).device)
@@ -252,7 +270,57 @@ def _profile_fake(module, call, dm, graph_name, log, batch_sizes, budget_s, loss
                                            for t in dataflow.tensors_in(call))
     if floor > 1:
         graph["profiled"]["min_batch_size"] = floor
-    return graph, flow, floor
+    return graph, flow, floor, nodes
+
+
+def _add_tensor_parallel(graph, module, nodes, order, call, mode, dm: DeviceModel, loss,
+                         example_inputs, miniature, log) -> None:
+    """The nodes' "tensor_parallel" objects (fake_tensor_parallel.graph_fields), or a log line
+    saying why there are none."""
+    started = time.monotonic()
+    meter = _Meter(dm)
+
+    @contextlib.contextmanager
+    def fake_run(m: nn.Module) -> Iterator[None]:
+        gpu = _GpuAttention() if dm.gemm.sms > 1 else contextlib.nullcontext()
+        with _fake_state(m, mode), mode, gpu:
+            yield
+
+    def priced_step(m, m_nodes, m_call, m_loss):
+        with fake_run(m):
+            return _priced_step(m, m_nodes, order, m_call, meter, m_loss)
+
+    def price_loss(output, loss_of):
+        out, roots = block_timing._loss_leaves(output)
+        start = meter.total_s
+        with meter:
+            value = loss_of(out)
+        middle = meter.total_s
+        with meter:
+            torch.autograd.grad(value, roots, allow_unused=True)
+        return middle - start, meter.total_s - middle
+
+    try:
+        if miniature is None:
+            if on_meta_device(module) or any(t.device.type == "meta" for t in
+                                             dataflow.tensors_in(example_inputs)):
+                miniature = fake_tensor_parallel.hf_miniature(module, example_inputs)
+            else:
+                miniature = (module, example_inputs)
+        forward_s = {n["name"]: n["forward_s"] for n in graph["nodes"]}
+        backward_s = {n["name"]: n["backward_s"] for n in graph["nodes"]}
+        fields, _ = fake_tensor_parallel.graph_fields(
+            module, nodes, order, call, fake_run, priced_step, forward_s, backward_s, loss,
+            price_loss, miniature)
+    except (ValueError, fake_tensor_parallel.tp._Refused) as why:
+        log(f"profile {graph['name']}: no tensor-parallel fields: {why}")
+        return
+    for node in graph["nodes"]:
+        if node["name"] in fields:
+            node["tensor_parallel"] = fields[node["name"]]
+    log(f"profile {graph['name']}: tensor parallelism splits {len(fields)} of "
+        f"{len(graph['nodes'])} nodes (decided on a miniature, priced at the model's shapes; "
+        f"{time.monotonic() - started:.1f} s)")
 
 
 def _pipeline_cut(graph, module, flow, args, kwargs, log, floor) -> None:

@@ -19,8 +19,10 @@ next (taken from the shallow graph's middle layer to its last, or from its first
 middle for layer 0), and the edges between a layer and the nodes outside the stack (embedding,
 rotary embedding, final norm, head) for every layer of the same role. Refused with ValueError:
 fewer than three profiled layers, a node outside the stack between two layers, an edge that
-skips a layer, tensor-parallel fields (their collectives' bytes are the shallow graph's) or a
-tied parameter held by a layer node.
+skips a layer, sequence-parallel fields (the first and the last node of the region carry its
+entry and exit collectives) or a tied parameter held by a layer node. Tensor-parallel fields are
+copied with the rest of each node's fields: a layer's splits, their collectives' bytes and
+split times are the same at every depth (the fake profile's are functions of the shapes).
 
 `tests/python/test_fake_profile.py` checks that a 3-layer profile repeated to 5 layers equals
 the fake profile of the 5-layer model node by node and edge by edge.
@@ -64,10 +66,10 @@ def repeat_layers(graph: dict, prefix: str, depth: int) -> dict:
     strays = [nodes[i]["name"] for i in inside if layer[nodes[i]["id"]] is None]
     if strays:
         raise ValueError(f"{where}: nodes outside the stack run between its layers: {strays}")
-    with_tp = [n["name"] for n in nodes if "tensor_parallel" in n or "sequence_parallel" in n]
-    if with_tp:
-        raise ValueError(f"{where}: tensor- or sequence-parallel fields cannot be repeated "
-                         f"(their collectives' bytes are per node): {with_tp[:3]}")
+    with_sp = [n["name"] for n in nodes if "sequence_parallel" in n]
+    if with_sp:
+        raise ValueError(f"{where}: sequence-parallel fields cannot be repeated (the region's "
+                         f"first and last nodes carry its entry and exit): {with_sp[:3]}")
     for tied in graph.get("tied_params", []):
         if any(layer.get(i) is not None for i in tied["nodes"]):
             raise ValueError(f"{where}: a tied parameter is held by a layer node "

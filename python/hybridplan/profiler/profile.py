@@ -119,7 +119,7 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
         return fake_profile_dict(module, example_inputs, device_model=device_model or "cpu",
                                  verbose=verbose, name=name, batch_sizes=batch_sizes,
                                  batch_time_budget_s=batch_time_budget_s, loss_fn=loss_fn,
-                                 target=target)
+                                 target=target, tensor_parallel=tensor_parallel)
     if device_model is not None:
         raise ValueError("profile: device_model prices a fake profile; a real profile measures "
                          f"(got device_model={device_model!r} with mode=\"real\")")

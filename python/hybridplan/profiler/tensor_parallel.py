@@ -1052,13 +1052,27 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
                 narrow_linear(part, analysis.linears[name], tp.style, 0, d)
             timed[d] = _time_unit(part, [""], trace_call, ids, clock, warmup, repeats)
         ratios[name] = _ratios(timed, "", degrees)
+    return node_fields(layout, graph_nodes, analysis.trace.io_bytes, forward_s, backward_s,
+                       ratios, whole_s), layout
+
+
+def node_fields(layout: Layout, graph_nodes: Sequence[str],
+                io_bytes: Dict[str, Tuple[int, int]], forward_s: Dict[str, float],
+                backward_s: Dict[str, float], ratios: Dict[str, Dict[int, Tuple[float, float]]],
+                whole_s: Optional[Dict[str, Tuple[float, float]]] = None
+                ) -> Dict[str, Dict[str, Any]]:
+    """{graph node: its "tensor_parallel" object} from a layout, the nodes' (input, output)
+    bytes per graph node at the profiled batch (`io_bytes`: the collectives' bytes), their
+    times, and {node: {degree: (forward, backward) ratio of one rank's time to the whole's}};
+    `whole_s` as graph_fields. One definition for the real profile (graph_fields) and the fake
+    one (fake_tensor_parallel), whose ratios come from pricing one rank's shapes."""
     fields: Dict[str, Dict[str, Any]] = {}
     for graph_node in graph_nodes:
         name = block_list.module_name(graph_node)
         if name not in layout:
             continue
         tp = layout[name]
-        in_bytes, out_bytes = analysis.trace.io_bytes.get(graph_node, (0, 0))
+        in_bytes, out_bytes = io_bytes.get(graph_node, (0, 0))
         # a module's later calls ("name@1": ALBERT's one layer at every depth) hold no
         # parameter bytes of their own: the graph charges them to the first call
         field_: Dict[str, Any] = {"style": tp.style, "max_degree": tp.max_degree,
@@ -1081,7 +1095,7 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module],
         if split:
             field_["split_times"] = split
         fields[graph_node] = field_
-    return fields, layout
+    return fields
 
 
 def _ratios(timed: Dict[int, Tuple[Dict[str, float], Dict[str, float]]], node: str,
