@@ -1,8 +1,10 @@
 """Mixed precision (docs/training_step.md "Precision"), three measurements:
 
-    python bench/bench_precision.py equality [--kinds ...] [--steps 20]
-        every 2-rank plan kind in bf16 against one process in bf16 under the same policy
-        (tests/python/test_precision.py's cases and reference): the table plan kind -> max
+    python bench/bench_precision.py equality [--kinds KIND[:fp16] ...] [--steps 20]
+        every 2-rank plan kind in bf16 (default; --kinds names others, the 4-rank ones of
+        test_precision.WORLD included, KIND:fp16 in fp16 with the loss scaler) against one
+        process in the same precision under the same policy (tests/python/test_precision.py's
+        cases and reference), one launch per world size: the table plan kind -> max
         |difference| of the trained state, its bound (4u x the update, u = 2^-8), the largest
         relative loss difference; then the loss curves side by side. Exits 1 outside the bound.
     python bench/bench_precision.py speedup [--model transformer_lm] [--batch 8]
@@ -33,32 +35,43 @@ sys.path[:0] = [os.path.join(HERE, "..", "python"), os.path.join(HERE, "..", "te
 def equality(args) -> int:
     import test_precision as t
     from dist_harness import run_cases
-    cases = [{"id": k, "kind": k, "steps": args.steps} for k in args.kinds]
+    by_world = {}
+    for name in args.kinds:
+        kind, _, precision = name.partition(":")
+        by_world.setdefault(t.WORLD.get(kind, 2), []).append(
+            {"id": name.replace(":", "-"), "kind": kind, "steps": args.steps,
+             "precision": precision or "bf16"})
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out_dir:
-        loaded, failures = run_cases("test_precision:train_cases", {2: cases}, out_dir,
+        loaded, failures = run_cases("test_precision:train_cases", by_world, out_dir,
                                      timeout_s=args.timeout)
+    print(f"launches ({', '.join(f'{w} ranks' for w in by_world)}): "
+          f"{time.perf_counter() - started:.0f} s")
     if failures:
-        print(failures[2])
+        print("\n".join(failures.values()))
         return 1
     ok = True
-    rows = ["| plan kind | policy | max abs difference | bound (4u x update) | "
-            "max loss difference (relative) |", "|---|---|---|---|---|"]
+    rows = ["| plan kind | ranks | precision | policy | max abs difference | "
+            "bound (4u x update) | max loss difference (relative) |",
+            "|---|---|---|---|---|---|---|"]
     curves = {}
-    for kind in args.kinds:
-        outs = loaded[kind]
-        _, losses = t.reference(kind, args.steps)
-        diff, bound, loss_diff = t.compare(outs, kind, args.steps)
-        ok &= diff <= bound and loss_diff <= t.TOLERANCE and all(
-            "torch.bfloat16" in out["saved"] for out in outs)
-        policy = "MixedPrecisionPolicy" if kind in t.FSDP_KINDS else "autocast"
-        rows.append(f"| {kind} | {policy} | {diff:.2e} | {bound:.2e} | {loss_diff:.2e} |")
-        curves[kind] = (t.global_losses(outs), losses)
+    for cases in by_world.values():
+        for case in cases:
+            kind, precision, outs = case["kind"], case["precision"], loaded[case["id"]]
+            _, losses = t.reference(kind, args.steps, precision)
+            diff, bound, loss_diff = t.compare(outs, kind, args.steps, precision)
+            ok &= diff <= bound and loss_diff <= t.TOLERANCE and all(
+                str(t.DTYPES[precision]) in out["saved"] for out in outs)
+            policy = "MixedPrecisionPolicy" if kind in t.FSDP_POLICY else "autocast"
+            rows.append(f"| {kind} | {len(outs)} | {precision} | {policy} | {diff:.2e} | "
+                        f"{bound:.2e} | {loss_diff:.2e} |")
+            curves[case["id"]] = (t.global_losses(outs), losses)
     print("\n".join(rows))
     print("\nloss on the global batch per step, plan / one process:")
-    header = "| step | " + " | ".join(args.kinds) + " |"
-    print(header + "\n" + "|---" * (len(args.kinds) + 1) + "|")
+    header = "| step | " + " | ".join(curves) + " |"
+    print(header + "\n" + "|---" * (len(curves) + 1) + "|")
     for step in range(args.steps):
-        cells = [f"{curves[k][0][step]:.4f} / {curves[k][1][step]:.4f}" for k in args.kinds]
+        cells = [f"{a[step]:.4f} / {b[step]:.4f}" for a, b in curves.values()]
         print(f"| {step} | " + " | ".join(cells) + " |")
     print("within the bounds" if ok else "OUTSIDE the bounds")
     return 0 if ok else 1

@@ -26,7 +26,8 @@ of the tensors autograd saves during a step (saved_tensors_hooks), which must in
 under bf16 and must not under fp32.
 
 One 2-rank launch runs dp, zero3, a 1F1B pipeline and tp in bf16, dp in fp32 and the pipeline in
-fp16 for STEPS steps each;
+fp16 for STEPS steps each, and the fp16 loss scale through checkpoints and plan switches
+(_resume_fp16);
 the `full` form runs every 2-rank kind (zero2, placement dp=2 x mp=2, recompute, GPipe, interleaved
 1F1B, ZB-V too) for 20 steps, and `python bench/bench_precision.py` prints the table and the
 loss curves side by side.
@@ -51,9 +52,16 @@ FP16_KINDS = ("pipeline",)           # the loss scaler over a pipeline's stages
 FULL_FP16_KINDS = ("dp", "zero3", "pipeline", "tp")
 FULL_KINDS = ("dp", "zero2", "zero3", "placement", "recompute", "tp", "pipeline", "gpipe",
               "interleaved", "zbv")
+# on 4 ranks: tp-dp = dp=2 x tp=2, pp-dp = dp=2 x a 2-stage 1F1B pipeline, hsdp = dp=4 with
+# zero3 over shard groups of 2 (a (2, 2) mesh), dp-4 and zero2-4 = dp=4 (DDP, FSDP2)
+FOUR_RANK_KINDS = ("tp-dp", "pp-dp", "hsdp")
+FOUR_RANK_FP16_KINDS = ("dp-4", "zero2-4", "tp-dp", "pp-dp", "hsdp")
 FSDP_KINDS = ("zero2", "zero3")   # FSDP2's MixedPrecisionPolicy; the others autocast
+FSDP_POLICY = FSDP_KINDS + ("hsdp", "zero2-4")   # every kind under FSDP2's policy
 DP = {"dp": 2, "zero2": 2, "zero3": 2, "placement": 2, "recompute": 2, "tp": 1,
-      "pipeline": 1, "gpipe": 1, "interleaved": 1, "zbv": 1}
+      "pipeline": 1, "gpipe": 1, "interleaved": 1, "zbv": 1,
+      "tp-dp": 2, "pp-dp": 2, "hsdp": 4, "dp-4": 4, "zero2-4": 4}
+WORLD = {kind: 4 for kind in FOUR_RANK_FP16_KINDS}   # the ranks a kind runs on (else 2)
 
 
 def gpt2():
@@ -65,23 +73,33 @@ def sgd(params):
     return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
 
 
-def plan_of(kind, precision="bf16"):
+def plan_of(kind, precision="bf16", per_replica=BATCH):
     from test_tensor_parallel import with_tp
     model, batch, _ = gpt2()
-    example = batch(BATCH, 0)[0]
+    example = batch(per_replica, 0)[0]
     pipelines = {"pipeline": ("1f1b", 1), "gpipe": ("gpipe", 1),
                  "interleaved": ("interleaved-1f1b", 2), "zbv": ("zbv", 2)}
     if kind in pipelines:
         schedule, virtual = pipelines[kind]
         plan = pipeline_plan(model, dp=1, mp=2, schedule=schedule, num_microbatches=2,
-                             per_replica_batch=BATCH, example_inputs=example,
+                             per_replica_batch=per_replica, example_inputs=example,
                              virtual_stages=virtual)
-    elif kind == "tp":
-        plan = with_tp(placement_plan(model, dp=1, mp=1, per_replica_batch=BATCH), 2)
+    elif kind == "pp-dp":
+        plan = pipeline_plan(model, dp=2, mp=2, schedule="1f1b", num_microbatches=2,
+                             per_replica_batch=per_replica, example_inputs=example)
+    elif kind in ("tp", "tp-dp"):
+        plan = with_tp(placement_plan(model, dp=DP[kind], mp=1,
+                                      per_replica_batch=per_replica), 2)
+    elif kind in ("hsdp", "dp-4", "zero2-4"):
+        plan = placement_plan(model, dp=4, mp=1, per_replica_batch=per_replica)
+        if kind == "hsdp":
+            plan.update(sharding="zero3", dp_shard=2)
+        elif kind == "zero2-4":
+            plan["sharding"] = "zero2"
     elif kind == "placement":  # two replicas, each of two devices (run one after another)
-        plan = placement_plan(model, dp=2, mp=2, per_replica_batch=BATCH)
+        plan = placement_plan(model, dp=2, mp=2, per_replica_batch=per_replica)
     else:
-        plan = placement_plan(model, dp=2, mp=1, per_replica_batch=BATCH)
+        plan = placement_plan(model, dp=2, mp=1, per_replica_batch=per_replica)
         if kind in FSDP_KINDS:
             plan["sharding"] = kind
         if kind == "recompute":
@@ -98,9 +116,9 @@ def train_cases(cases_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     for case in torch.load(cases_file):
-        if case["id"] == "parallelize":
-            result = _parallelize()
-            torch.save(result, os.path.join(out_dir, f"parallelize.rank{dist.get_rank()}.pt"))
+        if case["id"] in ("parallelize", "fp16-resume"):
+            result = _parallelize() if case["id"] == "parallelize" else _resume_fp16(out_dir)
+            torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
             continue
         model, batch, loss_fn = gpt2()
         plan = plan_of(case["kind"], case.get("precision", "bf16"))
@@ -115,6 +133,7 @@ def train_cases(cases_file, out_dir):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 losses.append(hp.step(*hp.shard(*batch(hp.global_batch, 100 + step))).item())
         result = {"state": hp.state_dict(), "losses": losses, "saved": sorted(saved),
+                  "dims": list(hp.layout.dims),
                   "dtypes": sorted({str(v.dtype) for v in hp.state_dict().values()})}
         hp.close()
         torch.save(result, os.path.join(out_dir, f"{case['id']}.rank{dist.get_rank()}.pt"))
@@ -152,6 +171,61 @@ def _parallelize():
     return report
 
 
+# fp16's loss scale across checkpoints and plans: the loss is multiplied by RESUME_FACTOR (the
+# learning rate divided by it, so the updates are the usual ones) so that fp16's backward
+# overflows at the scaler's initial 2^16 and the scale halves over the first steps (8192 after
+# 3 on one process); the checkpoints are taken after SAVED_AT steps, RESUMED steps follow.
+RESUME_FACTOR, SAVED_AT, RESUMED = 32, 4, 3
+RESUME_GLOBAL = 2 * BATCH   # every plan of the resume case trains this global batch
+# run name -> (plan kind, what it resumes from, the plan it switches to right after)
+RESUMES = {"tp": ("tp", "consolidated", None), "pipeline": ("pipeline", "sharded", None),
+           "dp-sharded": ("dp", "sharded", None), "dp-to-tp": ("dp", "consolidated", "tp")}
+
+
+def _resume_fp16(out_dir):
+    """One fp16 run of SAVED_AT + RESUMED steps under dp that saves a consolidated and a
+    sharded checkpoint after SAVED_AT (the uninterrupted run), then fresh applies resuming
+    each (RESUMES), each training RESUMED steps: every run's loss scaler state after each step,
+    its losses and its final state."""
+    import hybridplan
+    root = os.path.join(out_dir, "fp16-resume")
+    os.makedirs(root, exist_ok=True)
+
+    def run(kind, steps, resume_from=None, switch_to=None, save=False):
+        model, batch, loss_fn = gpt2()
+        per_replica = RESUME_GLOBAL // DP[kind]
+        hp = hybridplan.apply(
+            plan_of(kind, "fp16", per_replica), model,
+            loss_fn=lambda output, target: loss_fn(output, target) * RESUME_FACTOR,
+            optimizer=lambda params: torch.optim.SGD(params, lr=LR / RESUME_FACTOR,
+                                                     momentum=MOMENTUM),
+            timeout_s=120, example_inputs=batch(per_replica, 0)[0], resume_from=resume_from)
+        out = {"resumed": hp.grad_scaler.state_dict(), "losses": [], "scalers": []}
+        if switch_to is not None:
+            per_replica = RESUME_GLOBAL // DP[switch_to]
+            hp.switch(plan_of(switch_to, "fp16", per_replica),
+                      example_inputs=batch(per_replica, 0)[0])
+            out["switched"] = hp.grad_scaler.state_dict()
+        first = hp.step_count
+        for step in range(first, first + steps):
+            loss = hp.step(*hp.shard(*batch(hp.global_batch, 100 + step)))
+            out["losses"].append(loss.item() / RESUME_FACTOR)
+            out["scalers"].append(hp.grad_scaler.state_dict())
+            if save and hp.step_count == SAVED_AT:
+                hp.save_checkpoint(os.path.join(root, "ckpt.pt"))
+                out["sharded"] = hp.save_sharded(os.path.join(root, "sharded"))
+        out["state"] = hp.state_dict()
+        hp.close()
+        return out
+
+    result = {"uninterrupted": run("dp", SAVED_AT + RESUMED, save=True)}
+    sources = {"consolidated": os.path.join(root, "ckpt.pt"),
+               "sharded": result["uninterrupted"]["sharded"]}
+    for name, (kind, source, switch_to) in RESUMES.items():
+        result[name] = run(kind, RESUMED, sources[source], switch_to)
+    return result
+
+
 # ---- the reference: one process ---------------------------------------------------------------
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -166,7 +240,7 @@ def reference(kind, steps, precision="bf16"):
     master = list(model.parameters())
     opt = sgd(master)
     dtype = DTYPES.get(precision)
-    fsdp = kind in FSDP_KINDS and dtype is not None
+    fsdp = kind in FSDP_POLICY and dtype is not None
     scaler = torch.amp.GradScaler("cpu") if precision == "fp16" else None
     compute = model
     if fsdp:  # a copy whose parameters are in the dtype: FSDP2's param_dtype
@@ -229,8 +303,12 @@ def compare(outs, kind, steps, precision="bf16"):
 
 
 def launch(kinds, steps, out_dir, extra=()):
-    cases = [{"id": kind, "kind": kind, "steps": steps} for kind in kinds] + list(extra)
-    loaded, _ = run_cases("test_precision:train_cases", {2: cases}, out_dir, timeout_s=900)
+    """Each case ({"id", "kind", "steps", "precision"}; `kinds` in bf16) launched on the ranks
+    its kind runs on (WORLD), one launch per world size."""
+    by_world = {}
+    for case in [{"id": kind, "kind": kind, "steps": steps} for kind in kinds] + list(extra):
+        by_world.setdefault(WORLD.get(case.get("kind"), 2), []).append(case)
+    loaded, _ = run_cases("test_precision:train_cases", by_world, out_dir, timeout_s=900)
     return loaded
 
 
@@ -241,7 +319,7 @@ def quick(tmp_path_factory):
     pytest.importorskip("transformers", reason="scripts/install-deps.sh installs transformers")
     return launch(QUICK_KINDS, STEPS, tmp_path_factory.mktemp("precision"),
                   extra=[{"id": "dp-fp32", "kind": "dp", "steps": STEPS, "precision": "fp32"},
-                         {"id": "parallelize"}] +
+                         {"id": "parallelize"}, {"id": "fp16-resume"}] +
                   [{"id": f"{kind}-fp16", "kind": kind, "steps": STEPS, "precision": "fp16"}
                    for kind in FP16_KINDS])
 
@@ -289,6 +367,40 @@ def test_fp16_trains_like_one_process_with_a_loss_scaler(quick, kind):
     assert loss_diff <= TOLERANCE, (kind, global_losses(outs), loss_diff)
 
 
+def test_fp16_loss_scale_is_checkpointed_and_resumed_under_other_plans(quick):
+    """The fp16 loss scaler's state (scale, growth tracker) is in the consolidated and the
+    sharded checkpoint and is restored on resume, under another plan kind too (tp from the
+    consolidated file, the 1F1B pipeline from the sharded one) and through a switch (dp
+    resumed, then switched to tp: the state handed over in memory): each resumed run starts from the saved scale and its
+    steps scale, skip and grow as the uninterrupted run's did; its losses and parameters agree
+    with the uninterrupted run's within the module's tolerance, and exactly when it resumes
+    the same plan (dp from the sharded checkpoint). A resumed scaler back at 2^16 would skip
+    the next steps, whose backward overflows there."""
+    outs = outputs_of(quick, "fp16-resume")
+    whole = [out["uninterrupted"] for out in outs]
+    saved = whole[0]["scalers"][SAVED_AT - 1]
+    assert saved["scale"] < 2.0 ** 16, whole[0]["scalers"]  # the scale changed before the save
+    assert all(w["scalers"] == whole[0]["scalers"] for w in whole)  # one scale on every rank
+    after = whole[0]["scalers"][SAVED_AT:]
+    want = whole[0]["state"]
+    want_losses = global_losses([{"losses": w["losses"][SAVED_AT:]} for w in whole])
+    bound = TOLERANCE * update_size(want)
+    for name, (_, _, switch_to) in RESUMES.items():
+        runs = [out[name] for out in outs]
+        for run in runs:
+            assert run["resumed"] == saved, (name, run["resumed"], saved)
+            if switch_to:
+                assert run["switched"] == saved, (name, run["switched"], saved)
+            assert run["scalers"] == after, (name, run["scalers"], after)
+        losses = global_losses(runs)
+        diff = max(max_difference(run["state"], want) for run in runs)
+        if name == "dp-sharded":  # the same plan: the uninterrupted run's steps exactly
+            assert losses == want_losses and diff == 0, (name, losses, want_losses, diff)
+        loss_diff = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
+        assert loss_diff <= TOLERANCE, (name, losses, want_losses)
+        assert diff <= bound, f"{name}: differs by {diff:.3g} (bound {bound:.3g})"
+
+
 @pytest.mark.full
 def test_bf16_every_kind_over_twenty_steps(tmp_path):
     pytest.importorskip("transformers")
@@ -307,6 +419,29 @@ def test_bf16_every_kind_over_twenty_steps(tmp_path):
         diff, bound, loss_diff = compare(outs, kind, FULL_STEPS)
         assert diff <= bound, f"{kind}: differs by {diff:.3g} (bound {bound:.3g})"
         assert loss_diff <= TOLERANCE, (kind, loss_diff)
+
+
+@pytest.mark.full
+def test_16bit_on_four_ranks_over_twenty_steps(tmp_path):
+    """The 4-rank compositions in bf16 (tp-dp, pp-dp, hsdp) and in fp16 with the loss scaler
+    over the job (those and dp, zero2 over 4 replicas), each against one process on the same
+    global batch under the same policy, held to the module's bound."""
+    pytest.importorskip("transformers")
+    loaded = launch(FOUR_RANK_KINDS, FULL_STEPS, tmp_path,
+                    extra=[{"id": f"{kind}-fp16", "kind": kind, "steps": FULL_STEPS,
+                            "precision": "fp16"} for kind in FOUR_RANK_FP16_KINDS])
+    for case, kind, precision in ([(k, k, "bf16") for k in FOUR_RANK_KINDS] +
+                                  [(f"{k}-fp16", k, "fp16") for k in FOUR_RANK_FP16_KINDS]):
+        outs = outputs_of(loaded, case)
+        assert len(outs) == 4
+        if kind == "hsdp":  # FSDP2 over the (2, 2) mesh: shard in pairs, replicate across
+            assert outs[0]["dims"][:2] == [("dp_replicate", 2), ("dp_shard", 2)], outs[0]["dims"]
+        for out in outs:
+            assert out["dtypes"] == ["torch.float32"], case
+            assert str(DTYPES[precision]) in out["saved"], (case, out["saved"])
+        diff, bound, loss_diff = compare(outs, kind, FULL_STEPS, precision)
+        assert diff <= bound, f"{case}: differs by {diff:.3g} (bound {bound:.3g})"
+        assert loss_diff <= TOLERANCE, (case, loss_diff)
 
 
 # ---- one process, no launch -------------------------------------------------------------------
@@ -348,3 +483,36 @@ def test_parallelize_precision_is_the_jobs():
     assert legacy.to_dict()["precision"] == "bf16"
     with pytest.raises(ValueError, match='precision must be one of "fp32", "bf16", "fp16"'):
         job_with_precision(resolve_job(None, 8), "half")
+
+
+def test_the_loss_scale_field_is_checked_and_loaded():
+    """checkpoint.scaler_state / load_scaler_state on torch's GradScaler (no launch): the
+    state round-trips into a fresh scaler whose scale tensor exists already, as the
+    executor's does; a malformed grad_scaler is refused naming the file and the field; a
+    plan without a scaler ignores it."""
+    from hybridplan.executor import checkpoint
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    weight = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([weight], lr=0.1)
+    for _ in range(3):  # three clean steps: the growth tracker counts them
+        opt.zero_grad()
+        scaler.scale(weight.square().sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    state = checkpoint.scaler_state(scaler)
+    assert state["scale"] == 1024.0 and state["_growth_tracker"] == 3
+    fresh = torch.amp.GradScaler("cpu")
+    fresh.scale(torch.ones(()))
+    ckpt = checkpoint.build({}, {"class": "SGD", "state": {}, "param_groups": []}, 7, "{}", "",
+                            grad_scaler=state)
+    checkpoint.load_scaler_state(fresh, checkpoint.check_envelope(ckpt, "c.pt"), "c.pt")
+    assert (fresh.get_scale(), fresh._get_growth_tracker()) == (1024.0, 3)
+    checkpoint.load_scaler_state(None, ckpt, "c.pt")
+    assert checkpoint.scaler_state(None) is None
+    with pytest.raises(ValueError, match=r"^c.pt: grad_scaler.scale must be a positive float "
+                                         r"\(got 0\)"):
+        checkpoint.check_envelope(dict(ckpt, grad_scaler=dict(state, scale=0)), "c.pt")
+    with pytest.raises(ValueError, match=r"^c.pt: grad_scaler._growth_tracker must be a "
+                                         r"non-negative int \(got 'x'\)"):
+        checkpoint.check_envelope(dict(ckpt, grad_scaler=dict(state, _growth_tracker="x")),
+                                  "c.pt")
