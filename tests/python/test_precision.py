@@ -29,8 +29,9 @@ One 2-rank launch runs dp, zero3, a 1F1B pipeline and tp in bf16, dp in fp32 and
 fp16 for STEPS steps each, and the fp16 loss scale through checkpoints and plan switches
 (_resume_fp16);
 the `full` form runs every 2-rank kind (zero2, placement dp=2 x mp=2, recompute, GPipe, interleaved
-1F1B, ZB-V too) for 20 steps, and `python bench/bench_precision.py` prints the table and the
-loss curves side by side.
+1F1B, ZB-V too) for 20 steps, and one 4-rank launch the compositions of FOUR_RANK_KINDS in bf16
+and FOUR_RANK_FP16_KINDS in fp16 for 20 steps; `python bench/bench_precision.py equality`
+prints the table and the loss curves side by side.
 """
 
 import functools
