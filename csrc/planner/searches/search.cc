@@ -9,6 +9,9 @@
 #include "planner/searches/search.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -628,6 +631,21 @@ bool sharding_allowed(const Plan& plan, const std::vector<Sharding>& allowed, Sh
   return kind == Sharding::kZero2;
 }
 
+// The (sharding kind, shard degree) pairs a pipeline point is split for (search()): unsharded
+// and zero2 at each shard degree where allowed; unsharded where nothing is.
+std::vector<std::pair<Sharding, int64_t>> pipeline_shardings(const Plan& plan,
+                                                             const std::vector<Sharding>& allowed,
+                                                             const Cluster& cluster) {
+  std::vector<std::pair<Sharding, int64_t>> kinds;
+  for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
+    if (!sharding_allowed(plan, allowed, kind)) continue;
+    if (kind == Sharding::kNone) kinds.emplace_back(kind, 0);
+    else for (int64_t degree : shard_degrees(plan, cluster)) kinds.emplace_back(kind, degree);
+  }
+  if (kinds.empty()) kinds.emplace_back(Sharding::kNone, 0);  // none excluded, none other allowed
+  return kinds;
+}
+
 // Evaluates `plan` with every sharding kind of `allowed` its shape permits (Plan::
 // validate_structure's rules), each at every shard degree (shard_degrees), and keeps the best.
 // Returns the evaluations.
@@ -652,6 +670,72 @@ int64_t choose_sharding(const Evaluator& evaluator, const std::vector<Sharding>&
     }
   }
   return evaluations;
+}
+
+}  // namespace
+
+namespace {
+
+// A point as a key (search()'s priced points of more accumulation steps).
+using PointKey = std::tuple<int64_t, int64_t, int64_t, bool, MpMode, Schedule, int64_t, int64_t,
+                            int64_t, int64_t>;
+PointKey point_key(const SearchSpacePoint& p) {
+  return {p.dp, p.mp, p.tp, p.sequence_parallel, p.mode, p.schedule, p.virtual_stages,
+          p.num_microbatches, p.per_replica_batch, p.accumulation_steps};
+}
+
+// What pricing a point gave search(): its best plan (recomputing where that alone fits) and the
+// notes it left.
+struct PricedPoint {
+  Plan plan;
+  bool recomputed = false;    // fits only with recompute_to_fit's recompute
+  bool reaches_last = false;  // found not to fit, and fits_at_last_accumulation
+  std::vector<std::string> placement_notes;
+  std::vector<std::string> pipeline_notes;  // each sharding kind's split note, in order
+};
+
+// The best plan of `point` (out.plan: its skeleton on entry): the placement or pipeline search,
+// each sharding kind, then recompute where memory binds. Adds its evaluations to `evaluations`.
+void price_point(const Evaluator& evaluator, const SearchOptions& options,
+                 const SearchSpacePoint& point, const PlacementSearchOptions& placement_options,
+                 PipelinePartitionCache& partitions,
+                 std::vector<std::vector<size_t>>& module_groups, PricedPoint& out,
+                 int64_t& evaluations) {
+  const Problem& problem = evaluator.problem();
+  Plan& plan = out.plan;
+  if (point.mode == MpMode::kPlacement) {
+    PlacementOutcome o = search_placement(evaluator, plan, placement_options);
+    evaluations += o.evaluations;
+    if (point.mp > 1) {  // (tp = 1: placement with tp > 1 has mp = 1)
+      out.placement_notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
+                                    str(point.per_replica_batch) + " placement: " + o.note);
+    }
+    plan.assignment = std::move(o.assignment);
+    plan.predicted = std::move(o.predicted);
+  } else {
+    // The stages are split for each sharding kind the point allows (a sharded stage holds
+    // less, so another split may fit or win); the best split of the best kind stands.
+    std::optional<Plan> best;
+    for (const auto& [kind, degree] : pipeline_shardings(plan, options.shardings, problem.cluster)) {
+      Plan trial = plan;
+      trial.sharding = kind;
+      trial.dp_shard = degree;
+      PipelineOutcome o =
+          search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
+      evaluations += o.evaluations;
+      out.pipeline_notes.push_back(o.note);
+      trial.assignment = std::move(o.assignment);
+      trial.recompute = std::move(o.recompute);
+      trial.predicted = std::move(o.predicted);
+      if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
+    }
+    plan = std::move(*best);
+  }
+  if (point.mode == MpMode::kPlacement) evaluations += choose_sharding(evaluator, options.shardings, plan);
+  if (!plan.predicted.feasible && module_groups.empty()) module_groups = module_call_groups(problem.graph);
+  if (!plan.predicted.feasible && recompute_to_fit(evaluator, module_groups, plan) > 0) {
+    out.recomputed = true;
+  }
 }
 
 }  // namespace
@@ -698,66 +782,63 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue(by_bound.begin(),
                                                                             by_bound.end());
   std::vector<SearchSpacePoint> derived;  // ranking index points.size() + i
+  // A point of more accumulation steps is reached again by other chains (b halved with M kept
+  // from one point, with the micro-batch size kept from another): it is priced once, and its
+  // outcome stands for every arrival (ranked again, as a point of its own).
+  std::map<PointKey, PricedPoint> priced_derived;
+  const auto queue_point = [&](const SearchSpacePoint& next) {
+    const Plan skeleton =
+        skeleton_with_mapping(problem, next, sha, mappings.at({next.dp, next.mp, next.tp}));
+    queue.emplace(objective_of_step(problem, skeleton, step_lower_bound_s(evaluator, skeleton)),
+                  points.size() + derived.size());
+    derived.push_back(next);
+  };
   while (!queue.empty()) {
     const auto [bound, index] = queue.top();
     queue.pop();
-    if (static_cast<int>(best_k.size()) == options.top_k && bound > best_k.top()) {
+    if (!options.exhaustive && static_cast<int>(best_k.size()) == options.top_k &&
+        bound > best_k.top()) {
       ++pruned;
       continue;
     }
     const bool first = index < points.size();
     const SearchSpacePoint point = first ? points[index] : derived[index - points.size()];
-    Plan plan = first ? std::move(skeletons[index])
-                      : skeleton_with_mapping(problem, point, sha,
-                                              mappings.at({point.dp, point.mp, point.tp}));
+    const std::optional<SearchSpacePoint> next = next_accumulation_point(problem, point);
+    PricedPoint fresh;
+    const PricedPoint* outcome = nullptr;
+    if (!first && !options.exhaustive) {
+      const auto seen = priced_derived.find(point_key(point));
+      if (seen != priced_derived.end()) outcome = &seen->second;
+    }
+    if (!outcome) {
+      fresh.plan = first ? std::move(skeletons[index])
+                         : skeleton_with_mapping(problem, point, sha,
+                                                 mappings.at({point.dp, point.mp, point.tp}));
+      price_point(evaluator, options, point, placement_options, partitions, module_groups, fresh,
+                  result.candidates_evaluated);
+      // The same global batch in more micro-steps of fewer samples, unless the plan found does
+      // not fit at the job's last step count either (its smallest micro-step: what is over is
+      // the parameter state, which no step count shrinks).
+      fresh.reaches_last = !fresh.plan.predicted.feasible && next &&
+                           fits_at_last_accumulation(evaluator, point, fresh.plan);
+      outcome = first || options.exhaustive
+                    ? &fresh
+                    : &priced_derived.emplace(point_key(point), std::move(fresh)).first->second;
+    }
     const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
                              (point.tp > 1 ? " tp=" + str(point.tp) : "") +
                              (point.sequence_parallel ? " sp" : "") + " " + mode_name(point.mode);
-    if (point.mode == MpMode::kPlacement) {
-      PlacementOutcome o = search_placement(evaluator, plan, placement_options);
-      result.candidates_evaluated += o.evaluations;
-      if (point.mp > 1) {  // (tp = 1: placement with tp > 1 has mp = 1)
-        result.notes.push_back("dp=" + str(point.dp) + " mp=" + str(point.mp) + " b=" +
-                               str(point.per_replica_batch) + " placement: " + o.note);
-      }
-      plan.assignment = std::move(o.assignment);
-      plan.predicted = std::move(o.predicted);
-    } else {
-      // The stages are split for each sharding kind the point allows (a sharded stage holds
-      // less, so another split may fit or win); the best split of the best kind stands.
-      std::vector<std::pair<Sharding, int64_t>> kinds;  // (kind, shard degree)
-      for (Sharding kind : {Sharding::kNone, Sharding::kZero2}) {
-        if (!sharding_allowed(plan, options.shardings, kind)) continue;
-        if (kind == Sharding::kNone) kinds.emplace_back(kind, 0);
-        else for (int64_t degree : shard_degrees(plan, problem.cluster)) kinds.emplace_back(kind, degree);
-      }
-      if (kinds.empty()) kinds.emplace_back(Sharding::kNone, 0);  // none excluded, none other allowed
-      std::optional<Plan> best;
-      for (const auto& [kind, degree] : kinds) {
-        Plan trial = plan;
-        trial.sharding = kind;
-        trial.dp_shard = degree;
-        PipelineOutcome o =
-            search_pipeline(evaluator, trial, options.exact_placement_max_nodes, &partitions);
-        result.candidates_evaluated += o.evaluations;
-        // one note per (dp, mp, tp): a split found where any M or schedule has one
-        const auto [note, fresh] = pipeline_notes.emplace(head, o.note);
-        if (!fresh && note->second.rfind("no split fits", 0) == 0) note->second = o.note;
-        trial.assignment = std::move(o.assignment);
-        trial.recompute = std::move(o.recompute);
-        trial.predicted = std::move(o.predicted);
-        if (!best || better_prediction(trial.predicted, best->predicted)) best = std::move(trial);
-      }
-      plan = std::move(*best);
+    for (const std::string& note : outcome->placement_notes) result.notes.push_back(note);
+    for (const std::string& o_note : outcome->pipeline_notes) {
+      // one note per (dp, mp, tp): a split found where any M or schedule has one
+      const auto [note, fresh_note] = pipeline_notes.emplace(head, o_note);
+      if (!fresh_note && note->second.rfind("no split fits", 0) == 0) note->second = o_note;
     }
-    if (point.mode == MpMode::kPlacement) {
-      result.candidates_evaluated += choose_sharding(evaluator, options.shardings, plan);
-    }
+    Plan plan;
+    if (outcome == &fresh) plan = std::move(fresh.plan);
+    else plan = outcome->plan;
     if (plan.sharding != Sharding::kNone) ++sharded;
-    if (!plan.predicted.feasible && module_groups.empty()) module_groups = module_call_groups(problem.graph);
-    if (!plan.predicted.feasible && recompute_to_fit(evaluator, module_groups, plan) > 0) {
-      ++recomputed;
-    }
+    if (outcome->recomputed) ++recomputed;
     if (!plan.predicted.feasible) {
       const int64_t peak = peak_memory_bytes(plan.predicted);
       if (!least_memory || peak < least_memory->first) least_memory.emplace(peak, describe(point));
@@ -768,19 +849,9 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
       if (static_cast<int>(best_k.size()) > options.top_k) best_k.pop();
       if (!first) ++accumulated;
       ranked.emplace_back(obj, index, std::move(plan));
+      continue;
     }
-    // Nothing fits: the same global batch in more micro-steps of fewer samples, unless the
-    // plan found does not fit at the job's last step count either (its smallest micro-step:
-    // what is over is the parameter state, which no step count shrinks).
-    if (plan.predicted.feasible) continue;
-    if (const std::optional<SearchSpacePoint> next = next_accumulation_point(problem, point);
-        next && fits_at_last_accumulation(evaluator, point, plan)) {
-      const Plan skeleton =
-          skeleton_with_mapping(problem, *next, sha, mappings.at({next->dp, next->mp, next->tp}));
-      queue.emplace(objective_of_step(problem, skeleton, step_lower_bound_s(evaluator, skeleton)),
-                    points.size() + derived.size());
-      derived.push_back(*next);
-    }
+    if (outcome->reaches_last) queue_point(*next);
   }
   if (pruned > 0) {
     result.notes.push_back(std::to_string(pruned) + " of " +

@@ -49,6 +49,11 @@ struct SearchOptions {
   // Sequence parallelism on the points with tp > 1 (above). kOn with no degree > 1 of the space
   // allowing it: InputError.
   SequenceParallelSearch sequence_parallel = SequenceParallelSearch::kAuto;
+  // Every point searched: none left out by its lower bound, and a point of more accumulation
+  // steps that several chains reach searched again on each arrival instead of once (search.cc).
+  // The same plans, by many more evaluations: the reference the pruned search is tested
+  // against.
+  bool exhaustive = false;
 };
 
 struct SearchResult {

@@ -3,8 +3,9 @@
 // buffers, workspaces, tied copies, the first and last stages' bytes, forbidden cuts),
 // least_memory_partition (narrowed by the split at equal shares and the end windows) and
 // optimal_partition (narrowed by the end windows under its memory limit) return the very split,
-// kinds and value of a DP that scans every state. And the lower bound by which search() leaves
-// points out against every split of small random problems.
+// kinds and value of a DP that scans every state. The lower bound by which search() leaves
+// points out against every split of small random problems. And search() against its exhaustive
+// form (SearchOptions::exhaustive) where memory binds and steps accumulate.
 #include <algorithm>
 #include <limits>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "catch.h"
+#include "common/error.h"
 #include "partition_fixtures.h"
 #include "planner/costs/evaluate.h"
 #include "planner/documents/plan.h"
@@ -192,4 +194,92 @@ TEST_CASE("search pruning: a pipeline point's step lower bound holds for every s
   }
   CHECK(checked > 100);
   CHECK(with_fill > 20);
+}
+
+TEST_CASE("search pruning: where memory binds and steps accumulate, the pruned search returns "
+          "the exhaustive search's plans",
+          "[search_pruning][accumulation]") {
+  // Random small problems whose job asks for a global batch on devices with little memory, so
+  // that many points fit only in more accumulation steps, and chains from several points meet
+  // at one point (b halved with M kept from one, the micro-batch size kept from another).
+  // search() leaves points out by their lower bound and prices a point that several chains reach
+  // once; SearchOptions::exhaustive prices every point on every arrival. Both return the same
+  // top k: objectives and points.
+  std::mt19937_64 rng(20261209);
+  int compared = 0, accumulated = 0, infeasible = 0, fewer = 0, met = 0;
+  int64_t evaluations = 0, exhaustive_evaluations = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    Problem problem = testing::random_problem(rng, trial);
+    const int64_t world = problem.cluster.num_devices();
+    problem.job.per_replica_batches.clear();
+    problem.job.accumulation_steps.clear();
+    problem.job.global_batches = {world * (int64_t{2} << (rng() % 3))};
+    problem.cluster.device.memory_bytes = static_cast<int64_t>(32 + rng() % 224) << 20;
+    SearchOptions options;
+    if (trial % 5 == 4) options.devices = problem.cluster.devices_per_node;
+    SearchOptions every = options;
+    every.exhaustive = true;
+    INFO("trial " << trial << ": " << problem.graph.nodes.size() << " nodes, "
+                  << problem.cluster.num_nodes << "x" << problem.cluster.devices_per_node
+                  << ", global batch " << problem.job.global_batches[0] << ", memory "
+                  << (problem.cluster.device.memory_bytes >> 20) << " MiB");
+    SearchResult reference;
+    try {
+      reference = search(problem, every);
+    } catch (const InfeasibleError&) {
+      ++infeasible;
+      CHECK_THROWS_AS(search(problem, options), InfeasibleError);
+      continue;
+    }
+    const SearchResult r = search(problem, options);
+    ++compared;
+    evaluations += r.candidates_evaluated;
+    exhaustive_evaluations += reference.candidates_evaluated;
+    fewer += r.candidates_evaluated < reference.candidates_evaluated;
+    REQUIRE(r.plans.size() == reference.plans.size());
+    for (size_t i = 0; i < r.plans.size(); ++i) {
+      const Plan& a = r.plans[i];
+      const Plan& b = reference.plans[i];
+      INFO("rank " << i + 1);
+      CHECK(objective(problem, a.predicted) == Approx(objective(problem, b.predicted)).epsilon(1e-12));
+      // the point itself where no other plan of the list ties with it
+      const auto ties = [&](const std::vector<Plan>& plans) {
+        return std::count_if(plans.begin(), plans.end(), [&](const Plan& p) {
+          return objective(problem, p.predicted) == objective(problem, b.predicted);
+        });
+      };
+      if (ties(reference.plans) == 1) {
+        CHECK(std::tie(a.dp, a.mp, a.tp, a.mode, a.schedule, a.num_microbatches,
+                       a.per_replica_batch, a.accumulation_steps, a.sharding) ==
+              std::tie(b.dp, b.mp, b.tp, b.mode, b.schedule, b.num_microbatches,
+                       b.per_replica_batch, b.accumulation_steps, b.sharding));
+        CHECK(a.assignment == b.assignment);
+        CHECK(a.recompute == b.recompute);
+      }
+    }
+    accumulated += std::any_of(r.plans.begin(), r.plans.end(),
+                               [](const Plan& p) { return p.accumulation_steps > 1; });
+    // chains that met: one point of more steps ranked twice (once per chain that reached it)
+    for (size_t i = 0; i < r.plans.size(); ++i) {
+      for (size_t j = i + 1; j < r.plans.size(); ++j) {
+        const Plan& a = r.plans[i];
+        const Plan& b = r.plans[j];
+        met += a.accumulation_steps > 1 &&
+               std::tie(a.dp, a.mp, a.tp, a.mode, a.schedule, a.num_microbatches,
+                        a.per_replica_batch, a.accumulation_steps) ==
+                   std::tie(b.dp, b.mp, b.tp, b.mode, b.schedule, b.num_microbatches,
+                            b.per_replica_batch, b.accumulation_steps);
+      }
+    }
+  }
+  INFO(compared << " compared, " << accumulated << " with accumulated plans, " << met
+                << " points reached by two chains, " << infeasible
+                << " with nothing that fits; evaluations " << evaluations << " against "
+                << exhaustive_evaluations);
+  CHECK(compared >= 30);
+  CHECK(accumulated >= 10);  // memory bound and the steps accumulated
+  CHECK(infeasible >= 2);
+  CHECK(met >= 3);
+  CHECK(fewer >= 10);
+  CHECK(evaluations < exhaustive_evaluations);
 }
