@@ -15,7 +15,9 @@ equal one-process training on the global batch (float reassociation). So does a 
 meta-built model, cut on the meta device: GPT-2 under 1F1B (2 stages, its tied wte/lm_head on
 both; a switch reusing its module, whose tensors stay on the meta device, is refused), and
 (marker `full`, a launch of its own) Llama under ZB-V (4 stages on 2 ranks, rank 0 holding the
-first and the last) and under a placement of each replica's nodes over 2 devices. What
+first and the last) and under a placement of each replica's nodes over 2 devices; and
+(marker `full`, 4 ranks) a Llama of 4 query over 2 key-value heads under a 1F1B pipeline of 2
+stages x TP 2 and under 2 replicas of a 2-stage pipeline whose stages are sharded zero2. What
 each rank materialised is checked too: a pipeline rank holds storage for its own stages'
 tensors and for nothing else (the other stages and the original module stay on the meta
 device), and a zero3 rank's parameters take 1/2 of the whole model's bytes (each tensor's
@@ -41,16 +43,32 @@ LR = 0.1
 SEED = 3
 
 
-def meta_model(name):
-    """(model built on the meta device, batch, loss) of user_models' `name`."""
+def llama_gqa():
+    """user_models' Llama with 4 query heads over 2 key-value heads (user_models.llama has one
+    key-value head, so its attention runs whole under tp = 2; this one splits it)."""
     import user_models
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = user_models._decoder_config(LlamaConfig)
+    config.num_attention_heads, config.num_key_value_heads = 4, 2
+    config.head_dim = user_models.D_MODEL // 4
+    return (LlamaForCausalLM(config), user_models._causal_lm_batch,
+            user_models._next_token_loss)
+
+
+def _builder(name):
+    import user_models
+    return llama_gqa if name == "llama_gqa" else getattr(user_models, name)
+
+
+def meta_model(name):
+    """(model built on the meta device, batch, loss) of user_models' `name` (or llama_gqa)."""
     with torch.device("meta"):
-        return getattr(user_models, name)()
+        return _builder(name)()
 
 
 def real_model(name):
-    import user_models
-    return getattr(user_models, name)()
+    return _builder(name)()
 
 
 def with_tp(plan, tp):
@@ -70,6 +88,14 @@ def plan_for(name, kind):
         return dict(placement_plan(model, dp=2, mp=1, per_replica_batch=BATCH), sharding="zero3")
     if kind == "tp":
         return with_tp(placement_plan(model, dp=1, mp=1, per_replica_batch=BATCH), 2)
+    if kind == "pipe_tp":  # each of 2 stages split over 2 TP ranks: 4 ranks
+        return with_tp(pipeline_plan(model, dp=1, mp=2, schedule="1f1b", num_microbatches=2,
+                                     per_replica_batch=BATCH,
+                                     example_inputs=batch(BATCH, 0)[0]), 2)
+    if kind == "pipe_zero2":  # 2 replicas of 2 stages, each stage sharded over its 2 replicas
+        return dict(pipeline_plan(model, dp=2, mp=2, schedule="1f1b", num_microbatches=2,
+                                  per_replica_batch=BATCH, example_inputs=batch(BATCH, 0)[0]),
+                    sharding="zero2")
     if kind == "zbv":  # 4 stages on 2 ranks, along a V
         return pipeline_plan(model, dp=1, mp=2, schedule="zbv", num_microbatches=2,
                              virtual_stages=2, per_replica_batch=BATCH,
@@ -218,9 +244,55 @@ def test_meta_model_under_more_plan_kinds(tmp_path):
                  for kind in ("zbv", "place2")], tmp_path, {})
 
 
-def check_cases(cases, tmp_path, sources):
-    """Runs `cases` on 2 ranks (meta_cases) and checks each against the one-process twin."""
-    results, failures = run_cases("test_meta_init:meta_cases", {2: cases}, tmp_path,
+@pytest.mark.full
+def test_meta_model_under_tensor_parallel_pipelines_and_zero2_stages(tmp_path):
+    """On 4 Gloo ranks, a meta-built Llama with grouped-query attention (4 query over 2
+    key-value heads) under a 1F1B pipeline of 2 stages with each stage split over 2 TP ranks
+    (each TP rank traces its stage at its own heads and fills its slices), and the same model
+    under 2 replicas of a 2-stage pipeline whose stages are sharded zero2 over their replicas
+    (each stage filled whole on its own ranks only, then sharded). After apply, every rank's
+    gathered weights equal the one-process materialisation; after one step, one-process
+    training on the global batch. Each rank materialised its own stage's tensors and nothing
+    of the other stage: under zero2 the two ranks of a stage hold a half of it each, under TP
+    the attention's and MLP's weights are halved while the norms stay whole."""
+    cases = [{"id": f"llama_gqa-{kind}", "model": "llama_gqa",
+              "plan": plan_for("llama_gqa", kind)} for kind in ("pipe_tp", "pipe_zero2")]
+    results = check_cases(cases, tmp_path, {}, ranks=4)
+    model, _, _ = meta_model("llama_gqa")
+    stage_of = _stage_bytes(cases[0]["plan"], model)
+    held = [r["holdings"] for r in results["llama_gqa-pipe_zero2"]]
+    # ranks (r * mp + s): replica r's stage s; zero2 shards a stage over its 2 replicas
+    assert [h["stages"] for h in held] == [[0], [1], [0], [1]]
+    for s in (0, 1):
+        pair = [held[s]["own"], held[2 + s]["own"]]
+        assert sum(pair) == stage_of[s], (s, pair, stage_of)
+        assert all(0 < own < stage_of[s] for own in pair), (s, pair)
+    held = [r["holdings"] for r in results["llama_gqa-pipe_tp"]]
+    # ranks (s * tp + t): stage s, TP rank t
+    assert [h["stages"] for h in held] == [[0], [0], [1], [1]]
+    for s in (0, 1):
+        own = [held[2 * s]["own"], held[2 * s + 1]["own"]]
+        assert own[0] == own[1] and stage_of[s] / 2 < own[0] < stage_of[s], (s, own, stage_of)
+    for h in held + [r["holdings"] for r in results["llama_gqa-pipe_zero2"]]:
+        assert h["elsewhere"] == 0, h
+
+
+def _stage_bytes(plan, model):
+    """{stage: bytes of the parameters of the nodes the plan assigns to it}."""
+    from hybridplan.profiler import block_list
+    nodes = block_list.select_nodes(model)
+    out = {}
+    for a in plan["assignment"]:
+        mod = nodes[a["name"]]
+        out[a["device"]] = out.get(a["device"], 0) + sum(
+            p.numel() * p.element_size() for p in mod.parameters(recurse=True))
+    return out
+
+
+def check_cases(cases, tmp_path, sources, ranks=2):
+    """Runs `cases` on `ranks` ranks (meta_cases) and checks each against the one-process twin;
+    returns the ranks' results."""
+    results, failures = run_cases("test_meta_init:meta_cases", {ranks: cases}, tmp_path,
                                   timeout_s=240)
     assert not failures, failures
     refs = {}
@@ -268,6 +340,7 @@ def check_cases(cases, tmp_path, sources):
             for key, value in stepped.items():
                 torch.testing.assert_close(rank_result["stepped"][key], value, rtol=1e-5,
                                            atol=1e-5, msg=lambda m: f"{case['id']} {key}: {m}")
+    return results
 
 
 # ---- the rule, in this process -----------------------------------------------------------------

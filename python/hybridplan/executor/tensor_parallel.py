@@ -66,7 +66,7 @@ from torch import nn
 from .. import _C
 from ..profiler import block_list
 from ..profiler.sequence_parallel import SEQUENCE_DIM, detect_sequence_parallel
-from ..profiler.tensor_parallel import as_linear, detect_layout, narrow_linear
+from ..profiler.tensor_parallel import _Linear, detect_layout, narrow_linear
 from . import sharding
 
 # torch.distributed.tensor, its parallel styles and FSDP's replicate are imported inside the
@@ -339,17 +339,16 @@ def narrowed_for_export(module: nn.Module, styles: Mapping[str, str], rank: int,
     heads, which at the whole model's shapes would not match a rank's heads). The narrowing is
     the split check's (profiler.tensor_parallel.narrow_linear: weights, biases and the
     in/out feature attributes); row-wise biases stay whole (RowwiseParallel keeps them
-    replicated). parallelize(..., local=True) then wraps the shards as DTensors."""
+    replicated). parallelize(..., local=True) then wraps the shards as DTensors. Only
+    nn.Linear nodes are narrowed, so each one's shape is read from its weight, (out, in),
+    without running it: a model built on the meta device has no values to test it on."""
     shapes = {}
     for node, style in styles.items():
         name = block_list.module_name(node)
         if (style in ("colwise", "rowwise") and name not in shapes
                 and _narrowed_in_export(style, weight_kind(module.get_submodule(name), name))):
-            shape = as_linear(module.get_submodule(name))
-            if shape is None:
-                raise ValueError(f"tensor parallelism: node {name!r} ({style}) is not a "
-                                 f"linear layer")
-            shapes[name] = (shape, style)
+            rows, cols = module.get_submodule(name).weight.shape
+            shapes[name] = (_Linear(cols, rows, True), style)
     copy_ = copy.deepcopy(module)
     for name, (shape, style) in shapes.items():
         narrow_linear(copy_.get_submodule(name), shape, style, rank, tp)
