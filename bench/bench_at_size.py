@@ -11,7 +11,10 @@ Per row:
    shapes, written out below; no weights, no network) under `torch.device("meta")`, cast to
    bfloat16, with `--profile-layers` decoder layers, and fake-profiled
    (`profile_dict(..., device_model="dgx-h100")`) at one sequence with the causal LM's
-   cross-entropy loss. A fake profile costs Python's time per op, not the model's size, so
+   cross-entropy loss, with its tensor-parallel fields (profiler.fake_tensor_parallel: which
+   nodes split and how is checked on a miniature of the same class, heads and layers with
+   values; max degrees, bytes and per-rank split times at the model's own shapes, priced).
+   A fake profile costs Python's time per op, not the model's size, so
    the stack is profiled at 3 layers and repeated to its depth
    (`profiler.layer_repeat.repeat_layers`: every layer between the first and the last prices
    the same; `tests/python/test_fake_profile.py` checks this against a profile at full depth
@@ -19,14 +22,13 @@ Per row:
    interpreter, torch and transformers included).
 2. **Plan**: `hybridplan.search` on the `dgx-h100` preset with as many nodes as the row has
    GPUs / 8, the job: the row's global batch (the published run's), Adam, mixed precision
-   (16 bytes a parameter), samples/s as the objective. The fake graph has no tensor-parallel
-   fields (a split is found by a numerical check on real values: docs/fake_profile.md), so
-   the planner chooses among data parallelism, FSDP-style sharding, pipelines and recompute
-   only.
+   (16 bytes a parameter), samples/s as the objective, every plan kind the planner has:
+   data parallelism, FSDP-style sharding, pipelines, recompute and tensor parallelism (up to
+   8, a DGX node).
 3. **Table**: the plan, predicted tokens/s per GPU, model TFLOP/s per GPU (6 N + 6 L s h FLOPs
    a token: the weights' forward and backward and causal attention, N the parameters without
-   the embedding table), predicted memory per GPU, and the published figure for the nearest
-   layout.
+   the embedding table), predicted memory per GPU, the published layout priced by the same
+   model where the planner can express it (PUBLISHED_LAYOUT), and the published figure.
 
 Mixtral's experts run under Hugging Face's `grouped_mm` experts implementation (the default in
 transformers 5): the tokens sorted by expert, each expert's rows multiplied by its weights in
@@ -121,7 +123,7 @@ def parameters_at_depth(name: str) -> dict:
     return {"total": total, "non_embedding": total - embed, "per_layer": per_layer}
 
 
-def profile_child(name: str, layers: int, out: str) -> int:
+def profile_child(name: str, layers: int, out: str, tensor_parallel: bool = True) -> int:
     """Runs in the child: profiles `name` at `layers` layers into `out`, prints its costs."""
     import torch
     import torch.nn.functional as F
@@ -134,19 +136,23 @@ def profile_child(name: str, layers: int, out: str) -> int:
                                           y.flatten())
     graph = profile_dict(model, ids, device_model="dgx-h100", verbose=False, batch_sizes=(),
                          loss_fn=loss, target=torch.zeros(1, seq, dtype=torch.long),
-                         name=name.lower().replace(".", "_"))
+                         name=name.lower().replace(".", "_"), tensor_parallel=tensor_parallel)
     Path(out).write_text(json.dumps(graph))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"wall_s": time.monotonic() - started,
-                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                      * 1024}))
+                      "cpu_s": usage.ru_utime + usage.ru_stime,
+                      "peak_rss_bytes": usage.ru_maxrss * 1024,
+                      "tensor_parallel_nodes": sum("tensor_parallel" in n
+                                                   for n in graph["nodes"])}))
     return 0
 
 
-def profile_row(name: str, layers: int, out_dir: Path) -> dict:
+def profile_row(name: str, layers: int, out_dir: Path, tensor_parallel: bool = True) -> dict:
     path = out_dir / f"{name}.shallow.json"
     started = time.monotonic()
     done = subprocess.run([sys.executable, __file__, "--profile-one", name, "--profile-layers",
-                           str(layers), "--graph-out", str(path)], capture_output=True,
+                           str(layers), "--graph-out", str(path), "--tensor-parallel",
+                           "on" if tensor_parallel else "off"], capture_output=True,
                           text=True, check=False, env={**os.environ, "PYTHONPATH": str(
                               ROOT / "python")})
     if done.returncode:
@@ -166,23 +172,34 @@ def cluster_for(gpus: int) -> dict:
     return cluster
 
 
-# The published layouts the fake graph can express (no tensor parallelism): FSDP over every
-# GPU (zero3, one replica per GPU) at the published local batch.
-PUBLISHED_LAYOUT = {"8b-8": 2, "8b-128": 2}
+# The published layouts as the planner can express them, priced by the same model: the search
+# restricted to the layout's kinds and degrees at the published local batch (a replica's
+# batch: a TP group's), the planner choosing recompute. FSDP over every GPU is zero3 data
+# parallelism (dp_only, which also means tp 1); FSDP x TP is a zero3 placement at tp 8. torchtitan's 405B run shards a
+# pipeline's stages with FSDP under TP as well, which the planner does not express (sharding
+# under tp > 1 is a placement plan's only): its nearest is TP 8 x a pipeline, unsharded.
+PUBLISHED_LAYOUT = {
+    "8b-8": dict(local_batch=2, dp_only=True, shardings=("zero3",), tensor_degrees=(1,)),
+    "8b-128": dict(local_batch=2, dp_only=True, shardings=("zero3",), tensor_degrees=(1,)),
+    # placement with tp > 1 is mp = 1 only: zero3 data parallelism over TP groups of 8
+    "70b-256": dict(local_batch=16, modes=("placement",), shardings=("zero3",),
+                    tensor_degrees=(8,)),
+    "405b-512": dict(local_batch=32, modes=("pipeline",), shardings=("none",),
+                     tensor_degrees=(8,)),
+}
 
 
-def plan_row(graph: dict, gpus: int, global_batch: int, fsdp_local_batch: int = 0):
-    """The planner's best plan for the row; with `fsdp_local_batch`, the best plan restricted
-    to the published layout instead (zero3 data parallelism alone at that local batch, the
-    planner choosing recompute)."""
+def plan_row(graph: dict, gpus: int, global_batch: int, layout: dict = None):
+    """The planner's best plan for the row; with `layout` (PUBLISHED_LAYOUT's), the best plan
+    restricted to the published layout instead."""
     from hybridplan.planner import search
     job = {"schema_version": 1, "kind": "hybridplan.job", "samples_per_epoch": 1 << 30,
            "global_batch": global_batch, "optimizer": "adam", "mixed_precision": True}
     only = {}
-    if fsdp_local_batch:
-        job["per_replica_batch"] = fsdp_local_batch
+    if layout:
+        only = {k: v for k, v in layout.items() if k != "local_batch"}
+        job["per_replica_batch"] = layout["local_batch"]
         del job["global_batch"]
-        only = dict(dp_only=True, shardings=("zero3",))
     started = time.monotonic()
     result = search(graph, cluster_for(gpus), job, devices=gpus, top_k=3, **only)
     return result, time.monotonic() - started
@@ -202,6 +219,8 @@ def plan_words(plan: dict) -> str:
     if recompute:
         words.append("recompute " + "/".join(sorted(recompute)))
     words.append(f"b={plan['per_replica_batch']}")
+    if plan.get("accumulation_steps", 1) > 1:
+        words.append(f"K={plan['accumulation_steps']} accumulation steps")
     return ", ".join(words)
 
 
@@ -218,8 +237,18 @@ def full_depth_check(name: str, layers: int, out_dir: Path) -> int:
     if names != [n["name"] for n in repeated["nodes"]]:
         raise SystemExit(f"bench_at_size: {name}: the repeated graph's nodes differ")
     for a, b in zip(full["graph"]["nodes"], repeated["nodes"]):
-        for key in ("forward_s", "backward_s", "output_bytes", "saved_bytes", "flops"):
-            diff = abs(a[key] - b[key]) / max(abs(a[key]), 1e-30) if a[key] else abs(b[key])
+        pairs = [(key, a[key], b[key]) for key in ("forward_s", "backward_s", "output_bytes",
+                                                    "saved_bytes", "flops")]
+        ta, tb = a.get("tensor_parallel"), b.get("tensor_parallel")
+        if (ta is None) != (tb is None) or (ta and {k: v for k, v in ta.items()
+                                                 if k != "split_times"} != {
+                k: v for k, v in tb.items() if k != "split_times"}):
+            raise SystemExit(f"bench_at_size: {name}: {a['name']}'s tensor-parallel fields differ")
+        for sa, sb in zip((ta or {}).get("split_times", []), (tb or {}).get("split_times", [])):
+            pairs += [(f"split {sa['degree']} {k}", sa[k], sb[k]) for k in ("forward_s",
+                                                                              "backward_s")]
+        for key, x, y in pairs:
+            diff = abs(x - y) / max(abs(x), 1e-30) if x else abs(y)
             worst = max(worst, (diff, f"{a['name']} {key}"))
     edge = lambda e: (e["src"], e["dst"], e.get("bytes"))  # noqa: E731
     same_edges = sorted(map(edge, full["graph"]["edges"])) == sorted(map(edge, repeated["edges"]))
@@ -238,18 +267,22 @@ def main() -> int:
     parser.add_argument("--full-depth-check", metavar="MODEL", choices=list(MODELS),
                         help="also profile MODEL at its full depth and compare it node by node "
                              "with the repeated profile (its wall time and memory too)")
+    parser.add_argument("--tensor-parallel", choices=("on", "off"), default="on",
+                        help="off: profile without the tensor-parallel fields (the graph then "
+                             "plans without tensor parallelism; for measuring their cost)")
     parser.add_argument("--profile-one", help=argparse.SUPPRESS)
     parser.add_argument("--graph-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.profile_one:
-        return profile_child(args.profile_one, args.profile_layers, args.graph_out)
+        return profile_child(args.profile_one, args.profile_layers, args.graph_out,
+                             args.tensor_parallel == "on")
     from hybridplan.profiler.layer_repeat import repeat_layers
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.full_depth_check:
         return full_depth_check(args.full_depth_check, args.profile_layers, out_dir)
     profiles = {}
-    print("| model | GPUs | global batch (seq x tokens) | profile: wall s, peak RSS GB | "
+    print("| model | GPUs | global batch (seq x tokens) | profile: wall s (CPU s), peak RSS GB | "
           "plan | predicted tokens/s/GPU | model TFLOP/s/GPU (MFU) | predicted memory/GPU GiB "
           "| plan search s | the published layout, predicted: tokens/s/GPU, GiB | published, "
           "nearest layout |")
@@ -258,7 +291,7 @@ def main() -> int:
         name, gpus, batch, published = ROWS[key]
         m = MODELS[name]
         if name not in profiles:
-            prof = profile_row(name, args.profile_layers, out_dir)
+            prof = profile_row(name, args.profile_layers, out_dir, args.tensor_parallel == "on")
             prof["full"] = repeat_layers(prof["graph"], "model.layers.", m["layers"])
             prof["params"] = parameters_at_depth(name)
             (out_dir / f"{name}.json").write_text(json.dumps(prof["full"]))
@@ -277,8 +310,7 @@ def main() -> int:
         flops_per_token = 6 * active + 6 * m["layers"] * m["seq"] * m["hidden"]
         tflops = tokens_per_gpu * flops_per_token
         memory = max(pred["memory_bytes"]) / 2 ** 30
-        theirs = ("-" if "none found" in published else
-                  "tensor-parallel: not expressible without tensor-parallel fields")
+        theirs = "-"
         if key in PUBLISHED_LAYOUT:
             from hybridplan.planner import InfeasibleError
             try:
@@ -290,8 +322,9 @@ def main() -> int:
             except InfeasibleError as exc:  # the message names the smallest need
                 need = str(exc).split("smallest per-device memory need is ")[-1]
                 theirs = f"does not fit: {need.split(' (over')[0]}"
-        print(f"| {name} | {gpus} | {batch} x {m['seq']} | {prof['wall_s']:.1f}, "
-              f"{prof['peak_rss_bytes'] / 1e9:.2f} | {plan_words(plan)} | {tokens_per_gpu:,.0f} "
+        print(f"| {name} | {gpus} | {batch} x {m['seq']} | {prof['wall_s']:.1f} "
+              f"({prof['cpu_s']:.1f} CPU), {prof['peak_rss_bytes'] / 1e9:.2f} | "
+              f"{plan_words(plan)} | {tokens_per_gpu:,.0f} "
               f"| {tflops / 1e12:.0f} ({tflops / kPeakBf16:.0%}) | {memory:.1f} | "
               f"{search_s:.1f} | {theirs} | {published} |", flush=True)
     print()
@@ -303,8 +336,9 @@ def main() -> int:
         print(f"- {name}: {len(g['nodes'])} nodes ({args.profile_layers} layers profiled, "
               f"repeated to {MODELS[name]['layers']}), {prof['params']['total'] / 1e9:.2f} B "
               f"parameters, one sequence priced at forward {fwd * 1e3:.1f} ms + backward "
-              f"{bwd * 1e3:.1f} ms, {flops / 1e12:.1f} TFLOP forward; profile child "
-              f"{prof['process_s']:.1f} s with interpreter start")
+              f"{bwd * 1e3:.1f} ms, {flops / 1e12:.1f} TFLOP forward; "
+              f"{prof['tensor_parallel_nodes']} of the profiled nodes carry tensor-parallel "
+              f"fields; profile child {prof['process_s']:.1f} s with interpreter start")
     return 0
 
 
