@@ -182,7 +182,8 @@ def main() -> int:
                             clock="thread" if args.device == "cpu" else "auto",
                             tensor_parallel=False, **common)
         started = time.monotonic()
-        fake = profile_dict(model, inputs, mode="fake", device_model=dm, **common)
+        fake = profile_dict(model, inputs, mode="fake", device_model=dm, tensor_parallel=False,
+                            **common)
         fake_s = time.monotonic() - started
         e = _errors(real, fake)
         rank_real = _ranking(real, args.cluster, args.devices, args.top_k)
