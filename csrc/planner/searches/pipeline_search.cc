@@ -19,18 +19,27 @@ namespace {
 // rules (the calls of one module recompute together: a module whose calls the kinds disagree
 // on recomputes fully, and with it the whole stages of its calls, to a fixed point). Empty
 // when no stage recomputes.
-std::vector<uint8_t> stage_recompute(const Graph& graph, const std::vector<int32_t>& assignment,
+// The calls of each module with more than one (module_of_call), in module-name order.
+std::vector<std::vector<size_t>> shared_module_calls(const Graph& graph) {
+  std::map<std::string, std::vector<size_t>> calls;
+  for (size_t v = 0; v < graph.nodes.size(); ++v) calls[module_of_call(graph.nodes[v].name)].push_back(v);
+  std::vector<std::vector<size_t>> out;
+  for (auto& [module, group] : calls) {
+    if (group.size() >= 2) out.push_back(std::move(group));
+  }
+  return out;
+}
+
+std::vector<uint8_t> stage_recompute(const Graph& graph, const std::vector<std::vector<size_t>>& calls,
+                                     const std::vector<int32_t>& assignment,
                                      const std::vector<StageRecompute>& kinds) {
   if (std::all_of(kinds.begin(), kinds.end(), [](StageRecompute r) { return r == kRecomputeNone; })) {
     return {};
   }
   std::vector<StageRecompute> stage = kinds;
-  std::map<std::string, std::vector<size_t>> calls;
-  for (size_t v = 0; v < graph.nodes.size(); ++v) calls[module_of_call(graph.nodes[v].name)].push_back(v);
   for (bool changed = true; changed;) {
     changed = false;
-    for (const auto& [module, group] : calls) {
-      if (group.size() < 2) continue;
+    for (const std::vector<size_t>& group : calls) {
       const StageRecompute first = stage[assignment[group.front()]];
       if (std::all_of(group.begin(), group.end(), [&](size_t v) { return stage[assignment[v]] == first; })) {
         continue;
@@ -251,6 +260,11 @@ std::optional<Partition> PipelinePartitionCache::optimal(const PartitionCosts& c
   return optimal_partition(costs, hints);
 }
 
+const std::vector<std::vector<size_t>>& PipelinePartitionCache::shared_module_calls(const Graph& graph) {
+  if (!module_calls_) module_calls_ = hybridplan::shared_module_calls(graph);
+  return *module_calls_;
+}
+
 PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
                                 int exact_max_nodes, PipelinePartitionCache* cache) {
   const Problem& problem = evaluator.problem();
@@ -259,12 +273,23 @@ PipelineOutcome search_pipeline(const Evaluator& evaluator, const Plan& base,
   PipelineOutcome out;
   if (n < base.num_stages()) return out;
   Plan plan = base;
+  // the calls of one module (stage_recompute), found once per search where a cache is given
+  const std::vector<std::vector<size_t>>* calls = nullptr;
+  std::vector<std::vector<size_t>> own_calls;
   // evaluates a split with each stage's kind (empty: base's recompute); returns whether it fits
   // and, in `memory`, its memory per rank
   const auto consider = [&](const std::vector<int64_t>& starts, const std::vector<StageRecompute>& kinds,
                             std::vector<int64_t>* memory = nullptr) {
     plan.assignment = stages_from_split(g, starts);
-    plan.recompute = kinds.empty() ? base.recompute : stage_recompute(g, plan.assignment, kinds);
+    if (!kinds.empty() && !calls) {
+      if (cache) {
+        calls = &cache->shared_module_calls(g);
+      } else {
+        own_calls = shared_module_calls(g);
+        calls = &own_calls;
+      }
+    }
+    plan.recompute = kinds.empty() ? base.recompute : stage_recompute(g, *calls, plan.assignment, kinds);
     Prediction pred = evaluator.evaluate(plan);
     ++out.evaluations;
     const bool fits = pred.feasible;

@@ -59,7 +59,12 @@ class PipelinePartitionCache {
                                    bool* unconstrained = nullptr,
                                    std::optional<Partition>* least_memory = nullptr);
 
+  // The calls of each module that has several (module_of_call), found on first use: the calls
+  // recompute alike (pipeline_search.cc stage_recompute). One graph per cache.
+  const std::vector<std::vector<size_t>>& shared_module_calls(const Graph& graph);
+
  private:
+  std::optional<std::vector<std::vector<size_t>>> module_calls_;
   // (stages, V mapping, micro-batch, the replica's devices, tp) -> the split without memory limits
   std::map<std::tuple<int64_t, bool, double, std::vector<DeviceIndex>, int64_t>, std::optional<Partition>>
       unconstrained_;

@@ -744,7 +744,9 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   SearchResult result;
   const std::vector<SearchSpacePoint> points = search_space(problem, options, &result.infeasible);
   const Evaluator evaluator(problem);
-  const std::string sha = graph_sha256(problem.graph);
+  // the graph's hash goes on the plans returned, hashed once at the end (it takes longer than
+  // many evaluations of a large graph, and nothing the search evaluates reads it)
+  const std::string sha;
   PlacementSearchOptions placement_options;
   placement_options.exact_max_nodes = options.exact_placement_max_nodes;
 
@@ -901,6 +903,10 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   });
   for (size_t i = 0; i < ranked.size() && static_cast<int>(i) < options.top_k; ++i)
     result.plans.push_back(std::move(std::get<2>(ranked[i])));
+  if (!result.plans.empty()) {
+    const std::string hash = graph_sha256(problem.graph);
+    for (Plan& plan : result.plans) plan.graph_sha256 = hash;
+  }
   return result;
 }
 
