@@ -9,9 +9,6 @@
 #include "planner/searches/search.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -671,10 +668,6 @@ int64_t choose_sharding(const Evaluator& evaluator, const std::vector<Sharding>&
   }
   return evaluations;
 }
-
-}  // namespace
-
-namespace {
 
 // A point as a key (search()'s priced points of more accumulation steps).
 using PointKey = std::tuple<int64_t, int64_t, int64_t, bool, MpMode, Schedule, int64_t, int64_t,
