@@ -4,17 +4,41 @@ blocks").
 Each graph node's module (profiler.block_list: the modules the plan places, one definition)
 gets its forward compiled by torch.compile as one graph (fullgraph=True), the way torchtitan
 compiles each transformer block: the module object, its parameters, its names and its hooks
-stay as they are (the placement's input moves, DDP's hooks and recompute's checkpoint wrap the
-compiled forward), so the plan applies to the compiled module unchanged. nn.Module.compile()
+stay as they are, so the plan applies to the compiled module unchanged. nn.Module.compile()
 is not used: it compiles the module's _call_impl, a frame Dynamo skips (torch/nn is in its skip
 list: "torch.compile with fullgraph=True found no compiled frames"); a function of this module
 calling the forward is a frame Dynamo traces, inlining the forward.
 
-Where torch cannot compile a block (a graph break under fullgraph, a backend failure), its
-first call raises; that call then runs the block's forward eagerly, and if that succeeds the
-block stays eager from then on, with one warning naming the block, its class and torch's
-first line of the reason. An error the eager forward raises too is the block's own and
-propagates unchanged.
+Every plan kind, in torchtitan's order of the axes (TP, activation checkpointing, compile per
+block, fully_shard) as far as what runs around the compiled forward goes: the compile is lazy
+(the first call traces), so the parameters it sees are the ones tensor parallelism (DTensor
+slices) and FSDP2 (gathered, unsharded) leave in the module at that call, and their hooks run
+outside the compiled forward, as do the placement's input moves and DDP's reducer:
+  placement  the node modules (compile_blocks), before place() and the data-parallel wrapper;
+  FSDP2      zero2 and zero3 alike: fully_shard's pre-forward gathers the parameters, then the
+             compiled forward runs on them; zero3's re-gather for backward restores the storage
+             the compiled backward saved;
+  TP         the compiled forward receives DTensors (a column-wise node's input, a row-wise
+             node's shards) and traces DTensor's ops; the row-wise output's all-reduce, in the
+             style's hook, reaches the next block as an AsyncCollectiveTensor, waited for
+             before the compiled region (_plain_inputs: torch 2.13 drops the gradient of such an
+             input otherwise);
+  recompute  a block recomputed in full runs its compiled forward under the checkpoint, and
+             again in the recompute (torchtitan compiles the checkpointed block instead: here
+             the checkpoint's buffer-restoring contexts stay outside Dynamo); a block recomputed
+             selectively runs eager (compiled_names says why);
+  pipeline   a stage is a torch.export graph whose node modules are InterpreterModules under
+             their own names; each of those is compiled (compile_stage_blocks) before the
+             stage's recompute, TP and data-parallel wrappers. The zero-bubble schedules
+             (interleaved-zb, zbv) run eager (eager_reason): their weight pass would run each
+             compiled block's whole backward a second time.
+
+Where torch cannot compile a block (a graph break under fullgraph, a backend failure: any
+torch._dynamo exception), its first call raises; that call then runs the block's forward
+eagerly, and if that succeeds the block stays eager from then on, with one warning naming the
+block, its class and torch's first line of the reason. An error the eager forward raises too
+is the block's own and propagates unchanged, as does any exception that is not Dynamo's (the
+early stop of a checkpoint's recompute, which passes through the block by design).
 
 Compiling a call is torch's business: the first call of each block compiles it (seconds per
 block with inductor on a CPU), later calls with the same shapes reuse it.
@@ -50,19 +74,93 @@ def compile_options(option: Any) -> Optional[Dict[str, Any]]:
                      f"torch.compile keyword arguments (got {option!r})")
 
 
-def compile_of(spec: Any, option: Any) -> Optional[Dict[str, Any]]:
+ZERO_BUBBLE = ("interleaved-zb", "zbv")  # the schedules that split a stage's backward
+
+
+def eager_reason(spec: Any) -> Optional[str]:
+    """Why a plan runs its blocks eager although compile was asked for, or None: the zero-bubble
+    schedules split each stage's backward into I (input gradients) and W (weight gradients,
+    autograd.split_backward), which runs the graph's nodes that reach a parameter once more in
+    W. A compiled block's backward is one autograd node (AOTAutograd's CompiledFunctionBackward)
+    computing its input and weight gradients together: W would run that whole node again,
+    every parametrised block's backward twice per micro-batch (the gradients stay right; the
+    split's saving is lost and the step pays more than eager)."""
+    if spec.mode == "pipeline" and spec.schedule in ZERO_BUBBLE:
+        return (f"schedule {spec.schedule!r} splits each backward into input and weight passes, "
+                f"and a compiled block's backward is one autograd node computing both: the "
+                f"weight pass would run every compiled block's whole backward a second time")
+    return None
+
+
+def compile_of(spec: Any, option: Any, rank: int = 0) -> Optional[Dict[str, Any]]:
     """The torch.compile options a plan runs with: apply's `compile` where given, else the
-    plan's "compile" (Plan.compile: the planner priced compiled blocks); None: eager.
-    ValueError naming the plan for a plan kind the compiled blocks are not applied to."""
+    plan's "compile" (Plan.compile: the planner priced compiled blocks); None: eager. Every plan
+    kind compiles its blocks, except the zero-bubble schedules (eager_reason), whose blocks run
+    eager with a warning from rank 0 naming the reason."""
     options = compile_options(spec.compile if option is None else option)
-    if options is not None and (spec.mode != "placement" or spec.sharding != "none"
-                                or spec.tp > 1):
-        raise ValueError(f"{spec.source}: compile applies to placement plans without sharding "
-                         f"or tensor parallelism (got mode {spec.mode!r}, sharding "
-                         f"{spec.sharding!r}, tp {spec.tp}): a pipeline's stages are "
-                         f"torch.export graphs, and FSDP2's and DTensor's hooks inside a "
-                         f"compiled block are not checked here")
+    reason = eager_reason(spec) if options is not None else None
+    if reason is not None:
+        if rank == 0:
+            warnings.warn(f"hybridplan compile: {spec.source}: every block runs eager: {reason}",
+                          stacklevel=3)
+        return None
     return options
+
+
+class _Waited(torch.autograd.Function):
+    """An AsyncCollectiveTensor's value as a plain tensor (its collective waited for), the
+    gradient passed through unchanged (see _plain_inputs)."""
+
+    @staticmethod
+    def forward(ctx, value):
+        return value.trigger_wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _plain(value: Any) -> Any:
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if not isinstance(value, AsyncCollectiveTensor):
+        return value
+    return _Waited.apply(value) if value.requires_grad else value.trigger_wait()
+
+
+def _plain_inputs(args: tuple, kwargs: Dict[str, Any]) -> tuple:
+    """The block's inputs with every AsyncCollectiveTensor waited for, in eager, before the
+    compiled region. A tensor-parallel row-wise node's output (DTensor.to_local() of the
+    all-reduce, use_local_output) is one; torch 2.13 unwraps such an input when it traces the
+    region (trigger_wait) and loses its requires_grad there, so AOTAutograd builds a graph
+    without backward and every gradient above the block is silently dropped (torch after 2.13
+    restores the flag: "Preserve requires_grad when unwrapping ACT inputs in process_inputs").
+    Waited for here, under an autograd function that passes the gradient on, the region
+    receives a plain tensor that needs it."""
+    from torch.utils import _pytree as pytree
+
+    if not torch.distributed.is_available():
+        return args, kwargs
+    return pytree.tree_map(_plain, (args, kwargs))
+
+
+def compiled_names(spec: Any, rank: int = 0) -> list:
+    """The plan's node names whose blocks compile: all but those recomputed selectively, which
+    run eager (rank 0 warns once, naming them). Selective recompute's policy is a dispatch mode
+    that keeps chosen ops' outputs in the forward and hands them back in the recompute
+    (autograd.recompute); around a compiled block torch 2.13 either fails to compile under it
+    (aot_eager: BackendCompilerFailed, the block falls back) or, with inductor, compiles and
+    then fails the recompute ("Tensor cached during selective activation checkpoint has been
+    mutated"). Blocks recomputed in full compile: the checkpoint runs the compiled forward
+    again."""
+    selective = [n for n in spec.assignment if n in spec.selective]
+    if selective and rank == 0:
+        warnings.warn(f"hybridplan compile: {spec.source}: {len(selective)} block(s) recomputed "
+                      f"selectively run eager ({', '.join(selective[:5])}"
+                      f"{', ...' if len(selective) > 5 else ''}): selective recompute's policy "
+                      f"does not run around a compiled block in torch {torch.__version__}",
+                      stacklevel=3)
+    return [n for n in spec.assignment if n not in spec.selective]
 
 
 def _guarded(name: str, module: nn.Module, eager, compiled):
@@ -75,14 +173,22 @@ def _guarded(name: str, module: nn.Module, eager, compiled):
         if not state["compiled"]:
             return eager(*args, **kwargs)
         try:
-            return compiled(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - torch.compile raises many kinds
+            plain_args, plain_kwargs = _plain_inputs(args, kwargs)
+            return compiled(*plain_args, **plain_kwargs)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            # what compiling raises (Unsupported, BackendCompilerFailed, TorchRuntimeError...);
+            # anything else passes through as it would eager: the block's own errors, and
+            # the exceptions others raise through the block to stop it, such as the early
+            # stop of a non-reentrant checkpoint's recompute (_StopRecomputationError)
             out = eager(*args, **kwargs)  # the block's own error propagates from here
             state["compiled"] = False
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            cause = getattr(error, "inner_exception", None) or error  # a backend's own error
+            reason = (str(cause).strip().splitlines() or [""])[0][:300]
+            what = type(error).__name__ if cause is error else \
+                f"{type(error).__name__}: {type(cause).__name__}"
             warnings.warn(f"hybridplan compile: block {name!r} ({type(module).__name__}) runs "
                           f"eager: torch.compile cannot compile it as one graph "
-                          f"({type(error).__name__}: {reason})", stacklevel=2)
+                          f"({what}: {reason})", stacklevel=2)
             return out
 
     forward._hybridplan_compiled = state
@@ -103,6 +209,17 @@ def _entry(forward, name: str):
     return run
 
 
+def _compile_module(name: str, node: nn.Module, options: Dict[str, Any]) -> None:
+    """Compiles `node`'s forward in place (the module doc); nothing for one compiled already."""
+    if getattr(node.forward, "_hybridplan_compiled", None) is not None:
+        return
+    eager = node.forward
+    own = node.__dict__.get("forward")  # an instance forward to restore, else the class's
+    compiled = torch.compile(_entry(eager, name), fullgraph=True, **options)
+    node.forward = _guarded(name, node, eager, compiled)
+    node.forward._hybridplan_compiled["own"] = own
+
+
 def compile_blocks(module: nn.Module, names: Iterable[str], options: Dict[str, Any]
                    ) -> Dict[str, nn.Module]:
     """Compiles the forward of each node module of `names` (a plan's assignment names; a
@@ -114,16 +231,28 @@ def compile_blocks(module: nn.Module, names: Iterable[str], options: Dict[str, A
         if call or name in done:
             continue
         node = module.get_submodule(name)
-        if getattr(node.forward, "_hybridplan_compiled", None) is not None:
-            done[name] = node
-            continue
-        eager = node.forward
-        own = node.__dict__.get("forward")  # an instance forward to restore, else the class's
-
-        compiled = torch.compile(_entry(eager, name), fullgraph=True, **options)
-        node.forward = _guarded(name, node, eager, compiled)
-        node.forward._hybridplan_compiled["own"] = own
+        _compile_module(name, node, options)
         done[name] = node
+    return done
+
+
+def compile_stage_blocks(stage: nn.Module, names: Iterable[str], options: Dict[str, Any]
+                         ) -> Dict[str, nn.Module]:
+    """A pipeline stage's blocks (a CarryStage of profiler.stage_split): the export keeps each
+    node module as an InterpreterModule under its own name ("part.module.<name>"; a module's
+    later call "name@k" is a module of its own there, the parameters shared), whose forward is
+    the traced graph's code, which Dynamo traces. Each node of `names` the stage holds is
+    compiled as compile_blocks compiles it; the operations between nodes (the stage's own
+    graph) run eager, as they do in a placement. Returns name -> module compiled."""
+    wanted = set(names)
+    done: Dict[str, nn.Module] = {}
+    for qualified, node in stage.named_modules():
+        name = qualified
+        for prefix in ("part.", "module."):
+            name = name[len(prefix):] if name.startswith(prefix) else name
+        if name in wanted and name not in done:
+            _compile_module(name, node, options)
+            done[name] = node
     return done
 
 
@@ -132,6 +261,15 @@ def compiled_state(node: nn.Module) -> Optional[bool]:
     eager, None for a block never compiled."""
     state = getattr(node.forward, "_hybridplan_compiled", None)
     return None if state is None else bool(state["compiled"])
+
+
+def compiled_blocks(module: nn.Module) -> Dict[str, bool]:
+    """Every submodule of `module` (itself included) compiled by compile_blocks or
+    compile_stage_blocks: qualified name -> compiled_state (True: runs compiled, False: fell
+    back to eager)."""
+    return {name: bool(state["compiled"]) for name, sub in module.named_modules()
+            for state in [getattr(sub.forward, "_hybridplan_compiled", None)]
+            if state is not None}
 
 
 def uncompile_blocks(module: nn.Module, names: Iterable[str]) -> None:

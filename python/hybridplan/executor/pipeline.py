@@ -75,6 +75,7 @@ from ..autograd import split_backward
 from ..autograd.recompute import FULL, SELECTIVE, recompute
 from ..profiler.stage_split import StageCut, original_name
 from .bucket_policy import ddp_bucket_kwargs
+from . import compiling as _compiling
 from . import sharding as _sharding
 from . import tensor_parallel as _tp
 
@@ -239,7 +240,8 @@ class PipelineRunner:
                  recompute_stages: Sequence[int] = (), sharding: str = "none",
                  selective_stages: Sequence[int] = (),
                  dp_mesh: Any = None, tensor_parallel: Optional[tuple] = None,
-                 precision: Any = None):
+                 precision: Any = None, compiled: Optional[Dict[str, Any]] = None,
+                 nodes: Sequence[str] = ()):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES} (got {schedule!r})")
         if schedule not in MULTI_STAGE and len(stages) != 1:
@@ -253,6 +255,8 @@ class PipelineRunner:
         self.stages = []  # the PipelineStages, in stage order
         for index in self.stage_indices:
             module = cut.stages[index].to(device)
+            if compiled is not None:  # its node modules' forwards, under every wrapper below
+                _compiling.compile_stage_blocks(module, nodes, compiled)
             if index in recompute_stages:  # a pipeline recomputes whole stages (recompute)
                 recompute(module, SELECTIVE if index in selective_stages else FULL)
                 # (before fully_shard, as for placement: see sharding)

@@ -147,7 +147,7 @@ def place_replica(spec: Plan, module: nn.Module, mesh: Mesh, tp: TpSplit,
                                          device_for(spec, spec.mesh[replica][0]))
     devices = [device_for(spec, g + tp_rank) for g in spec.mesh[replica]]
     if compiled is not None:  # each block's forward compiled, under the hooks place() adds
-        compiling.compile_blocks(module, spec.assignment, compiled)
+        compiling.compile_blocks(module, compiling.compiled_names(spec, rank), compiled)
     hooks = placement.place(module, spec.assignment, devices, spec.recompute, spec.selective)
     built = Built(original=module, module=module, params=[], devices=devices, hooks=hooks)
     if spec.tp > 1:  # mp == 1 (plan rule): TP over the replica's group, DP over the dp dim
@@ -169,7 +169,8 @@ def place_replica(spec: Plan, module: nn.Module, mesh: Mesh, tp: TpSplit,
 
 
 def run_stages(spec: Plan, module: nn.Module, cut: stage_split.StageCut, mesh: Mesh,
-               tp: TpSplit, loss_fn: Callable, mixed: precision.Precision) -> Built:
+               tp: TpSplit, loss_fn: Callable, mixed: precision.Precision,
+               compiled: Optional[Dict[str, Any]] = None) -> Built:
     """Pipeline mode: this rank's stages of the cut under the plan's schedule (PipelineRunner
     applies, per stage, tensor parallelism, recompute and then DDP, FSDP2 or replicate over the
     stage's DP group), and the groups the step needs: the tied weights' holders and this TP
@@ -198,7 +199,8 @@ def run_stages(spec: Plan, module: nn.Module, cut: stage_split.StageCut, mesh: M
         dp_mesh=mesh.hsdp() if layout.hybrid else mesh.dp(),
         selective_stages=sorted(selective),
         tensor_parallel=(tp.styles, tp.kinds, mesh.dp_tp()) if spec.tp > 1 else None,
-        precision=mixed)
+        precision=mixed, compiled=compiled,
+        nodes=compiling.compiled_names(spec, rank) if compiled is not None else ())
     return Built(original=module, module=runner.module, params=runner.parameters(),
                  runner=runner, cut=cut, device=device, stages=stages, replica_group=replica_group,
                  # the ranks of this TP rank's pipeline holding stage 0 (the inputs) and the last
@@ -321,8 +323,9 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
                (the plan's predicted step is then for its own K; rank 0 logs the difference).
     compile    torch.compile per graph block (executor/compiling.py): True (inductor), a dict
                of torch.compile keyword arguments, False; None (default): the plan's "compile"
-               (False when it has none). Placement plans without sharding or tensor
-               parallelism; a block torch cannot compile as one graph runs eager (warned).
+               (False when it has none). Every plan kind; the zero-bubble schedules and
+               blocks recomputed selectively run eager (rank 0 warns why), and a block torch
+               cannot compile as one graph runs eager (warned, naming it).
     lr_scheduler  a factory optimizer -> torch.optim.lr_scheduler.LRScheduler (e.g.
                hybridplan.warmup_cosine(warmup_steps, total_steps)), stepped after each
                optimizer step; its state is in both checkpoints, restored on resume under any
@@ -356,7 +359,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
         local_checks(spec, module, graph, world_size, example_inputs, batch_dim,
                      measure_noise_scale, noise_scale_decay, optimizer)
         batch_norm.check_sync(spec, module, sync_batchnorm)
-        compiled = compiling.compile_of(spec, compile)
+        compiled = compiling.compile_of(spec, compile, rank)
         weights = materialize.Weights.of(module, init_weights, init_seed, load_pretrained,
                                          spec.source, spec.mode)
         if weights is not None and weights.meta and resume_from is not None:
@@ -395,7 +398,7 @@ def apply(plan: Any, module: nn.Module, *, loss_fn: Optional[Callable] = None,
     if spec.mode == "placement":
         built = place_replica(spec, module, mesh, tp, sync_batchnorm, mixed, compiled)
     else:
-        built = run_stages(spec, module, cut, mesh, tp, loss_fn, mixed)
+        built = run_stages(spec, module, cut, mesh, tp, loss_fn, mixed, compiled)
     built.precision = mixed
     # ---- 4b. ... or the shards and slices of a sharded or tensor-parallel replica ----
     if weights is not None and weights.after_axes(spec, module, rank):
