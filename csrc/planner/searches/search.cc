@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <optional>
 #include <queue>
 #include <tuple>
@@ -779,8 +780,9 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
   std::vector<SearchSpacePoint> derived;  // ranking index points.size() + i
   // A point of more accumulation steps is reached again by other chains (b halved with M kept
   // from one point, with the micro-batch size kept from another): it is priced once, and its
-  // outcome stands for every arrival (ranked again, as a point of its own).
+  // outcome stands for every arrival (ranked once: ranked_points).
   std::map<PointKey, PricedPoint> priced_derived;
+  std::set<PointKey> ranked_points;  // every point ranked (or found not to fit) so far
   const auto queue_point = [&](const SearchSpacePoint& next) {
     const Plan skeleton =
         skeleton_with_mapping(problem, next, sha, mappings.at({next.dp, next.mp, next.tp}));
@@ -820,6 +822,9 @@ SearchResult search(const Problem& problem, const SearchOptions& options) {
                     ? &fresh
                     : &priced_derived.emplace(point_key(point), std::move(fresh)).first->second;
     }
+    // A point reached again (by another chain of accumulation steps) was ranked, and its next
+    // step count queued, on its first arrival: ranking it again would list one plan twice.
+    if (!ranked_points.insert(point_key(point)).second) continue;
     const std::string head = "dp=" + str(point.dp) + " mp=" + str(point.mp) +
                              (point.tp > 1 ? " tp=" + str(point.tp) : "") +
                              (point.sequence_parallel ? " sp" : "") + " " + mode_name(point.mode);
