@@ -480,3 +480,46 @@ def test_one_process_inductor_against_eager_is_the_floor(global_batch):
     print(f"inductor against eager, one process, global batch {global_batch}: {floor:.3g}")
     for key, value in states[0].items():
         assert torch.allclose(states[1][key], value, **INDUCTOR_TOLERANCE), key
+
+
+def test_the_planner_prices_eager_what_the_executor_runs_eager():
+    """One rule, two languages: a schedule whose blocks the executor runs eager under compile
+    (eager_reason) is priced eager by the planner (C++ blocks_run_eager), and every other
+    schedule at the nodes' measured compile speed-up."""
+    from hybridplan.planner import evaluate
+    graph = Graph.from_dict({
+        "schema_version": 1, "kind": "hybridplan.graph", "name": "abcd",
+        "profiled": {"device": "cpu", "batch_size": 2, "dtype": "float32"},
+        "nodes": [{"id": i, "name": n, "op": "linear", "forward_s": 0.01, "backward_s": 0.02,
+                   "param_bytes": 1000, "output_bytes": 4000,
+                   "compile_speedup": {"forward": 2.0, "backward": 2.0}}
+                  for i, n in enumerate("abcd")],
+        "edges": [{"src": i, "dst": i + 1} for i in range(3)]})
+    cluster = {"schema_version": 1, "kind": "hybridplan.cluster", "name": "box",
+               "num_nodes": 1, "devices_per_node": 2,
+               "device": {"name": "dev", "memory_bytes": 1 << 30, "peak_flops": 1e12},
+               "intra_node": {"bandwidth_bytes_per_s": 1e10, "latency_s": 1e-5},
+               "inter_node": {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4}}
+    devices = {"gpipe": [0, 0, 1, 1], "1f1b": [0, 0, 1, 1], "interleaved-1f1b": [0, 1, 0, 1],
+               "interleaved-zb": [0, 1, 0, 1], "zbv": [0, 1, 1, 0]}
+    for schedule, on in devices.items():
+        virtual = 1 if schedule in ("gpipe", "1f1b") else 2
+        computes = {}
+        for compile_ in (False, True):
+            plan = {"schema_version": 1, "kind": "hybridplan.plan",
+                    "graph": {"name": graph.name, "sha256": graph.sha256},
+                    "cluster": {"name": "box", "num_nodes": 1, "devices_per_node": 2},
+                    "world_size": 2, "dp": 1, "mp": 2, "mode": "pipeline",
+                    "per_replica_batch": 4, "global_batch": 4, "num_microbatches": 2,
+                    "schedule": schedule, "virtual_stages": virtual, "mesh": [[0, 1]],
+                    "assignment": [{"node": i, "name": n,
+                                    "device": on[i] if virtual == 1 else i}
+                                   for i, n in enumerate("abcd")]}
+            if compile_:
+                plan["compile"] = True
+            job = {"schema_version": 1, "kind": "hybridplan.job", "compile": compile_}
+            computes[compile_] = evaluate(graph, cluster, plan, job)["compute_s"]
+        eager = eager_reason(Plan.from_dict(dict(plan, compile=True), "p.json")) is not None
+        assert (computes[True] == pytest.approx(computes[False])) == eager, (schedule, computes)
+        if not eager:
+            assert computes[True] < 0.75 * computes[False], (schedule, computes)

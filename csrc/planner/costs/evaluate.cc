@@ -32,14 +32,19 @@ Evaluator::Evaluator(const Problem& problem)
       reduce_ratio_(gradient_reduce_ratio(problem)),
       reverse_topo_(problem_.graph.topo_order.rbegin(), problem_.graph.topo_order.rend()) {}
 
+bool blocks_run_eager(const Plan& plan) {
+  return plan.mode == MpMode::kPipeline && schedule_splits_backward(plan.schedule);
+}
+
 Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int64_t tp,
-                                              bool sequence_parallel) const {
+                                              bool sequence_parallel, bool eager) const {
   sequence_parallel = sequence_parallel && tp > 1;
-  auto& slot = batch_costs_[{batch, slowdown, tp, sequence_parallel}];
+  eager = eager || !problem_.job.compile;
+  auto& slot = batch_costs_[{batch, slowdown, tp, sequence_parallel, eager}];
   if (!slot) {
     slot = std::make_unique<BatchCosts>();
     slot->times = compute_.at_batch(batch);
-    if (problem_.job.compile) {  // compiled blocks: eager time / measured speed-up
+    if (!eager) {  // compiled blocks: eager time / measured speed-up
       const std::vector<Node>& nodes = problem_.graph.nodes;
       for (size_t v = 0; v < nodes.size(); ++v) {
         if (!nodes[v].has_compile_speedup()) continue;
@@ -73,8 +78,8 @@ const std::vector<double>& Evaluator::activation_shares(int64_t tp, bool sequenc
 }
 
 const NodeTimes& Evaluator::node_times(double batch, double slowdown, int64_t tp,
-                                       bool sequence_parallel) const {
-  return batch_costs(batch, slowdown, tp, sequence_parallel).times;
+                                       bool sequence_parallel, bool eager) const {
+  return batch_costs(batch, slowdown, tp, sequence_parallel, eager).times;
 }
 
 const PlacementOrder& Evaluator::placement_order(double batch, double slowdown, int64_t tp,
@@ -88,7 +93,22 @@ const NodeTimes& Evaluator::with_recompute(const Plan& plan, const NodeTimes& ti
   if (plan.recompute.empty()) return times;
   recompute_times_ = times;
   const bool tp_comm = !recompute_times_.forward_comm_s.empty();
+  // A block recomputed selectively runs eager under compile (its policy is a dispatch mode that
+  // compiled code does not go through: python/hybridplan/executor/compiling.py
+  // compiled_names): its compute back at eager time, the TP collectives as they are.
+  const bool undo_compile = problem_.job.compile && !blocks_run_eager(plan);
   for (size_t v = 0; v < recompute_times_.backward_s.size(); ++v) {
+    const Node& node = problem_.graph.nodes[v];
+    if (undo_compile && plan.recomputes_selectively(v) && node.has_compile_speedup()) {
+      const double forward_comm = tp_comm ? recompute_times_.forward_comm_s[v] : 0.0;
+      const double backward_comm = tp_comm ? recompute_times_.backward_comm_s[v] : 0.0;
+      recompute_times_.forward_s[v] =
+          (recompute_times_.forward_s[v] - forward_comm) * node.compile_forward_speedup +
+          forward_comm;
+      recompute_times_.backward_s[v] =
+          (recompute_times_.backward_s[v] - backward_comm) * node.compile_backward_speedup +
+          backward_comm;
+    }
     // its cheap ops only (Node::selective_*), else its whole forward (a TP collective included)
     const double share = plan.recomputes_selectively(v)
                              ? problem_.graph.nodes[v].selective_recompute_fraction
@@ -165,7 +185,8 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   const int64_t num_stages = plan.num_stages();
   const double microbatch = static_cast<double>(plan.per_replica_batch) /
                             static_cast<double>(plan.num_microbatches);
-  const NodeTimes& plain_times = node_times(microbatch, slowdown, plan.tp, plan.sequence_parallel);
+  const NodeTimes& plain_times =
+      node_times(microbatch, slowdown, plan.tp, plan.sequence_parallel, blocks_run_eager(plan));
   const NodeTimes& micro_times = with_recompute(plan, plain_times);
   const double action_s = problem_.cluster.runtime.action_s_for(schedule_name(plan.schedule));
   pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,

@@ -114,6 +114,14 @@ namespace hybridplan {
 // computed once per batch size and buffers are reused, so evaluate() allocates almost nothing.
 // Holds a reference to `problem`, which must outlive it. Not safe for concurrent evaluate()
 // calls on one object (use one Evaluator per thread).
+// Whether a plan's graph blocks run eager although the job compiles them: the schedules that
+// split each stage's backward into input and weight passes (schedule_splits_backward). A
+// compiled block's backward is one autograd node computing both, which the weight pass would
+// run a second time, so the executor runs them eager (python/hybridplan/executor/compiling.py
+// eager_reason; test_compile_blocks holds the two rules together). Blocks recomputed
+// selectively run eager under every schedule (Evaluator::with_recompute).
+bool blocks_run_eager(const Plan& plan);
+
 class Evaluator {
  public:
   // Throws InputError when the job's optimizer state does not fit the graph (memory_cost.h
@@ -128,9 +136,11 @@ class Evaluator {
 
   // Node times at `batch` samples, multiplied by `slowdown`, under tensor-parallel degree `tp`
   // and sequence parallelism on or off (tensor_parallel_cost.h apply_tensor_parallel; cached
-  // per quadruple). Pass a plan's tp and sequence_parallel together.
+  // per tuple). Pass a plan's tp and sequence_parallel together. Under a job's compile each
+  // node is at its measured compile speed-up, unless `eager` (blocks_run_eager: the plan's
+  // blocks run eager all the same).
   const NodeTimes& node_times(double batch, double slowdown = 1.0, int64_t tp = 1,
-                              bool sequence_parallel = false) const;
+                              bool sequence_parallel = false, bool eager = false) const;
   // The degree each node runs at under tensor-parallel degree `tp` (tensor_parallel_cost.h
   // tp_node_degrees: tp where it splits, else 1; cached per tp).
   const std::vector<int64_t>& node_degrees(int64_t tp) const;
@@ -165,7 +175,8 @@ class Evaluator {
     NodeTimes times;
     std::optional<PlacementOrder> order;
   };
-  BatchCosts& batch_costs(double batch, double slowdown, int64_t tp, bool sequence_parallel) const;
+  BatchCosts& batch_costs(double batch, double slowdown, int64_t tp, bool sequence_parallel,
+                          bool eager = false) const;
   void check_shape(const Plan& plan) const;
   double placement_compute(const Plan& plan, double slowdown, Prediction& out) const;
   double pipeline_compute(const Plan& plan, double slowdown, Prediction& out) const;
@@ -225,7 +236,8 @@ class Evaluator {
   OptimizerState optimizer_state_;
   double reduce_ratio_ = 1;  // gradient_reduce_ratio (precision_cost.h)
   std::vector<NodeIndex> reverse_topo_;
-  mutable std::map<std::tuple<double, double, int64_t, bool>, std::unique_ptr<BatchCosts>> batch_costs_;
+  mutable std::map<std::tuple<double, double, int64_t, bool, bool>, std::unique_ptr<BatchCosts>>
+      batch_costs_;
   mutable std::map<int64_t, std::vector<int64_t>> node_degrees_;  // per tp
   mutable std::map<std::pair<int64_t, bool>, std::vector<double>> activation_shares_;
 

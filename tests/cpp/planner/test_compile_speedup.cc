@@ -65,3 +65,58 @@ TEST_CASE("compile: a compiled job's nodes run at their measured speed-up", "[co
   CHECK(j["compile"] == true);
   CHECK(plan_from_json(j, "p.json").compile);
 }
+
+TEST_CASE("compile: blocks the executor runs eager are priced eager", "[compile]") {
+  // a -> b -> c -> d, one node per stage of a two-stages-per-rank schedule on 2 ranks, every
+  // node measured 2x faster compiled. The executor runs every block of a schedule that splits
+  // the backward eager (executor/compiling.py eager_reason), and a block recomputed
+  // selectively eager under any schedule (compiled_names): the planner prices what it runs.
+  Problem problem;
+  problem.graph = test::make_graph({{"a", 1, 2, 100, 10}, {"b", 1, 2, 100, 10},
+                                    {"c", 1, 2, 100, 10}, {"d", 1, 2, 100, 10}},
+                                   {{0, 1, 10}, {1, 2, 10}, {2, 3, 10}}, 2, "abcd");
+  problem.cluster = test::make_cluster(1, 2, 100, 0);
+  for (Node& n : problem.graph.nodes) {
+    n.compile_forward_speedup = 2;
+    n.compile_backward_speedup = 2;
+  }
+  const auto compute_s = [&](Schedule schedule, bool compile) {
+    Problem p = problem;
+    p.job.compile = compile;
+    Plan plan = test::make_plan(p.graph, p.cluster, 1, 2, MpMode::kPipeline, 4, {0, 1, 2, 3}, 2,
+                                schedule);
+    plan.virtual_stages = 2;
+    plan.compile = compile;
+    return evaluate(p, plan).compute_s;
+  };
+  CHECK(blocks_run_eager(test::make_plan(problem.graph, problem.cluster, 1, 2, MpMode::kPipeline,
+                                         4, {0, 1, 2, 3}, 2, Schedule::kZBV)));
+  CHECK_FALSE(blocks_run_eager(test::make_plan(problem.graph, problem.cluster, 1, 2,
+                                               MpMode::kPipeline, 4, {0, 1, 2, 3}, 2,
+                                               Schedule::kInterleaved1F1B)));
+  for (Schedule zero_bubble : {Schedule::kZBV, Schedule::kInterleavedZB}) {
+    CHECK(compute_s(zero_bubble, true) == Approx(compute_s(zero_bubble, false)));
+  }
+  CHECK(compute_s(Schedule::kInterleaved1F1B, true) <
+        0.75 * compute_s(Schedule::kInterleaved1F1B, false));
+
+  // placement on one device: a recomputed selectively (its cheap half), b in full
+  Problem two = ab_problem();
+  for (Node& n : two.graph.nodes) {
+    n.compile_forward_speedup = 2;
+    n.compile_backward_speedup = 2;
+    n.selective_recompute_fraction = 0.5;
+    n.selective_saved_bytes = 0;
+    n.selective_ops = 1;
+  }
+  const auto placement_s = [&](bool compile) {
+    Problem p = two;
+    p.job.compile = compile;
+    Plan plan = test::make_plan(p.graph, p.cluster, 1, 1, MpMode::kPlacement, 1, {0, 0});
+    plan.compile = compile;
+    plan.recompute = {kRecomputeSelective, kRecomputeFull};
+    return evaluate(p, plan).compute_s;
+  };
+  // eager: a 1 + 2 + 0.5 recomputed (+ the dispatch), b 1 + 2 + 1; compiled: b at half
+  CHECK(placement_s(false) - placement_s(true) == Approx((1 + 2 + 1) / 2.0));
+}
