@@ -1,6 +1,7 @@
 #include "planner/searches/pipeline_partition.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -107,19 +108,29 @@ bool selective_allowed(const PartitionCosts& c, int64_t first, int64_t end) {
 
 }  // namespace
 
-double PartitionCosts::stage_bytes(int stage, int64_t first, int64_t end, StageRecompute r,
-                                   double workspace) const {
-  const double act = between(prefix_activation_bytes, first, end);
+namespace {
+
+// stage_bytes given the stage's fixed_bytes (`fixed`, the same for every kind: found once where
+// several kinds are weighed)
+double bytes_of_kind(const PartitionCosts& c, int stage, int64_t first, int64_t end, StageRecompute r,
+                     double fixed) {
+  const double act = between(c.prefix_activation_bytes, first, end);
   double kept = act, rebuilt = 0;
   if (r == kRecomputeFull) {
     kept = 0;
     rebuilt = act;
   } else if (r == kRecomputeSelective) {
-    kept = between(prefix_selective_kept_bytes, first, end);
-    rebuilt = between(prefix_selective_rebuilt_bytes, first, end);
+    kept = between(c.prefix_selective_kept_bytes, first, end);
+    rebuilt = between(c.prefix_selective_rebuilt_bytes, first, end);
   }
-  return fixed_bytes(*this, stage, first, end, workspace) + activation_multiplier[stage] * kept +
-         rebuilt;
+  return fixed + c.activation_multiplier[stage] * kept + rebuilt;
+}
+
+}  // namespace
+
+double PartitionCosts::stage_bytes(int stage, int64_t first, int64_t end, StageRecompute r,
+                                   double workspace) const {
+  return bytes_of_kind(*this, stage, first, end, r, fixed_bytes(*this, stage, first, end, workspace));
 }
 
 namespace {
@@ -187,6 +198,34 @@ std::optional<EndWindows> end_windows(const PartitionCosts& c, double limit) {
   return w;
 }
 
+// The positions [first, last] of `row` from `lowest` on that hold the first and the last value
+// below `limit` (first > last where none does): a DP's scan over the starts of a stage needs
+// no other, the previous stage's state being `limit` or more (or +infinity) elsewhere.
+std::pair<int64_t, int64_t> finite_span(const std::vector<double>& row, int64_t lowest, double limit) {
+  int64_t first = lowest, last = static_cast<int64_t>(row.size()) - 1;
+  while (first <= last && !(row[first] < limit)) ++first;
+  while (last >= first && !(row[last] < limit)) --last;
+  return {first, last};
+}
+
+// The largest workspace over [first, end) where first is the position after `last_start` or
+// end itself (a scan of the stage ending at `end` begins at min(end - 1, last_start)), for ends
+// that only grow: the range past last_start widened one position at a time.
+class WorkspaceAbove {
+ public:
+  explicit WorkspaceAbove(int64_t last_start) : first_(last_start + 1), next_(last_start + 1) {}
+  double over(const PartitionCosts& c, int64_t first, int64_t end) {
+    if (first >= end || c.workspace_bytes.empty()) return 0.0;
+    HP_INTERNAL_ASSERT(first == first_ && end >= next_, "the range past the last start, growing");
+    for (; next_ < end; ++next_) most_ = std::max(most_, c.workspace_bytes[next_]);
+    return most_;
+  }
+
+ private:
+  int64_t first_, next_;
+  double most_ = 0;
+};
+
 }  // namespace
 
 double PartitionCosts::stage_bytes_floor(int stage, int64_t first, int64_t end,
@@ -198,16 +237,17 @@ PartitionCosts::Choice PartitionCosts::choose(int stage, int64_t first, int64_t 
                                               double workspace) const {
   const double base = stage_s(stage, first, end);
   if (memory_capacity_bytes <= 0) return {base, kRecomputeNone};
-  if (stage_bytes(stage, first, end, kRecomputeNone, workspace) <= memory_capacity_bytes) {
+  const double fixed = fixed_bytes(*this, stage, first, end, workspace);
+  if (bytes_of_kind(*this, stage, first, end, kRecomputeNone, fixed) <= memory_capacity_bytes) {
     return {base, kRecomputeNone};
   }
   // by time: selective runs part of the forward again, full all of it
   if (selective_allowed(*this, first, end) &&
-      stage_bytes(stage, first, end, kRecomputeSelective, workspace) <= memory_capacity_bytes) {
+      bytes_of_kind(*this, stage, first, end, kRecomputeSelective, fixed) <= memory_capacity_bytes) {
     return {base + between(prefix_selective_recompute_s, first, end), kRecomputeSelective};
   }
   if (!prefix_full_recompute_s.empty() &&
-      stage_bytes(stage, first, end, kRecomputeFull, workspace) <= memory_capacity_bytes) {
+      bytes_of_kind(*this, stage, first, end, kRecomputeFull, fixed) <= memory_capacity_bytes) {
     return {base + between(prefix_full_recompute_s, first, end), kRecomputeFull};
   }
   return {kInf, kRecomputeFull};
@@ -292,20 +332,26 @@ std::optional<Partition> optimal_partition(const PartitionCosts& costs,
     }
   }
   for (int s = 1; s < k; ++s) {
+    // The starts stage s can take: where stage s - 1's state is below `bound` (the others
+    // are skipped by every scan below, and end none of them early: what stops a scan only
+    // grows as the start decreases, and nothing before them lowers b).
+    const auto [first_start, last_start] = finite_span(best[s - 1], std::max<int64_t>(s, lowest(s - 1)), bound);
+    WorkspaceAbove above(last_start);
     // Stage s ends at j; stages after it need at least k-1-s positions.
     for (auto [j, last] = ends(s, std::max<int64_t>(s + 1, lowest(s)),
                                std::min(n - (k - 1 - s), highest(s)));
          j <= last; ++j) {
       const double out_s = s + 1 < k ? costs.boundary_s[s][j] : 0.0;
-      const int64_t first_start = std::max<int64_t>(s, lowest(s - 1));
       double b = bound;
       int64_t b_arg = -1;
       StageRecompute b_kind = kRecomputeNone;
-      double workspace = 0;  // over [i, j) as i decreases
+      // over [i, j) as i decreases, from the latest start stage s - 1's state allows
+      const int64_t from = std::min(j - 1, last_start);
+      double workspace = above.over(costs, from + 1, j);
       const double fixed =
           fewest_received + (s + 1 < k ? (costs.receive_bytes.empty() ? 0.0 : costs.receive_bytes[j])
                                        : costs.activation_multiplier[s] * costs.last_stage_bytes);
-      for (int64_t i = j - 1; i >= first_start; --i) {
+      for (int64_t i = from; i >= first_start; --i) {
         if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[i]);
         const double compute_s = costs.prefix_compute_s[j] - costs.prefix_compute_s[i];
         // compute_s and the memory floor only grow as i decreases: nothing further left can
@@ -345,13 +391,14 @@ std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
   const bool workspaces = !costs.workspace_bytes.empty();
   // the least bytes of stage s on [i, j) over the kinds, and that kind
   const auto least = [&](int s, int64_t i, int64_t j, double workspace) {
-    std::pair<double, StageRecompute> out{costs.stage_bytes(s, i, j, kRecomputeNone, workspace), kRecomputeNone};
+    const double fixed = fixed_bytes(costs, s, i, j, workspace);
+    std::pair<double, StageRecompute> out{bytes_of_kind(costs, s, i, j, kRecomputeNone, fixed), kRecomputeNone};
     if (selective_allowed(costs, i, j)) {
-      const double b = costs.stage_bytes(s, i, j, kRecomputeSelective, workspace);
+      const double b = bytes_of_kind(costs, s, i, j, kRecomputeSelective, fixed);
       if (b < out.first) out = {b, kRecomputeSelective};
     }
     if (!costs.prefix_full_recompute_s.empty()) {
-      const double b = costs.stage_bytes(s, i, j, kRecomputeFull, workspace);
+      const double b = bytes_of_kind(costs, s, i, j, kRecomputeFull, fixed);
       if (b < out.first) out = {b, kRecomputeFull};
     }
     return out;
@@ -419,6 +466,10 @@ std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
     }
   }
   for (int s = 1; s < k; ++s) {
+    // the starts whose stage s - 1 state is within `upper` (as optimal_partition's scans)
+    const auto [first_start, last_start] =
+        finite_span(best[s - 1], std::max<int64_t>(s, lowest(s - 1)), std::nextafter(upper, kInf));
+    WorkspaceAbove above(last_start);
     for (auto [j, last] = ends(s, std::max<int64_t>(s + 1, lowest(s)),
                                std::min(n - (k - 1 - s), highest(s)));
          j <= last; ++j) {
@@ -426,8 +477,9 @@ std::optional<Partition> least_memory_partition(const PartitionCosts& costs) {
           fewest_received + (s + 1 < k ? (costs.receive_bytes.empty() ? 0.0 : costs.receive_bytes[j])
                                        : costs.activation_multiplier[s] * costs.last_stage_bytes);
       double b = kInf;
-      double workspace = 0;
-      for (int64_t i = j - 1; i >= std::max<int64_t>(s, lowest(s - 1)); --i) {
+      const int64_t from = std::min(j - 1, last_start);
+      double workspace = above.over(costs, from + 1, j);
+      for (int64_t i = from; i >= first_start; --i) {
         if (workspaces) workspace = std::max(workspace, costs.workspace_bytes[i]);
         // the stage's floor only grows as i decreases: nothing further left needs less, or
         // stays within `upper`
