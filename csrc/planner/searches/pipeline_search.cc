@@ -72,7 +72,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
   const double microbatch = static_cast<double>(base.per_replica_batch) / m;
   const double micro_scale = batch_scale(g, microbatch);
   const NodeTimes& micro = evaluator.node_times(microbatch, evaluator.compute_slowdown(base), base.tp,
-                                                base.sequence_parallel);
+                                                base.sequence_parallel, blocks_run_eager(base));
   // The stage's parameter state per parameter byte under the plan's sharding (memory_cost.h).
   ShardedState sharded;
   sharded.sharding = base.sharding;

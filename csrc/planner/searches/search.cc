@@ -404,8 +404,9 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
     const auto m = static_cast<double>(plan.num_microbatches);
     const double micro = static_cast<double>(plan.per_replica_batch) / m;
     const double action_s = cluster.runtime.action_s_for(schedule_name(plan.schedule));
+    const bool eager = blocks_run_eager(plan);  // priced as evaluate() prices it
     const double work_s =
-        evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel).total_s();
+        evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel, eager).total_s();
     compute_s = work_s * m / static_cast<double>(plan.mp) + 2 * m * action_s;
     // The fill and drain no split avoids. Each stage runs its passes one at a time, each kind
     // in micro-batch order: stage s's first forward waits for the forwards of the first
@@ -420,7 +421,7 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
     // have no such bound.
     if (cluster.runtime.shared_host_slowdown.empty()) {
       const NodeTimes& times =
-          evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel);
+          evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel, eager);
       double fill = 1;
       if (schedule_splits_backward(plan.schedule)) {
         fill = 0.5;
