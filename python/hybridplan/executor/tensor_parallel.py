@@ -66,7 +66,7 @@ from torch import nn
 from .. import _C
 from ..profiler import block_list
 from ..profiler.sequence_parallel import SEQUENCE_DIM, detect_sequence_parallel
-from ..profiler.tensor_parallel import _Linear, detect_layout, narrow_linear
+from ..profiler.tensor_parallel import LinearShape, detect_layout, narrow_linear
 from . import sharding
 
 # torch.distributed.tensor, its parallel styles and FSDP's replicate are imported inside the
@@ -348,7 +348,7 @@ def narrowed_for_export(module: nn.Module, styles: Mapping[str, str], rank: int,
         if (style in ("colwise", "rowwise") and name not in shapes
                 and _narrowed_in_export(style, weight_kind(module.get_submodule(name), name))):
             rows, cols = module.get_submodule(name).weight.shape
-            shapes[name] = (_Linear(cols, rows, True), style)
+            shapes[name] = (LinearShape(cols, rows, True), style)
     copy_ = copy.deepcopy(module)
     for name, (shape, style) in shapes.items():
         narrow_linear(copy_.get_submodule(name), shape, style, rank, tp)

@@ -215,12 +215,13 @@ class _Capture:
                 h.remove()
 
 
-def _full_linear(mod: nn.Module, mini: tp._Linear) -> tp._Linear:
+def _full_linear(mod: nn.Module, mini: tp.LinearShape) -> tp.LinearShape:
     rows, cols = mod.weight.shape
-    return tp._Linear(cols, rows, True) if mini.transposed else tp._Linear(rows, cols, False)
+    return (tp.LinearShape(cols, rows, True) if mini.transposed
+            else tp.LinearShape(rows, cols, False))
 
 
-def _narrow_copy(module: nn.Module, layout: tp.Layout, linears: Dict[str, tp._Linear],
+def _narrow_copy(module: nn.Module, layout: tp.Layout, linears: Dict[str, tp.LinearShape],
                  degree: int) -> nn.Module:
     """A deep copy of `module` (meta tensors stay meta: nothing of the model's size is
     allocated) with every node of `layout` that splits at `degree` narrowed to rank 0's slice."""

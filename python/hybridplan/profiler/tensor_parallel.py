@@ -160,7 +160,7 @@ def detect_layout(module: nn.Module, node_names: Optional[Sequence[str]] = None,
 # ---- linear layers and embeddings, by test ---------------------------------------------------
 
 @dataclass(frozen=True)
-class _Linear:
+class LinearShape:
     """A linear node: y = x @ W.T + b (`transposed`, nn.Linear's (out, in) weight) or
     y = x @ W + b (Conv1D's (in, out) weight)."""
     in_features: int
@@ -187,7 +187,7 @@ def _weight_and_bias(mod: nn.Module) -> Optional[Tuple[torch.Tensor, Optional[to
     return weight, bias
 
 
-def as_linear(mod: nn.Module) -> Optional[_Linear]:
+def as_linear(mod: nn.Module) -> Optional[LinearShape]:
     """The node's linear shape where it computes a linear map of its last dimension (tested
     on a random input, both weight orientations), else None."""
     wb = _weight_and_bias(mod)
@@ -210,7 +210,7 @@ def as_linear(mod: nn.Module) -> Optional[_Linear]:
         with torch.no_grad():
             expected = F.linear(x, weight if transposed else weight.t(), bias)
         if _close(y, expected):
-            return _Linear(n_in, n_out, transposed)
+            return LinearShape(n_in, n_out, transposed)
     return None
 
 
@@ -400,7 +400,7 @@ def _set_param(mod: nn.Module, name: str, value: torch.Tensor) -> None:
     setattr(mod, name, nn.Parameter(value.detach().clone(), requires_grad=old.requires_grad))
 
 
-def narrow_linear(mod: nn.Module, shape: _Linear, role: str, rank: int, degree: int,
+def narrow_linear(mod: nn.Module, shape: LinearShape, role: str, rank: int, degree: int,
                    bias_on_this_rank: bool = True) -> None:
     """Narrows linear node `mod` in place to rank `rank`'s share at `degree`: a column-wise (or
     gathered head) layer's output features, a row-wise layer's input features (its bias kept on
@@ -482,8 +482,9 @@ def _float_inputs(value: Any, like: nn.Module) -> Any:
 class _RegionCheck:
     """Simulates splitting one candidate region of `parent` (see the module doc, step 3)."""
 
-    def __init__(self, root: nn.Module, parent_name: str, call: _Call, colwise: Dict[str, _Linear],
-                 rowwise: Tuple[str, _Linear], node_names: Sequence[str]):
+    def __init__(self, root: nn.Module, parent_name: str, call: _Call,
+                 colwise: Dict[str, LinearShape],
+                 rowwise: Tuple[str, LinearShape], node_names: Sequence[str]):
         self.parent_name = parent_name
         self.parent = _submodule(root, parent_name)
         self.call = call
@@ -681,7 +682,7 @@ class _Analysis:
     layout: Layout
     trace: _Trace
     checks: Dict[str, _RegionCheck]          # parent -> its region's check
-    linears: Dict[str, _Linear]
+    linears: Dict[str, LinearShape]
 
 
 def _call_of(example_inputs: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
@@ -860,7 +861,7 @@ def _check_embedding(mod: nn.Module, call: _Call, degree: int) -> None:
                        "output")
 
 
-def _check_head(mod: nn.Module, call: _Call, shape: _Linear, degree: int) -> None:
+def _check_head(mod: nn.Module, call: _Call, shape: LinearShape, degree: int) -> None:
     args, kwargs = _fresh(call.args), _fresh(call.kwargs)
     with torch.no_grad():
         reference = _float_view(mod)(*_float_inputs(args, _float_view(mod)), **kwargs)
@@ -877,7 +878,7 @@ def _check_head(mod: nn.Module, call: _Call, shape: _Linear, degree: int) -> Non
         raise _Refused(f"at degree {degree} the output slices concatenated are not its output")
 
 
-def _split_params(mod: nn.Module, style: str, linear: Optional[_Linear]
+def _split_params(mod: nn.Module, style: str, linear: Optional[LinearShape]
                   ) -> Dict[int, Tuple[torch.Tensor, int]]:
     """{id(param): (param, the dimension split)} of a node of `style`."""
     if style == "sharded":
@@ -976,7 +977,7 @@ def _drop(layout: Layout, styles, name: str, why: str) -> None:
     layout.regions.pop(region, None)
 
 
-def _why_whole(name: str, mod: nn.Module, linears: Dict[str, _Linear]) -> str:
+def _why_whole(name: str, mod: nn.Module, linears: Dict[str, LinearShape]) -> str:
     if name in linears:
         return "a linear layer outside any column-then-row pair of linear layers"
     params = [n for n, _ in mod.named_parameters()]
