@@ -239,6 +239,12 @@ def test_repeated_layers_equal_the_profile_at_full_depth():
 
     ids = torch.zeros(2, 32, dtype=torch.long)
     common = dict(device_model="H100", verbose=False, batch_sizes=(1,), name="llama")
+    # Once, in a full `make test` run (after 140 other tests in the process), the first of these
+    # profiles counted 1 KiB more selectively saved bytes on model.layers.0.self_attn.o_proj
+    # (66,560 against 65,536) than the same layer profiled again; alone, or with this file, the
+    # two agree. Which earlier state does it is not found yet. A profile made first takes that
+    # one-time effect, so that the two compared are made in the same state.
+    profile_dict(_tiny_llama(3), ids, **common)
     shallow = profile_dict(_tiny_llama(3), ids, **common)
     deep = profile_dict(_tiny_llama(5), ids, **common)
     repeated = repeat_layers(shallow, "model.layers.", 5)
