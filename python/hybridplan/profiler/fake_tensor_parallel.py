@@ -152,26 +152,7 @@ def _fresh(value: Any) -> Any:
         return {k: _fresh(v) for k, v in value.items()}
     if isinstance(value, (int, float, bool, str, nn.Module)):
         return value
-    memo: Dict[int, Any] = {}
-    seen: set = set()
-    todo = [value]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or isinstance(obj, (nn.Module, type)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            memo[id(obj)] = obj.detach()
-        elif isinstance(obj, dict):
-            todo.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            todo.extend(obj)
-        elif hasattr(obj, "__dict__"):
-            todo.extend(vars(obj).values())
-    try:
-        return copy.deepcopy(value, memo)
-    except Exception:  # not copyable: the object itself
-        return value
+    return tp._copy_object(value, every_tensor=True)
 
 
 class _Capture:

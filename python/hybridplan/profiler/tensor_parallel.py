@@ -318,14 +318,16 @@ def _detached(value: Any) -> Any:
     return _copy_object(value)
 
 
-def _copy_object(value: Any) -> Any:
+def _copy_object(value: Any, every_tensor: bool = False) -> Any:
     """A deep copy of a stateful object a forward reads and updates (a Hugging Face KV cache,
     `past_key_values`), or the object itself where it cannot be copied. Tensors in it that
     autograd computed (the keys and values earlier layers stored while the trace ran with
     autograd on) are detached views in the copy: copy.deepcopy refuses a non-leaf tensor, and
     a cache kept as the live object would carry the whole heads of every earlier run into the
     next (a narrowed run's keys then fail to concatenate: "Sizes of tensors must match ...
-    Expected size 8 but got size 4"). Other tensors are copied, as deepcopy copies them."""
+    Expected size 8 but got size 4"). Other tensors are copied, as deepcopy copies them, unless
+    `every_tensor`: then every tensor is a detached view (fake_tensor_parallel: copying a fake
+    tensor makes a new fake mode)."""
     memo: Dict[int, Any] = {}
     seen: set = set()
     todo = [value]
@@ -335,7 +337,7 @@ def _copy_object(value: Any) -> Any:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
-            if not obj.is_leaf:
+            if every_tensor or not obj.is_leaf:
                 memo[id(obj)] = obj.detach()
         elif isinstance(obj, dict):
             todo.extend(obj.values())
