@@ -29,6 +29,7 @@ cost against its price, not an attribution between nodes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -83,28 +84,30 @@ def _errors(real: dict, fake: dict) -> dict:
 
 
 class _OpTimer(torch.utils._python_dispatch.TorchDispatchMode):
-    """Times each aten op (the thread clock: one intra-op thread) and prices it with `dm`."""
+    """Times each aten op (the thread clock: one intra-op thread) and prices it with each
+    device model of `dms`."""
 
-    def __init__(self, dm):
+    def __init__(self, dms):
         super().__init__()
-        self.dm, self.ops = dm, {}
+        self.dms, self.ops = dms, {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         started = time.thread_time()
         out = func(*args, **kwargs)
         real = time.thread_time() - started
-        priced = self.dm.op_s(func, args, kwargs, out)
+        priced = [dm.op_s(func, args, kwargs, out) for dm in self.dms]
         name = func.overloadpacket.__name__
-        count, r, p = self.ops.get(name, (0, 0.0, 0.0))
-        self.ops[name] = (count + 1, r + real, p + priced)
+        count, r, p = self.ops.get(name, (0, 0.0, [0.0] * len(self.dms)))
+        self.ops[name] = (count + 1, r + real, [a + b for a, b in zip(p, priced)])
         return out
 
 
-def _by_op(model, inputs, loss, target, dm, steps: int = 3) -> dict:
-    """{op name: (calls, real s, priced s)} per step, the last of `steps` steps (warm)."""
+def _by_op(model, inputs, loss, target, dms, steps: int = 3) -> dict:
+    """{op name: (calls, real s, [priced s by each of dms])} per step, the last of `steps`
+    steps (warm)."""
     for _ in range(steps):
-        timer = _OpTimer(dm)
+        timer = _OpTimer(dms)
         with timer:
             out = model(*inputs)
             value = loss(out, target) if loss else out.sum()
@@ -115,18 +118,22 @@ def _by_op(model, inputs, loss, target, dm, steps: int = 3) -> dict:
 
 def _print_by_op(name: str, ops: dict, share: float = 0.9) -> None:
     real = sum(r for _, r, _ in ops.values())
-    priced = sum(p for _, _, p in ops.values())
-    print(f"\n{name}: ops of one step, real {real * 1e3:.1f} ms, priced {priced * 1e3:.1f} ms "
-          f"(the groups that make {share:.0%} of the real):\n")
-    print("| op | calls | real ms | priced ms | real / priced |")
-    print("|---|---|---|---|---|")
+    n_models = len(next(iter(ops.values()))[2])
+    priced = [sum(p[i] for _, _, p in ops.values()) for i in range(n_models)]
+    print(f"\n{name}: ops of one step, real {real * 1e3:.1f} ms, priced "
+          f"{' / '.join(f'{p * 1e3:.1f}' for p in priced)} ms (the groups that make "
+          f"{share:.0%} of the real):\n")
+    columns = ["priced ms", "real / priced"] if len(priced) == 1 else [
+        "priced ms", "real / priced", "without: priced ms", "without: real / priced"]
+    print("| op | calls | real ms | " + " | ".join(columns) + " |")
+    print("|---" * (3 + len(columns)) + "|")
     seen = 0.0
-    for op, (count, r, p) in sorted(ops.items(), key=lambda kv: -kv[1][1]):
+    for op, (count, r, ps) in sorted(ops.items(), key=lambda kv: -kv[1][1]):
         if seen >= share * real:
             break
         seen += r
-        ratio = f"{r / p:.1f}" if p > 0 else "-"
-        print(f"| {op} | {count} | {r * 1e3:.2f} | {p * 1e3:.2f} | {ratio} |")
+        cells = [c for p in ps for c in (f"{p * 1e3:.2f}", f"{r / p:.1f}" if p > 0 else "-")]
+        print(f"| {op} | {count} | {r * 1e3:.2f} | " + " | ".join(cells) + " |")
 
 
 def _plan_key(plan) -> tuple:
@@ -161,11 +168,18 @@ def main() -> int:
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--by-op", action="store_true",
                         help="also time and price every aten op of one real step (CPU only)")
+    parser.add_argument("--without", nargs="*", default=[], metavar="FIELD",
+                        help="also price each family with these DeviceModel terms left out "
+                             "(e.g. attention step_bandwidth), against the same real profile")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # the thread clock measures one thread's work
     dm = _device_model(args.device_model, args.device)
     print(f"device model: {dm.name}: {dm.source}")
+    without = dataclasses.replace(dm, **{f.name: f.default for f in dataclasses.fields(dm)
+                                         if f.name in args.without})
+    if args.without:
+        print(f"rows marked 'without': the same device model less {', '.join(args.without)}")
     print()
     print("| model | nodes | median error | worst error (node) | major nodes | major median "
           "| major worst | step real / fake (ms) | same top plan | same top-k order | "
@@ -185,21 +199,29 @@ def main() -> int:
         fake = profile_dict(model, inputs, mode="fake", device_model=dm, tensor_parallel=False,
                             **common)
         fake_s = time.monotonic() - started
-        e = _errors(real, fake)
         rank_real = _ranking(real, args.cluster, args.devices, args.top_k)
-        rank_fake = _ranking(fake, args.cluster, args.devices, args.top_k)
         rank_plain = _ranking(_without_split_backward(real), args.cluster, args.devices,
                               args.top_k)
-        print(f"| {name} | {e['nodes']} | {e['median']:.0%} | {e['worst']:.0%} "
-              f"({e['worst_node']}) | {e['major_nodes']} | {e['major_median']:.0%} | "
-              f"{e['major_worst']:.0%} | {e['real_step_s'] * 1e3:.1f} / "
-              f"{e['fake_step_s'] * 1e3:.1f} | {rank_real[0] == rank_fake[0]} | "
-              f"{rank_real == rank_fake} | {rank_plain == rank_fake} | {fake_s:.1f} |",
-              flush=True)
-        if rank_real != rank_fake:
-            print(f"  real top plans: {rank_real}\n  fake top plans: {rank_fake}", flush=True)
+        rows = [(name, fake)]
+        if args.without:
+            rows.append((f"{name} without", profile_dict(
+                model, inputs, mode="fake", device_model=without, tensor_parallel=False,
+                **common)))
+        for label, graph in rows:
+            e = _errors(real, graph)
+            rank_fake = _ranking(graph, args.cluster, args.devices, args.top_k)
+            print(f"| {label} | {e['nodes']} | {e['median']:.0%} | {e['worst']:.0%} "
+                  f"({e['worst_node']}) | {e['major_nodes']} | {e['major_median']:.0%} | "
+                  f"{e['major_worst']:.0%} | {e['real_step_s'] * 1e3:.1f} / "
+                  f"{e['fake_step_s'] * 1e3:.1f} | {rank_real[0] == rank_fake[0]} | "
+                  f"{rank_real == rank_fake} | {rank_plain == rank_fake} | {fake_s:.1f} |",
+                  flush=True)
+            if rank_real != rank_fake:
+                print(f"  real top plans: {rank_real}\n  fake top plans: {rank_fake}",
+                      flush=True)
         if args.by_op and args.device == "cpu":
-            by_op[name] = _by_op(model, inputs, loss, target, dm)
+            by_op[name] = _by_op(model, inputs, loss, target,
+                                 [dm, without] if args.without else [dm])
     for name, ops in by_op.items():
         _print_by_op(name, ops)
     return 0

@@ -332,6 +332,60 @@ def test_measured_kernels_are_priced_per_element():
     assert all(v > 0 for v in measured.values())
 
 
+def test_cpu_flash_attention_is_priced_by_its_blocks_and_measured_rate():
+    """Where a device model carries the CPU flash attention's measured cost (measure_attention:
+    seconds a block of queries of each (batch, head), FLOP/s beyond), its forward costs its
+    query blocks (cpu_flash_blocks) x the block cost + its computed FLOPs (the causal share)
+    at the attention rate, its backward likewise at the backward's pair; without it, its FLOPs
+    at the matmul rate."""
+    import dataclasses
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+    from hybridplan.profiler.device_model import causal_share, cpu_flash_blocks
+    aten = torch.ops.aten
+    cpu = dataclasses.replace(CPU, attention=((1e-6, 1e10), (3e-6, 2e10)))
+    q = torch.randn(2, 4, 64, 32)  # 8 heads x 2 blocks of 32 queries
+    forward = aten._scaled_dot_product_flash_attention_for_cpu.default
+    backward = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    out = forward(q, q, q, 0.0, False)
+    flops = sdpa_flop_count(q.shape, q.shape, q.shape)
+    assert cpu_flash_blocks(64, 64)[0] == 32
+    assert cpu.op_s(forward, (q, q, q, 0.0, False), {}, out) == pytest.approx(
+        16 * 1e-6 + flops / 1e10)
+    assert cpu.op_s(forward, (q, q, q, 0.0, True), {}, out) == pytest.approx(
+        16 * 1e-6 + flops * causal_share(64, 64, *cpu_flash_blocks(64, 64)) / 1e10)
+    args = (out[0], q, q, q, out[0], out[1], 0.0, False)
+    grads = backward(*args)
+    assert cpu.op_s(backward, args, {}, grads) == pytest.approx(
+        16 * 3e-6 + sdpa_backward_flop_count(q.shape, q.shape, q.shape, q.shape) / 2e10)
+    assert CPU.op_s(forward, (q, q, q, 0.0, False), {}, out) == pytest.approx(
+        max(flops / 1e11, 4 * (4 * q.numel() + out[1].numel()) / 1e10))
+    (forward_block, forward_rate), (backward_block, backward_rate) = \
+        dm_lib.measure_attention(repeats=1)
+    assert min(forward_block, forward_rate, backward_block, backward_rate) > 0
+
+
+def test_ops_priced_by_bytes_run_at_the_step_bandwidth_where_slower():
+    """Where a device model carries the bandwidth measured inside a training step
+    (measure_step_bandwidth on a CPU), an op priced by its bytes takes them at that rate where
+    it is below the bandwidth curve's; products, views and GPU presets are unchanged."""
+    import dataclasses
+    aten = torch.ops.aten
+    cpu = dataclasses.replace(CPU, step_bandwidth=1e9)
+    big = torch.empty(1 << 20)
+    assert cpu.op_s(aten.add.Tensor, (big, big), {}, big) == pytest.approx(3 * 4 * 2**20 / 1e9)
+    assert cpu.op_s(aten.clone.default, (big,), {}, big) == pytest.approx(2 * 4 * 2**20 / 1e9)
+    fast = dataclasses.replace(CPU, step_bandwidth=1e12)  # the curve's rate is the slower
+    assert fast.op_s(aten.add.Tensor, (big, big), {}, big) == CPU.op_s(aten.add.Tensor,
+                                                                         (big, big), {}, big)
+    a, b = torch.empty(64, 128), torch.empty(128, 256)
+    assert cpu.op_s(aten.mm.default, (a, b), {}, a @ b) == CPU.op_s(aten.mm.default, (a, b),
+                                                                      {}, a @ b)
+    for preset in ("dgx-h100", "H100"):
+        gpu = dm_lib.device_model(preset)
+        assert gpu.step_bandwidth == 0.0 and gpu.attention == ()
+    assert dm_lib.measure_step_bandwidth(steps=1) > 0
+
+
 def test_attention_dropout_is_priced_as_the_gpu_fused_kernel():
     """Attention dropout sends the CPU's scaled dot-product attention to its float32 math
     path; priced for a GPU the fake profile prices the fused kernel a GPU runs with dropout

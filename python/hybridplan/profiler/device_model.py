@@ -69,6 +69,8 @@ _GEMMS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm"}
 _CONVOLUTIONS = {"convolution", "convolution_backward"}
 _POOLING = {"max_pool2d_with_indices", "max_pool2d", "avg_pool2d", "max_pool1d",
             "avg_pool1d", "max_pool3d_with_indices", "avg_pool3d"}
+_CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu",
+                  "_scaled_dot_product_flash_attention_for_cpu_backward"}
 _NO_KERNEL = {"empty", "empty_like", "empty_strided", "empty_permuted", "lift_fresh",
               "_unsafe_view",  # a view whose schema does not say so
               "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel"}
@@ -104,17 +106,29 @@ class DeviceModel:
     # kernels run below their bytes' bandwidth (a CPU's normalisations, GeLU, softmax:
     # measure_kernels); empty: their bytes at bandwidth
     kernel_s: Tuple[Tuple[str, float], ...] = ()
+    # bytes/s the ops priced by their bytes reach inside a training step, where they run below
+    # a copy's rate in a tight loop (a CPU: measure_step_bandwidth); 0: the curve's alone
+    step_bandwidth: float = 0.0
+    # ((seconds a query block, FLOP/s beyond it) forward, (the same) backward) of a fused
+    # attention kernel that runs far below the matmul rate with a fixed cost per block of
+    # queries of each (batch, head) (torch's CPU flash attention: measure_attention); empty:
+    # its FLOPs at the matmul rate
+    attention: Tuple[Tuple[float, float], ...] = ()
 
     @property
     def memory_bandwidth_bytes_per_s(self) -> float:
         return self.gemm.memory_bandwidth
 
     def memory_s(self, nbytes: float) -> float:
-        """Seconds to read and write `nbytes`: at the bandwidth curve's rate for that working
-        set (log-log interpolation between its points, its end points beyond them)."""
-        if not self.bandwidth_curve or nbytes <= 0:
-            return nbytes / self.gemm.memory_bandwidth
-        return nbytes / _on_curve(self.bandwidth_curve, nbytes)
+        """Seconds an op of a step takes to read and write `nbytes`: at the bandwidth curve's
+        rate for that working set (log-log interpolation between its points, its end points
+        beyond them; no curve: the memory bandwidth), or at step_bandwidth where measured and
+        slower."""
+        if nbytes <= 0:
+            return 0.0
+        rate = (_on_curve(self.bandwidth_curve, nbytes) if self.bandwidth_curve
+                else self.gemm.memory_bandwidth)
+        return nbytes / (min(rate, self.step_bandwidth) if self.step_bandwidth else rate)
 
     def matmul_flops(self, dtype: torch.dtype) -> float:
         """Achievable matmul FLOP/s for operands of `dtype`."""
@@ -145,6 +159,8 @@ class DeviceModel:
             window = math.prod(int(v) for v in args[1]) if len(args) > 1 else 1
             seconds = max(first.numel() * window * self.window_s,
                           self.memory_s(_tensor_bytes(args[0]) + _tensor_bytes(out)))
+        elif name in _CPU_ATTENTION and self.attention:
+            seconds = self._attention_s(func, args, kwargs, out)
         elif name == "embedding":  # a gather reads the rows it returns, not the whole table
             seconds = self.memory_s(2 * _tensor_bytes(out) + _tensor_bytes(args[1]))
         else:
@@ -157,6 +173,20 @@ class DeviceModel:
             if flops:
                 seconds = max(seconds, flops / self.matmul_flops(_dtype_of(args, out)))
         return max(seconds, self.kernel_floor_s)
+
+    def _attention_s(self, func: Any, args: tuple, kwargs: dict, out: Any) -> float:
+        """A CPU flash attention forward or backward where measured (`attention`): a fixed cost
+        for each block of queries of each (batch, head) (cpu_flash_blocks) plus its computed
+        FLOPs (the causal share of flop_counter's count) at the measured attention rate."""
+        names = [a.name for a in func._schema.arguments]
+        q = args[names.index("query")]
+        s_q, s_k = int(q.shape[-2]), int(args[names.index("key")].shape[-2])
+        heads = math.prod(int(d) for d in q.shape[:-2])
+        blocks = heads * -(-s_q // cpu_flash_blocks(s_q, s_k)[0])
+        block_s, rate = self.attention[func.overloadpacket.__name__.endswith("_backward")]
+        flops = op_flops(func, args, kwargs, out) * self._causal_share(func, args, kwargs)
+        return max(blocks * block_s + flops / rate,
+                   self.memory_s(_tensor_bytes((args, kwargs)) + _tensor_bytes(out)))
 
     def _causal_share(self, func: Any, args: tuple, kwargs: dict) -> float:
         """The share of a fused attention's counted FLOPs its kernel runs: 1, or under a causal
@@ -428,6 +458,8 @@ def measure_cpu(repeats: int = 5) -> DeviceModel:
     convolution = measure_convolution(repeats)
     window_s = measure_window_s(repeats)
     kernels = measure_kernels(repeats)
+    attention = measure_attention(repeats)
+    step_bandwidth = measure_step_bandwidth()
     dev = GemmDevice("cpu", rate, rate, curve[-1][1], 1, (1, 1))
     return DeviceModel(f"cpu ({torch.get_num_threads()} threads)", dev, rate, floor_s,
                        "measured: float32 matmul "
@@ -440,8 +472,12 @@ def measure_cpu(repeats: int = 5) -> DeviceModel:
                        f"{convolution[1] / 1e9:.0f} GFLOP/s, pooling {window_s * 1e9:.1f} ns "
                        f"per window element, "
                        + ", ".join(f"{op} {c * 1e9:.2f}" for op, c in kernels)
-                       + " ns per element", tuple(curve), overhead, tuple(matmuls),
-                       convolution, window_s, kernels)
+                       + " ns per element, flash attention "
+                       + ", ".join(f"{b * 1e6:.1f} us a query block + {r / 1e9:.0f} GFLOP/s"
+                                   for b, r in attention) + " (forward, backward), "
+                       f"in a step {step_bandwidth / 1e9:.1f} GB/s",
+                       tuple(curve), overhead, tuple(matmuls), convolution, window_s, kernels,
+                       attention=attention, step_bandwidth=step_bandwidth)
 
 
 # The convolutions measure_cpu times (batch, channels in = out, size; a 1 x 1 kernel): one that
@@ -518,6 +554,108 @@ def measure_kernels(repeats: int = 5) -> Tuple[Tuple[str, float], ...]:
                 block(x).backward(torch.ones(shape))
             x.grad = None
         out += [(op, timer.times[op]) for op in ops if op in timer.times]
+    return tuple(out)
+
+
+# The training step measure_step_bandwidth times: (rows, width) of a pre-norm MLP block's
+# activations (4 x wider inside), and its blocks. Its element-wise ops (residual adds, bias
+# gradients' sums, gradient accumulation) move 16 KiB to 2 MiB each.
+kStepShape = (256, 128)
+kStepBlocks = 2
+# The ops of that step that measure_step_bandwidth leaves out: priced by other rules
+# (GEMMs, measured kernels) or each a few bytes (below kStepOpBytes, where the floor prices it).
+kStepOpBytes = 16 << 10
+
+
+class _BytesClock(torch.utils._python_dispatch.TorchDispatchMode):
+    """Sums the time (_clock) and the bytes (inputs and outputs) of the ops `priced_by_bytes`
+    accepts."""
+
+    def __init__(self, priced_by_bytes):
+        super().__init__()
+        self.accept, self.seconds, self.bytes, self.clock = priced_by_bytes, 0.0, 0, _clock()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        started = self.clock()
+        out = func(*args, **kwargs)
+        elapsed = self.clock() - started
+        nbytes = _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        if self.accept(func) and nbytes >= kStepOpBytes:
+            self.seconds += elapsed
+            self.bytes += nbytes
+        return out
+
+
+def measure_step_bandwidth(steps: int = 7) -> float:
+    """Bytes/s of the ops a device model prices by their bytes (op_s's last rule: not a
+    product, convolution, pooling, measured kernel or view), timed inside training steps of
+    kStepBlocks pre-norm MLP blocks at kStepShape: their bytes over their time, the median of
+    `steps` steps after one warm-up. On the 2-core Xeon host such ops (adds, sums, clones,
+    copies) ran at 8-10 GB/s inside the model families' steps, whatever their size from 24 KiB
+    to 2 MiB, where a copy of the same working set in a tight loop runs at 50-60 GB/s: in a
+    step each op finds its operands, and fresh output memory, outside the core's nearest
+    caches."""
+    blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(kStepShape[1]),
+                                         nn.Linear(kStepShape[1], 4 * kStepShape[1]), nn.GELU(),
+                                         nn.Linear(4 * kStepShape[1], kStepShape[1]))
+                           for _ in range(kStepBlocks))
+    x = torch.randn(kStepShape, requires_grad=True)
+    measured = {name for ops, _, _ in kKernelBlocks for name in ops}
+
+    def priced_by_bytes(func) -> bool:
+        name = func.overloadpacket.__name__
+        return not (name in _GEMMS or name in _NO_KERNEL or name in measured or _is_view(func))
+
+    rates = []
+    for step in range(steps + 1):
+        timer = _BytesClock(priced_by_bytes)
+        with timer:
+            h = x
+            for block in blocks:
+                h = h + block(h)
+            h.square().mean().backward()
+        x.grad = None
+        blocks.zero_grad(set_to_none=True)
+        if step and timer.seconds > 0:
+            rates.append(timer.bytes / timer.seconds)
+    return statistics.median(rates)
+
+
+# The attentions measure_attention times ((batch, heads, tokens, head width), causal): one that
+# is all fixed cost (a single block of queries for each of 16 heads) and one whose FLOPs
+# dominate (8 blocks of 64 queries each for 4 heads of 64).
+kAttentionTiny = (4, 4, 32, 32)
+kAttentionWork = (1, 4, 512, 64)
+
+
+def measure_attention(repeats: int = 5) -> Tuple[Tuple[float, float], ...]:
+    """((seconds a query block, FLOP/s beyond it) forward, (the same) backward) of torch's CPU
+    flash attention kernel (aten._scaled_dot_product_flash_attention_for_cpu), unmasked, the
+    fastest of `repeats` runs: the time of kAttentionTiny over its blocks (cpu_flash_blocks), and
+    kAttentionWork's FLOPs (flop_counter's) over its time less its blocks' fixed cost. Measured
+    on the 2-core Xeon host, one thread, fixed cost + FLOPs at this rate held within 12 % from
+    (16, 4, 32, 24) to (2, 8, 512, 64), the forward 5.6-5.8 us a block + 75-80 GFLOP/s and the
+    backward 9.6-10.6 us a block + 77-80 GFLOP/s, where the matmul runs at 150-160: at the
+    transformer family's 24-wide heads the kernel ran 4-6x its FLOPs at the matmul rate."""
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+    def times(shape):
+        q, k, v = (torch.randn(shape) for _ in range(3))
+        out, lse = forward(q, k, v, 0.0, False)
+        grad = torch.randn_like(out)
+        blocks = math.prod(shape[:2]) * -(-shape[2] // cpu_flash_blocks(shape[2], shape[2])[0])
+        return (blocks, _best_s(lambda: forward(q, k, v, 0.0, False), repeats),
+                _best_s(lambda: backward(grad, q, k, v, out, lse, 0.0, False), repeats),
+                sdpa_flop_count(q.shape, k.shape, v.shape),
+                sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape))
+
+    tiny, work = times(kAttentionTiny), times(kAttentionWork)
+    out = []
+    for i in (1, 2):
+        block_s = tiny[i] / tiny[0]
+        out.append((block_s, work[i + 2] / max(work[i] - work[0] * block_s, 1e-9)))
     return tuple(out)
 
 
