@@ -63,7 +63,9 @@ __all__ = ["fake_profile_dict", "on_meta_device", "LEFT_OUT"]
 
 LEFT_OUT = ("sequence_parallel (checked on real activations)",
             "backward_workspace_bytes and loss_backward_bytes (read from allocator events)",
-            "the zero-bubble backward split (timed apart by the real profiler)")
+            "the zero-bubble backward split (timed apart by the real profiler)",
+            "what autocast keeps (autocast_saved_bytes: the planner halves the float32 bytes "
+            "for a 16-bit job's autocast plans, an estimate)")
 
 
 def on_meta_device(module: nn.Module) -> bool:
