@@ -301,14 +301,18 @@ class _SavedBytes:
         if key in self.model_storages or key in self.seen:
             return t
         self.seen.add(key)
-        nbytes = t.untyped_storage().nbytes()
         owner = self.running[-1][0] if self.running else (
             self.flow.order[-1] if self.flow.order else None)
+        self.charge(owner, t, t.untyped_storage().nbytes())
+        return t
+
+    def charge(self, owner: Optional[str], t: torch.Tensor, nbytes: int) -> None:
+        """Adds a saved storage of `nbytes` to `owner`'s saved bytes (None: before the first
+        node, charged to it by finish())."""
         if owner is None:
             self.pending += nbytes
         else:
             self.flow.saved_bytes[owner] = self.flow.saved_bytes.get(owner, 0) + nbytes
-        return t
 
     @staticmethod
     def unpack(t: torch.Tensor) -> torch.Tensor:
