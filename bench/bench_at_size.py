@@ -11,8 +11,9 @@ Per row:
    shapes, written out below; no weights, no network) under `torch.device("meta")`, cast to
    bfloat16, with `--profile-layers` decoder layers, and fake-profiled
    (`profile_dict(..., device_model="dgx-h100")`) at one sequence with the causal LM's
-   cross-entropy loss, with its tensor-parallel fields (profiler.fake_tensor_parallel: which
-   nodes split and how is checked on a miniature of the same class, heads and layers with
+   cross-entropy loss, with its tensor- and sequence-parallel fields
+   (profiler.fake_tensor_parallel: which nodes split and how, and whether the sequence splits
+   between the TP regions, is checked on a miniature of the same class, heads and layers with
    values; max degrees, bytes and per-rank split times at the model's own shapes, priced).
    A fake profile costs Python's time per op, not the model's size, so
    the stack is profiled at 3 layers and repeated to its depth
@@ -24,7 +25,8 @@ Per row:
    GPUs / 8, the job: the row's global batch (the published run's), Adam, mixed precision
    (16 bytes a parameter), samples/s as the objective, every plan kind the planner has:
    data parallelism, FSDP-style sharding, pipelines, recompute and tensor parallelism (up to
-   8, a DGX node).
+   8, a DGX node) with or without sequence parallelism (`--sequence-parallel`: the search's
+   option, default auto).
 3. **Table**: the plan, predicted tokens/s per GPU, model TFLOP/s per GPU (6 N + 6 L s h FLOPs
    a token: the weights' forward and backward and causal attention, N the parameters without
    the embedding table), predicted memory per GPU, the published layout priced by the same
@@ -143,7 +145,9 @@ def profile_child(name: str, layers: int, out: str, tensor_parallel: bool = True
                       "cpu_s": usage.ru_utime + usage.ru_stime,
                       "peak_rss_bytes": usage.ru_maxrss * 1024,
                       "tensor_parallel_nodes": sum("tensor_parallel" in n
-                                                   for n in graph["nodes"])}))
+                                                   for n in graph["nodes"]),
+                      "sequence_parallel_nodes": sum("sequence_parallel" in n
+                                                     for n in graph["nodes"])}))
     return 0
 
 
@@ -189,9 +193,10 @@ PUBLISHED_LAYOUT = {
 }
 
 
-def plan_row(graph: dict, gpus: int, global_batch: int, layout: dict = None):
+def plan_row(graph: dict, gpus: int, global_batch: int, layout: dict = None,
+             sequence_parallel: str = "auto"):
     """The planner's best plan for the row; with `layout` (PUBLISHED_LAYOUT's), the best plan
-    restricted to the published layout instead."""
+    restricted to the published layout instead. `sequence_parallel`: search's option."""
     from hybridplan.planner import search
     job = {"schema_version": 1, "kind": "hybridplan.job", "samples_per_epoch": 1 << 30,
            "global_batch": global_batch, "optimizer": "adam", "mixed_precision": True}
@@ -201,7 +206,8 @@ def plan_row(graph: dict, gpus: int, global_batch: int, layout: dict = None):
         job["per_replica_batch"] = layout["local_batch"]
         del job["global_batch"]
     started = time.monotonic()
-    result = search(graph, cluster_for(gpus), job, devices=gpus, top_k=3, **only)
+    result = search(graph, cluster_for(gpus), job, devices=gpus, top_k=3,
+                    sequence_parallel=sequence_parallel, **only)
     return result, time.monotonic() - started
 
 
@@ -210,8 +216,8 @@ def plan_words(plan: dict) -> str:
     if plan["mp"] > 1:
         words.append(f"{plan['mode']} {plan['mp']}")
     if plan.get("tp", 1) > 1:
-        words.append(f"tp {plan['tp']}")
-    if plan.get("schedule"):
+        words.append(f"tp {plan['tp']}" + (" sp" if plan.get("sequence_parallel") else ""))
+    if plan.get("schedule") not in (None, "", "none"):
         words.append(f"{plan['schedule']} M={plan['num_microbatches']}")
     if plan.get("sharding", "none") != "none":
         words.append(plan["sharding"])
@@ -244,6 +250,9 @@ def full_depth_check(name: str, layers: int, out_dir: Path) -> int:
                                                  if k != "split_times"} != {
                 k: v for k, v in tb.items() if k != "split_times"}):
             raise SystemExit(f"bench_at_size: {name}: {a['name']}'s tensor-parallel fields differ")
+        if a.get("sequence_parallel") != b.get("sequence_parallel"):
+            raise SystemExit(f"bench_at_size: {name}: {a['name']}'s sequence-parallel fields "
+                             "differ")
         for sa, sb in zip((ta or {}).get("split_times", []), (tb or {}).get("split_times", [])):
             pairs += [(f"split {sa['degree']} {k}", sa[k], sb[k]) for k in ("forward_s",
                                                                               "backward_s")]
@@ -270,6 +279,9 @@ def main() -> int:
     parser.add_argument("--tensor-parallel", choices=("on", "off"), default="on",
                         help="off: profile without the tensor-parallel fields (the graph then "
                              "plans without tensor parallelism; for measuring their cost)")
+    parser.add_argument("--sequence-parallel", choices=("auto", "on", "off"), default="auto",
+                        help="the search's sequence_parallel option (off: plans without it, "
+                             "from the same graphs)")
     parser.add_argument("--profile-one", help=argparse.SUPPRESS)
     parser.add_argument("--graph-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -298,7 +310,7 @@ def main() -> int:
             profiles[name] = prof
         prof = profiles[name]
         graph = prof["full"]
-        result, search_s = plan_row(graph, gpus, batch)
+        result, search_s = plan_row(graph, gpus, batch, sequence_parallel=args.sequence_parallel)
         plan = result.plans[0].to_dict()
         (out_dir / f"{key}.plan.json").write_text(json.dumps(plan, indent=1))
         pred = plan["predicted"]
@@ -314,7 +326,8 @@ def main() -> int:
         if key in PUBLISHED_LAYOUT:
             from hybridplan.planner import InfeasibleError
             try:
-                fsdp, _ = plan_row(graph, gpus, batch, PUBLISHED_LAYOUT[key])
+                fsdp, _ = plan_row(graph, gpus, batch, PUBLISHED_LAYOUT[key],
+                                   args.sequence_parallel)
                 fp = fsdp.plans[0].to_dict()
                 theirs = (f"{plan_words(fp)}: "
                           f"{fp['predicted']['samples_per_s'] * m['seq'] / gpus:,.0f}, "
@@ -338,7 +351,8 @@ def main() -> int:
               f"parameters, one sequence priced at forward {fwd * 1e3:.1f} ms + backward "
               f"{bwd * 1e3:.1f} ms, {flops / 1e12:.1f} TFLOP forward; "
               f"{prof['tensor_parallel_nodes']} of the profiled nodes carry tensor-parallel "
-              f"fields; profile child {prof['process_s']:.1f} s with interpreter start")
+              f"and {prof['sequence_parallel_nodes']} sequence-parallel fields; profile child "
+              f"{prof['process_s']:.1f} s with interpreter start")
     return 0
 
 

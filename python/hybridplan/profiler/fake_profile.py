@@ -21,16 +21,17 @@ forward and backward), which here reads a clock that advances by each op's model
 the bytes of the outputs of recompute.SAVED_OPS and the share of the node's modelled forward
 in the other ops.
 
-**Tensor parallelism** (`tensor_parallel=True`, the default): a split is found by running
-each candidate on real values, which fake tensors have none of, so what splits is decided on a
-miniature with values (the model itself where it has values; for a meta-built Hugging Face
-model, the same class at narrow widths; or `miniature=(module, inputs)`) and how far each split
-goes, its bytes and its per-rank times at the model's own shapes, priced
-(fake_tensor_parallel).
+**Tensor and sequence parallelism** (`tensor_parallel=True`, the default): a split is found
+by running each candidate on real values, which fake tensors have none of, so what splits is
+decided on a miniature with values (the model itself where it has values; for a meta-built
+Hugging Face model, the same class at narrow widths; or `miniature=(module, inputs)`) and how
+far each split goes, its bytes and its per-rank times at the model's own shapes, priced
+(fake_tensor_parallel); sequence parallelism's check likewise runs on the miniature, its
+sequence length and collectives' bytes taken at the model's shapes.
 
 **What is left out, and why** (the planner treats each as absent, as for a graph that lacks
-it): `sequence_parallel` (its check cuts the sequence of real activations),
-`tensor_parallel` where no miniature can be had (the log says why), `backward_workspace_bytes` and
+it): `tensor_parallel` and `sequence_parallel` where no miniature can be had (the log says
+why), `backward_workspace_bytes` and
 `profiled.loss_backward_bytes` (read from the allocator's events, which a fake run has none
 of), and the zero-bubble split of the backward (`backward_input_s`/`backward_weight_s`, timed
 separately by the real profiler). The log names them.
@@ -57,12 +58,11 @@ from .graph_steps import (Inputs, _add_pipeline_split, _batch_advice, _batch_siz
                       _check_acyclic, _check_inputs, _edges, _first_tensor, _loss_at,
                       _slice_batch, _smallest_batch, kBatchTimeBudgetS, snake_case)
 from .device_model import DeviceModel, device_model as make_device_model, op_flops
-from . import fake_tensor_parallel
+from . import fake_tensor_parallel, sequence_parallel
 
 __all__ = ["fake_profile_dict", "on_meta_device", "LEFT_OUT"]
 
-LEFT_OUT = ("sequence_parallel (checked on real activations)",
-            "backward_workspace_bytes and loss_backward_bytes (read from allocator events)",
+LEFT_OUT = ("backward_workspace_bytes and loss_backward_bytes (read from allocator events)",
             "the zero-bubble backward split (timed apart by the real profiler)",
             "what autocast keeps (autocast_saved_bytes: the planner halves the float32 bytes "
             "for a 16-bit job's autocast plans, an estimate)")
@@ -311,18 +311,21 @@ def _add_tensor_parallel(graph, module, nodes, order, call, mode, dm: DeviceMode
                 miniature = (module, example_inputs)
         forward_s = {n["name"]: n["forward_s"] for n in graph["nodes"]}
         backward_s = {n["name"]: n["backward_s"] for n in graph["nodes"]}
-        fields, _ = fake_tensor_parallel.graph_fields(
+        fields, layout = fake_tensor_parallel.graph_fields(
             module, nodes, order, call, fake_run, priced_step, forward_s, backward_s, loss,
             price_loss, miniature)
+        sp_fields, sp = (fake_tensor_parallel.sequence_fields(
+            module, nodes, order, call, fake_run, layout, miniature) if fields else ({}, None))
     except (ValueError, fake_tensor_parallel.tp._Refused) as why:
         log(f"profile {graph['name']}: no tensor-parallel fields: {why}")
         return
     for node in graph["nodes"]:
-        if node["name"] in fields:
-            node["tensor_parallel"] = fields[node["name"]]
+        for key, table in (("tensor_parallel", fields), ("sequence_parallel", sp_fields)):
+            if node["name"] in table:
+                node[key] = table[node["name"]]
     log(f"profile {graph['name']}: tensor parallelism splits {len(fields)} of "
-        f"{len(graph['nodes'])} nodes (decided on a miniature, priced at the model's shapes; "
-        f"{time.monotonic() - started:.1f} s)")
+        f"{len(graph['nodes'])} nodes{sequence_parallel.note(sp, sp_fields)} (decided on a "
+        f"miniature, priced at the model's shapes; {time.monotonic() - started:.1f} s)")
 
 
 def _pipeline_cut(graph, module, flow, args, kwargs, log, floor) -> None:

@@ -36,11 +36,21 @@ published size has none, so the work is divided:
    ratio: the loss charged to the last node is computed whole on every rank
    (tensor_parallel.node_fields).
 
-What stays out: `sequence_parallel` (its check cuts the sequence of real activations, not
-done here), and any model without a miniature (not a Hugging Face model and none given): its
-fake profile has no tensor-parallel fields, as before, and the log says why.
-`tests/python/test_fake_profile.py` holds the fields of a meta-built small Llama's fake profile
-to those of its real profile.
+4. **Sequence parallelism, the same way** (sequence_fields): its check cuts the sequence of
+   real activations (sequence_parallel.detect_sequence_parallel), so it runs on the miniature
+   with the full model's layout (the nodes that split at the model's sizes; the check reads
+   only their names and styles), at degree 2 as the real profile checks it; what depends on
+   size is then taken from one fake forward of the full model (sequence_parallel.at_shapes):
+   the sequence length (max_degree), the bytes of every collective, the entry's and the
+   exit's, and a gather node's saved_share; parameter gradients' all-reduces are the full
+   model's parameters. sequence_parallel.graph_fields writes the graph's objects from it, as
+   for a real profile.
+
+What stays out: any model without a miniature (not a Hugging Face model and none given): its
+fake profile has no tensor- or sequence-parallel fields, as before, and the log says why.
+`tests/python/test_fake_profile.py` holds the tensor-parallel fields of a meta-built small
+Llama's fake profile to those of its real profile, `tests/python/test_fake_sequence_parallel.py`
+the sequence-parallel ones.
 """
 
 from __future__ import annotations
@@ -53,10 +63,10 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from . import block_list, tensor_parallel as tp
+from . import block_list, sequence_parallel, tensor_parallel as tp
 from .dataflow import map_tensors, tensors_in
 
-__all__ = ["hf_miniature", "graph_fields", "kMiniHeadDim", "kMiniWidth"]
+__all__ = ["hf_miniature", "graph_fields", "sequence_fields", "kMiniHeadDim", "kMiniWidth"]
 
 # The miniature's widths: a head of kMiniHeadDim features (even, for rotary embeddings), and
 # kMiniWidth for every other narrowed width, divisible by 2, 4, 6 and 8 (every even degree up to
@@ -335,3 +345,18 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module], order: Sequence
     return tp.node_fields(layout, order, seen.io_bytes, forward_s, backward_s, ratios,
                           whole_s), layout
 
+
+
+def sequence_fields(module: nn.Module, nodes: Dict[str, nn.Module], order: Sequence[str], call,
+                    fake_run: Callable[[nn.Module], Any], layout: tp.Layout,
+                    miniature: Tuple[nn.Module, Any]
+                    ) -> Tuple[Dict[str, Dict[str, Any]], "sequence_parallel.SpLayout"]:
+    """({graph node: its "sequence_parallel" object}, the SpLayout at the model's sizes; its
+    `refused` says why where there are none) (the module doc, step 4). `layout`: the full
+    model's tensor-parallel layout (graph_fields'); the other arguments as graph_fields'. At
+    degree 2, as profile._add_tensor_parallel checks it: every split's max_degree is even."""
+    mini, mini_inputs = miniature
+    sp = sequence_parallel.detect_sequence_parallel(mini, layout, example_inputs=mini_inputs,
+                                                    degree=2, node_names=list(nodes))
+    sp = sequence_parallel.at_shapes(sp, module, call, fake_run)
+    return sequence_parallel.graph_fields(sp, nodes, order), sp

@@ -19,13 +19,16 @@ next (taken from the shallow graph's middle layer to its last, or from its first
 middle for layer 0), and the edges between a layer and the nodes outside the stack (embedding,
 rotary embedding, final norm, head) for every layer of the same role. Refused with ValueError:
 fewer than three profiled layers, a node outside the stack between two layers, an edge that
-skips a layer, sequence-parallel fields (the first and the last node of the region carry its
-entry and exit collectives) or a tied parameter held by a layer node. Tensor-parallel fields are
-copied with the rest of each node's fields: a layer's splits, their collectives' bytes and
-split times are the same at every depth (the fake profile's are functions of the shapes).
+skips a layer, a tied parameter held by a layer node, or sequence-parallel fields other than
+a region that is the whole stack with every layer alike. Tensor- and sequence-parallel fields
+are copied with the rest of each node's fields: a layer's splits, their collectives' bytes and
+split times are the same at every depth (the fake profile's are functions of the shapes), and
+sequence parallelism's region, the whole stack, has its entry's collective on the first layer's
+first node and its exit's on the last layer's last node, the two layers kept as profiled.
 
 `tests/python/test_fake_profile.py` checks that a 3-layer profile repeated to 5 layers equals
-the fake profile of the 5-layer model node by node and edge by edge.
+the fake profile of the 5-layer model node by node and edge by edge;
+`tests/python/test_fake_sequence_parallel.py` the same for the sequence-parallel fields.
 """
 
 from __future__ import annotations
@@ -66,10 +69,23 @@ def repeat_layers(graph: dict, prefix: str, depth: int) -> dict:
     strays = [nodes[i]["name"] for i in inside if layer[nodes[i]["id"]] is None]
     if strays:
         raise ValueError(f"{where}: nodes outside the stack run between its layers: {strays}")
-    with_sp = [n["name"] for n in nodes if "sequence_parallel" in n]
+    # sequence parallelism's region: its first node carries the entry's collective, its last
+    # the exit's, so it must be the whole stack (first layer to last), each layer alike; the
+    # first and the last layer are kept as profiled, so both stay where they are
+    with_sp = [n for n in nodes if "sequence_parallel" in n]
     if with_sp:
-        raise ValueError(f"{where}: sequence-parallel fields cannot be repeated (the region's "
-                         f"first and last nodes carry its entry and exit): {with_sp[:3]}")
+        outside = [n["name"] for n in with_sp if layer[n["id"]] is None]
+        if outside:
+            raise ValueError(f"{where}: sequence-parallel fields on nodes outside the stack: "
+                             f"{outside[:3]}; only a region that is the whole stack repeats")
+        per_layer = [sorted(layer[n["id"]][1] for n in with_sp if layer[n["id"]][0] == i)
+                     for i in indices]
+        if any(names != per_layer[0] for names in per_layer):
+            differ = next(i for i, names in enumerate(per_layer) if names != per_layer[0])
+            raise ValueError(f"{where}: layers 0 and {differ} carry sequence-parallel fields on "
+                             f"different nodes ({per_layer[0][:3]} against "
+                             f"{per_layer[differ][:3]}); only a region that is the whole stack, "
+                             f"every layer alike, repeats")
     for tied in graph.get("tied_params", []):
         if any(layer.get(i) is not None for i in tied["nodes"]):
             raise ValueError(f"{where}: a tied parameter is held by a layer node "

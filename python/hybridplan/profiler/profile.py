@@ -241,7 +241,7 @@ def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s
     for node in graph["nodes"]:
         if node["name"] in fields:
             node["tensor_parallel"] = fields[node["name"]]
-    sp_note = ""
+    sp, sp_fields = None, {}
     if fields:
         sp = sequence_parallel.detect_sequence_parallel(
             module, layout, degree=2,  # (every split's max_degree is even: it splits at 2)
@@ -250,10 +250,9 @@ def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s
         for node in graph["nodes"]:
             if node["name"] in sp_fields:
                 node["sequence_parallel"] = sp_fields[node["name"]]
-        sp_note = (f"; sequence parallelism: {len(sp_fields)} nodes" if not sp.refused
-                   else f"; no sequence parallelism: {sp.refused}")
     log(f"profile {graph['name']}: tensor parallelism splits {len(fields)} of "
-        f"{len(graph['nodes'])} nodes{sp_note} ({time.monotonic() - started:.1f} s)")
+        f"{len(graph['nodes'])} nodes{sequence_parallel.note(sp, sp_fields)} "
+        f"({time.monotonic() - started:.1f} s)")
 
 
 def _measure(module, nodes, names, call, clock, warmup, repeats, verbose, graph_name,

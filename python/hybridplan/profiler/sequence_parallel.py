@@ -48,14 +48,16 @@ Decided from the module's structure and a check, never from class names:
 
 from __future__ import annotations
 
+import copy
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from . import block_list
-from .dataflow import tensors_in
+from .dataflow import storage_key, tensors_in
 from .tensor_parallel import (Layout, _call_of, _close, _detached, _eval_with_grad,
                               _first_line, _float_inputs, _float_view, _fresh, _nbytes, _Refused)
 
@@ -97,6 +99,9 @@ class SpLayout:
     # gather node -> its saved bytes with its sequence inputs gathered apart / as one process
     # passes them (_saved_share)
     saved_share: Dict[str, float] = field(default_factory=dict)
+    # every region node's and region parent's sequence inputs as the check found them (`inputs`
+    # holds those the executor gathers): what io_bytes measures
+    sequence_inputs: Dict[str, Where] = field(default_factory=dict)
     refused: str = ""
 
 
@@ -186,6 +191,7 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
                  if any(n.startswith(b + ".") for b in blocks)}
     styles = {n: getattr(tp, "style", tp) for n, tp in layout.items()}
     view = _float_view(module)
+    original_args, original_kwargs = args, kwargs
     args, kwargs = _float_inputs(_fresh(args), view), _float_inputs(_fresh(kwargs), view)
     first, last = view.get_submodule(blocks[0]), view.get_submodule(blocks[-1])
     members = {n: view.get_submodule(n) for n in in_blocks}
@@ -197,29 +203,7 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
 
     # the reference: every region node's first call, the first block's inputs, the last
     # block's output
-    ref: Dict[str, Tuple[Tuple[Any, ...], Dict[str, Any], Any]] = {}
-    calls: Dict[str, int] = {}
-    block_io: Dict[str, Any] = {}
-
-    def record(name):
-        def hook(mod, a, kw, out):
-            calls[name] = calls.get(name, 0) + 1
-            if name not in ref:
-                ref[name] = (_detached(a), _detached(kw), _detached(out))
-        return hook
-
-    handles = [m.register_forward_hook(record(n), with_kwargs=True) for n, m in members.items()]
-    handles.append(first.register_forward_pre_hook(
-        lambda m, a, kw: block_io.setdefault("in", (_detached(a), _detached(kw))),
-        with_kwargs=True))
-    handles.append(last.register_forward_hook(
-        lambda m, a, out: block_io.setdefault("out", _detached(out))))
-    try:
-        with torch.random.fork_rng(devices=[]), _eval_with_grad(view):
-            reference = view(*_fresh(args), **_fresh(kwargs))
-    finally:
-        for h in handles:
-            h.remove()
+    ref, calls, block_io, reference = _reference(view, members, first, last, args, kwargs)
     ref_parents = {p for p in ref_parents if p in ref}
     twice = [n for n, c in calls.items() if c > 1]
     if twice:
@@ -234,10 +218,7 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
     if hidden.dim() <= SEQUENCE_DIM:
         raise _Refused(f"block {blocks[-1]}'s output has no sequence dimension "
                        f"{SEQUENCE_DIM} (shape {list(hidden.shape)})")
-    length = int(hidden.shape[SEQUENCE_DIM])
-    if length % degree:
-        raise _Refused(f"the sequence length {length} (dimension {SEQUENCE_DIM} of the hidden "
-                       f"states) is not divisible by {degree}")
+    length = _length(hidden, degree)
     entry_args = [(key, t) for key, t in _top_level(*block_io["in"])
                   if tuple(t.shape) == tuple(hidden.shape) and t.is_floating_point()]
     if not entry_args:
@@ -251,8 +232,6 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
     result.exit = Where(tuple(i for i in exits if i >= 0), (),
                         len(block_io["out"]) if isinstance(block_io["out"], tuple) else 1,
                         whole=isinstance(block_io["out"], torch.Tensor))
-    result.entry_bytes = sum(_nbytes(t) for _, t in entry_args)
-    result.exit_bytes = sum(_nbytes(t) for i, t in _outputs(block_io["out"]) if i in exits)
 
     ran = [n for n in members if n in ref]
     roles: Dict[str, str] = {}
@@ -278,37 +257,137 @@ def _detect(module, layout, nodes, args, kwargs, degree) -> SpLayout:
 
     result.roles = {n: roles[n] for n in ran if roles.get(n) in ROLES and n in nodes}
     for parent in sorted(ref_parents):
-        a, kw, _ = ref[parent]
-        where = seq_in.get(parent, Where())
-        result.inputs[parent] = where
-        result.io_bytes[parent] = (_seq_bytes(a, kw, where), [])
+        result.inputs[parent] = seq_in.get(parent, Where())
     for n, role in result.roles.items():
-        a, kw, out = ref[n]
-        where = seq_in.get(n, Where())
+        _, _, out = ref[n]
         if role in ("colwise", "gather"):
-            result.inputs[n] = where
+            result.inputs[n] = seq_in.get(n, Where())
         if role == "gather":
             seq_outs = [i for i, t in _outputs(out) if _is_sequence(t, length)]
             result.outputs[n] = Where(tuple(i for i in seq_outs if i >= 0), (),
                                       len(out) if isinstance(out, tuple) else 1,
                                       whole=isinstance(out, torch.Tensor))
-        result.io_bytes[n] = (_seq_bytes(a, kw, where),
-                              [_nbytes(t) for _, t in _outputs(out) if _is_sequence(t, length)])
-        if role == "gather":
-            result.saved_share[n] = _saved_share(members[n], a, kw, where)
+    result.sequence_inputs = {n: seq_in.get(n, Where()) for n in
+                              list(result.roles) + sorted(ref_parents)}
+    if view is not module:
+        # the collectives move the module's own dtype, not the float32 view's: sized from a
+        # forward of the module itself
+        members = {n: module.get_submodule(n) for n in members}
+        ref, _, block_io, _ = _reference(
+            module, members, module.get_submodule(blocks[0]),
+            module.get_submodule(blocks[-1]), original_args, original_kwargs)
+    _sizes(result, members, ref, block_io)
     return result
+
+
+def _reference(module: nn.Module, members: Dict[str, nn.Module], first: nn.Module,
+               last: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]):
+    """One forward of `module` (eval mode, autograd on): (each member's first call as (args,
+    kwargs, output), detached; the number of calls of each member; the first block's inputs
+    "in" and the last block's output "out"; the module's output)."""
+    ref: Dict[str, Tuple[Tuple[Any, ...], Dict[str, Any], Any]] = {}
+    calls: Dict[str, int] = {}
+    block_io: Dict[str, Any] = {}
+
+    def record(name):
+        def hook(mod, a, kw, out):
+            calls[name] = calls.get(name, 0) + 1
+            if name not in ref:
+                ref[name] = (_detached(a), _detached(kw), _detached(out))
+        return hook
+
+    handles = [m.register_forward_hook(record(n), with_kwargs=True) for n, m in members.items()]
+    handles.append(first.register_forward_pre_hook(
+        lambda m, a, kw: block_io.setdefault("in", (_detached(a), _detached(kw))),
+        with_kwargs=True))
+    handles.append(last.register_forward_hook(
+        lambda m, a, out: block_io.setdefault("out", _detached(out))))
+    try:
+        with torch.random.fork_rng(devices=[]), _eval_with_grad(module):
+            output = module(*_fresh(args), **_fresh(kwargs))
+    finally:
+        for h in handles:
+            h.remove()
+    return ref, calls, block_io, output
+
+
+def _length(hidden: torch.Tensor, degree: int) -> int:
+    """The sequence length of the hidden states; refused where `degree` does not divide it."""
+    length = int(hidden.shape[SEQUENCE_DIM])
+    if length % degree:
+        raise _Refused(f"the sequence length {length} (dimension {SEQUENCE_DIM} of the hidden "
+                       f"states) is not divisible by {degree}")
+    return length
+
+
+def _sizes(sp: SpLayout, members: Dict[str, nn.Module], ref, block_io) -> None:
+    """What in `sp` depends on the size of the model and batch, from one forward's records
+    (_reference; `members` the modules they were taken on): max_degree (the sequence length), the bytes of each node's sequence
+    inputs and outputs, of the entry and the exit, and each gather node's saved_share. A
+    detection sets them from its own forward; at_shapes from the full model's."""
+    out_tensors = _outputs(block_io["out"])
+    length = int(out_tensors[0][1].shape[SEQUENCE_DIM])
+    sp.max_degree = length
+    sp.entry_bytes = sum(_seq_bytes(*block_io["in"], sp.entry))
+    sp.exit_bytes = sum(_nbytes(t) for i, t in out_tensors
+                        if (i == -1 and sp.exit.whole) or (i >= 0 and i in sp.exit.positions))
+    sp.io_bytes = {}
+    for n, where in sp.sequence_inputs.items():  # region nodes and parents (no outputs)
+        a, kw, out = ref[n]
+        sp.io_bytes[n] = (_seq_bytes(a, kw, where),
+                          [_nbytes(t) for _, t in _outputs(out) if _is_sequence(t, length)]
+                          if n in sp.roles else [])
+        if sp.roles.get(n) == "gather":
+            sp.saved_share[n] = _saved_share(members[n], a, kw, where)
+
+
+def at_shapes(sp: SpLayout, module: nn.Module, call: Tuple[Tuple[Any, ...], Dict[str, Any]],
+              run: Callable[[nn.Module], ContextManager[Any]] = lambda m: nullcontext()
+              ) -> SpLayout:
+    """`sp`, detected on a miniature of `module` (the same structure and node names at
+    narrower widths and a shorter sequence, with values), with what depends on size taken from
+    one forward of `module` itself on `call` ((args, kwargs)) under `run(module)` (a fake
+    profile's fake mode: shapes, no values): the sequence length (max_degree), the bytes of
+    the collectives, each gather node's saved_share (_sizes). The roles, where the sequence
+    enters and leaves and which inputs are the sequence's are the miniature's. Refused (a new
+    SpLayout saying why) where `sp` is, where `sp.degree` does not divide the model's sequence
+    length, where a node of the miniature's region does not run in the model's forward, or
+    where the first block takes no input shaped like the hidden states."""
+    if sp.refused:
+        return sp
+    try:
+        out = copy.deepcopy(sp)
+        names = list(sp.sequence_inputs)
+        members = {n: module.get_submodule(n) for n in names}
+        with run(module):
+            ref, _, block_io, _ = _reference(
+                module, members, module.get_submodule(sp.blocks[0]),
+                module.get_submodule(sp.blocks[-1]), *call)
+            missing = [n for n in names if n not in ref]
+            if missing or "in" not in block_io or "out" not in block_io:
+                raise _Refused(f"nodes of the miniature's sequence-parallel region do not run in "
+                               f"the model's forward: {(missing or sp.blocks)[:3]}")
+            hidden = _outputs(block_io["out"])[0][1]
+            _length(hidden, sp.degree)
+            entry = _seq_bytes(*block_io["in"], sp.entry)
+            if not entry or any(b != _nbytes(hidden) for b in entry):
+                raise _Refused(f"block {sp.blocks[0]} takes no input shaped like its hidden "
+                               f"states {list(hidden.shape)} at the model's size")
+            _sizes(out, members, ref, block_io)
+        return out
+    except _Refused as why:
+        return SpLayout(degree=sp.degree, refused=str(why))
 
 
 def _saved_bytes_of_call(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
     """Bytes of the storages autograd saves for backward in one call of `module` (each once; its
     parameters and buffers excluded)."""
-    own = {t.untyped_storage().data_ptr()
-           for t in list(module.parameters()) + list(module.buffers())}
+    own = {storage_key(t) for t in list(module.parameters()) + list(module.buffers())}
     storages: Dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if t.layout == torch.strided and t.numel():
-            key = t.untyped_storage().data_ptr()
+            key = storage_key(t)
             if key not in own:
                 storages[key] = t.untyped_storage().nbytes()
         return t
@@ -332,7 +411,7 @@ def _saved_share(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any
         return t.detach().clone().requires_grad_(t.requires_grad)
 
     def shared(t: torch.Tensor) -> torch.Tensor:  # one tensor per storage, as one process has
-        key = t.untyped_storage().data_ptr()
+        key = storage_key(t)
         if key not in leaves:
             leaves[key] = leaf(t)
         return leaves[key]
@@ -528,3 +607,12 @@ def graph_fields(sp: SpLayout, nodes: Dict[str, nn.Module], graph_nodes: Sequenc
             field_["backward_collectives"] = bwd
         fields[g] = field_
     return fields
+
+
+def note(sp: Optional[SpLayout], fields: Dict[str, Dict[str, Any]]) -> str:
+    """The profile log's words on sequence parallelism ("" where it was not checked: no node
+    splits)."""
+    if sp is None:
+        return ""
+    return (f"; no sequence parallelism: {sp.refused}" if sp.refused
+            else f"; sequence parallelism: {len(fields)} nodes")
