@@ -84,6 +84,11 @@ class _Meter(TorchDispatchMode):
         self.total_s = 0.0
         self.log: Optional[List[Tuple[float, float, Optional[Dict[int, int]]]]] = None
         self.saves: Callable[[Any], bool] = lambda func: False  # recompute.saves while logging
+        # the kept storages, alive while `log` is: their keys (dataflow.storage_key) are unique
+        # only while the storage lives, and one freed in the forward may hand its key to a
+        # later one, which would then count as the same storage (how often depends on what
+        # the process allocated before)
+        self.held: List[Any] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -91,9 +96,11 @@ class _Meter(TorchDispatchMode):
         seconds = self.dm.op_s(func, args, kwargs, out)
         self.total_s += seconds
         if self.log is not None:
-            kept = ({dataflow.storage_key(t): t.untyped_storage().nbytes()
-                     for t in dataflow.tensors_in(out) if t.layout == torch.strided
-                     and t.numel()} if self.saves(func) else None)
+            outputs = ([t for t in dataflow.tensors_in(out) if t.layout == torch.strided
+                        and t.numel()] if self.saves(func) else None)
+            kept = (None if outputs is None else
+                    {dataflow.storage_key(t): t.untyped_storage().nbytes() for t in outputs})
+            self.held += [t.untyped_storage() for t in outputs or ()]
             self.log.append((seconds, op_flops(func, args, kwargs, out), kept))
         return out
 
@@ -394,7 +401,7 @@ def _forward_fields(module, nodes, call, meter: _Meter) -> Dict[str, Dict[str, f
             module(*call[0], **call[1])
         ops = meter.log
     finally:
-        meter.log = None
+        meter.log, meter.held = None, []
         for h in handles:
             h.remove()
     owner = [marks[-1][1] if marks else ""] * len(ops)
