@@ -133,6 +133,22 @@ _SCALER_FIELDS = (("scale", float), ("growth_factor", float), ("backoff_factor",
                   ("growth_interval", int), ("_growth_tracker", int))
 
 
+def optional_state(ckpt: Dict[str, Any], field: str, path: str, absent: Any) -> Any:
+    """The checkpoint's optional state field `field` (grad_scaler, lr_scheduler: saved by the
+    runs that have one), or None where it holds none; rank 0 then notes on stderr that
+    `path` holds no `absent()` (what is missing and where the resumed state starts instead) at
+    the checkpoint's step."""
+    saved = ckpt.get(field)
+    if saved is None:
+        import sys
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"hybridplan: {path} holds no {absent()} at step {ckpt.get('step')}",
+                  file=sys.stderr, flush=True)
+    return saved
+
+
 def scaler_state(scaler: Any) -> Optional[Dict[str, Any]]:
     """fp16's loss scaler's state as the checkpoints hold it: GradScaler.state_dict(), plain
     numbers (the scale, its growth and backoff factors, the growth interval and the count of
@@ -152,17 +168,11 @@ def load_scaler_state(scaler: Any, ckpt: Dict[str, Any], path: str) -> None:
     scaler ignores the field. ValueError naming the file when the field is malformed."""
     if scaler is None:
         return
-    saved = ckpt.get("grad_scaler")
-    if saved is None:
-        import sys
-        import torch.distributed as dist
-
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"hybridplan: {path} holds no loss scale (saved without fp16): the fp16 loss "
-                  f"scaler starts at its initial scale {scaler.get_scale():g} at step "
-                  f"{ckpt.get('step')}", file=sys.stderr, flush=True)
-        return
-    scaler.load_state_dict(check_scaler_state(saved, path))
+    saved = optional_state(ckpt, "grad_scaler", path,
+                           lambda: f"loss scale (saved without fp16): the fp16 loss scaler "
+                                   f"starts at its initial scale {scaler.get_scale():g}")
+    if saved is not None:
+        scaler.load_state_dict(check_scaler_state(saved, path))
 
 
 def check_scaler_state(saved: Any, path: str) -> Dict[str, Any]:
@@ -196,15 +206,10 @@ def load_scheduler_state(scheduler: Any, ckpt: Dict[str, Any], path: str) -> Non
     0 notes; ValueError naming the file when it holds another class's state."""
     if scheduler is None:
         return
-    saved = ckpt.get("lr_scheduler")
+    saved = optional_state(ckpt, "lr_scheduler", path,
+                           lambda: "LR scheduler state (saved without lr_scheduler): the "
+                                   "schedule starts from its first step")
     if saved is None:
-        import sys
-        import torch.distributed as dist
-
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"hybridplan: {path} holds no LR scheduler state (saved without "
-                  f"lr_scheduler): the schedule starts from its first step at step "
-                  f"{ckpt.get('step')}", file=sys.stderr, flush=True)
         return
     if not isinstance(saved, dict) or saved.get("class") != type(scheduler).__name__:
         got = saved.get("class") if isinstance(saved, dict) else type(saved).__name__
