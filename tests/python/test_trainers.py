@@ -260,6 +260,17 @@ def _megatron_launch(rep, row) -> str:
             f"--recompute-num-layers 1 --fp16\n")
 
 
+def _table1_plan(rep, g, cluster, row) -> dict:
+    """The reproduction's plan of a Table 1 row as Megatron-LM runs the launch line: a p = 1
+    row's global / d samples a replica as global / d accumulated micro-batches of 1 (Megatron's
+    num_microbatches_calculator, which the reader recovers as accumulation steps; the
+    reproduction prices one batch of global / d a replica, docs/megatron_reproduction.md)."""
+    plan = rep.megatron_plan(g, cluster, row.t, row.p, row.d, row.batch)
+    if row.p == 1:
+        plan = dict(plan, per_replica_batch=1, accumulation_steps=row.batch // row.d)
+    return plan
+
+
 @pytest.mark.parametrize("label", ["1.7B", "18.4B", "39.1B", "145.6B"])
 def test_megatron_table1_layouts_price_as_the_reproduction(label):
     """evaluate-config's reading of a Table 1 launch line is the plan the reproduction prices
@@ -268,8 +279,7 @@ def test_megatron_table1_layouts_price_as_the_reproduction(label):
     rep = _reproduction()
     row = next(r for r in rep.TABLE1 if r.label == label)
     g, cluster, job = rep.graph_for(row), rep.cluster_for(row.gpus), rep.job_for(row.batch)
-    theirs = rep.price(g, cluster, rep.megatron_plan(g, cluster, row.t, row.p, row.d, row.batch),
-                       job)
+    theirs = rep.price(g, cluster, _table1_plan(rep, g, cluster, row), job)
     ours = trainers.plan_from("megatron", _megatron_launch(rep, row), g, cluster, job).predicted
     assert (ours["step_s"], ours["memory_bytes"]) == (theirs["step_s"], theirs["memory_bytes"])
     assert rep.tflops(row, row.batch, row.gpus, ours["step_s"]) == \
@@ -281,8 +291,7 @@ def test_cli_evaluate_config_prices_a_table1_launch_line(tmp_path):
     rep = _reproduction()
     row = next(r for r in rep.TABLE1 if r.label == "1.7B")
     g, cluster, job = rep.graph_for(row), rep.cluster_for(row.gpus), rep.job_for(row.batch)
-    theirs = rep.price(g, cluster, rep.megatron_plan(g, cluster, row.t, row.p, row.d, row.batch),
-                       job)
+    theirs = rep.price(g, cluster, _table1_plan(rep, g, cluster, row), job)
     (tmp_path / "g.json").write_text(g.to_json())
     (tmp_path / "c.json").write_text(cluster.to_json())
     (tmp_path / "j.json").write_text(job.to_json())
@@ -503,11 +512,48 @@ def test_exports_carry_the_accumulation_steps_and_precision(problem, trainer):
         assert len(notes) == (piped or bool(caps.accumulation_note)), (kind, unexpressed)
         layout = trainers.parse(trainer, text, g, world_size=plan.world_size)
         assert layout.global_batch == plan.global_batch, (kind, text)
-        assert layout.accumulation_steps == (1 if piped or trainer == "megatron" else K), kind
-        if trainer != "megatron":   # Megatron's micro-batches read as one batch a replica
-            back = trainers.plan_from(trainer, text, g, c, job)
-            assert back.accumulation_steps == layout.accumulation_steps
-            assert back.global_batch == plan.global_batch
+        assert layout.accumulation_steps == (1 if piped else K), kind
+        back = trainers.plan_from(trainer, text, g, c, job)
+        assert back.accumulation_steps == layout.accumulation_steps
+        assert back.global_batch == plan.global_batch
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_megatron_reads_back_the_accumulation_steps_and_precision(problem, precision):
+    """Megatron-LM's reader recovers K by Megatron's own rule (num_microbatches_calculator:
+    global / (micro x dp) micro-batches a step, accumulated one after another without a
+    pipeline) and the precision from --bf16 / --fp16: a plan of K = 4 steps, exported and read
+    back, is the same plan (under a pipeline the K x micro-batches come back as one schedule,
+    as export says in words)."""
+    g, c = problem
+    job = _job(precision)
+    for kind, plan in plan_kinds(g, c, job, DEVICES).items():
+        text, unexpressed = trainers.export(plan, "megatron", g, job)
+        back = trainers.plan_from("megatron", text, g, c, job, source=f"megatron {kind}")
+        assert back.precision == plan.precision == precision, (kind, text)
+        assert back.global_batch == plan.global_batch, (kind, text)
+        if plan.mode == "pipeline":
+            assert (back.accumulation_steps, back.num_microbatches) == \
+                (1, K * plan.num_microbatches), (kind, text)
+            continue
+        assert (back.accumulation_steps, back.per_replica_batch) == \
+            (K, plan.per_replica_batch), (kind, text)
+        if not _boundaries(plan, "megatron", unexpressed):
+            assert _layout(back) == _layout(plan), (kind, text)
+
+
+def test_megatron_refuses_what_megatron_refuses():
+    """A global batch that micro-batch x dp does not divide, and --bf16 with --fp16, name the
+    flags (Megatron's num_microbatches_calculator and validate_args refuse them)."""
+    args = "--micro-batch-size 2 --global-batch-size {} --tensor-model-parallel-size 2"
+    assert trainers.parse("megatron", args.format(24), world_size=8).accumulation_steps == 3
+    with pytest.raises(ValueError, match=r"^a.txt: --global-batch-size must be a multiple of "
+                                         r"--micro-batch-size 2 x the data-parallel size 4 "
+                                         r".*got 20\)"):
+        trainers.parse("megatron", args.format(20), source="a.txt", world_size=8)
+    with pytest.raises(ValueError, match=r"^a.txt: --bf16 and --fp16 must not both be given"):
+        trainers.parse("megatron", args.format(8) + " --bf16 --fp16", source="a.txt",
+                       world_size=8)
 
 
 def test_the_micro_batch_each_trainer_writes_for_accumulation(problem):

@@ -381,6 +381,11 @@ def plan_of(layout: Layout, graph: Graph, cluster: Cluster, job: Optional[Job] =
         d["sharding"] = layout.sharding
         if layout.dp_shard < dp:
             d["dp_shard"] = layout.dp_shard
+    # the file's 16-bit precision where the Job prices it (a plan is priced in its Job's
+    # precision: the evaluation refuses another); under another Job the plan is the Job's
+    if layout.precision != "fp32" and job is not None and \
+            job.to_dict().get("precision", "fp32") == layout.precision:
+        d["precision"] = layout.precision
     plan = Plan.from_dict(d, source).validate(graph, cluster)
     predicted = evaluate(graph, cluster, plan, job)
     predicted.pop("objective", None)

@@ -11,9 +11,11 @@ Megatron-Core's ModelParallelConfig fields, recompute its TransformerConfig's).
     --bf16 | --fp16
 
 The data-parallel size is what the world size leaves: world / (T * P). Megatron runs G / (B *
-dp) micro-batches a step (megatron/core/num_microbatches_calculator.py): a plan's accumulation
-steps K are G = B * micro-batches * K * dp; without a pipeline they are accumulated one after
-another, under one they all run in one pipeline schedule. Megatron runs 1F1B, and
+dp) micro-batches a step (megatron/core/num_microbatches_calculator.py, which requires B * dp to
+divide G): a plan's accumulation steps K are G = B * micro-batches * K * dp; without a pipeline
+they are accumulated one after another (read back: K = G / (B * dp), per-replica batch B),
+under one they all run in one pipeline schedule (read back: one schedule of G / (B * dp)
+micro-batches, K = 1). Megatron runs 1F1B, and
 its interleaved 1F1B with virtual stages; its distributed optimizer shards the optimizer state
 and reduce-scatters the gradients (ZeRO-2's traffic), over R instances for hybrid sharding;
 Megatron-FSDP shards the parameters too (ZeRO-3).
@@ -155,7 +157,14 @@ def read(text: str, source: str = "Megatron-LM arguments", num_layers: Optional[
         raise ValueError(f"{source}: world size must be a multiple of tensor x pipeline sizes "
                          f"{tp} x {pp} (got {world_size})")
     dp = world_size // (tp * pp)
-    global_batch = global_batch or micro * dp
+    global_batch = global_batch or micro * dp   # arguments.py's default: one micro-batch
+    # num_microbatches_calculator (ConstantNumMicroBatchesCalculator): the global batch runs as
+    # global / (micro x dp) micro-batches a step, which must divide evenly
+    if global_batch % (micro * dp):
+        raise ValueError(f"{source}: --global-batch-size must be a multiple of --micro-batch-size "
+                         f"{micro} x the data-parallel size {dp} (Megatron's micro-batch count "
+                         f"per step; got {global_batch})")
+    microbatches = global_batch // (micro * dp)
     vs = 1
     if "--num-virtual-stages-per-pipeline-rank" in o:
         vs = _int(o, "--num-virtual-stages-per-pipeline-rank", 1, source)
@@ -185,5 +194,15 @@ def read(text: str, source: str = "Megatron-LM arguments", num_layers: Optional[
                   schedule=("interleaved-1f1b" if vs > 1 else "1f1b") if pp > 1 else "none",
                   virtual_stages=vs, micro_batch=micro, global_batch=global_batch,
                   recompute=granularity or "none", sharding=sharding,
-                  precision="bf16" if "--bf16" in o else "fp16" if "--fp16" in o else "fp32",
-                  sequence_parallel="--sequence-parallel" in o)
+                  precision=_precision(o, source), sequence_parallel="--sequence-parallel" in o,
+                  # without a pipeline the micro-batches accumulate one after another: the
+                  # plan's accumulation steps; under one they run in one schedule
+                  accumulation_steps=microbatches if pp == 1 else 1)
+
+
+def _precision(options: Dict[str, Optional[str]], source: str) -> str:
+    """--bf16 or --fp16 (Megatron's validate_args refuses both), else fp32."""
+    if "--bf16" in options and "--fp16" in options:
+        raise ValueError(f"{source}: --bf16 and --fp16 must not both be given (Megatron-LM "
+                         f"refuses both)")
+    return "bf16" if "--bf16" in options else "fp16" if "--fp16" in options else "fp32"
