@@ -20,8 +20,13 @@ Each op is priced by the kind of work it does (`op_s`):
   bytes' bandwidth there). Elsewhere these are priced as the rules above and below;
 - **a causal fused attention**: the counted FLOPs times the share of score blocks on or below
   the diagonal (causal_share), as FlashAttention and torch's CPU kernel skip the rest;
+- **torch's CPU flash attention** (where measure_attention measured it): a fixed cost for each
+  block of queries of each (batch, head) plus its computed FLOPs at the measured attention
+  rate (about half the matmul rate on the test host, and 3-6 us a block);
 - **everything else that runs a kernel**: the bytes its tensor inputs and outputs hold, at
-  memory bandwidth (an embedding lookup: the rows it gathers, read and written);
+  memory bandwidth (an embedding lookup: the rows it gathers, read and written); on a CPU
+  where measure_step_bandwidth measured it, at most at the bandwidth such ops reach inside a
+  training step (a fifth of a hot copy's on the test host);
 - **views** (an op whose output aliases its input without writing it: view, transpose,
   expand, slice), allocations without a fill (empty) and queries that return no tensor
   (prim.device, sizes): nothing;
@@ -592,10 +597,10 @@ def measure_step_bandwidth(steps: int = 7) -> float:
     product, convolution, pooling, measured kernel or view), timed inside training steps of
     kStepBlocks pre-norm MLP blocks at kStepShape: their bytes over their time, the median of
     `steps` steps after one warm-up. On the 2-core Xeon host such ops (adds, sums, clones,
-    copies) ran at 8-10 GB/s inside the model families' steps, whatever their size from 24 KiB
-    to 2 MiB, where a copy of the same working set in a tight loop runs at 50-60 GB/s: in a
-    step each op finds its operands, and fresh output memory, outside the core's nearest
-    caches."""
+    copies) ran at 8-10 GB/s inside the model families' steps, whatever their size from about
+    100 to 600 KiB, where a copy of the same working set in a tight loop runs at 50-60 GB/s
+    (this step measured 5-12 GB/s across runs under load): in a step each op finds its
+    operands, and fresh output memory, outside the core's nearest caches."""
     blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(kStepShape[1]),
                                          nn.Linear(kStepShape[1], 4 * kStepShape[1]), nn.GELU(),
                                          nn.Linear(4 * kStepShape[1], kStepShape[1]))
