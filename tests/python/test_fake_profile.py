@@ -280,12 +280,15 @@ def test_selective_saved_bytes_count_each_kept_storage():
     profile holds the kept storages while it logs. Without that, the second product's storage
     took the freed first one's key and the node counted 4,096 bytes, not 8,192, and how often
     keys were reused depended on what the process had allocated before (the repeated-layers
-    comparison failed in the full suite's order)."""
+    comparison failed in the full suite's order). The real profile (block_timing's
+    selective_recompute, keyed by address) likewise."""
     model = nn.Sequential(_FreedProduct(), nn.Linear(64, 4))
-    graph = profile_dict(model, torch.randn(16, 64), mode="fake", device_model="H100",
-                         verbose=False, batch_sizes=(), tensor_parallel=False)
-    saved = {n["name"]: n["selective_saved_bytes"] for n in graph["nodes"]}
-    assert saved == {"0": 2 * 16 * 64 * 4, "1": 16 * 4 * 4}
+    common = dict(verbose=False, batch_sizes=(), tensor_parallel=False)
+    fake = profile_dict(model, torch.randn(16, 64), mode="fake", device_model="H100", **common)
+    real = profile_dict(model, torch.randn(16, 64), mode="real", repeats=2, **common)
+    for graph in (fake, real):  # the real profile's log holds them alike (block_timing)
+        saved = {n["name"]: n["selective_saved_bytes"] for n in graph["nodes"]}
+        assert saved == {"0": 2 * 16 * 64 * 4, "1": 16 * 4 * 4}, graph["nodes"]
 
 
 def test_causal_attention_is_priced_by_the_blocks_it_computes():

@@ -754,6 +754,9 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
         def __init__(self):
             super().__init__()
             self.ops: List[Tuple[bool, float, Dict[int, int]]] = []
+            # the kept storages, alive while the log is: an address names one storage only
+            # while it lives, and one freed in the forward would hand it to a later one
+            self.held: List[Any] = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             started = time.perf_counter()
@@ -764,6 +767,7 @@ def selective_recompute(module: nn.Module, nodes: Dict[str, nn.Module], inputs: 
                 for t in _tensors(out):
                     if t.layout == torch.strided and t.device.type != "meta" and t.numel():
                         kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                        self.held.append(t.untyped_storage())
             self.ops.append((saves(func), took, kept))
             return out
 
