@@ -44,6 +44,10 @@ Decided from the module's structure and a check, never from class names:
    reference's. Code between the nodes that needs the whole sequence (GPT-2's attention core
    between its whole c_attn and c_proj, a mask built from the hidden states' length) shows up
    as a node input that is neither: sequence parallelism is refused, with the node named.
+
+A model without values (a fake profile at size) is checked on a miniature of it, and at_shapes
+takes what depends on size (the sequence length, the collectives' bytes, saved_share) from one
+forward of the model itself under fake tensors (fake_tensor_parallel.sequence_fields).
 """
 
 from __future__ import annotations
