@@ -38,6 +38,13 @@ inline double scaled_bytes(int64_t profiled_bytes, double scale) {
   return static_cast<double>(profiled_bytes) * scale;
 }
 
+// What `node` keeps for its backward at the batch of `scale`: its activation bytes, scaled, and
+// its fixed_saved_bytes (autocast's weight copies, precision_cost.h), which the batch leaves as
+// they are.
+inline double kept_bytes(const Node& node, double scale) {
+  return scaled_bytes(node.activation_bytes(), scale) + static_cast<double>(node.fixed_saved_bytes);
+}
+
 // One measured (or profiled) point of a node's curve.
 struct CurvePoint {
   double batch = 0;

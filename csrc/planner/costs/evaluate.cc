@@ -27,13 +27,27 @@ Evaluator::Evaluator(const Problem& problem)
     : converted_(converts_graph(problem) ? std::make_shared<const Problem>(in_job_precision(problem))
                                          : nullptr),
       problem_(converted_ ? *converted_ : problem),
+      fsdp_(converted_ && records_autocast(problem)
+                ? std::make_shared<const Problem>(
+                      in_job_precision(problem, "cluster", PrecisionPolicy::kFsdp))
+                : nullptr),
       compute_(problem_.graph, problem_.cluster),
       optimizer_state_(hybridplan::optimizer_state(problem_.job, problem_.graph)),
       reduce_ratio_(gradient_reduce_ratio(problem)),
-      reverse_topo_(problem_.graph.topo_order.rbegin(), problem_.graph.topo_order.rend()) {}
+      reverse_topo_(problem_.graph.topo_order.rbegin(), problem_.graph.topo_order.rend()),
+      memory_models_{memory_model(problem, PrecisionPolicy::kAutocast),
+                     memory_model(problem, PrecisionPolicy::kFsdp)} {}
+
+const Graph& Evaluator::memory_graph(const Plan& plan) const {
+  return fsdp_ && precision_policy(plan) == PrecisionPolicy::kFsdp ? fsdp_->graph : problem_.graph;
+}
 
 bool blocks_run_eager(const Plan& plan) {
   return plan.mode == MpMode::kPipeline && schedule_splits_backward(plan.schedule);
+}
+
+bool node_runs_eager(const Node& node, int64_t degree) {
+  return degree > 1 && node.tensor_parallel && node.tensor_parallel->style == TpStyle::kVocabRowwise;
 }
 
 Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int64_t tp,
@@ -46,8 +60,9 @@ Evaluator::BatchCosts& Evaluator::batch_costs(double batch, double slowdown, int
     slot->times = compute_.at_batch(batch);
     if (!eager) {  // compiled blocks: eager time / measured speed-up
       const std::vector<Node>& nodes = problem_.graph.nodes;
+      const std::vector<int64_t>& degrees = node_degrees(tp);
       for (size_t v = 0; v < nodes.size(); ++v) {
-        if (!nodes[v].has_compile_speedup()) continue;
+        if (!nodes[v].has_compile_speedup() || node_runs_eager(nodes[v], degrees[v])) continue;
         slot->times.forward_s[v] /= nodes[v].compile_forward_speedup;
         slot->times.backward_s[v] /= nodes[v].compile_backward_speedup;
       }
@@ -99,7 +114,8 @@ const NodeTimes& Evaluator::with_recompute(const Plan& plan, const NodeTimes& ti
   const bool undo_compile = problem_.job.compile && !blocks_run_eager(plan);
   for (size_t v = 0; v < recompute_times_.backward_s.size(); ++v) {
     const Node& node = problem_.graph.nodes[v];
-    if (undo_compile && plan.recomputes_selectively(v) && node.has_compile_speedup()) {
+    if (undo_compile && plan.recomputes_selectively(v) && node.has_compile_speedup() &&
+        !node_runs_eager(node, node_degrees(plan.tp)[v])) {  // not eager already
       const double forward_comm = tp_comm ? recompute_times_.forward_comm_s[v] : 0.0;
       const double backward_comm = tp_comm ? recompute_times_.backward_comm_s[v] : 0.0;
       recompute_times_.forward_s[v] =
@@ -724,7 +740,7 @@ double Evaluator::tied_allreduce_s(const Plan& plan) const {
 }
 
 void Evaluator::memory_kept(const Plan& plan, double scale) const {
-  const Graph& graph = problem_.graph;
+  const Graph& graph = memory_graph(plan);
   const bool pipeline = plan.mode == MpMode::kPipeline;
   const int64_t values = plan.num_stages();
   activation_bytes_.assign(values, 0.0);
@@ -744,7 +760,7 @@ void Evaluator::memory_kept(const Plan& plan, double scale) const {
     // per-token node's (tensor_parallel_cost.h)
     const double share = shares[v];
     const double before = activation_bytes_[k];
-    double activations = share * scaled_bytes(graph.nodes[v].activation_bytes(), scale);
+    double activations = share * kept_bytes(graph.nodes[v], scale);
     if (plan.recomputes_selectively(v)) {  // it also keeps its costly ops' outputs
       const double saved = share * scaled_bytes(graph.nodes[v].selective_saved_bytes, scale);
       activation_bytes_[k] += saved;
@@ -766,7 +782,7 @@ void Evaluator::memory_kept(const Plan& plan, double scale) const {
 }
 
 void Evaluator::memory_transient(const Plan& plan, double scale) const {
-  const Graph& graph = problem_.graph;
+  const Graph& graph = memory_graph(plan);
   const bool pipeline = plan.mode == MpMode::kPipeline;
   const int64_t values = plan.num_stages();
   const int32_t sink = graph.topo_order.empty() ? -1 : graph.topo_order.back();
@@ -822,7 +838,7 @@ void Evaluator::memory_transient(const Plan& plan, double scale) const {
 }
 
 void Evaluator::memory_fold_ranks(const Plan& plan, double scale) const {
-  const Graph& graph = problem_.graph;
+  const Graph& graph = memory_graph(plan);
   const int64_t values = plan.num_stages();
   stage_activation_bytes_ = activation_bytes_;
   stage_transient_bytes_ = transient_bytes_;
@@ -876,7 +892,7 @@ void Evaluator::memory_fold_ranks(const Plan& plan, double scale) const {
 // backward (memory_kept), what is live only for a while (memory_transient), a multi-stage
 // rank's stages folded into the rank (memory_fold_ranks), then the total per device.
 void Evaluator::memory(const Plan& plan, Prediction& out) const {
-  const Graph& graph = problem_.graph;
+  const Graph& graph = memory_graph(plan);
   const bool pipeline = plan.mode == MpMode::kPipeline;
   const double batch = pipeline ? static_cast<double>(plan.per_replica_batch) /
                                       static_cast<double>(plan.num_microbatches)
@@ -936,6 +952,7 @@ Prediction Evaluator::evaluate(const Plan& plan) const {
   }
   Prediction out;
   out.compute_model = compute_.description();
+  out.memory_model = memory_models_[precision_policy(plan) == PrecisionPolicy::kFsdp ? 1 : 0];
   out.compute_slowdown = compute_slowdown(plan);
   // One micro-step's compute; the gradients are synchronised once, overlapping the last
   // micro-step's backward (accumulation: the earlier ones only accumulate).

@@ -121,6 +121,11 @@ namespace hybridplan {
 // eager_reason; test_compile_blocks holds the two rules together). Blocks recomputed
 // selectively run eager under every schedule (Evaluator::with_recompute).
 bool blocks_run_eager(const Plan& plan);
+// A node that runs eager under a compiled job at tensor-parallel degree `degree`
+// (tp_node_degrees): a vocabulary-split embedding (vocab_rowwise) split over degree >= 2, whose
+// masked partial output torch 2.13 cannot carry out of a compiled region (compiling.py
+// node_eager_reason; test_compile_blocks holds the two rules together).
+bool node_runs_eager(const Node& node, int64_t degree);
 
 class Evaluator {
  public:
@@ -232,10 +237,16 @@ class Evaluator {
   // problem_ then refers to; null otherwise (problem_ is the caller's).
   std::shared_ptr<const Problem> converted_;
   const Problem& problem_;
+  // The problem as FSDP2's plans keep their activations (precision_cost.h PrecisionPolicy:
+  // halved), where it differs from problem_'s (autocast's, as recorded); null otherwise.
+  // memory_graph picks the graph a plan's memory terms read.
+  std::shared_ptr<const Problem> fsdp_;
+  const Graph& memory_graph(const Plan& plan) const;
   ComputeModel compute_;
   OptimizerState optimizer_state_;
   double reduce_ratio_ = 1;  // gradient_reduce_ratio (precision_cost.h)
   std::vector<NodeIndex> reverse_topo_;
+  std::string memory_models_[2];  // Prediction memory_model under autocast, under FSDP2's policy
   mutable std::map<std::tuple<double, double, int64_t, bool, bool>, std::unique_ptr<BatchCosts>>
       batch_costs_;
   mutable std::map<int64_t, std::vector<int64_t>> node_degrees_;  // per tp

@@ -35,7 +35,9 @@
 //     Os = 1 + k_opt): P * (2 + k_opt), P + (1 + k_opt) * P/d + U, (1 + k_opt) * P/d + w * U and
 //     2P + (1 + k_opt) * P/d.
 //   activation_bytes: sum of the device's nodes' saved_bytes (what each keeps for backward, as
-//                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs;
+//                     profiled) or, where not measured, output_bytes, at the (micro-)batch it runs,
+//                     plus its batch-independent fixed_saved_bytes (autocast's 16-bit weight
+//                     copies: precision_cost.h);
 //                     a recomputed node (Plan::recompute) keeps only its inputs instead (its
 //                     in-edges' bytes, each producer's value once per device however many
 //                     recomputed nodes read it; in a pipeline nothing: a recomputed stage's

@@ -1,5 +1,6 @@
 #include "planner/costs/precision_cost.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -36,7 +37,36 @@ std::optional<double> compute_speedup(const Cluster& cluster, Precision precisio
   return std::nullopt;
 }
 
-Problem in_job_precision(const Problem& problem, const std::string& source) {
+PrecisionPolicy precision_policy(const Plan& plan) {
+  return plan.mode == MpMode::kPlacement && plan.sharding != Sharding::kNone ? PrecisionPolicy::kFsdp
+                                                                             : PrecisionPolicy::kAutocast;
+}
+
+bool records_autocast(const Problem& problem) {
+  const Precision p = problem.job.precision;
+  if (problem.graph.profiled.autocast_loss_backward_bytes.of(p) >= 0) return true;
+  for (const Node& n : problem.graph.nodes) {
+    if (n.autocast_saved_bytes.of(p) >= 0) return true;
+  }
+  return false;
+}
+
+std::string memory_model(const Problem& problem, PrecisionPolicy policy) {
+  if (!converts_graph(problem)) return "";
+  const std::string name = precision_name(problem.job.precision);
+  if (policy == PrecisionPolicy::kFsdp) {
+    return "kept activations at half the float32 profile's (FSDP2's MixedPrecisionPolicy computes "
+           "in " + name + " throughout)";
+  }
+  if (!records_autocast(problem)) {
+    return "kept activations estimated at half the float32 profile's: the graph has no autocast " +
+           name + " recording (profile it again to measure what torch.autocast keeps)";
+  }
+  return "kept activations as profiled under torch.autocast in " + name +
+         " (fp32 layer-norm inputs and loss, the weight copies)";
+}
+
+Problem in_job_precision(const Problem& problem, const std::string& source, PrecisionPolicy policy) {
   if (!converts_graph(problem)) return problem;
   const Precision precision = problem.job.precision;
   const std::optional<double> speedup = compute_speedup(problem.cluster, precision);
@@ -54,7 +84,11 @@ Problem in_job_precision(const Problem& problem, const std::string& source) {
   Graph& g = out.graph;
   g.profiled.dtype = precision_dtype(precision);
   g.profiled.input_bytes = half(g.profiled.input_bytes, r);
-  g.profiled.loss_backward_bytes = half(g.profiled.loss_backward_bytes, r);
+  const bool autocast = policy == PrecisionPolicy::kAutocast;
+  const int64_t loss_autocast = g.profiled.autocast_loss_backward_bytes.of(precision);
+  g.profiled.loss_backward_bytes = autocast && loss_autocast >= 0
+                                       ? loss_autocast
+                                       : half(g.profiled.loss_backward_bytes, r);
   for (Node& n : g.nodes) {
     n.forward_s /= s;
     n.backward_s /= s;
@@ -64,7 +98,13 @@ Problem in_job_precision(const Problem& problem, const std::string& source) {
     }
     n.param_bytes = half(n.param_bytes, r);
     n.output_bytes = half(n.output_bytes, r);
-    n.saved_bytes = half(n.saved_bytes, r);
+    const int64_t saved_autocast = n.autocast_saved_bytes.of(precision);
+    if (autocast && saved_autocast >= 0) {  // as recorded under torch.autocast (the header)
+      n.saved_bytes = saved_autocast;
+      n.fixed_saved_bytes = std::max<int64_t>(0, n.autocast_weight_copy_bytes.of(precision));
+    } else {
+      n.saved_bytes = half(n.saved_bytes, r);
+    }
     n.backward_workspace_bytes = half(n.backward_workspace_bytes, r);
     n.split_held_bytes = half(n.split_held_bytes, r);
     n.selective_saved_bytes = half(n.selective_saved_bytes, r);

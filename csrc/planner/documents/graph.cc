@@ -350,6 +350,69 @@ Json sequence_parallel_to_json(const SequenceParallel& sp) {
   return j;
 }
 
+// AutocastBytes from its JSON object {"bf16": n, "fp16": n} (each key optional, n >= 0).
+AutocastBytes autocast_bytes_from_json(const JsonReader& in, const Json& v, const std::string& path) {
+  in.object(v, path);
+  AutocastBytes out;
+  for (const auto& [key, value] : v.items()) {
+    const std::string at = json_child_path(path, key);
+    const std::optional<Precision> p = precision_from_name(key);
+    if (!p || *p == Precision::kFp32) in.fail(at, "must be \"bf16\" or \"fp16\" (a 16-bit precision)", Json(key));
+    const int64_t bytes = in.integer(value, at);
+    if (bytes < 0) in.fail(at, "must be >= 0", value);
+    (*p == Precision::kBf16 ? out.bf16 : out.fp16) = bytes;
+  }
+  return out;
+}
+
+Json autocast_bytes_to_json(const AutocastBytes& b) {
+  Json out = Json::object();
+  if (b.bf16 >= 0) out["bf16"] = b.bf16;
+  if (b.fp16 >= 0) out["fp16"] = b.fp16;
+  return out;
+}
+
+// The autocast recordings measure a float32 profile again (graph.h AutocastBytes): a node's
+// saved bytes with its saved_bytes, its weight copies with its saved bytes, in the same dtypes.
+void validate_autocast(const std::string& source, const Graph& g) {
+  const bool float32 = g.profiled.dtype == "float32";
+  if (g.profiled.autocast_loss_backward_bytes.any()) {
+    if (!float32) {
+      throw_input_error(source, "profiled.autocast_loss_backward_bytes",
+                        "is measured on a float32 profile only (profiled.dtype is " +
+                            quoted(g.profiled.dtype) + ")",
+                        "present");
+    }
+    if (g.profiled.loss_backward_bytes <= 0) {
+      throw_input_error(source, "profiled.autocast_loss_backward_bytes",
+                        "must be given with profiled.loss_backward_bytes", "present");
+    }
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const std::string path = json_index_path("nodes", i);
+    if (n.autocast_saved_bytes.any()) {
+      if (!float32) {
+        throw_input_error(source, path + ".autocast_saved_bytes",
+                          "is measured on a float32 profile only (profiled.dtype is " +
+                              quoted(g.profiled.dtype) + ")",
+                          "present");
+      }
+      if (n.saved_bytes < 0) {
+        throw_input_error(source, path + ".autocast_saved_bytes", "must be given with saved_bytes",
+                          "present");
+      }
+    }
+    for (Precision p : {Precision::kBf16, Precision::kFp16}) {
+      if (n.autocast_weight_copy_bytes.of(p) >= 0 && n.autocast_saved_bytes.of(p) < 0) {
+        throw_input_error(source, path + ".autocast_weight_copy_bytes." + precision_name(p),
+                          std::string("must be given with autocast_saved_bytes.") + precision_name(p),
+                          std::to_string(n.autocast_weight_copy_bytes.of(p)));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const char* tp_style_name(TpStyle style) {
@@ -443,6 +506,7 @@ void Graph::validate(const std::string& source) const {
   std::unordered_map<std::string, size_t> name_at;
   check_bytes(source, "profiled.input_bytes", profiled.input_bytes);
   check_bytes(source, "profiled.loss_backward_bytes", profiled.loss_backward_bytes);
+  validate_autocast(source, *this);
   if (profiled.min_batch_size < 1 || profiled.min_batch_size > profiled.batch_size) {
     throw_input_error(source, "profiled.min_batch_size",
                       "must be >= 1 and <= profiled.batch_size = " + std::to_string(profiled.batch_size) +
@@ -579,6 +643,10 @@ Graph graph_from_json(const Json& j, const std::string& source) {
   if (const Json* b = in.optional(profiled, "min_batch_size")) {
     g.profiled.min_batch_size = in.integer(*b, "profiled.min_batch_size");
   }
+  if (const Json* b = in.optional(profiled, "autocast_loss_backward_bytes")) {
+    g.profiled.autocast_loss_backward_bytes =
+        autocast_bytes_from_json(in, *b, "profiled.autocast_loss_backward_bytes");
+  }
 
   if (const Json* split = in.optional(j, "pipeline_split")) {
     in.object(*split, "pipeline_split");
@@ -606,6 +674,13 @@ Graph graph_from_json(const Json& j, const std::string& source) {
     if (const Json* b = in.optional(jn, "saved_bytes")) {
       node.saved_bytes = in.integer(*b, path + ".saved_bytes");
       if (node.saved_bytes < 0) in.fail(path + ".saved_bytes", "must be >= 0", *b);
+    }
+    if (const Json* b = in.optional(jn, "autocast_saved_bytes")) {
+      node.autocast_saved_bytes = autocast_bytes_from_json(in, *b, path + ".autocast_saved_bytes");
+    }
+    if (const Json* b = in.optional(jn, "autocast_weight_copy_bytes")) {
+      node.autocast_weight_copy_bytes =
+          autocast_bytes_from_json(in, *b, path + ".autocast_weight_copy_bytes");
     }
     if (const Json* w = in.optional(jn, "backward_workspace_bytes")) {
       node.backward_workspace_bytes = in.integer(*w, path + ".backward_workspace_bytes");
@@ -730,6 +805,10 @@ Json graph_to_json(const Graph& g) {
                {"output_bytes", n.output_bytes}};
     if (n.flops > 0) jn["flops"] = n.flops;
     if (n.saved_bytes >= 0) jn["saved_bytes"] = n.saved_bytes;
+    if (n.autocast_saved_bytes.any()) jn["autocast_saved_bytes"] = autocast_bytes_to_json(n.autocast_saved_bytes);
+    if (n.autocast_weight_copy_bytes.any()) {
+      jn["autocast_weight_copy_bytes"] = autocast_bytes_to_json(n.autocast_weight_copy_bytes);
+    }
     if (n.backward_workspace_bytes >= 0) jn["backward_workspace_bytes"] = n.backward_workspace_bytes;
     if (n.weight_backward_fraction >= 0) jn["weight_backward_fraction"] = n.weight_backward_fraction;
     if (n.split_backward_extra_s >= 0) jn["split_backward_extra_s"] = n.split_backward_extra_s;
@@ -777,6 +856,10 @@ Json graph_to_json(const Graph& g) {
     j["profiled"]["loss_backward_bytes"] = g.profiled.loss_backward_bytes;
   }
   if (g.profiled.min_batch_size > 1) j["profiled"]["min_batch_size"] = g.profiled.min_batch_size;
+  if (g.profiled.autocast_loss_backward_bytes.any()) {
+    j["profiled"]["autocast_loss_backward_bytes"] =
+        autocast_bytes_to_json(g.profiled.autocast_loss_backward_bytes);
+  }
   // Written only when they say something, so graphs without them keep their hash.
   if (!g.pipeline_split.supported) {
     j["pipeline_split"] = {{"supported", false}, {"reason", g.pipeline_split.reason}};

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/documents/cluster.h"  // Collective
+#include "planner/documents/precision.h"
 
 namespace hybridplan {
 
@@ -102,6 +103,19 @@ struct SequenceParallel {
   std::optional<double> saved_share;
 };
 
+// Bytes a float32 graph's profile measured again under torch.autocast, one count per 16-bit
+// dtype (JSON an object {"bf16": n, "fp16": n}, each key optional; docs/formats.md). -1 = not
+// measured (the cost model then halves the float32 bytes, precision_cost.h).
+struct AutocastBytes {
+  int64_t bf16 = -1;
+  int64_t fp16 = -1;
+  // The count for a 16-bit precision; -1 where not measured, and for fp32.
+  int64_t of(Precision precision) const {
+    return precision == Precision::kBf16 ? bf16 : precision == Precision::kFp16 ? fp16 : -1;
+  }
+  bool any() const { return bf16 >= 0 || fp16 >= 0; }
+};
+
 struct Node {
   NodeId id = 0;
   std::string name;  // module qualified name for profiled graphs ("features.3")
@@ -120,6 +134,20 @@ struct Node {
   int64_t param_tensors = -1;
 
   int64_t activation_bytes() const { return saved_bytes >= 0 ? saved_bytes : output_bytes; }
+  // Optional (JSON "autocast_saved_bytes", with saved_bytes; float32 graphs only): what the node
+  // keeps for its backward at the profiled batch when its forward (and the loss, for the last
+  // node) runs under torch.autocast in each 16-bit dtype, counted as saved_bytes is, the weight
+  // copies below left out. Layer norm keeps its float32 input there, cross-entropy its float32
+  // log-softmax: not half of saved_bytes (docs/precision.md).
+  AutocastBytes autocast_saved_bytes;
+  // Optional (JSON "autocast_weight_copy_bytes", with autocast_saved_bytes): the 16-bit copies
+  // of parameters that autocast casts once a step and the node's matrix products save for the
+  // backward. They do not grow with the batch (compute_cost.h kept_bytes adds them unscaled).
+  AutocastBytes autocast_weight_copy_bytes;
+  // Not in JSON: bytes the node keeps for its backward that do not scale with the batch, beside
+  // activation_bytes(). 0 in a graph as read; precision_cost.h in_job_precision sets it to the
+  // autocast weight copies of the job's dtype for the plans the executor autocasts.
+  int64_t fixed_saved_bytes = 0;
   // Optional (-1 = not measured): bytes the node's backward needs above what is held when it
   // starts, at the profiled batch, on a step that adds to existing gradients (its output's
   // gradient, its inputs', its parameters' before autograd adds them into .grad, and the
@@ -185,6 +213,10 @@ struct ProfiledAt {
   // Peak bytes the loss's backward allocates down to the gradient of the model's output, at
   // batch_size (JSON optional; 0 = not profiled with a loss). memory_cost.h.
   int64_t loss_backward_bytes = 0;
+  // The same with the loss run under torch.autocast in each 16-bit dtype (JSON optional,
+  // "autocast_loss_backward_bytes": {"bf16": n, "fp16": n}; float32 graphs with a loss only):
+  // autocast runs cross-entropy in float32, so its backward holds float32 logits-sized tensors.
+  AutocastBytes autocast_loss_backward_bytes;
   // The smallest batch the model's forward accepts in training (JSON optional, default 1; the
   // profiler finds it by trying: BatchNorm needs 2 samples per channel). No device is given a
   // (micro-)batch below it: the search skips such points and Plan::validate_fit refuses them.

@@ -76,6 +76,9 @@ Prediction prediction_from_json(const JsonReader& in, const Json& j) {
   if (const Json* c = in.optional(j, "compute_model")) {
     p.compute_model = in.string(*c, "predicted.compute_model");
   }
+  if (const Json* m = in.optional(j, "memory_model")) {
+    p.memory_model = in.string(*m, "predicted.memory_model");
+  }
   if (const Json* rings = in.optional(j, "allreduce_rings")) {
     const std::string rings_path = "predicted.allreduce_rings";
     in.array(*rings, rings_path);
@@ -738,6 +741,7 @@ Json prediction_to_json(const Prediction& p) {
             {"compute_slowdown", p.compute_slowdown},
             {"feasible", p.feasible}};
   if (p.tp_comm_s > 0) j["tp_comm_s"] = p.tp_comm_s;  // absent: 0 (tp = 1)
+  if (!p.memory_model.empty()) j["memory_model"] = p.memory_model;  // absent: not converted
   if (!p.allreduce_rings.empty()) j["allreduce_rings"] = p.allreduce_rings;
   if (!p.infeasible_reason.empty()) j["infeasible_reason"] = p.infeasible_reason;
   return j;

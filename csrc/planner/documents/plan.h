@@ -58,6 +58,10 @@ struct Prediction {
   // for processes sharing a node (Cluster runtime.shared_host_slowdown), as evaluated.
   std::string compute_model;
   double compute_slowdown = 1;
+  // How the activations kept for the backward were priced in a 16-bit job on a float32 graph
+  // (precision_cost.h memory_model): as profiled under autocast, or halved (an estimate where
+  // the graph has no autocast recording). Empty otherwise (JSON: absent).
+  std::string memory_model;
   // Per data-parallel group (local device or stage k): its members in the order the
   // collective library runs the ring (allreduce_cost.h); empty when dp == 1.
   std::vector<std::vector<DeviceIndex>> allreduce_rings;

@@ -182,6 +182,7 @@ std::string explain_with(const Plan& plan, const std::vector<std::string>& names
         << " (inside compute, on the critical path)\n";
   }
   if (!p.compute_model.empty()) out << "  node times    " << p.compute_model << "\n";
+  if (!p.memory_model.empty()) out << "  memory        " << p.memory_model << "\n";
   if (!p.allreduce_rings.empty()) {
     out << "  rings         ";
     for (size_t k = 0; k < p.allreduce_rings.size() && k < 4; ++k) {

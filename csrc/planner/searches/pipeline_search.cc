@@ -127,7 +127,7 @@ PartitionCosts pipeline_partition_costs(const Evaluator& evaluator, const Plan& 
         c.prefix_compute_s[p] + m * (micro.forward_s[v] + micro.backward_s[v]);
     c.prefix_static_bytes[p + 1] =
         c.prefix_static_bytes[p] + static_cast<double>(tp_param_bytes(node, degrees[v])) * state_copies;
-    const double activations = shares[v] * scaled_bytes(node.activation_bytes(), micro_scale);
+    const double activations = shares[v] * kept_bytes(node, micro_scale);
     c.prefix_activation_bytes[p + 1] = c.prefix_activation_bytes[p] + activations;
     c.prefix_full_recompute_s[p + 1] = c.prefix_full_recompute_s[p] + m * micro.forward_s[v];
     const double saved =

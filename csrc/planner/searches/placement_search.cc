@@ -39,7 +39,7 @@ struct NodeCosts {
     const std::vector<int64_t>& degrees = evaluator.node_degrees(base.tp);
     const std::vector<double>& shares = evaluator.activation_shares(base.tp, base.sequence_parallel);
     for (size_t v = 0; v < g.nodes.size(); ++v) {
-      activation_bytes.push_back(shares[v] * scaled_bytes(g.nodes[v].activation_bytes(), scale));
+      activation_bytes.push_back(shares[v] * kept_bytes(g.nodes[v], scale));
       param_bytes.push_back(tp_param_bytes(g.nodes[v], degrees[v]));
       total_forward_s += forward_s[v];
       total_backward_s += backward_s[v];
