@@ -23,6 +23,8 @@ outside the compiled forward, as do the placement's input moves and DDP's reduce
              style's hook, reaches the next block as an AsyncCollectiveTensor, waited for
              before the compiled region (_plain_inputs: torch 2.13 drops the gradient of such an
              input otherwise);
+             a vocabulary-split embedding runs eager (node_eager_reason: its masked partial
+             output cannot leave a compiled region);
   recompute  a block recomputed in full runs its compiled forward under the checkpoint, and
              again in the recompute (torchtitan compiles the checkpointed block instead: here
              the checkpoint's buffer-restoring contexts stay outside Dynamo); a block recomputed
@@ -144,10 +146,31 @@ def _plain_inputs(args: tuple, kwargs: Dict[str, Any]) -> tuple:
     return pytree.tree_map(_plain, (args, kwargs))
 
 
-def compiled_names(spec: Any, rank: int = 0) -> list:
-    """The plan's node names whose blocks compile: all but those recomputed selectively, which
-    run eager (rank 0 warns once, naming them). Selective recompute's policy is a dispatch mode
-    that keeps chosen ops' outputs in the forward and hands them back in the recompute
+def node_eager_reason(style: Optional[str]) -> Optional[str]:
+    """Why a node split by tensor parallelism in `style` (tensor_parallel.check_layout's style of
+    a node that splits at the plan's tp; None: not split) runs eager under compile, or None.
+    A vocabulary-split embedding (vocab_rowwise) computes a partial lookup whose placement,
+    DTensor's _MaskPartial, keeps the mask of the rows this rank does not hold in a buffer that
+    the all-reduce in the style's output hook, outside the compiled region, reads and releases.
+    Compiled, torch 2.13 leaves its trace's fake mask in that buffer: the compile fails ("Mixing
+    fake modes", BackendCompilerFailed) and the buffer stays held, so the block's eager forward
+    fails after it too; traced together with the all-reduce, the lookup's output comes out
+    wrong (pytorch/pytorch#160697). The planner prices such a node eager under a compiled job
+    (C++ node_runs_eager, csrc/planner/costs/evaluate.h)."""
+    if style == "vocab_rowwise":
+        return ("a vocabulary-split embedding's masked partial lookup (DTensor _MaskPartial) "
+                f"cannot leave a compiled region in torch {torch.__version__}: its mask buffer "
+                "keeps the trace's fake tensor")
+    return None
+
+
+def compiled_names(spec: Any, rank: int = 0,
+                   tp_styles: Optional[Mapping[str, str]] = None) -> list:
+    """The plan's node names whose blocks compile: all but those recomputed selectively and
+    those tensor parallelism splits in a style that runs eager (node_eager_reason; `tp_styles`:
+    node -> style of the nodes that split, tensor_parallel.check_layout), which run eager (rank
+    0 warns once per reason, naming them). Selective recompute's policy is a dispatch mode that
+    keeps chosen ops' outputs in the forward and hands them back in the recompute
     (autograd.recompute); around a compiled block torch 2.13 either fails to compile under it
     (aot_eager: BackendCompilerFailed, the block falls back) or, with inductor, compiles and
     then fails the recompute ("Tensor cached during selective activation checkpoint has been
@@ -160,7 +183,14 @@ def compiled_names(spec: Any, rank: int = 0) -> list:
                       f"{', ...' if len(selective) > 5 else ''}): selective recompute's policy "
                       f"does not run around a compiled block in torch {torch.__version__}",
                       stacklevel=3)
-    return [n for n in spec.assignment if n not in spec.selective]
+    split_eager = {n: reason for n in spec.assignment
+                   for reason in [node_eager_reason((tp_styles or {}).get(n))] if reason}
+    if rank == 0:
+        for name, reason in split_eager.items():
+            warnings.warn(f"hybridplan compile: {spec.source}: block {name!r} "
+                          f"({tp_styles[name]} under tp={spec.tp}) runs eager: {reason}",
+                          stacklevel=3)
+    return [n for n in spec.assignment if n not in spec.selective and n not in split_eager]
 
 
 def _guarded(name: str, module: nn.Module, eager, compiled):

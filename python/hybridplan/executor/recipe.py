@@ -147,7 +147,8 @@ def place_replica(spec: Plan, module: nn.Module, mesh: Mesh, tp: TpSplit,
                                          device_for(spec, spec.mesh[replica][0]))
     devices = [device_for(spec, g + tp_rank) for g in spec.mesh[replica]]
     if compiled is not None:  # each block's forward compiled, under the hooks place() adds
-        compiling.compile_blocks(module, compiling.compiled_names(spec, rank), compiled)
+        compiling.compile_blocks(module, compiling.compiled_names(spec, rank, tp.styles),
+                                 compiled)
     hooks = placement.place(module, spec.assignment, devices, spec.recompute, spec.selective)
     built = Built(original=module, module=module, params=[], devices=devices, hooks=hooks)
     if spec.tp > 1:  # mp == 1 (plan rule): TP over the replica's group, DP over the dp dim
@@ -200,7 +201,8 @@ def run_stages(spec: Plan, module: nn.Module, cut: stage_split.StageCut, mesh: M
         selective_stages=sorted(selective),
         tensor_parallel=(tp.styles, tp.kinds, mesh.dp_tp()) if spec.tp > 1 else None,
         precision=mixed, compiled=compiled,
-        nodes=compiling.compiled_names(spec, rank) if compiled is not None else ())
+        nodes=(compiling.compiled_names(spec, rank, tp.styles) if compiled is not None
+               else ()))
     return Built(original=module, module=runner.module, params=runner.parameters(),
                  runner=runner, cut=cut, device=device, stages=stages, replica_group=replica_group,
                  # the ranks of this TP rank's pipeline holding stage 0 (the inputs) and the last
