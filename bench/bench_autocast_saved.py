@@ -4,6 +4,8 @@ by the op that produced each saved tensor, against the bytes the planner prices 
 
     PYTHONPATH=python OMP_NUM_THREADS=1 python bench/bench_autocast_saved.py \
         [--batch 32] [--graph out/bench/validate-precision/transformer_lm-1/graph.json]
+    PYTHONPATH=python OMP_NUM_THREADS=1 python bench/bench_autocast_saved.py \
+        --predict out/bench/validate-precision/transformer_lm-1 [--launch]
 
 One process, hybridplan.models:transformer_lm, three forwards (and the loss) of the same model:
 
@@ -13,13 +15,15 @@ One process, hybridplan.models:transformer_lm, three forwards (and the loss) of 
   bf16 params  the parameters cast to bf16, no autocast: the compute dtype FSDP2's
              MixedPrecisionPolicy(param_dtype=bf16) all-gathers its units in
 
-Saved tensors are counted as the profiler counts them (profiler/dataflow.py, _SavedBytes):
-torch.autograd.graph.saved_tensors_hooks, each storage once at its whole size, the parameters
-excluded, a tensor charged to the graph node running when it is saved (between nodes, and the
-loss, to the last node that ran). The op that produced each one comes from a TorchDispatchMode
-that notes, per storage, the last non-view op that wrote it (_to_copy split into the casts of
-parameters, autocast's per-step weight copies, and of activations). The loss's backward peak is
-block_timing.loss_backward_bytes (torch.profiler's allocation events) in each mode.
+Saved tensors are counted by the profiler's own counting, block_timing.saved_under_autocast
+(what a profile records as autocast_saved_bytes and autocast_weight_copy_bytes; dataflow's
+_SavedBytes): torch.autograd.graph.saved_tensors_hooks, each storage once at its whole size,
+the parameters excluded, a tensor charged to the graph node running when it is saved (between
+nodes, and the loss, to the last node that ran). The op that produced each one comes from a
+TorchDispatchMode here that notes, per storage, the last non-view op that wrote it (_to_copy
+split into the casts of parameters, autocast's per-step weight copies, and of activations). The
+loss's backward peak is block_timing.loss_backward_bytes (torch.profiler's allocation events)
+in each mode.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridplan.models import loss_and_target, transformer_lm
-from hybridplan.profiler.block_timing import loss_backward_bytes
+from hybridplan.profiler.block_timing import saved_under_autocast
 
 Rows = Dict[Tuple[str, str, str], int]  # (node, op, dtype) -> bytes
 
@@ -45,10 +49,7 @@ def run(mode: str, batch: int, names: List[str]) -> Tuple[Rows, int]:
         m = m.to(torch.bfloat16)
     loss_fn, target = loss_and_target(m, batch)
     (tokens,) = m.example_inputs(batch)
-    modules = dict(m.named_modules())
-    running: List[str] = []
-    for n in names:
-        modules[n].register_forward_pre_hook(lambda mod, a, n=n: running.append(n))
+    nodes = {n: mod for n, mod in m.named_modules() if n in names}
     params = {p.untyped_storage().data_ptr() for p in m.parameters()}
     producer: Dict[int, str] = {}
 
@@ -64,26 +65,82 @@ def run(mode: str, batch: int, names: List[str]) -> Tuple[Rows, int]:
                     producer[t.untyped_storage().data_ptr()] = name
             return out
 
-    seen: set = set()
     rows: Rows = collections.defaultdict(int)
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = t.untyped_storage().data_ptr()
-        if key in params or key in seen or not t.numel():
-            return t
-        seen.add(key)
-        node = running[-1] if running else names[0]
+    def observe(node, t: torch.Tensor, nbytes: int, weight_copy: bool) -> None:
         dtype = str(t.dtype).replace("torch.", "")
-        rows[(node, producer.get(key, "input"), dtype)] += t.untyped_storage().nbytes()
-        return t
+        key = t.untyped_storage().data_ptr()
+        rows[(node or names[0], producer.get(key, "input"), dtype)] += nbytes
 
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast")
-    with Producers(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        loss_fn(m(tokens), target)
-    with autocast:
-        out = m(tokens)
-        loss_bytes = loss_backward_bytes(out, lambda o: loss_fn(o, target))
-    return rows, loss_bytes
+    # the profiler's counting (block_timing.saved_under_autocast: the one definition)
+    with Producers():
+        got = saved_under_autocast(m, nodes, (tokens,), None, lambda out: loss_fn(out, target),
+                                   torch.bfloat16 if mode == "autocast" else None, observe)
+    assert sum(rows.values()) == sum(got.saved.values()) + sum(got.weight_copies.values())
+    return rows, got.loss_backward_bytes
+
+
+def predict(run_dir: str, launch: bool, steps: int) -> None:
+    """--predict: the graph of a `validate --precision bf16` run (its graph.json, cluster.json,
+    and bf16/plan.json, the dp plan), given the profiler's autocast recording (profile.py
+    _add_autocast_saved, at the graph's batch), planned in bf16: each plan's predicted peak
+    memory without the recording (halved, as before) and with it, against the peak the
+    validate worker measures (a fresh 2-rank launch with --launch, else the run's
+    bf16/validate.json)."""
+    import copy
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from hybridplan import planner
+    from hybridplan.measure.validation import run_plan
+    from hybridplan.profiler.profile import _add_autocast_saved
+
+    with open(os.path.join(run_dir, "graph.json")) as f:
+        halved = json.load(f)
+    with open(os.path.join(run_dir, "cluster.json")) as f:
+        cluster = json.load(f)
+    with open(os.path.join(run_dir, "bf16", "plan.json")) as f:
+        dp = json.load(f)
+    job = {"schema_version": 1, "kind": "hybridplan.job", "precision": "bf16"}
+    batch = halved["profiled"]["batch_size"]
+    torch.manual_seed(0)
+    m = transformer_lm()
+    loss_fn, target = loss_and_target(m, batch)
+    modules = dict(m.named_modules())
+    recorded = copy.deepcopy(halved)
+    _add_autocast_saved(recorded, m, {n["name"]: modules[n["name"]] for n in halved["nodes"]},
+                        m.example_inputs(batch), None, lambda out: loss_fn(out, target),
+                        lambda msg: print(msg, file=sys.stderr))
+    plans = {"dp": dp}
+    for sharding in ("zero2", "zero3"):
+        plans[sharding] = planner.with_sharding(dp, sharding, recorded, cluster, job)
+    measured_before: Dict[str, List[int]] = {}
+    if not launch:
+        with open(os.path.join(run_dir, "bf16", "validate.json")) as f:
+            for row in json.load(f)["rows"]:
+                kind = "dp" if row["kind"] == "dp b=32" else row["kind"].split()[-1]
+                measured_before[kind] = row["measured_memory_bytes"]
+    mib = 2 ** 20
+    print(f"transformer_lm at batch {batch}, bf16, {dp['dp']} ranks; MiB, the larger rank's\n")
+    print("| plan | predicted, halved | predicted, autocast recorded | measured | error before "
+          "| error now | memory model |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, plan in plans.items():
+        before = max(planner.evaluate(halved, cluster, plan, job)["memory_bytes"])
+        now = planner.evaluate(recorded, cluster, plan, job)
+        if launch:
+            with tempfile.TemporaryDirectory() as tmp:
+                got = run_plan(plan, "hybridplan.models:transformer_lm", steps, 1, 300.0,
+                               Path(tmp))
+            measured = max(got["memory_bytes"])
+        else:
+            measured = max(measured_before[kind])
+        print(f"| {kind} | {before / mib:.2f} | {max(now['memory_bytes']) / mib:.2f} | "
+              f"{measured / mib:.2f} | {(before - measured) / measured:+.1%} | "
+              f"{(max(now['memory_bytes']) - measured) / measured:+.1%} | "
+              f"{now.get('memory_model', '')} |")
 
 
 def main() -> None:
@@ -91,7 +148,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--graph", default=None,
                     help="a profiled graph.json: its node names (default: every named module)")
+    ap.add_argument("--predict", default=None, metavar="RUN_DIR",
+                    help="a validate --precision bf16 run's directory: predicted peak memory "
+                         "with and without the autocast recording against measured (predict())")
+    ap.add_argument("--launch", action="store_true",
+                    help="with --predict: measure each plan in a fresh 2-rank launch")
+    ap.add_argument("--steps", type=int, default=3, help="with --launch: timed steps")
     args = ap.parse_args()
+    if args.predict:
+        predict(args.predict, args.launch, args.steps)
+        return
     if args.graph:
         with open(args.graph) as f:
             names = [n["name"] for n in json.load(f)["nodes"]]

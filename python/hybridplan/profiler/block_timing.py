@@ -31,6 +31,7 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
 """
 
 import contextlib
+from dataclasses import dataclass
 import ctypes
 import os
 import statistics
@@ -49,7 +50,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..autograd.recompute import saves
 from ..autograd.split_backward import backward_input, backward_weight
 from . import block_list
-from .dataflow import tensors_in
+from .dataflow import Dataflow, _SavedBytes, storage_key, tensors_in
 
 
 CLOCKS = ("auto", "wall", "thread", "cuda")
@@ -201,6 +202,115 @@ def loss_backward_bytes(output: Any, loss: Loss) -> int:
         grads = torch.autograd.grad(value, roots, allow_unused=True)
         del grads
     return allocation_peak_bytes(prof)
+
+
+# The 16-bit precisions (the core's names, documents/precision.h) a float32 profile measures
+# again under torch.autocast (saved_under_autocast).
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class AutocastSaved:
+    """What one forward (and the loss) saves for backward under torch.autocast, per graph node:
+    `saved` as the profile's saved_bytes counts it (dataflow._SavedBytes) without the weight
+    copies, `weight_copies` autocast's 16-bit copies of parameters that the node's ops save
+    (cast once a step, whatever the batch), and the loss's backward peak under autocast
+    (loss_backward_bytes; None without a loss)."""
+    saved: Dict[str, int]
+    weight_copies: Dict[str, int]
+    loss_backward_bytes: Optional[int]
+
+
+class _WeightCopies(TorchDispatchMode):
+    """Notes the storages of the casts (_to_copy) of `module`'s parameters: under autocast, the
+    per-step 16-bit weight copies its cache keeps (autocast casts above the Python dispatch key,
+    so the cast reaches this mode)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.params = {t.untyped_storage().data_ptr() for t in module.parameters()
+                       if t.layout == torch.strided and t.device.type != "meta"}
+        self.copies: Set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func.overloadpacket is torch.ops.aten._to_copy and isinstance(args[0], torch.Tensor)
+                and args[0].untyped_storage().data_ptr() in self.params):
+            self.copies.add(out.untyped_storage().data_ptr())
+        return out
+
+
+class _AutocastSavedBytes(_SavedBytes):
+    """_SavedBytes that charges the storages in `copies` (autocast's weight copies) apart, and
+    tells `observe(node, tensor, nbytes, is_weight_copy)` of every storage it charges (node None
+    before the first node ran)."""
+
+    def __init__(self, module, flow, running, copies: Set[int],
+                 observe: Optional[Callable[[Optional[str], torch.Tensor, int, bool], None]]):
+        super().__init__(module, flow, running)
+        self.copies, self.observe = copies, observe
+        self.weight_copies: Dict[str, int] = {}
+
+    def charge(self, owner: Optional[str], t: torch.Tensor, nbytes: int) -> None:
+        copy = storage_key(t) in self.copies
+        if self.observe is not None:
+            self.observe(owner, t, nbytes, copy)
+        if not copy:
+            super().charge(owner, t, nbytes)
+        elif owner is not None:  # (a weight copy before the first node: none is known)
+            self.weight_copies[owner] = self.weight_copies.get(owner, 0) + nbytes
+
+
+def saved_under_autocast(module: nn.Module, nodes: Dict[str, nn.Module], inputs: Sequence[Any],
+                         kwargs: Optional[Dict[str, Any]] = None,
+                         loss: Optional[Loss] = None, dtype: Optional[torch.dtype] = None,
+                         observe: Optional[Callable[[Optional[str], torch.Tensor, int, bool],
+                                                    None]] = None) -> AutocastSaved:
+    """One forward (and `loss`, whose saved tensors are the last node's, as record_dataflow
+    charges them) under torch.autocast(device of the module, `dtype`) (None: no autocast, the
+    profile's own counting), counted per graph node as the profile counts saved_bytes; then the
+    loss's backward peak under autocast. The executor runs every plan but FSDP2's under
+    autocast (executor/precision.py), where layer norm keeps its float32 input, cross-entropy
+    its float32 log-softmax, and the matrix products the 16-bit weight copies: the planner
+    prices those plans' kept activations from this (csrc/planner/costs/precision_cost.h).
+    `observe` sees each saved storage (bench/bench_autocast_saved.py names its op)."""
+    params = list(module.parameters())
+    device_type = params[0].device.type if params else "cpu"
+    flow = Dataflow()
+    running: List[Tuple[str, Any]] = []
+    calls = block_list.CallCounter()
+
+    def pre_hook(name):
+        def hook(mod, args):
+            running.append((calls.current(name), None))
+        return hook
+
+    def post_hook(name):
+        def hook(mod, args, output):
+            running.pop()
+            flow.order.append(calls.finish(name))
+        return hook
+
+    handles = []
+    for name, mod in nodes.items():
+        handles.append(mod.register_forward_pre_hook(pre_hook(name)))
+        handles.append(mod.register_forward_hook(post_hook(name)))
+    copies = _WeightCopies(module)
+    saved = _AutocastSavedBytes(module, flow, running, copies.copies, observe)
+    autocast = torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+    try:
+        with autocast:
+            with copies, torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+                output = module(*inputs, **(kwargs or {}))
+                if loss is not None and flow.order:
+                    loss(output)
+            saved.finish()
+            peak = loss_backward_bytes(output, loss) if loss is not None else None
+    finally:
+        for h in handles:
+            h.remove()
+    del output
+    return AutocastSaved(dict(flow.saved_bytes), saved.weight_copies, peak)
 
 
 # autograd's message where a backward reaches a graph that an earlier backward freed

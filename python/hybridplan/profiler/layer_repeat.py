@@ -14,7 +14,7 @@ norm, is charged to the neighbouring node), so the shallow profile keeps them as
 its middle layer is the template of every layer between them.
 
 What is copied: each node's fields (times, bytes, FLOPs, selective recompute, cut points,
-batch_times), renamed to its layer; the edges inside a layer, the edges from a layer to the
+batch_times, what it keeps under autocast where recorded), renamed to its layer; the edges inside a layer, the edges from a layer to the
 next (taken from the shallow graph's middle layer to its last, or from its first to its
 middle for layer 0), and the edges between a layer and the nodes outside the stack (embedding,
 rotary embedding, final norm, head) for every layer of the same role. Refused with ValueError:

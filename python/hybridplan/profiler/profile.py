@@ -223,10 +223,36 @@ def profile_dict(module: nn.Module, example_inputs: Inputs,
     if loss_fn is not None:  # the memory model's loss workspace (memory_cost.h)
         graph["profiled"]["loss_backward_bytes"] = block_timing.loss_backward_bytes(
             output, loss_at(None))
+    if graph["profiled"]["dtype"] == "float32":  # what a 16-bit job's autocast plans keep
+        _add_autocast_saved(graph, module, nodes, inputs, kwargs, loss_at(None), log)
     total_ms = sum(n["forward_s"] + n["backward_s"] for n in graph["nodes"]) * 1e3
     log(f"profile {graph_name}: forward+backward {total_ms:.2f} ms at batch "
         f"{graph['profiled']['batch_size']} on {graph['profiled']['device']}")
     return graph
+
+
+def _add_autocast_saved(graph, module, nodes, inputs, kwargs, loss, log) -> None:
+    """Each node's "autocast_saved_bytes" and "autocast_weight_copy_bytes" and the profile's
+    "autocast_loss_backward_bytes" (docs/formats.md), one forward per 16-bit dtype under
+    torch.autocast at the profiled batch (block_timing.saved_under_autocast). A dtype autocast
+    refuses on this device is left out (the planner then halves the float32 bytes)."""
+    started = time.monotonic()
+    for name, dtype in block_timing.AUTOCAST_DTYPES.items():
+        try:
+            got = block_timing.saved_under_autocast(module, nodes, inputs, kwargs, loss, dtype)
+        except Exception as exc:  # autocast or a kernel without the dtype on this device
+            log(f"profile {graph['name']}: nothing recorded under autocast in {name}: {exc}")
+            continue
+        for node in graph["nodes"]:
+            node.setdefault("autocast_saved_bytes", {})[name] = int(got.saved.get(node["name"], 0))
+            copies = int(got.weight_copies.get(node["name"], 0))
+            if copies:
+                node.setdefault("autocast_weight_copy_bytes", {})[name] = copies
+        if got.loss_backward_bytes is not None and graph["profiled"].get("loss_backward_bytes"):
+            graph["profiled"].setdefault("autocast_loss_backward_bytes", {})[name] = int(
+                got.loss_backward_bytes)
+    log(f"profile {graph['name']}: saved bytes under autocast recorded "
+        f"({time.monotonic() - started:.1f} s)")
 
 
 def _add_tensor_parallel(graph, module, nodes, flow, call, forward_s, backward_s, clock,
