@@ -113,9 +113,12 @@ def predict(run_dir: str, launch: bool, steps: int) -> None:
     _add_autocast_saved(recorded, m, {n["name"]: modules[n["name"]] for n in halved["nodes"]},
                         m.example_inputs(batch), None, lambda out: loss_fn(out, target),
                         lambda msg: print(msg, file=sys.stderr))
-    plans = {"dp": dp}
+    def of_graph(plan: dict, graph: dict) -> dict:  # the plan names the graph it prices
+        return dict(plan, graph=dict(plan["graph"], sha256=planner.Graph.from_dict(graph).sha256))
+
+    plans = {"dp": of_graph(dp, recorded)}
     for sharding in ("zero2", "zero3"):
-        plans[sharding] = planner.with_sharding(dp, sharding, recorded, cluster, job)
+        plans[sharding] = planner.with_sharding(plans["dp"], sharding, recorded, cluster, job)
     measured_before: Dict[str, List[int]] = {}
     if not launch:
         with open(os.path.join(run_dir, "bf16", "validate.json")) as f:
@@ -128,7 +131,7 @@ def predict(run_dir: str, launch: bool, steps: int) -> None:
           "| error now | memory model |")
     print("|---|---|---|---|---|---|---|")
     for kind, plan in plans.items():
-        before = max(planner.evaluate(halved, cluster, plan, job)["memory_bytes"])
+        before = max(planner.evaluate(halved, cluster, of_graph(plan, halved), job)["memory_bytes"])
         now = planner.evaluate(recorded, cluster, plan, job)
         if launch:
             with tempfile.TemporaryDirectory() as tmp:
