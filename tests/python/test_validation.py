@@ -165,7 +165,7 @@ def test_peak_memory_is_each_ranks_median_over_the_launches():
 def test_a_failed_launch_runs_again_and_stays_on_record(monkeypatch, tmp_path):
     calls = []
 
-    def flaky(plan, model, steps, warmup, timeout_s, work_dir, optimizer):
+    def flaky(plan, model, steps, warmup, timeout_s, work_dir, optimizer, host_workload=None):
         calls.append(1)
         if len(calls) <= 2:  # two in a row, as a zero-bubble plan's launches failed here
             raise RuntimeError(f"validate: the zbv M=2 b=32 plan failed (exit 1); #{len(calls)}")
@@ -318,6 +318,126 @@ def test_the_verdict_holds_steady_plans_to_the_targets_and_unsteady_ones_to_thei
     v = validation.summarize(rows, "x").verdict
     assert rows[0]["steady"] is None and v["one_launch"] == ["1x2 1f1b M=32 b=8"]
     assert "1x2 1f1b M=32 b=8 (steady) step error +30.0 % beyond 25 %" in v["missed"]
+
+
+def _burst(alone_s, together_s, rounds=3):
+    """A _shared_host_slowdown burst of 2 ranks whose every round took `alone_s` alone and
+    `together_s` together."""
+    return {"factor": max(1.0, together_s / alone_s), "ratios": [together_s / alone_s] * rounds,
+            "alone_s": [[alone_s] * rounds] * 2, "together_s": [[together_s] * rounds] * 2,
+            "slowest_together_s": [together_s] * rounds, "processes": 2, "alone_cpu_share": 1.0}
+
+
+def _calibrated_tiny(graph_relative=True):
+    """The tiny example graph and the localhost-cpu preset given a shared-core measurement as
+    calibrate records it (three bursts, 20 ms alone and 25 ms together) and the table calibrate
+    makes of it, relative to a graph sum of 18.2 ms or, without `graph_relative`, the factor."""
+    from hybridplan import planner
+
+    graph = planner.load_graph(REPO / "examples/graph-tiny.json")
+    cluster = planner.Cluster.preset("localhost-cpu").to_dict()
+    shared = calibration._merge_bursts([_burst(0.020, 0.025)] * 3)
+    table = calibration._slowdown_table(shared, 0.0182 if graph_relative else 0.0, 2)
+    cluster["runtime"] = dict(cluster.get("runtime", {}), shared_host_slowdown=table)
+    cluster["measured"] = {"shared_host": shared}
+    dp = next(p.to_dict() for p in planner.search(graph, cluster, devices=2, top_k=50).plans
+              if p.mp == 1)
+    return graph, cluster, dp
+
+
+def test_a_launch_whose_host_ran_slower_is_priced_slower_at_launch():
+    """validate prices each launch with the shared-core table its own bursts measured, by
+    calibrate's own definition: bursts like the calibration's give the calibrated prediction;
+    bursts 30 % slower (alone and together) give a compute 30 % longer."""
+    graph, cluster, dp = _calibrated_tiny()
+    table = cluster["runtime"]["shared_host_slowdown"]
+    assert table == [[1, pytest.approx(0.020 / 0.0182)], [2, pytest.approx(0.025 / 0.0182)]]
+    # the calibration's own bursts rebuild the calibration's own table
+    rebuilt, merged = calibration.launch_slowdown_table(
+        [_burst(0.020, 0.025)] * 3, cluster["measured"]["shared_host"], 2)
+    assert rebuilt == table and merged["factor"] == pytest.approx(1.25)
+    same = validation.launch_prediction(dp, [_burst(0.020, 0.025)] * 2, graph, cluster, None)
+    assert same["step_s"] == pytest.approx(dp["predicted"]["step_s"])
+    assert same["shared_host_slowdown"] == table
+    slow = validation.launch_prediction(dp, [_burst(0.026, 0.0325)] * 2, graph, cluster, None)
+    assert slow["compute_s"] == pytest.approx(1.3 * same["compute_s"])
+    assert slow["step_s"] - same["step_s"] == pytest.approx(0.3 * same["compute_s"])
+    assert slow["shared_host_slowdown"][1][1] == pytest.approx(1.3 * table[1][1])
+    # a calibration whose table is the factor alone (no graph of the workload): so is the
+    # launch's, the together / alone ratio of its bursts
+    graph, cluster, dp = _calibrated_tiny(graph_relative=False)
+    assert cluster["runtime"]["shared_host_slowdown"] == [[1, 1.0], [2, pytest.approx(1.25)]]
+    slower = validation.launch_prediction(dp, [_burst(0.020, 0.030)] * 2, graph, cluster, None)
+    assert slower["shared_host_slowdown"] == [[1, 1.0], [2, pytest.approx(1.5)]]
+    assert slower["compute_s"] == pytest.approx(1.5 / 1.25 * dp["predicted"]["compute_s"])
+
+
+def _at_launch_row(calibrated_s, measured_s, predicted_s):
+    """A row of one plan predicted `calibrated_s` as calibrated, measured `measured_s` per
+    launch and predicted `predicted_s` per launch at launch."""
+    row = _verdict_rows([(calibrated_s, measured_s, (100, 100))])[0]
+    validation.add_at_launch(row, [{"step_s": p, "compute_s": p, "factor": 1.0,
+                                    "shared_host_slowdown": [[1, 1.0], [2, p / 0.1]]}
+                                   for p in predicted_s])
+    return row
+
+
+def test_the_verdict_is_held_at_launch():
+    """Each plan's launches against its predictions at launch: ratios measured / predicted, the
+    error 1 / median ratio - 1, the 90 % interval of the median ratio; an unsteady plan passes
+    when ratio 1 lies in it. The comparison as calibrated stays beside it."""
+    # the host moved between launches (predicted at launch 100 or 130 ms) and the launches
+    # with it: the ratios straddle 1 (0.93-1.08) and are wider than +-5 %: unsteady, 1 inside
+    predicted = [0.100, 0.130, 0.100, 0.130, 0.100, 0.130, 0.100]
+    ratios = [0.95, 1.04, 0.97, 1.06, 0.93, 1.02, 1.08]
+    # (calibrated in a slow moment: 150 ms predicted for every launch)
+    straddle = _at_launch_row(0.150, [p * r for p, r in zip(predicted, ratios)], predicted)
+    at = straddle["at_launch"]
+    assert at["ratios"] == pytest.approx(ratios)
+    assert at["median_ratio"] == pytest.approx(1.02)
+    assert at["error"] == pytest.approx(1 / 1.02 - 1)
+    assert at["ratio_interval"] == pytest.approx(verdict.launch_interval(at["ratios"]))
+    assert at["steady"] is False and at["ratio_interval"][0] <= 1 <= at["ratio_interval"][1]
+    assert at["predicted_step_s"] == predicted and at["step_s"] == 0.100
+    steady = _at_launch_row(0.100, [0.100, 0.131, 0.099], [0.100, 0.130, 0.100])
+    assert steady["at_launch"]["steady"] is True
+    result = validation.summarize([straddle, steady], "x")
+    v = result.verdict
+    assert v["comparison"] == "at launch" and v["met"], v["missed"]
+    assert v["unsteady"][0]["within"] and v["unsteady"][0]["plan"] == "1x2 1f1b M=32 b=8"
+    assert v["unsteady"][0]["interval_s"] == pytest.approx(
+        [0.100 * x for x in at["ratio_interval"]])
+    # as calibrated, the one 150 ms prediction lies above every launch (93-138 ms): that
+    # comparison misses, and stays in the result beside the verdict
+    assert result.verdict_as_calibrated["comparison"] == "as calibrated"
+    assert not result.verdict_as_calibrated["met"]
+    assert "(unsteady) predicted 150.00 ms, outside its interval" in (
+        result.verdict_as_calibrated["missed"][-1])
+    assert result.at_launch_median_abs_error == pytest.approx(
+        statistics.median([abs(at["error"]), abs(steady["at_launch"]["error"])]))
+    text = validation.markdown(result, "t")
+    assert "| step pred (as calibrated) | step pred (at launch) | step meas |" in text
+    assert "| 100.00 / 130.00 / 100.00 / 130.00 / 100.00 / 130.00 / 100.00 |" in text
+    assert "## At launch" in text
+    assert "| 0.950 / 1.040 / 0.970 / 1.060 / 0.930 / 1.020 / 1.080 |" in text
+    assert "verdict: met (on the comparison at launch" in text
+    assert "The same targets on the comparison as calibrated (not the verdict" in text
+
+    # ratios all above 1 (measured 2-20 % slower than priced at its own launch): unsteady, and
+    # ratio 1 below its interval: the verdict misses
+    above = [1.08, 1.15, 1.02, 1.20, 1.05, 1.18, 1.10]
+    high = _at_launch_row(0.100, [p * r for p, r in zip(predicted, above)], predicted)
+    assert high["at_launch"]["steady"] is False and high["at_launch"]["ratio_interval"][0] > 1
+    v = validation.summarize([high, steady], "x").verdict
+    assert not v["met"] and not v["unsteady"][0]["within"]
+    assert v["missed"][-1].startswith("1x2 1f1b M=32 b=8 (unsteady) predicted 100.00 ms, "
+                                      "outside its interval")
+
+    # launches without bursts (a cluster that names no workload): held as calibrated
+    plain = _verdict_rows([(0.100, [0.100, 0.101, 0.099], (100, 100))])
+    result = validation.summarize(plain, "x")
+    assert result.verdict["comparison"] == "as calibrated" and result.verdict_as_calibrated is None
+    assert "the verdict is held on the comparison as calibrated" in validation.markdown(result, "t")
 
 
 def test_a_plan_whose_products_ran_in_another_precision_misses_the_verdict():
@@ -571,6 +691,7 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "validate.json").read_text())
+    cluster = json.loads(calibrated.read_text())
     rows = result["rows"]
     # the 3 chosen, then the first DP and first pipeline plan among them, recomputed fully and
     # selectively (the profile measured every node's selective recompute)
@@ -600,16 +721,40 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         # the same measurement predicted by the uncalibrated preset, side by side
         assert row["baseline_error"] == pytest.approx(
             row["baseline_step_s"] / row["measured"]["step_s"] - 1)
+        # each launch priced again with the shared-core table its ranks' own bursts measured
+        # (one before the timed steps, one after, each of kLaunchBurstRounds rounds)
+        at = row["at_launch"]
+        assert len(at["bursts"]) == 2 and all(len(b) == 2 for b in at["bursts"])
+        assert all(len(b["ratios"]) == calibration.kLaunchBurstRounds
+                   for launch in at["bursts"] for b in launch)
+        assert len(at["predicted_step_s"]) == 2 and min(at["predicted_step_s"]) > 0
+        assert at["ratios"] == pytest.approx(
+            [m / p for m, p in zip(row["launch_step_s"], at["predicted_step_s"])])
+        assert at["error"] == pytest.approx(1 / statistics.median(at["ratios"]) - 1)
+        for table, bursts in zip(at["shared_host_slowdown"], at["bursts"]):
+            assert table == calibration.launch_slowdown_table(
+                bursts, cluster["measured"]["shared_host"], 2)[0]
     assert result["baseline_cluster"] == "localhost-cpu"
     # the verdict, in validate.json, validate.md and on stdout; --max-launches 2 kept every plan
     # at its 2 rounds, and each unsteady one is listed with its interval
+    # held on the comparison at launch (the unsteady plans' intervals those of their ratios),
+    # the comparison as calibrated beside it
     verdict = result["verdict"]
-    assert verdict["met"] == (not verdict["missed"])
+    assert verdict["met"] == (not verdict["missed"]) and verdict["comparison"] == "at launch"
     assert [u["row"] for u in verdict["unsteady"]] == [
-        i for i, r in enumerate(rows) if r["steady"] is False]
+        i for i, r in enumerate(rows) if r["at_launch"]["steady"] is False]
     for u in verdict["unsteady"]:
+        at = rows[u["row"]]["at_launch"]
+        assert u["interval_s"] == pytest.approx([at["step_s"] * x for x in at["ratio_interval"]])
+    calibrated_once = result["verdict_as_calibrated"]
+    assert calibrated_once["comparison"] == "as calibrated"
+    assert [u["row"] for u in calibrated_once["unsteady"]] == [
+        i for i, r in enumerate(rows) if r["steady"] is False]
+    for u in calibrated_once["unsteady"]:
         assert u["interval_s"] == rows[u["row"]]["launch_interval_s"]
-    assert "## Verdict" in (out / "validate.md").read_text()
+    text = (out / "validate.md").read_text()
+    assert "## Verdict" in text and "## At launch" in text
+    assert "| step pred (as calibrated) | step pred (at launch) |" in text
     assert "verdict: " in done.stdout
     assert "predicted with localhost-cpu" in (out / "validate.md").read_text()
     # the calibration's workload timed again before and after the launches, said either way
@@ -622,21 +767,22 @@ def test_validate_runs_plans_and_compares_every_term(calibrated, tmp_path):
         pipe = next(r for r in rows if r["mode"] == "pipeline")
         actions = [a for rank in pipe["measured_per_rank"] for a in rank.get("actions", [])]
         forwards = [a for a in actions if a["kind"] == "F"]
-        # every stage ran every micro-batch forward, stamped by the executor's own clock
-        assert len(forwards) == pipe["mp"] * pipe["num_microbatches"]
+        # every stage ran every micro-batch forward once, stamped by the executor's own clock
+        # (a multi-stage schedule, interleaved or ZB-V, runs several stages per rank)
+        stages = {a["stage"] for a in forwards}
+        assert stages == set(range(len(stages))) and len(stages) % pipe["mp"] == 0
+        assert sorted((a["stage"], a["microbatch"]) for a in forwards) == [
+            (s, i) for s in range(len(stages)) for i in range(pipe["num_microbatches"])]
         assert all(0 <= a["start_s"] <= a["end_s"] for a in actions)
         # The ranks share the host's monotonic clock: on it, a stage's forward of a micro-batch
-        # starts only after the previous stage's forward of it ended (its input was sent then).
-        ranks = pipe["measured_per_rank"]
-
-        def forward_times(rank):
-            shift = rank["last_step_start_s"]
-            return {a["microbatch"]: (a["start_s"] + shift, a["end_s"] + shift)
-                    for a in rank["actions"] if a["kind"] == "F"}
-
-        for before, after in zip(ranks, ranks[1:]):
-            sent, used = forward_times(before), forward_times(after)
-            assert all(used[i][0] > sent[i][1] for i in sent), (sent, used)
+        # starts only after the previous stage's forward of it ended (its input was sent then,
+        # or, on the same rank, the previous forward returned it).
+        times = {(a["stage"], a["microbatch"]): (a["start_s"] + rank["last_step_start_s"],
+                                                 a["end_s"] + rank["last_step_start_s"])
+                 for rank in pipe["measured_per_rank"] for a in rank["actions"]
+                 if a["kind"] == "F"}
+        late = [(s, i) for s, i in times if s and times[(s, i)][0] < times[(s - 1, i)][1]]
+        assert not late, (late, times)
 
 
 @pytest.mark.parametrize("name", ["transformer_lm", pytest.param("biglstm", marks=pytest.mark.full)])

@@ -1130,12 +1130,12 @@ def _tiny_pipeline_runs(device, warmup: int, repeats: int, timeout_s: float) -> 
     return runs
 
 
-def _slowdown_table(slowdown: dict, graph: Optional[dict], module: Optional[nn.Module],
-                    batch: int, local_world_size: int) -> List[List[float]]:
-    """runtime.shared_host_slowdown: [[1, 1], [P, factor]], or relative to the graph's own
-    forward+backward sum where the graph is the measured model's (see the module doc); the
-    graph-relative figures are added to `slowdown`."""
-    graph_s = _graph_step_s(graph, module, batch)
+def _slowdown_table(slowdown: dict, graph_s: float, local_world_size: int) -> List[List[float]]:
+    """runtime.shared_host_slowdown from a shared-core measurement (_merge_bursts'): [[1, 1],
+    [P, factor]], or, with `graph_s` (the graph's own forward+backward sum where the graph is
+    the measured model's, _graph_step_s; 0 otherwise), relative to it (see the module doc); the
+    graph-relative figures are added to `slowdown`. calibrate's table, and validate's rebuilt
+    from the bursts each launch takes (launch_slowdown_table)."""
     if not graph_s:
         return [[1, 1.0], [local_world_size, slowdown["factor"]]]
     alone = _median_alone_s(slowdown)
@@ -1147,6 +1147,26 @@ def _slowdown_table(slowdown: dict, graph: Optional[dict], module: Optional[nn.M
         table.append([local_world_size,
                       max(slowdown["together_over_graph"], slowdown["alone_over_graph"])])
     return table
+
+
+# validate's shared-core bursts in each launch (validate_worker): rounds per burst and steps per
+# turn, one burst right before the launch's timed steps and one right after (a few seconds).
+kLaunchBurstRounds = 3
+kLaunchBurstSteps = 3
+
+
+def launch_slowdown_table(bursts: List[dict], shared_host: dict,
+                          local_world_size: int) -> Tuple[List[List[float]], dict]:
+    """runtime.shared_host_slowdown as the host was during one launch of validate: the
+    _shared_host_slowdown bursts its ranks took on the calibration's own workload
+    (`shared_host["workload"]`) merged (_merge_bursts) and made a table by calibrate's own
+    _slowdown_table, relative to the same graph sum the calibration's table was
+    (`shared_host["graph_step_s"]`, absent where calibrate's table was the factor alone).
+    Returns (the table, the merged measurement)."""
+    if not bursts:
+        raise ValueError("launch_slowdown_table: no shared-host bursts")
+    merged = _merge_bursts(bursts)
+    return _slowdown_table(merged, shared_host.get("graph_step_s", 0.0), local_world_size), merged
 
 
 def _fit_pipeline_actions(cluster: dict, measured: dict, graph: Optional[dict], runs: List[dict],
@@ -1225,8 +1245,8 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     peak_flops = min_over_ranks(_probe.peak_flops(device), device)
     speedup, speedup_s = compute_speedup(module_step, device, warmup, repeats)
 
-    slowdown_table = _slowdown_table(slowdown, graph, module if model else None, batch,
-                                     env.local_world_size)
+    slowdown_table = _slowdown_table(
+        slowdown, _graph_step_s(graph, module if model else None, batch), env.local_world_size)
     cluster = {
         "schema_version": 1, "kind": "hybridplan.cluster",
         "name": name or ("localhost-cpu" if device.type == "cpu" else "calibrated-cuda"),

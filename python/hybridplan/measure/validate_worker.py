@@ -6,12 +6,15 @@ from the executor's own clock (see hybridplan/measure/validation.py). Run under 
 
 Every rank builds the same model (torch.manual_seed(0) before the factory) and draws the same
 global batch per step (the module's example_inputs / example_target, seeded by the step); rank 0
-writes the measurements of all ranks.
+writes the measurements of all ranks. With --host-workload M --host-batch B (the calibration's
+shared-core workload), every rank also takes calibrate's shared-core burst on it right before
+the timed steps and right after them (shared_host_bursts: validate's prediction at launch).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -191,7 +194,15 @@ def _arguments(argv) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.01)
     # the Job's optimizer the plan was predicted with (validate passes it): its state is memory
     p.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
-    return p.parse_args(argv)
+    # the calibration's shared-core workload (its measured.shared_host.workload): timed by every
+    # rank in a _shared_host_slowdown burst right before the timed steps and right after them
+    # (_HostBursts); without it, no bursts
+    p.add_argument("--host-workload", default=None, help="MODULE:FACTORY")
+    p.add_argument("--host-batch", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.host_workload and not args.host_batch:
+        p.error("--host-workload needs --host-batch (the calibration's workload batch)")
+    return args
 
 
 class _Run:
@@ -249,12 +260,49 @@ class _Run:
             dist.destroy_process_group()
 
 
-def _timed_terms(run: _Run, warmup: int, steps: int) -> dict:
-    """This rank's median of each term over the timed steps, and the last step's actions."""
+class _HostBursts:
+    """The shared-core measurement calibrate makes (calibration._shared_host_slowdown on the
+    calibration's own workload: each rank alone, then every rank at once, in interleaved
+    rounds), taken inside the launch: validate prices the plan again with the
+    runtime.shared_host_slowdown table these bursts give (calibration.launch_slowdown_table), so
+    that its prediction holds the host as it was during this launch, not as it was at calibrate
+    minutes earlier (this host's speed for two ranks together moves 10-40 % within an hour)."""
+
+    # Built and run under torch.random.fork_rng: the plan's training draws the same random
+    # numbers (dropout) with the bursts as without them.
+
+    def __init__(self, model: str, batch: int):
+        from .calibration import _workload
+
+        with torch.random.fork_rng(devices=[]):
+            self.module, self.workload_step = _workload(model, batch)
+        self.bursts: List[dict] = []
+
+    def burst(self) -> None:
+        from .calibration import _shared_host_slowdown, kLaunchBurstRounds, kLaunchBurstSteps
+
+        with torch.random.fork_rng(devices=[]):
+            self.bursts.append(_shared_host_slowdown(
+                self.workload_step, dist.get_rank(), dist.get_world_size(),
+                torch.device("cpu"), rounds=kLaunchBurstRounds, steps=kLaunchBurstSteps))
+
+    def release(self) -> List[dict]:
+        """The bursts; the workload's model, gradients and batch freed before the profiled
+        step, whose peak memory must hold the plan's tensors alone."""
+        self.module = self.workload_step = None
+        gc.collect()
+        return self.bursts
+
+
+def _timed_terms(run: _Run, warmup: int, steps: int, host: "_HostBursts" = None) -> dict:
+    """This rank's median of each term over the timed steps, and the last step's actions;
+    `host`'s bursts taken right after the warm-up steps and right after the timed ones."""
     samples: Dict[str, List[float]] = {t: [] for t in TERMS}
     actions, last_start = [], 0.0
     last = warmup + steps - 1
     for step in range(warmup + steps):
+        if step == warmup and host is not None:
+            host.burst()
         run.hp.record_actions(step == last)
         start, end = run.step(run.replica_batch(step))
         if step < warmup:
@@ -274,6 +322,8 @@ def _timed_terms(run: _Run, warmup: int, steps: int) -> dict:
             # The ranks share one host and so one monotonic clock: with this, their actions
             # line up across ranks (a message's send on one, its use on the other).
             last_start = start
+    if host is not None:
+        host.burst()
     mine = {t: statistics.median(v) for t, v in samples.items()}
     mine["step_samples_s"] = samples["step_s"]
     mine["rank"] = dist.get_rank()
@@ -304,8 +354,9 @@ def _peak_memory(run: _Run, step: int) -> Dict[str, Any]:
             "product_dtypes": peaks["product_dtypes"]}
 
 
-def _write_all_ranks(mine: dict, path: str) -> None:
-    """Every rank's measurements to rank 0, which writes them with the slowest rank's terms."""
+def _write_all_ranks(mine: dict, path: str, bursts: List[dict] = ()) -> None:
+    """Every rank's measurements to rank 0, which writes them with the slowest rank's terms,
+    and `bursts` (_HostBursts', every rank's rounds already in each) as shared_host_bursts."""
     ranks: List[dict] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     if dist.get_rank() == 0:
@@ -318,6 +369,8 @@ def _write_all_ranks(mine: dict, path: str) -> None:
         out["memory_allocations_bytes"] = [r["memory_allocations_bytes"] for r in ranks]
         # per rank, the dtypes its measured step's matrix products ran in (_product_dtypes)
         out["product_dtypes"] = [r["product_dtypes"] for r in ranks]
+        if bursts:  # [before the timed steps, after them]
+            out["shared_host_bursts"] = list(bursts)
         write_text_atomic(path, json.dumps(out))
     dist.barrier()
 
@@ -326,9 +379,11 @@ def main(argv=None) -> int:
     args = _arguments(argv)
     torch.set_num_threads(1)
     run = _Run(args)
-    mine = _timed_terms(run, args.warmup, args.steps)
+    host = (_HostBursts(args.host_workload, args.host_batch) if args.host_workload else None)
+    mine = _timed_terms(run, args.warmup, args.steps, host)
+    bursts = host.release() if host is not None else []
     mine.update(_peak_memory(run, args.warmup + args.steps))
-    _write_all_ranks(mine, args.out)
+    _write_all_ranks(mine, args.out, bursts)
     run.close()
     return 0
 

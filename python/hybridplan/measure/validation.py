@@ -39,6 +39,16 @@ calibrate's own shared-core workload is timed again in this process (calibration
 and validate says when the host runs it more than 15 % slower or faster than when it was
 calibrated: every prediction then carries that difference (`host_speed` in validate.json).
 
+At launch: where the cluster names calibrate's shared-core workload (measured.shared_host.
+workload), every launch's ranks also take calibrate's shared-core burst on it right before and
+right after their timed steps (validate_worker), and the plan is priced again for that launch
+with runtime.shared_host_slowdown rebuilt from those bursts by calibrate's own definition
+(launch_prediction, calibration.launch_slowdown_table; row["at_launch"]). The verdict is held
+on that comparison (ratios measured / predicted per launch: verdict.launch_matched), since the
+host's speed for two ranks together moves more between calibrate and the launches than a
+plan's interval is wide; the comparison as calibrated stays beside it (validate.md's columns
+"as calibrated" and "at launch"; validate.json verdict_as_calibrated).
+
 The results are written to <out-dir>/validate.json and validate.md (a table per term, the error
 of each plan's step, the median and worst, and the verdict: targets met or which missed, the
 plans unsteady on this host with their intervals; validate.json's "verdict"), plus scatter.png
@@ -77,7 +87,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .. import planner
 from ..planner import num_processes
 from ..trace import comparison_trace, plan_kind, trace_file_name, write_trace
-from .verdict import decide, is_steady, kMaxLaunches, launch_interval, needs_launch, verdict_lines
+from .verdict import (decide, is_steady, kMaxLaunches, launch_interval, launch_matched,
+                      launch_matched_rows, needs_launch, verdict_lines)
 
 # calibration (it imports torch), tqdm (installed with torch) and matplotlib (the plot extra)
 # are imported inside the functions that use them: the command line imports this module at its
@@ -165,11 +176,18 @@ class ValidationResult:
     # launch's steps (step_spread), of how many have one: a miss inside that range is no larger
     # than the plan's own step-to-step variation on this host
     within_step_spread: Optional[List[int]] = None
-    # the targets met or missed, the plans unsteady on this host (verdict.decide)
+    # the targets met or missed, the plans unsteady on this host (verdict.decide), on the
+    # comparison at launch where every row has one (its "comparison" says which)
     verdict: Optional[dict] = None
     # the job's precision: {"name"} for fp32; a 16-bit one also with the cluster's
     # compute_speedup for it and where calibrate measured it (calibrated_speedup)
     precision: Optional[dict] = None
+    # decide() on the comparison as calibrated (every launch against the one prediction), kept
+    # beside the verdict where that is the comparison at launch
+    verdict_as_calibrated: Optional[dict] = None
+    # the median |step error| and the median signed one at launch (row["at_launch"]["error"])
+    at_launch_median_abs_error: Optional[float] = None
+    at_launch_signed_median_error: Optional[float] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -199,13 +217,19 @@ def run_worker(plan: dict, worker: str, args: List[str], timeout_s: float, work_
 
 
 def run_plan(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
-             work_dir: Path, env: Optional[Dict[str, str]] = None, optimizer: str = "sgd") -> dict:
+             work_dir: Path, env: Optional[Dict[str, str]] = None, optimizer: str = "sgd",
+             host_workload: Optional[dict] = None) -> dict:
     """Trains the model under `plan` with torchrun, with the Job's `optimizer` (the one its
-    prediction holds state for), and returns the worker's measurements."""
+    prediction holds state for), and returns the worker's measurements. `host_workload` (the
+    calibration's measured.shared_host.workload, {"model", "batch"}): the ranks also take
+    calibrate's shared-core bursts on it around the timed steps (shared_host_bursts)."""
+    host = ([] if not host_workload else
+            ["--host-workload", host_workload["model"], "--host-batch",
+             str(int(host_workload["batch"]))])
     done, result_path = run_worker(
         plan, "hybridplan.measure.validate_worker",
         ["--model", model, "--steps", str(steps), "--warmup", str(warmup), "--timeout-s",
-         str(timeout_s), "--optimizer", optimizer], timeout_s + 60 * steps, work_dir, env)
+         str(timeout_s), "--optimizer", optimizer, *host], timeout_s + 60 * steps, work_dir, env)
     if done.returncode != 0 or not result_path.exists():
         raise RuntimeError(f"validate: the {plan_kind(plan)} plan failed (exit {done.returncode}"
                            f"{'' if result_path.exists() else ', no measurements written'}); "
@@ -224,7 +248,8 @@ kLaunchAttempts = 3
 
 def run_plan_retrying(plan: dict, model: str, steps: int, warmup: int, timeout_s: float,
                       work_dir: Path, optimizer: str = "sgd",
-                      attempts: int = kLaunchAttempts) -> dict:
+                      attempts: int = kLaunchAttempts,
+                      host_workload: Optional[dict] = None) -> dict:
     """run_plan, launched again when it fails, up to `attempts` launches in all: the measured
     step's peak memory comes from torch.profiler's memory timeline, and a rank sometimes dies
     inside that profiled step (SIGSEGV after "profiler_start", `free(): invalid pointer` after
@@ -236,7 +261,7 @@ def run_plan_retrying(plan: dict, model: str, steps: int, warmup: int, timeout_s
     while True:
         try:
             measured = run_plan(plan, model, steps, warmup, timeout_s, work_dir,
-                                optimizer=optimizer)
+                                optimizer=optimizer, host_workload=host_workload)
         except RuntimeError as error:
             failed.append(str(error))
             if len(failed) >= attempts:
@@ -405,6 +430,41 @@ def compare(plan: dict, measured: dict) -> dict:
     return row
 
 
+def launch_prediction(plan: dict, bursts: Sequence[dict], graph, cluster: dict, job) -> dict:
+    """The plan priced for one launch: the planner's evaluation (planner.evaluate, as every
+    prediction of validate) with the cluster's runtime.shared_host_slowdown rebuilt from the
+    shared-core bursts that launch's ranks took (calibration.launch_slowdown_table: calibrate's
+    own definition, relative to the same graph sum). {"step_s", "compute_s" (sharding_s within
+    it, as compare's), "shared_host_slowdown": the table, "factor": the bursts' together / alone,
+    "burst_factors"}."""
+    from .calibration import launch_slowdown_table
+
+    shared_host = cluster.get("measured", {}).get("shared_host", {})
+    table, merged = launch_slowdown_table(list(bursts), shared_host, cluster["devices_per_node"])
+    at_launch = dict(cluster, runtime=dict(cluster.get("runtime", {}),
+                                           shared_host_slowdown=table))
+    predicted = planner.evaluate(graph, at_launch, plan, job)
+    return {"step_s": predicted["step_s"],
+            "compute_s": predicted.get("compute_s", 0.0) + predicted.get("sharding_s", 0.0),
+            "shared_host_slowdown": table, "factor": merged["factor"],
+            "burst_factors": merged["burst_factors"]}
+
+
+def add_at_launch(row: dict, predictions: Sequence[dict],
+                  bursts: Optional[Sequence[List[dict]]] = None) -> None:
+    """The row's comparison at launch: `predictions` (launch_prediction's, one per launch in
+    the order of launch_step_s) beside the launches' measured steps, as verdict.launch_matched
+    reads them, under row["at_launch"] with the per-launch predictions and tables (and the
+    launches' raw `bursts`, where given)."""
+    matched = launch_matched(row["launch_step_s"], [p["step_s"] for p in predictions])
+    row["at_launch"] = dict(matched, predicted_step_s=[p["step_s"] for p in predictions],
+                            predicted_compute_s=[p["compute_s"] for p in predictions],
+                            shared_host_slowdown=[p["shared_host_slowdown"] for p in predictions],
+                            factor=[p["factor"] for p in predictions])
+    if bursts is not None:
+        row["at_launch"]["bursts"] = [list(b) for b in bursts]
+
+
 def add_baseline(row: dict, baseline_step_s: float) -> None:
     """The same measured plan as predicted by another (e.g. uncalibrated) cluster."""
     row["baseline_step_s"] = baseline_step_s
@@ -423,13 +483,25 @@ def summarize(rows: List[dict], out_dir: str, baseline_cluster: Optional[str] = 
     spread = [r for r in rows if r.get("step_spread_s")]
     within = sum(1 for r in spread
                  if r["step_spread_s"][0] <= r["predicted"]["step_s"] <= r["step_spread_s"][1])
-    return ValidationResult(rows, statistics.median(errors), max(errors), order.index(0) + 1,
-                            measured[0] <= 1.05 * fastest, out_dir,
-                            baseline_cluster if base else None,
-                            statistics.median(base) if base else None,
-                            max(base) if base else None, host_speed, statistics.median(signed),
-                            round_speed(rows), [within, len(spread)] if spread else None,
-                            decide(rows))
+    as_calibrated = decide(rows)
+    as_calibrated["comparison"] = "as calibrated"
+    result = ValidationResult(rows, statistics.median(errors), max(errors), order.index(0) + 1,
+                              measured[0] <= 1.05 * fastest, out_dir,
+                              baseline_cluster if base else None,
+                              statistics.median(base) if base else None,
+                              max(base) if base else None, host_speed, statistics.median(signed),
+                              round_speed(rows), [within, len(spread)] if spread else None,
+                              as_calibrated)
+    # The verdict is held on the comparison at launch where every plan has one (the launches
+    # took shared-core bursts): see verdict.py's docstring for why.
+    if rows and all(r.get("at_launch") for r in rows):
+        result.verdict = decide(launch_matched_rows(rows))
+        result.verdict["comparison"] = "at launch"
+        result.verdict_as_calibrated = as_calibrated
+        at_launch = [r["at_launch"]["error"] for r in rows]
+        result.at_launch_median_abs_error = statistics.median(abs(e) for e in at_launch)
+        result.at_launch_signed_median_error = statistics.median(at_launch)
+    return result
 
 
 def round_speed(rows: Sequence[dict]) -> Optional[List[float]]:
@@ -470,26 +542,33 @@ def markdown(result: ValidationResult, title: str) -> str:
              "Times in ms (slowest rank, median of the timed steps, of the plan's median launch; "
              "every launch's step under launches); peak memory is each rank's median over the "
              "launches; error = predicted / measured - 1. The first row is the planner's "
-             "choice.", "",
-             "| plan | batch | precision (products ran in) | step pred | step meas | "
-             "steps p10-p90 | launches | error | "
+             "choice. Step predicted two ways: as calibrated (the cluster as calibrate measured "
+             "it, one prediction for every launch) and at launch (the plan priced again for "
+             "each launch with the shared-core slowdown that launch's own bursts measured, one "
+             "per launch in the order of launches; its error is 1 / the median over launches of "
+             "measured / predicted - 1: see \"At launch\" below).", "",
+             "| plan | batch | precision (products ran in) | step pred (as calibrated) | "
+             "step pred (at launch) | step meas | "
+             "steps p10-p90 | launches | error (as calibrated) | error (at launch) | "
              "compute pred | "
              "compute meas | "
              "all-reduce pred | all-reduce meas | optimizer pred | optimizer meas | overhead pred "
              "| overhead meas | peak mem pred | peak mem meas | mem error |"
              + (f" step pred ({result.baseline_cluster}) | its error |" if base else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-             + ("---|---|" if base else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             "---|" + ("---|---|" if base else "")]
     for r in result.rows:
-        p, m = r["predicted"], r["measured"]
+        p, m, at = r["predicted"], r["measured"], r.get("at_launch")
         mem_p = max(r["predicted_memory_bytes"] or [0]) / 2**20
         mem_m = max(r["measured_memory_bytes"] or [0]) / 2**20
         lines.append(
             f"| {r['dp']}x{r['mp']} {r['kind']} | {r['per_replica_batch']} | "
             f"{_precision_cell(r)} | {_ms(p['step_s'])} | "
+            f"{' / '.join(_ms(t) for t in at['predicted_step_s']) if at else '-'} | "
             f"{_ms(m['step_s'])} | {_spread(r.get('step_spread_s'))} | "
             f"{' / '.join(_ms(t) for t in r.get('launch_step_s', []))} | "
-            f"{_pct(r['errors']['step_s'])} | {_ms(p['compute_s'])} | "
+            f"{_pct(r['errors']['step_s'])} | {_pct(at['error']) if at else '-'} | "
+            f"{_ms(p['compute_s'])} | "
             f"{_ms(m['compute_s'])} | {_ms(p['allreduce_s'])} | {_ms(m['allreduce_s'])} | "
             f"{_ms(p['optimizer_s'])} | {_ms(m['optimizer_s'])} | {_ms(p['overhead_s'])} | "
             f"{_ms(m['overhead_s'])} | {mem_p:.1f} MiB | {mem_m:.1f} MiB | "
@@ -543,9 +622,60 @@ def markdown(result: ValidationResult, title: str) -> str:
                         "ms)" + (f"; {prec['warning']}" if prec.get("warning") else "")
                         + (f"; {prec['baseline_left_out']}" if prec.get("baseline_left_out")
                            else "")]
+    lines += _at_launch_section(result)
     if result.verdict:
         lines += ["## Verdict", ""] + verdict_lines(result.verdict) + [""]
+        if result.verdict_as_calibrated:
+            lines += ["The same targets on the comparison as calibrated (not the verdict: "
+                      "each launch against the one prediction the calibration's table gave, "
+                      "measured minutes before the launches):", ""] + [
+                "    " + line for line in verdict_lines(result.verdict_as_calibrated)] + [""]
     return "\n".join(lines)
+
+
+def _interval(interval: Optional[Sequence[float]]) -> str:
+    return "-" if not interval else f"{interval[0]:.3f}-{interval[1]:.3f}"
+
+
+def _at_launch_section(result: ValidationResult) -> List[str]:
+    """validate.md's "At launch": per plan, each launch's host (its bursts' shared-core
+    table entry for the plan's processes, together over the graph's sum) and its ratio measured
+    / predicted at launch, their median, the 90 % interval of the median and the error; and
+    which comparison the verdict is held on, and why."""
+    rows = [r for r in result.rows if r.get("at_launch")]
+    if not rows:
+        return ["## At launch", "",
+                "The launches took no shared-core bursts (the cluster names no "
+                "measured.shared_host.workload: a preset, or calibrated before it did): the "
+                "verdict is held on the comparison as calibrated.", ""]
+    lines = ["## At launch", "",
+             "Each launch's ranks ran calibrate's shared-core burst on the calibration's own "
+             "workload right before and right after their timed steps (each rank alone, then "
+             "both together); the plan is priced again for that launch with the cluster's "
+             "runtime.shared_host_slowdown rebuilt from those bursts by calibrate's own "
+             "definition. The verdict is held on this comparison: the calibration is measured "
+             "minutes before the launches, and this host's speed for two ranks together moves "
+             "10-40 % within an hour, so the one prediction carries the host of another moment "
+             "into every launch, while a plan's interval from its launches is a few percent "
+             "wide. host: the bursts' table entry for the largest process count (wall time "
+             "together over the graph's own sum where calibrate's table was relative to it); "
+             "ratio: measured / predicted at launch.", "",
+             "| plan | host per launch | ratio per launch | median ratio | 90 % interval | "
+             "steady | error (at launch) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        at = r["at_launch"]
+        steady = {True: "yes", False: "no", None: "one launch"}[at["steady"]]
+        lines.append(f"| {r['dp']}x{r['mp']} {r['kind']} | "
+                     f"{' / '.join(f'{t[-1][1]:.3f}' for t in at['shared_host_slowdown'])} | "
+                     f"{' / '.join(f'{x:.3f}' for x in at['ratios'])} | "
+                     f"{at['median_ratio']:.3f} | {_interval(at['ratio_interval'])} | {steady} | "
+                     f"{_pct(at['error'])} |")
+    if result.at_launch_median_abs_error is not None:
+        lines += ["", f"step-time error at launch: median |error| "
+                      f"{100 * result.at_launch_median_abs_error:.1f} %, median signed "
+                      f"{_pct(result.at_launch_signed_median_error)}"]
+    return lines + [""]
 
 
 def scatter(result: ValidationResult, path: Path) -> None:
@@ -698,7 +828,7 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
             if bar.n >= bar.total:  # a launch of the extra rounds, unknown in advance
                 bar.total += 1
             measured = run_plan_retrying(chosen[i], model, steps, warmup, timeout_s, Path(tmp),
-                                         optimizer)
+                                         optimizer, host_workload=shared_host.get("workload"))
             bar.update()
             return measured
 
@@ -711,9 +841,14 @@ def validate(graph, cluster, model: str, job=None, devices: int = 2, plans: int 
         if worst["warning"] and progress:
             print(f"validate: {worst['warning']}", file=sys.stderr)
     rows, drew_timeline, traces = [], False, []
+    cluster_dict = c.to_dict()
     for plan, runs in zip(chosen, launches):
         measured = median_launch(runs)
         rows.append(compare(plan, measured))
+        if all(m.get("shared_host_bursts") for m in runs):  # the plan priced for each launch
+            add_at_launch(rows[-1], [launch_prediction(plan, m["shared_host_bursts"], g,
+                                                       cluster_dict, j) for m in runs],
+                          [m["shared_host_bursts"] for m in runs])
         rows[-1]["trace"] = trace_file_name(len(rows) - 1, plan)
         traces.append((rows[-1]["trace"], plan, measured))
         if baseline is not None:  # the plan as if made for the baseline cluster
