@@ -31,6 +31,7 @@ the nodes' times add up to the step's time (plus the small cost of entering the 
 """
 
 import contextlib
+import functools
 from dataclasses import dataclass
 import ctypes
 import os
@@ -50,7 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..autograd.recompute import saves
 from ..autograd.split_backward import backward_input, backward_weight
 from . import block_list
-from .dataflow import Dataflow, _SavedBytes, storage_key, tensors_in
+from .dataflow import _SavedBytes, record_dataflow, storage_key, tensors_in
 
 
 CLOCKS = ("auto", "wall", "thread", "cuda")
@@ -228,28 +229,27 @@ class _WeightCopies(TorchDispatchMode):
 
     def __init__(self, module: nn.Module):
         super().__init__()
-        self.params = {t.untyped_storage().data_ptr() for t in module.parameters()
+        self.params = {storage_key(t) for t in module.parameters()
                        if t.layout == torch.strided and t.device.type != "meta"}
         self.copies: Set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if (func.overloadpacket is torch.ops.aten._to_copy and isinstance(args[0], torch.Tensor)
-                and args[0].untyped_storage().data_ptr() in self.params):
-            self.copies.add(out.untyped_storage().data_ptr())
+                and storage_key(args[0]) in self.params):
+            self.copies.add(storage_key(out))
         return out
 
 
 class _AutocastSavedBytes(_SavedBytes):
-    """_SavedBytes that charges the storages in `copies` (autocast's weight copies) apart, and
-    tells `observe(node, tensor, nbytes, is_weight_copy)` of every storage it charges (node None
-    before the first node ran)."""
+    """_SavedBytes that charges the storages in `copies` (autocast's weight copies) apart, into
+    `weight_copies` (node -> bytes), and tells `observe(node, tensor, nbytes, is_weight_copy)` of
+    every storage it charges (node None before the first node ran)."""
 
-    def __init__(self, module, flow, running, copies: Set[int],
+    def __init__(self, module, flow, running, copies: Set[int], weight_copies: Dict[str, int],
                  observe: Optional[Callable[[Optional[str], torch.Tensor, int, bool], None]]):
         super().__init__(module, flow, running)
-        self.copies, self.observe = copies, observe
-        self.weight_copies: Dict[str, int] = {}
+        self.copies, self.weight_copies, self.observe = copies, weight_copies, observe
 
     def charge(self, owner: Optional[str], t: torch.Tensor, nbytes: int) -> None:
         copy = storage_key(t) in self.copies
@@ -266,51 +266,28 @@ def saved_under_autocast(module: nn.Module, nodes: Dict[str, nn.Module], inputs:
                          loss: Optional[Loss] = None, dtype: Optional[torch.dtype] = None,
                          observe: Optional[Callable[[Optional[str], torch.Tensor, int, bool],
                                                     None]] = None) -> AutocastSaved:
-    """One forward (and `loss`, whose saved tensors are the last node's, as record_dataflow
-    charges them) under torch.autocast(device of the module, `dtype`) (None: no autocast, the
-    profile's own counting), counted per graph node as the profile counts saved_bytes; then the
-    loss's backward peak under autocast. The executor runs every plan but FSDP2's under
-    autocast (executor/precision.py), where layer norm keeps its float32 input, cross-entropy
-    its float32 log-softmax, and the matrix products the 16-bit weight copies: the planner
-    prices those plans' kept activations from this (csrc/planner/costs/precision_cost.h).
-    `observe` sees each saved storage (bench/bench_autocast_saved.py names its op)."""
+    """One forward (and `loss`, whose saved tensors are the last node's) under
+    torch.autocast(device of the module, `dtype`) (None: no autocast, the profile's own
+    counting), counted per graph node by the profile's own pass (dataflow.record_dataflow,
+    which counts saved_bytes); then the loss's backward peak under autocast. The executor runs
+    every plan but FSDP2's under autocast (executor/precision.py), where layer norm keeps its
+    float32 input, cross-entropy its float32 log-softmax, and the matrix products the 16-bit
+    weight copies: the planner prices those plans' kept activations from this
+    (csrc/planner/costs/precision_cost.h). `observe` sees each saved storage
+    (bench/bench_autocast_saved.py names its op)."""
     params = list(module.parameters())
     device_type = params[0].device.type if params else "cpu"
-    flow = Dataflow()
-    running: List[Tuple[str, Any]] = []
-    calls = block_list.CallCounter()
-
-    def pre_hook(name):
-        def hook(mod, args):
-            running.append((calls.current(name), None))
-        return hook
-
-    def post_hook(name):
-        def hook(mod, args, output):
-            running.pop()
-            flow.order.append(calls.finish(name))
-        return hook
-
-    handles = []
-    for name, mod in nodes.items():
-        handles.append(mod.register_forward_pre_hook(pre_hook(name)))
-        handles.append(mod.register_forward_hook(post_hook(name)))
     copies = _WeightCopies(module)
-    saved = _AutocastSavedBytes(module, flow, running, copies.copies, observe)
-    autocast = torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
-    try:
-        with autocast:
-            with copies, torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-                output = module(*inputs, **(kwargs or {}))
-                if loss is not None and flow.order:
-                    loss(output)
-            saved.finish()
-            peak = loss_backward_bytes(output, loss) if loss is not None else None
-    finally:
-        for h in handles:
-            h.remove()
+    weight_copies: Dict[str, int] = {}
+    counter = functools.partial(_AutocastSavedBytes, copies=copies.copies,
+                                weight_copies=weight_copies, observe=observe)
+    with torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        with copies:
+            flow, output = record_dataflow(module, nodes, inputs, kwargs, loss,
+                                           saved_bytes=counter)
+        peak = loss_backward_bytes(output, loss) if loss is not None else None
     del output
-    return AutocastSaved(dict(flow.saved_bytes), saved.weight_copies, peak)
+    return AutocastSaved(dict(flow.saved_bytes), weight_copies, peak)
 
 
 # autograd's message where a backward reaches a graph that an earlier backward freed

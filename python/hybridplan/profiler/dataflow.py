@@ -326,12 +326,15 @@ class _SavedBytes:
 
 def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
                     inputs: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None,
-                    loss: Optional[Callable[[Any], torch.Tensor]] = None
+                    loss: Optional[Callable[[Any], torch.Tensor]] = None,
+                    saved_bytes: Callable[..., "_SavedBytes"] = None
                     ) -> Tuple[Dataflow, Any]:
     """Runs module(*inputs, **kwargs) once with hooks; returns what it saw and the output. With
     `loss` (output -> scalar), what the loss saves for backward is the last node's, as its time
-    is (block_timing). A failing forward becomes a ValueError naming the node that was running
-    and its input shapes."""
+    is (block_timing). `saved_bytes(module, flow, running)`: the counter of what autograd saves
+    (default _SavedBytes; block_timing.saved_under_autocast passes one that charges autocast's
+    weight copies apart). A failing forward becomes a ValueError naming the node that was
+    running and its input shapes."""
     flow = Dataflow()
     producers = _Producers()
     orphans = orphan_parameters(module, nodes)
@@ -368,7 +371,7 @@ def record_dataflow(module: nn.Module, nodes: Dict[str, nn.Module],
     for name, mod in nodes.items():
         handles.append(mod.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
         handles.append(mod.register_forward_hook(post_hook(name), with_kwargs=True))
-    saved = _SavedBytes(module, flow, running)
+    saved = (saved_bytes or _SavedBytes)(module, flow, running)
     try:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             output = module(*inputs, **(kwargs or {}))
