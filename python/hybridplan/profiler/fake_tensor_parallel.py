@@ -346,7 +346,6 @@ def graph_fields(module: nn.Module, nodes: Dict[str, nn.Module], order: Sequence
                           whole_s), layout
 
 
-
 def sequence_fields(module: nn.Module, nodes: Dict[str, nn.Module], order: Sequence[str], call,
                     fake_run: Callable[[nn.Module], Any], layout: tp.Layout,
                     miniature: Tuple[nn.Module, Any]

@@ -326,9 +326,10 @@ def _length(hidden: torch.Tensor, degree: int) -> int:
 
 def _sizes(sp: SpLayout, members: Dict[str, nn.Module], ref, block_io) -> None:
     """What in `sp` depends on the size of the model and batch, from one forward's records
-    (_reference; `members` the modules they were taken on): max_degree (the sequence length), the bytes of each node's sequence
-    inputs and outputs, of the entry and the exit, and each gather node's saved_share. A
-    detection sets them from its own forward; at_shapes from the full model's."""
+    (_reference; `members` the modules they were taken on): max_degree (the sequence length),
+    the bytes of each node's sequence inputs and outputs, of the entry and the exit, and each
+    gather node's saved_share. A detection sets them from its own forward; at_shapes from the
+    full model's."""
     out_tensors = _outputs(block_io["out"])
     length = int(out_tensors[0][1].shape[SEQUENCE_DIM])
     sp.max_degree = length
