@@ -606,9 +606,15 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     assert runtime["step_s"] >= 0 and runtime["action_s"] >= 0
     # the optimizer's per-tensor cost: the fitted slope when the data resolve it, else 0 (never a
     # failed run); its points are the three tensor counts
-    tensors = cluster["measured"]["fits"]["optimizer_tensors"]
-    assert [x for x, _ in tensors["points"]] == [16, 64, 256]
-    assert runtime["optimizer_tensor_s"] == (tensors["beta"] if tensors["resolved"] else 0.0)
+    # per Job optimizer, each its own fit; the scalar is the default Job's (sgd)
+    for prefix in ("", "sharded_"):
+        by = runtime[f"{prefix}optimizer_tensor_s_by_optimizer"]
+        assert sorted(by) == ["adam", "sgd", "sgd_momentum"]
+        for name, seconds in by.items():
+            tensors = cluster["measured"]["fits"][f"{prefix}optimizer_tensors.{name}"]
+            assert [x for x, _ in tensors["points"]] == [16, 64, 256]
+            assert seconds == (tensors["beta"] if tensors["resolved"] else 0.0)
+        assert runtime[f"{prefix}optimizer_tensor_s"] == by["sgd"]
     # selective recompute's dispatch per op: the slope over the three chains (never negative)
     ops = cluster["measured"]["fits"]["selective_ops"]
     assert len(ops["points"]) == 3 and ops["points"][0][0] < ops["points"][-1][0]

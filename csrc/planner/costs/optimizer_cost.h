@@ -13,7 +13,8 @@
 //   within one parameter copy, which the formula keeps)
 // plus a fixed cost per parameter tensor (the optimizer's loop over its tensors: torch.optim's
 // for-loop implementation, the default on CPU, pays it per tensor and state):
-//   + param_tensors * Cluster runtime.optimizer_tensor_s   (measured by calibrate; 0 if not)
+//   + param_tensors * Cluster runtime.optimizer_tensor_s_for(the Job's optimizer)
+//                                                          (measured by calibrate; 0 if not)
 // Graph nodes carry param_tensors when the profiler counted them (absent: 0 here). Measured on
 // 2 CPU ranks before this term: branchy_cnn's 72 tensors took 0.26-0.42 ms per SGD-momentum step
 // against 0.03 ms predicted from bandwidth alone.
@@ -32,8 +33,8 @@ namespace hybridplan {
 double optimizer_bytes_touched_per_param_byte(const OptimizerState& optimizer);
 
 // Seconds to update `param_bytes` of parameters in `param_tensors` tensors on one device.
-// `sharded`: the tensors are shards (DTensors): runtime.sharded_optimizer_tensor_s per tensor
-// where measured, else optimizer_tensor_s.
+// `sharded`: the tensors are shards (DTensors): the sharded per-tensor cost where measured
+// (Runtime::optimizer_tensor_s_for), else the unsharded one.
 double optimizer_step_s(const Cluster& cluster, const OptimizerState& optimizer, double param_bytes,
                         double param_tensors, bool sharded = false);
 

@@ -17,6 +17,7 @@
 #include "common/json_fields.h"
 #include "common/json_io.h"
 #include "common/limits.h"
+#include "planner/documents/job.h"
 #include "planner/documents/plan.h"
 #include "planner/documents/presets.h"
 
@@ -87,6 +88,26 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
       r.schedule_action_s.emplace_back(name, in.number(value, path + "." + name));
     }
   }
+  const auto by_optimizer = [&](const char* key, std::vector<std::pair<std::string, double>>& out) {
+    const Json* map = in.optional(j, key);
+    if (!map) return;
+    const std::string path = std::string("runtime.") + key;
+    in.object(*map, path);
+    for (const auto& [name, value] : map->items()) {
+      bool known = false;
+      for (Optimizer o : {Optimizer::kSgd, Optimizer::kSgdMomentum, Optimizer::kAdam}) {
+        known = known || name == optimizer_name(o);
+      }
+      if (!known) {
+        in.fail(path + "." + name,
+                "is not a Job optimizer (the keys are \"sgd\", \"sgd_momentum\" and \"adam\")",
+                value);
+      }
+      out.emplace_back(name, in.number(value, path + "." + name));
+    }
+  };
+  by_optimizer("optimizer_tensor_s_by_optimizer", r.optimizer_tensor_s_by_optimizer);
+  by_optimizer("sharded_optimizer_tensor_s_by_optimizer", r.sharded_optimizer_tensor_s_by_optimizer);
   if (const Json* table = in.optional(j, "shared_host_slowdown")) {
     const std::string path = "runtime.shared_host_slowdown";
     in.array(*table, path);
@@ -109,6 +130,12 @@ void validate_runtime(const std::string& source, const Runtime& r) {
   check_non_negative(source, "runtime.selective_op_s", r.selective_op_s);
   for (const auto& [name, seconds] : r.schedule_action_s) {
     check_non_negative(source, "runtime.schedule_action_s." + name, seconds);
+  }
+  for (const auto& [name, seconds] : r.optimizer_tensor_s_by_optimizer) {
+    check_non_negative(source, "runtime.optimizer_tensor_s_by_optimizer." + name, seconds);
+  }
+  for (const auto& [name, seconds] : r.sharded_optimizer_tensor_s_by_optimizer) {
+    check_non_negative(source, "runtime.sharded_optimizer_tensor_s_by_optimizer." + name, seconds);
   }
   const auto& table = r.shared_host_slowdown;
   for (size_t k = 0; k < table.size(); ++k) {
@@ -135,6 +162,21 @@ double Runtime::action_s_for(const std::string& schedule) const {
     if (name == schedule) return seconds;
   }
   return action_s;
+}
+
+double Runtime::optimizer_tensor_s_for(const std::string& optimizer, bool sharded) const {
+  const auto entry = [&](const std::vector<std::pair<std::string, double>>& by) -> const double* {
+    for (const auto& [name, seconds] : by) {
+      if (name == optimizer) return &seconds;
+    }
+    return nullptr;
+  };
+  if (sharded) {
+    if (const double* s = entry(sharded_optimizer_tensor_s_by_optimizer)) return *s;
+    if (sharded_optimizer_tensor_s > 0) return sharded_optimizer_tensor_s;
+  }
+  if (const double* s = entry(optimizer_tensor_s_by_optimizer)) return *s;
+  return optimizer_tensor_s;
 }
 
 double Runtime::slowdown(int64_t processes) const {
@@ -357,7 +399,9 @@ Json cluster_to_json(const Cluster& c) {
   }
   const Runtime& r = c.runtime;
   if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 || r.sharded_optimizer_tensor_s > 0 ||
-      r.sharded_compute_slowdown > 0 || r.selective_op_s > 0 || !r.shared_host_slowdown.empty() || !r.schedule_action_s.empty()) {
+      r.sharded_compute_slowdown > 0 || r.selective_op_s > 0 || !r.shared_host_slowdown.empty() ||
+      !r.schedule_action_s.empty() || !r.optimizer_tensor_s_by_optimizer.empty() ||
+      !r.sharded_optimizer_tensor_s_by_optimizer.empty()) {
     j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
                     {"shared_host_slowdown", r.shared_host_slowdown}};
     if (r.optimizer_tensor_s > 0) j["runtime"]["optimizer_tensor_s"] = r.optimizer_tensor_s;
@@ -368,6 +412,14 @@ Json cluster_to_json(const Cluster& c) {
       j["runtime"]["sharded_compute_slowdown"] = r.sharded_compute_slowdown;
     }
     if (r.selective_op_s > 0) j["runtime"]["selective_op_s"] = r.selective_op_s;
+    for (const auto& [key, by] :
+         {std::pair{"optimizer_tensor_s_by_optimizer", &r.optimizer_tensor_s_by_optimizer},
+          std::pair{"sharded_optimizer_tensor_s_by_optimizer", &r.sharded_optimizer_tensor_s_by_optimizer}}) {
+      if (by->empty()) continue;
+      Json map = Json::object();
+      for (const auto& [name, seconds] : *by) map[name] = seconds;
+      j["runtime"][key] = std::move(map);
+    }
     if (!r.schedule_action_s.empty()) {
       Json by_schedule = Json::object();
       for (const auto& [name, seconds] : r.schedule_action_s) by_schedule[name] = seconds;

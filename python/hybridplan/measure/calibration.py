@@ -83,10 +83,13 @@ What is measured (every fit by least squares, its points and residuals under "me
                                timed with each shared-core burst, each size's median fitted
   runtime.sharded_optimizer_tensor_s  as optimizer_tensor_s, over sharded parameters (DTensor
                                shards over the ranks, each update op dispatched by DTensor)
+  runtime.(sharded_)optimizer_tensor_s_by_optimizer  the two per Job optimizer (OPTIMIZERS:
+                               each dispatches its own ops per tensor); the scalars are the
+                               default Job's (kJobOptimizer); fits "(sharded_)optimizer_tensors.NAME"
   device.memory_bandwidth      an SGD-momentum step over a 32 Mi-element parameter (5 bytes
                                touched per parameter byte, optimizer_cost.h) / its time
-  runtime.optimizer_tensor_s   the slope of SGD-momentum step times over 16, 64 and 256 small
-                               parameters (torch.optim's per-tensor loop; fit "optimizer_tensors")
+  runtime.optimizer_tensor_s   the slope of the Job optimizer's step times over 16, 64 and 256
+                               small parameters (torch.optim's per-tensor loop)
   runtime.selective_op_s       selective recompute's cost per aten op beyond running it again
                                (torch's policy is a Python dispatch mode): the slope of
                                (selective - full recompute) forward+backward time of a Linear
@@ -634,12 +637,12 @@ def _memory_bandwidth(device, repeats: int = 7) -> dict:
 kOptimizerTensorCounts = (16, 64, 256)
 
 
-def _optimizer_tensor_times(device, warmup: int, repeats: int, world: int = 0
-                            ) -> List[Tuple[int, float]]:
-    """(tensors, median seconds of one SGD-momentum step over that many 64-element parameters),
-    the optimizer the executor's jobs use, with torch's default implementation for the device.
-    `world` > 0: each parameter a DTensor sharded over the `world` ranks (64 elements a rank),
-    as fully_shard leaves them."""
+def _optimizer_tensor_times(device, warmup: int, repeats: int, world: int = 0,
+                            optimizer: str = kJobOptimizer) -> List[Tuple[int, float]]:
+    """(tensors, median seconds of one step of the Job optimizer `optimizer` (OPTIMIZERS, as the
+    executor's jobs build it) over that many 64-element parameters), with torch's default
+    implementation for the device. `world` > 0: each parameter a DTensor sharded over the
+    `world` ranks (64 elements a rank), as fully_shard leaves them."""
     def parameter():
         if not world:
             return nn.Parameter(torch.zeros(64, device=device))
@@ -654,7 +657,7 @@ def _optimizer_tensor_times(device, warmup: int, repeats: int, world: int = 0
         params = [parameter() for _ in range(count)]
         for p in params:
             p.grad = torch.ones_like(p)
-        opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        opt = OPTIMIZERS[optimizer](params, 0.01)
         samples = timed_samples(opt.step, device, warmup, repeats)
         out.append((count, median_slowest(samples, device)))
     return out
@@ -1079,14 +1082,20 @@ def _intra_node_link(env, device, graph, warmup: int, repeats: int, fits: Dict[s
 
 
 def _optimizer_tensor_s(device, warmup: int, repeats: int, fits: Dict[str, dict],
-                        world: int = 0) -> float:
-    """The optimizer's cost per parameter tensor (fit "optimizer_tensors"; with `world`, over
-    sharded parameters, "sharded_optimizer_tensors"); 0 when unresolved, i.e. the step time did
-    not grow with the count: not a cost here."""
-    times = _optimizer_tensor_times(device, warmup, repeats, world=world)
-    fit = fit_line([n for n, _ in times], [t for _, t in times], relative=False)
-    fits["sharded_optimizer_tensors" if world else "optimizer_tensors"] = fit.to_dict()
-    return fit.beta if fit.resolved else 0.0
+                        world: int = 0) -> Dict[str, float]:
+    """{Job optimizer: its cost per parameter tensor}, each from its own steps (fit
+    "optimizer_tensors.NAME"; with `world`, over sharded parameters,
+    "sharded_optimizer_tensors.NAME"); 0 when unresolved, i.e. the step time did not grow with
+    the count: not a cost here. Each optimizer is timed: per tensor, plain SGD dispatches one
+    op, SGD-momentum three, Adam about ten, and on 2 CPU ranks over DTensor shards they took
+    14, 67 and 222 us a tensor (a cost fitted on one priced the others 3-5x off)."""
+    out = {}
+    for name in OPTIMIZERS:
+        times = _optimizer_tensor_times(device, warmup, repeats, world=world, optimizer=name)
+        fit = fit_line([n for n, _ in times], [t for _, t in times], relative=False)
+        fits[f"{'sharded_' if world else ''}optimizer_tensors.{name}"] = fit.to_dict()
+        out[name] = fit.beta if fit.resolved else 0.0
+    return out
 
 
 def _shard_links(device, world: int, warmup: int, repeats: int, fits: Dict[str, dict]) -> dict:
@@ -1215,12 +1224,14 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
     intra = _intra_node_link(env, device, graph, warmup, repeats, fits)
     optimizer_tensor_s = _optimizer_tensor_s(device, warmup, repeats, fits)
     selective_op_s = _selective_op_s(device, warmup, repeats, fits)
-    sharded_optimizer_tensor_s = 0.0
+    sharded_optimizer_tensor_s = {}
     if env.world_size > 1:  # sharded data parallelism: FSDP2's collectives and DTensor updates
         intra.update(_shard_links(device, env.world_size, warmup, repeats, fits))
         sharded_optimizer_tensor_s = _optimizer_tensor_s(device, warmup, repeats, fits,
                                                          world=env.world_size)
-    executor = _executor_step_s(env, device, warmup, repeats, timeout_s, fits, optimizer_tensor_s)
+    # the tiny runs train with the default Job's optimizer: its per-tensor cost is theirs
+    executor = _executor_step_s(env, device, warmup, repeats, timeout_s, fits,
+                                optimizer_tensor_s[kJobOptimizer])
     for _ in range(kSharedHostBursts - 2):  # the middle ones
         shared_host_burst()
     runs = (_tiny_pipeline_runs(device, warmup, repeats, timeout_s) if env.world_size == 2
@@ -1259,8 +1270,12 @@ def _measure(env, device, backend, graph, model, batch, warmup, repeats, timeout
         "intra_node": intra, "inter_node": dict(intra),
         "collectives": {"library": backend if backend in ("gloo", "nccl") else "nccl"},
         "runtime": {"step_s": executor["step_s"], "action_s": 0.0,
-                    "optimizer_tensor_s": optimizer_tensor_s,
-                    "sharded_optimizer_tensor_s": sharded_optimizer_tensor_s,
+                    "optimizer_tensor_s": optimizer_tensor_s[kJobOptimizer],
+                    "optimizer_tensor_s_by_optimizer": optimizer_tensor_s,
+                    "sharded_optimizer_tensor_s": sharded_optimizer_tensor_s.get(kJobOptimizer,
+                                                                                 0.0),
+                    **({"sharded_optimizer_tensor_s_by_optimizer": sharded_optimizer_tensor_s}
+                       if sharded_optimizer_tensor_s else {}),
                     "selective_op_s": selective_op_s,
                     "shared_host_slowdown": slowdown_table},
     }

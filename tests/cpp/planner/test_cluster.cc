@@ -132,6 +132,24 @@ TEST_CASE("cluster: calibrated all-gather and reduce-scatter links, sharded opti
   REQUIRE(load_error(j) ==
           "cluster.json: runtime.sharded_optimizer_tensor_s must be finite and >= 0 (got -1)");
   j["runtime"]["sharded_optimizer_tensor_s"] = 5e-5;
+  j["runtime"]["optimizer_tensor_s_by_optimizer"] = {{"sgd", 4e-6}, {"adam", 4e-5}};
+  j["runtime"]["sharded_optimizer_tensor_s_by_optimizer"] = {{"sgd", 1.4e-5}};
+  const Cluster by = cluster_from_json(j, "cluster.json");
+  REQUIRE(by.runtime.optimizer_tensor_s_for("sgd", false) == 4e-6);
+  REQUIRE(by.runtime.optimizer_tensor_s_for("adam", false) == 4e-5);
+  REQUIRE(by.runtime.optimizer_tensor_s_for("sgd_momentum", false) == 1e-5);  // the scalar
+  REQUIRE(by.runtime.optimizer_tensor_s_for("sgd", true) == 1.4e-5);
+  REQUIRE(by.runtime.optimizer_tensor_s_for("adam", true) == 5e-5);  // the sharded scalar
+  REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(by), "again")) == cluster_to_json(by));
+  j["runtime"]["sharded_optimizer_tensor_s_by_optimizer"] = {{"lamb", 1e-5}};
+  REQUIRE(load_error(j) ==
+          "cluster.json: runtime.sharded_optimizer_tensor_s_by_optimizer.lamb is not a Job optimizer "
+          "(the keys are \"sgd\", \"sgd_momentum\" and \"adam\") (got 1e-05)");
+  j["runtime"]["sharded_optimizer_tensor_s_by_optimizer"] = {{"sgd", -1}};
+  REQUIRE(load_error(j) ==
+          "cluster.json: runtime.sharded_optimizer_tensor_s_by_optimizer.sgd must be finite and >= 0 (got -1)");
+  j["runtime"].erase("optimizer_tensor_s_by_optimizer");
+  j["runtime"].erase("sharded_optimizer_tensor_s_by_optimizer");
   j["runtime"]["sharded_compute_slowdown"] = -0.5;
   REQUIRE(load_error(j) ==
           "cluster.json: runtime.sharded_compute_slowdown must be finite and >= 0 (got -0.5)");

@@ -834,6 +834,20 @@ TEST_CASE("evaluate: sharded data parallelism gathers and reduce-scatters each u
   REQUIRE(zero2.step_s == Approx(zero2.compute_s + 2.0 + zero2.optimizer_s));
   // the optimizer updates 150 B of shards, each of its 3 tensors at the sharded cost
   REQUIRE(zero2.optimizer_s == Approx(150.0 * 7 / 100 + 3 * 3));
+  // measured per optimizer, the Job's own entry prices its tensors: each optimizer dispatches its
+  // own ops per tensor (a cluster calibrated on SGD-momentum had priced plain SGD 3x too high)
+  problem.cluster.runtime.optimizer_tensor_s_by_optimizer = {{"sgd", 0.5}, {"adam", 2}};
+  problem.cluster.runtime.sharded_optimizer_tensor_s_by_optimizer = {{"sgd", 1}, {"adam", 4}};
+  REQUIRE(evaluate(problem, plan).optimizer_s == Approx(150.0 * 7 / 100 + 3 * 4));
+  plan.sharding = Sharding::kNone;
+  REQUIRE(evaluate(problem, plan).optimizer_s == Approx(300.0 * 7 / 100 + 3 * 2));
+  problem.job.optimizer = Optimizer::kSgdMomentum;  // not listed: the scalars
+  REQUIRE(evaluate(problem, plan).optimizer_s == Approx(300.0 * 5 / 100 + 3 * 1));
+  plan.sharding = Sharding::kZero2;
+  REQUIRE(evaluate(problem, plan).optimizer_s == Approx(150.0 * 5 / 100 + 3 * 3));
+  problem.job.optimizer = Optimizer::kAdam;
+  problem.cluster.runtime.optimizer_tensor_s_by_optimizer.clear();
+  problem.cluster.runtime.sharded_optimizer_tensor_s_by_optimizer.clear();
   // memory: P (2 + 2) = 1200 B unsharded; zero2 P + 3 P/2 + c's 200 B unsharded gradient = 950
   REQUIRE(zero2.memory_bytes[0] - none.memory_bytes[0] == 950 - 1200);
   plan.sharding = Sharding::kZero3;
