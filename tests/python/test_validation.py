@@ -345,6 +345,41 @@ def _calibrated_tiny(graph_relative=True):
     return graph, cluster, dp
 
 
+def test_the_action_cost_is_fitted_with_a_part_per_sample():
+    """calibrate's per-action fit recovers a cost that grows with the micro-batch (what
+    transformer_lm's own pipelines showed: 2.0 ms an action at 2 samples, 4.1 ms at 16), which
+    one fixed cost cannot: runs priced by the planner with 1 ms + 0.2 ms a sample, at 2, 8 and
+    16 micro-batches of 32, give back both parts, and the planner then prices each run so."""
+    from hybridplan import planner
+    from hybridplan.measure.fitting import fit_through_origin
+
+    graph = calibration._tiny_graph()
+    graph["profiled"]["batch_size"] = 32
+    cluster = planner.Cluster.preset("localhost-cpu").to_dict()
+    cluster["runtime"] = dict(cluster.get("runtime", {}), action_s=0.0)
+    g = planner.Graph.from_dict(graph, "tiny")
+    runs = []
+    for m in (2, 8, 16):
+        plan = calibration._tiny_pipeline_plan(graph, {"schedule": "gpipe", "num_microbatches": m,
+                                                        "per_replica_batch": 32})
+        truth = dict(cluster, runtime=dict(cluster.get("runtime", {}), action_s=1e-3,
+                                           action_sample_s=2e-4))
+        step = planner.evaluate(g, planner.Cluster.from_dict(truth, "truth"), plan)["step_s"]
+        runs.append({"schedule": "gpipe", "num_microbatches": m, "per_replica_batch": 32,
+                     "step_s": step, "plan": plan})
+    fit = calibration._fit_action_s(graph, cluster, [dict(r) for r in runs])
+    assert fit["action_s"] == pytest.approx(1e-3, rel=1e-6)
+    assert fit["action_sample_s"] == pytest.approx(2e-4, rel=1e-6)
+    assert fit["worst_abs_error"] < 1e-9
+    # one fixed cost (the fit before) misses the 16-sample run by more than 10 %
+    fixed = calibration._fit_action_s(graph, cluster, [dict(runs[2])])  # one size: no per-sample
+    assert fixed["action_sample_s"] == 0
+    base = [fit["runs"][i]["base_s"] for i in range(3)]
+    slope = [fit["runs"][i]["slope"] for i in range(3)]
+    one = fit_through_origin(slope, [r["step_s"] - b for r, b in zip(runs, base)])
+    assert abs((base[0] + slope[0] * one) / runs[0]["step_s"] - 1) > 0.1
+
+
 def test_a_launch_whose_host_ran_slower_is_priced_slower_at_launch():
     """validate prices each launch with the shared-core table its own bursts measured, by
     calibrate's own definition: bursts like the calibration's give the calibrated prediction;
@@ -646,18 +681,24 @@ def test_calibrate_writes_a_cluster_the_planner_loads(calibrated):
     # every fit reports residuals and whether the data resolved it, never a failed run
     assert all("resolved" in f for f in cluster["measured"]["fits"].values())
     assert os.listdir(calibrated.parent) == ["cluster.json"]  # atomic: no temporary left
-    # the per-action cost comes from the model's own pipelines (8 micro-batches of 1, three
-    # rounds each, their median), fitted per schedule; action_s is 1F1B's; the tiny model's
-    # fits beside them
+    # the per-action cost comes from the model's own pipelines (2 micro-batches of 4 samples
+    # and 8 of 1, three rounds each, their median), fitted per schedule as a fixed part and a
+    # part per sample; action_s and action_sample_s are 1F1B's; the tiny model's fits beside
     measured = cluster["measured"]
     for schedule in ("gpipe", "1f1b"):
         fit = measured["pipeline_actions"][schedule]
-        assert [(r["schedule"], r["num_microbatches"]) for r in fit["runs"]] == [(schedule, 8)]
-        assert len(fit["runs"][0]["round_step_s"]) == 3
-        assert fit["runs"][0]["step_s"] == statistics.median(fit["runs"][0]["round_step_s"])
+        assert [(r["schedule"], r["num_microbatches"], r["microbatch_samples"])
+                for r in fit["runs"]] == [(schedule, 2, 4), (schedule, 8, 1)]
+        for run in fit["runs"]:
+            assert len(run["round_step_s"]) == 3
+            assert run["step_s"] == statistics.median(run["round_step_s"])
+            assert run["fitted_s"] == pytest.approx(run["base_s"] + run["slope"] * (
+                fit["action_s"] + fit["action_sample_s"] * run["microbatch_samples"]))
         assert runtime["schedule_action_s"][schedule] == fit["action_s"] >= 0
+        assert runtime["schedule_action_sample_s"][schedule] == fit["action_sample_s"] >= 0
         assert len(measured["tiny_pipeline_actions"][schedule]["runs"]) >= 2
     assert runtime["action_s"] == runtime["schedule_action_s"]["1f1b"]
+    assert runtime["action_sample_s"] == runtime["schedule_action_sample_s"]["1f1b"]
     # the sharded collectives and the sharded step's compute slowdown: the model's own dp
     # steps at a quarter of --batch and twice it per replica
     # what validate times again to see whether the host's speed moved since (host_speed)

@@ -204,7 +204,7 @@ double Evaluator::pipeline_compute(const Plan& plan, double slowdown, Prediction
   const NodeTimes& plain_times =
       node_times(microbatch, slowdown, plan.tp, plan.sequence_parallel, blocks_run_eager(plan));
   const NodeTimes& micro_times = with_recompute(plan, plain_times);
-  const double action_s = problem_.cluster.runtime.action_s_for(schedule_name(plan.schedule));
+  const double action_s = problem_.cluster.runtime.action_cost_s(schedule_name(plan.schedule), microbatch);
   pipeline_stage_costs(graph, plan.assignment, num_stages, micro_times,
                        batch_scale(graph, microbatch), action_s, stages_);
   // A split backward runs two actions, I and W (pipeline_schedule.h): W is the nodes' weight

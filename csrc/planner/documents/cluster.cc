@@ -74,10 +74,12 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
   if (const Json* v = in.optional(j, "selective_op_s")) {
     r.selective_op_s = in.number(*v, "runtime.selective_op_s");
   }
-  if (const Json* by_schedule = in.optional(j, "schedule_action_s")) {
-    const std::string path = "runtime.schedule_action_s";
-    in.object(*by_schedule, path);
-    for (const auto& [name, value] : by_schedule->items()) {
+  const auto by_schedule = [&](const char* key, std::vector<std::pair<std::string, double>>& out) {
+    const Json* map = in.optional(j, key);
+    if (!map) return;
+    const std::string path = std::string("runtime.") + key;
+    in.object(*map, path);
+    for (const auto& [name, value] : map->items()) {
       const std::optional<Schedule> schedule = schedule_from_name(name);
       if (!schedule || *schedule == Schedule::kNone) {
         in.fail(path + "." + name,
@@ -85,9 +87,14 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
                 "\"interleaved-1f1b\", \"interleaved-zb\" and \"zbv\")",
                 value);
       }
-      r.schedule_action_s.emplace_back(name, in.number(value, path + "." + name));
+      out.emplace_back(name, in.number(value, path + "." + name));
     }
+  };
+  by_schedule("schedule_action_s", r.schedule_action_s);
+  if (const Json* v = in.optional(j, "action_sample_s")) {
+    r.action_sample_s = in.number(*v, "runtime.action_sample_s");
   }
+  by_schedule("schedule_action_sample_s", r.schedule_action_sample_s);
   const auto by_optimizer = [&](const char* key, std::vector<std::pair<std::string, double>>& out) {
     const Json* map = in.optional(j, key);
     if (!map) return;
@@ -131,6 +138,10 @@ void validate_runtime(const std::string& source, const Runtime& r) {
   for (const auto& [name, seconds] : r.schedule_action_s) {
     check_non_negative(source, "runtime.schedule_action_s." + name, seconds);
   }
+  check_non_negative(source, "runtime.action_sample_s", r.action_sample_s);
+  for (const auto& [name, seconds] : r.schedule_action_sample_s) {
+    check_non_negative(source, "runtime.schedule_action_sample_s." + name, seconds);
+  }
   for (const auto& [name, seconds] : r.optimizer_tensor_s_by_optimizer) {
     check_non_negative(source, "runtime.optimizer_tensor_s_by_optimizer." + name, seconds);
   }
@@ -162,6 +173,13 @@ double Runtime::action_s_for(const std::string& schedule) const {
     if (name == schedule) return seconds;
   }
   return action_s;
+}
+
+double Runtime::action_sample_s_for(const std::string& schedule) const {
+  for (const auto& [name, seconds] : schedule_action_sample_s) {
+    if (name == schedule) return seconds;
+  }
+  return action_sample_s;
 }
 
 double Runtime::optimizer_tensor_s_for(const std::string& optimizer, bool sharded) const {
@@ -400,7 +418,8 @@ Json cluster_to_json(const Cluster& c) {
   const Runtime& r = c.runtime;
   if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 || r.sharded_optimizer_tensor_s > 0 ||
       r.sharded_compute_slowdown > 0 || r.selective_op_s > 0 || !r.shared_host_slowdown.empty() ||
-      !r.schedule_action_s.empty() || !r.optimizer_tensor_s_by_optimizer.empty() ||
+      !r.schedule_action_s.empty() || r.action_sample_s > 0 || !r.schedule_action_sample_s.empty() ||
+      !r.optimizer_tensor_s_by_optimizer.empty() ||
       !r.sharded_optimizer_tensor_s_by_optimizer.empty()) {
     j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
                     {"shared_host_slowdown", r.shared_host_slowdown}};
@@ -412,9 +431,11 @@ Json cluster_to_json(const Cluster& c) {
       j["runtime"]["sharded_compute_slowdown"] = r.sharded_compute_slowdown;
     }
     if (r.selective_op_s > 0) j["runtime"]["selective_op_s"] = r.selective_op_s;
+    if (r.action_sample_s > 0) j["runtime"]["action_sample_s"] = r.action_sample_s;
     for (const auto& [key, by] :
          {std::pair{"optimizer_tensor_s_by_optimizer", &r.optimizer_tensor_s_by_optimizer},
-          std::pair{"sharded_optimizer_tensor_s_by_optimizer", &r.sharded_optimizer_tensor_s_by_optimizer}}) {
+          std::pair{"sharded_optimizer_tensor_s_by_optimizer", &r.sharded_optimizer_tensor_s_by_optimizer},
+          std::pair{"schedule_action_sample_s", &r.schedule_action_sample_s}}) {
       if (by->empty()) continue;
       Json map = Json::object();
       for (const auto& [name, seconds] : *by) map[name] = seconds;

@@ -61,6 +61,12 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter };
 //                 send and receive on its own and leaves its sends in flight while it computes,
 //                 Schedule1F1B posts a send with the next receive and waits for both. A schedule
 //                 listed here uses its own value, any other action_s.
+//   action_sample_s, schedule_action_sample_s  the part of an action's cost that grows with the
+//                 micro-batch: seconds per sample of the micro-batch, beside action_s (the same
+//                 scalar-or-per-schedule rule; unset: 0). Measured on transformer_lm's own 1x2
+//                 pipelines (batch 32, 2 CPU ranks): GPipe's cost per action came out 2.0, 2.5,
+//                 3.4 and 4.1 ms at 2, 4, 8 and 16 samples a micro-batch, so a fixed cost fitted
+//                 at 2-4 samples priced 16-sample pipelines 17-22 % fast
 //   optimizer_tensor_s  per parameter tensor per optimizer step: the optimizer's loop over its
 //                 tensors (torch.optim's for-loop implementation on CPU), beyond the
 //                 memory-bound update of the bytes (optimizer_cost.h)
@@ -89,6 +95,8 @@ struct Runtime {
   double sharded_compute_slowdown = 0;
   double selective_op_s = 0;
   std::vector<std::pair<std::string, double>> schedule_action_s;  // (schedule name, seconds)
+  double action_sample_s = 0;
+  std::vector<std::pair<std::string, double>> schedule_action_sample_s;  // (schedule, s a sample)
   std::vector<std::pair<std::string, double>> optimizer_tensor_s_by_optimizer;  // (Job optimizer, s)
   std::vector<std::pair<std::string, double>> sharded_optimizer_tensor_s_by_optimizer;
   std::vector<std::pair<int64_t, double>> shared_host_slowdown;  // (processes, factor), k ascending
@@ -96,6 +104,14 @@ struct Runtime {
   // The cost per action of `schedule` ("gpipe", "1f1b"): its schedule_action_s entry, else
   // action_s.
   double action_s_for(const std::string& schedule) const;
+  // The per-sample part of `schedule`'s action cost: its schedule_action_sample_s entry, else
+  // action_sample_s.
+  double action_sample_s_for(const std::string& schedule) const;
+  // What one action of `schedule` costs on a micro-batch of `microbatch_samples`:
+  // action_s_for + action_sample_s_for * samples (pipeline_schedule.h).
+  double action_cost_s(const std::string& schedule, double microbatch_samples) const {
+    return action_s_for(schedule) + action_sample_s_for(schedule) * microbatch_samples;
+  }
 
   // The optimizer's fixed cost per parameter tensor for the Job optimizer `optimizer` ("sgd"):
   // its entry where measured, else the scalar; `sharded` (DTensor shards): the sharded entry,

@@ -403,7 +403,7 @@ double step_lower_bound_s(const Evaluator& evaluator, const Plan& plan) {
   if (plan.mode == MpMode::kPipeline) {
     const auto m = static_cast<double>(plan.num_microbatches);
     const double micro = static_cast<double>(plan.per_replica_batch) / m;
-    const double action_s = cluster.runtime.action_s_for(schedule_name(plan.schedule));
+    const double action_s = cluster.runtime.action_cost_s(schedule_name(plan.schedule), micro);
     const bool eager = blocks_run_eager(plan);  // priced as evaluate() prices it
     const double work_s =
         evaluator.node_times(micro, slowdown, plan.tp, plan.sequence_parallel, eager).total_s();

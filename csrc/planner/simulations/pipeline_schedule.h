@@ -4,8 +4,8 @@
 //
 // Per micro-batch, stage s takes F_s = action_s + sum of its nodes' forward times and
 // B_s = action_s + sum of their backward times at b/M samples (compute_cost.h: a micro-batch of
-// 1 costs more than 1/b of the batch; action_s is the runtime's fixed cost per schedule action,
-// Cluster runtime.action_s_for(schedule)). Between stages s and s+1 every value produced on a stage
+// 1 costs more than 1/b of the batch; action_s is the runtime's cost per schedule action,
+// Cluster runtime.action_cost_s(schedule, b/M): a fixed part and a part per sample). Between stages s and s+1 every value produced on a stage
 // <= s and consumed on a stage > s crosses the boundary (values needed later are forwarded
 // stage to stage), counted once per producing node:
 //   boundary_bytes[s] = sum over nodes u with stage(u) <= s < max stage of u's consumers of
@@ -85,7 +85,7 @@ struct PipelineStages {
 // Fills `stages` for `assignment` (stage per node, 0..num_stages-1) with the nodes' times at the
 // micro-batch (`micro_times`, compute_cost.h) and boundary bytes scaled by `bytes_scale`
 // ((b/M) / profiled.batch_size); every forward and backward action also pays `action_s`
-// (Cluster runtime.action_s_for(schedule): the schedule's own value where calibrated).
+// (Cluster runtime.action_cost_s(schedule, b/M): the schedule's own values where calibrated).
 void pipeline_stage_costs(const Graph& graph, const std::vector<int32_t>& assignment,
                           int64_t num_stages, const NodeTimes& micro_times, double bytes_scale,
                           double action_s, PipelineStages& stages);

@@ -17,10 +17,11 @@ What is measured (every fit by least squares, its points and residuals under "me
                                replica only (Runtime::step_overhead_s): a one-replica plan has no
                                data-parallel wrapper, and the tiny pipelines below fit to a fixed
                                cost of ~0 beside it
-  runtime.schedule_action_s    the fixed cost per schedule action that makes the cost model's own
-  (and runtime.action_s)       schedule reproduce measured pipeline steps (one-parameter least
-                               squares on evaluate()'s slope), fitted for each schedule on its own
-                               runs. The schedule simulation follows torch's messages (when each
+  runtime.schedule_action_s    the cost per schedule action that makes the cost model's own
+  (and runtime.action_s,       schedule reproduce measured pipeline steps: a fixed part and a
+  runtime.(schedule_)action_sample_s)  part per sample of the micro-batch (least squares on
+                               evaluate()'s slope, relative residuals, _fit_action_s), fitted for
+                               each schedule on its own runs. The schedule simulation follows torch's messages (when each
                                schedule posts and waits on them, pipeline_schedule.h); the
                                action cost prices what remains, on CPU ranks mostly a waiting
                                rank's wake-up (docs/calibration.md "The stalls"), which the runs
@@ -36,8 +37,8 @@ What is measured (every fit by least squares, its points and residuals under "me
                                tiny_pipeline_actions): the tiny model, 1..32 micro-batches.
                                The multi-stage schedules (interleaved-1f1b, interleaved-zb, zbv:
                                two stages per rank, so four stages of the model) are fitted on
-                               the model's own runs only, at the largest micro-batch count (the
-                               tiny model has two nodes); without --model they take 1F1B's.
+                               the model's own runs only (the tiny model has two nodes); without
+                               --model they take 1F1B's.
   runtime.shared_host_slowdown a workload's forward+backward (the --model, else the built-in
                                branchy_cnn) on each rank alone vs on every rank at once, in
                                interleaved rounds: how much slower ranks compute when they share
@@ -136,7 +137,7 @@ from ..planner import Cluster, Graph, evaluate
 from ..profiler import profile_dict
 from ..profiler.block_timing import backward_roots, retain_freed_memory
 from . import probe as _probe
-from .fitting import fit_line, fit_through_origin
+from .fitting import fit_line, fit_through_origin, fit_two_through_origin
 from .timing import max_over_ranks, median_slowest, min_over_ranks, timed_samples
 
 # torch.distributed.tensor and FSDP are imported inside the measurements that use them: they
@@ -153,7 +154,7 @@ kMicrobatchCounts = (1, 2, 4, 8, 16, 32)
 # The optimizer the model's own runs train with: the default Job's (csrc/planner/documents/job.h), which
 # the fits price them with (evaluate() without a job), so its state and step are the predicted ones.
 kJobOptimizer = "sgd"
-kModelMicrobatchCounts = (8, 16)
+kModelMicrobatchCounts = (2, 8, 16)
 kSchedules = ("gpipe", "1f1b")
 # Fitted on the model's own runs only, at 2 stages per rank (docs/schedules.md).
 kMultiStageSchedules = ("interleaved-1f1b", "interleaved-zb", "zbv")
@@ -300,27 +301,41 @@ def _even_cuts(graph: dict, stages: int) -> Optional[List[int]]:
 
 
 def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
-    """runtime.action_s by least squares: measured = base + slope * action_s, where base and
-    slope are evaluate()'s step time of each run's plan (run["plan"], over `graph`) at
-    action_s = 0 and its change per second of action_s."""
+    """The schedule's cost per action, a fixed part and a part per sample of the micro-batch
+    (Runtime::action_cost_s), by least squares on the runs' relative residuals: measured = base
+    + slope * (action_s + action_sample_s * b/M), where base and slope are evaluate()'s step
+    time of each run's plan (run["plan"], over `graph`) at no action cost and its change per
+    second of it. The per-sample part needs runs at two micro-batch sizes at least (else 0).
+    Measured on transformer_lm's own 1x2 pipelines (batch 32, 2 CPU ranks), GPipe's cost per
+    action was 2.0, 2.5, 3.4 and 4.1 ms at 2, 4, 8 and 16 samples a micro-batch: a fixed cost
+    fitted at 2-4 samples priced the 16-sample pipelines 17-22 % fast."""
     g = Graph.from_dict(graph, "calibration graph")
 
     def predicted(run, action_s):
         c = json.loads(json.dumps(cluster))
         c["runtime"]["action_s"] = action_s
-        c["runtime"].pop("schedule_action_s", None)
+        for key in ("schedule_action_s", "action_sample_s", "schedule_action_sample_s"):
+            c["runtime"].pop(key, None)
         return evaluate(g, Cluster.from_dict(c, "calibration cluster"), run["plan"])["step_s"]
 
     for run in runs:
         run["base_s"] = predicted(run, 0.0)
         run["slope"] = (predicted(run, 1e-3) - run["base_s"]) / 1e-3
-    action_s = max(0.0, fit_through_origin([r["slope"] for r in runs],
-                                           [r["step_s"] - r["base_s"] for r in runs]))
+        run["microbatch_samples"] = run["per_replica_batch"] / run["num_microbatches"]
+    weights = [1.0 / r["step_s"] ** 2 for r in runs]
+    excess = [r["step_s"] - r["base_s"] for r in runs]
+    if len({r["microbatch_samples"] for r in runs}) > 1:
+        action_s, sample_s = fit_two_through_origin(
+            [r["slope"] for r in runs], [r["slope"] * r["microbatch_samples"] for r in runs],
+            excess, weights)
+    else:
+        action_s, sample_s = max(0.0, fit_through_origin([r["slope"] for r in runs], excess)), 0.0
     for run in runs:
-        run["fitted_s"] = run["base_s"] + run["slope"] * action_s
+        run["fitted_s"] = run["base_s"] + run["slope"] * (action_s
+                                                          + sample_s * run["microbatch_samples"])
     errors = [abs(r["fitted_s"] / r["step_s"] - 1) for r in runs]
-    return {"action_s": action_s, "runs": [{k: v for k, v in r.items() if k != "plan"}
-                                           for r in runs],
+    return {"action_s": action_s, "action_sample_s": sample_s,
+            "runs": [{k: v for k, v in r.items() if k != "plan"} for r in runs],
             "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors)}
 
 
@@ -351,15 +366,15 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
                          repeats: int, timeout_s: float, rounds: int = 3) -> List[dict]:
     """The model's own 1x2 GPipe and 1F1B pipelines under hybridplan.apply at
     kModelMicrobatchCounts micro-batches of `batch` (those dividing it), and the multi-stage
-    schedules (2 ranks x 2 stages) at the largest of them when the graph has 3 places to cut,
-    `rounds` times in turn (GPipe 8, 16, 1F1B 8, 16, ..., again: on a shared CPU one run can be
+    schedules (2 ranks x 2 stages) at the same counts when the graph has 3 places to cut,
+    `rounds` times in turn (GPipe 2, 8, 16, 1F1B 2, 8, 16, ..., again: on a shared CPU one run can be
     slower throughout, from how the ranks' threads happen to be scheduled): the median step
     (slowest rank) of each run."""
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     cuts = {2: _even_cuts(graph, 2), 4: _even_cuts(graph, 4)}
     shapes = [(s, m) for s in kSchedules for m in counts]
     if cuts[4] is not None and counts:
-        shapes += [(s, counts[-1]) for s in kMultiStageSchedules]
+        shapes += [(s, m) for s in kMultiStageSchedules for m in counts]
     runs = []
     for _, (schedule, m) in itertools.product(range(rounds), shapes):
         plan, samples = timed_model_pipeline(
@@ -1191,6 +1206,9 @@ def _fit_pipeline_actions(cluster: dict, measured: dict, graph: Optional[dict], 
         action = _fit_action_s_by_schedule(graph, cluster, model_runs)
     cluster["runtime"]["action_s"] = action["1f1b"]["action_s"]
     cluster["runtime"]["schedule_action_s"] = {s: fit["action_s"] for s, fit in action.items()}
+    cluster["runtime"]["action_sample_s"] = action["1f1b"]["action_sample_s"]
+    cluster["runtime"]["schedule_action_sample_s"] = {s: fit["action_sample_s"]
+                                                      for s, fit in action.items()}
     measured["pipeline_actions"] = action
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 __all__ = ["LineFit", "fit_line", "fit_alpha_beta", "fit_through_origin"]
 
@@ -51,6 +51,29 @@ def fit_through_origin(xs: Sequence[float], ts: Sequence[float]) -> float:
     """The slope of t = beta * x by least squares."""
     denominator = sum(x * x for x in xs)
     return sum(x * t for x, t in zip(xs, ts)) / denominator if denominator > 0 else 0.0
+
+
+def fit_two_through_origin(x1: Sequence[float], x2: Sequence[float], ts: Sequence[float],
+                           ws: Sequence[float]) -> Tuple[float, float]:
+    """(a, b) >= 0 minimising sum w (a x1 + b x2 - t)^2 (the 2x2 normal equations); where the
+    minimum has a negative coefficient, the best fit with that one at 0 (through the origin on
+    the other regressor), and (0, 0) where neither helps."""
+    s11 = sum(w * u * u for w, u in zip(ws, x1))
+    s22 = sum(w * v * v for w, v in zip(ws, x2))
+    s12 = sum(w * u * v for w, u, v in zip(ws, x1, x2))
+    s1t = sum(w * u * t for w, u, t in zip(ws, x1, ts))
+    s2t = sum(w * v * t for w, v, t in zip(ws, x2, ts))
+    det = s11 * s22 - s12 * s12
+    if det > 1e-12 * max(s11 * s22, 1e-300):
+        a, b = (s1t * s22 - s2t * s12) / det, (s2t * s11 - s1t * s12) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    candidates = [(max(0.0, s1t / s11) if s11 > 0 else 0.0, 0.0),
+                  (0.0, max(0.0, s2t / s22) if s22 > 0 else 0.0)]
+
+    def loss(ab):
+        return sum(w * (ab[0] * u + ab[1] * v - t) ** 2 for w, u, v, t in zip(ws, x1, x2, ts))
+    return min(candidates, key=loss)
 
 
 def _weighted_line(xs, ts, ws):

@@ -76,6 +76,16 @@ TEST_CASE("cluster: device extras, collectives, calibrated all-reduce link and r
   j["runtime"]["schedule_action_s"] = Json::array();
   REQUIRE(load_error(j) == "cluster.json: runtime.schedule_action_s must be a JSON object (got [])");
   j["runtime"].erase("schedule_action_s");
+  j["runtime"]["action_sample_s"] = 1e-5;
+  j["runtime"]["schedule_action_sample_s"] = {{"gpipe", 1.5e-4}};
+  const Cluster per_sample = cluster_from_json(j, "cluster.json");
+  REQUIRE(per_sample.runtime.action_cost_s("gpipe", 16) == Approx(per_sample.runtime.action_s_for("gpipe") + 16 * 1.5e-4));
+  REQUIRE(per_sample.runtime.action_cost_s("1f1b", 4) == Approx(per_sample.runtime.action_s + 4 * 1e-5));
+  REQUIRE(cluster_to_json(cluster_from_json(cluster_to_json(per_sample), "again")) == cluster_to_json(per_sample));
+  j["runtime"]["schedule_action_sample_s"] = {{"zbv", -1}};
+  REQUIRE(load_error(j) == "cluster.json: runtime.schedule_action_sample_s.zbv must be finite and >= 0 (got -1)");
+  j["runtime"].erase("action_sample_s");
+  j["runtime"].erase("schedule_action_sample_s");
   REQUIRE(cluster_to_json(c)["measured"]["points"] == 3);
 
   j["collectives"]["library"] = "mpi";

@@ -230,6 +230,20 @@ TEST_CASE("evaluate: each schedule pays its own calibrated cost per action", "[e
   // 1F1B (action_s, a = 0.25): stage 0 F0 0-1.25, F1 1.25-2.5; stage 1 F0 1.75-3, B0 3-5.25,
   // F1 5.25-6.5, B1 6.5-8.75; stage 0 B0 5.75-8, B1 9.25-11.5.
   REQUIRE(compute_s(Schedule::k1F1B) == Approx(11.5));
+  // The same cost per action from a fixed part and a part per sample of the micro-batch (2
+  // samples): 0.25 + 2 x 0.125 = 0.5 for GPipe; 1F1B's scalar part per sample 0 leaves it as it was.
+  problem.cluster.runtime.schedule_action_s = {{"gpipe", 0.25}};
+  problem.cluster.runtime.schedule_action_sample_s = {{"gpipe", 0.125}};
+  REQUIRE(compute_s(Schedule::kGpipe) == Approx(13));
+  REQUIRE(compute_s(Schedule::k1F1B) == Approx(11.5));
+  problem.cluster.runtime.schedule_action_sample_s.clear();
+  problem.cluster.runtime.action_sample_s = 0.125;  // the scalar: every schedule without its own
+  problem.cluster.runtime.schedule_action_s = {{"gpipe", 0.5}};
+  problem.cluster.runtime.action_s = 0;
+  REQUIRE(compute_s(Schedule::k1F1B) == Approx(11.5));
+  REQUIRE(compute_s(Schedule::kGpipe) == Approx(14.5));  // 0.5 + 0.25 a pass: 2 more per pass than 13's half
+  problem.cluster.runtime.action_sample_s = 0;
+  problem.cluster.runtime.action_s = 0.25;
   // Over Gloo: GPipe stage 0 F0 0-1.5, writes A0 1.5-2, F1 2-3.5, A1 there at 4; stage 1 F0
   // 2-3.5, F1 4-5.5, B0 5.5-8, writes G0 8-8.5, B1 8.5-11, writes G1 11-11.5; stage 0 B0 8.5-11,
   // B1 11.5-14. 1F1B: stage 0 F0 0-1.25, writes A0 1.25-1.75, F1 1.75-3; stage 1 F0 1.75-3,
