@@ -305,7 +305,9 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
     (Runtime::action_cost_s), by least squares on the runs' relative residuals: measured = base
     + slope * (action_s + action_sample_s * b/M), where base and slope are evaluate()'s step
     time of each run's plan (run["plan"], over `graph`) at no action cost and its change per
-    second of it. The per-sample part needs runs at two micro-batch sizes at least (else 0).
+    second of it. The per-sample part needs runs at three micro-batch sizes at least (else 0):
+    two parameters through two points fit exactly and say nothing of their own error, and on
+    this host's noise such a fit at 8 and 16 micro-batches priced 2 micro-batches 50-65 % slow.
     Measured on transformer_lm's own 1x2 pipelines (batch 32, 2 CPU ranks), GPipe's cost per
     action was 2.0, 2.5, 3.4 and 4.1 ms at 2, 4, 8 and 16 samples a micro-batch: a fixed cost
     fitted at 2-4 samples priced the 16-sample pipelines 17-22 % fast."""
@@ -324,7 +326,7 @@ def _fit_action_s(graph: dict, cluster: dict, runs: List[dict]) -> dict:
         run["microbatch_samples"] = run["per_replica_batch"] / run["num_microbatches"]
     weights = [1.0 / r["step_s"] ** 2 for r in runs]
     excess = [r["step_s"] - r["base_s"] for r in runs]
-    if len({r["microbatch_samples"] for r in runs}) > 1:
+    if len({r["microbatch_samples"] for r in runs}) >= 3:
         action_s, sample_s = fit_two_through_origin(
             [r["slope"] for r in runs], [r["slope"] * r["microbatch_samples"] for r in runs],
             excess, weights)
