@@ -19,19 +19,18 @@ The verdict holds:
 A steady plan beyond 25 % is the cost model's miss and is named as such; being unsteady excuses
 a plan from the worst target only, never from the median.
 
-The comparison it is held on: as calibrated (every launch against the one prediction the
-calibration's table gave). The comparison at launch (launch_matched) is given beside it: every
-launch of validate measures the host's shared-core slowdown as calibrate does, in bursts right
-before and right after its timed steps, and the plan is priced again for each launch with the
-table those bursts give. Per plan the launches then give ratios measured / predicted at
-launch; the plan's step error is 1 / (their median) - 1 (predicted over measured, as
-everywhere in validate), its interval the bootstrap 90 % interval of the median ratio
-(launch_interval), steady when that interval lies within +-5 % of the median ratio, and an
-unsteady plan's prediction lies within its interval when ratio 1 does. decide() takes rows;
-launch_matched_rows() gives it the at-launch ones. Why not the verdict: on a quiet host the
-bursts tracked each launch's speed but sat at another level than calibrate's, and the median
-error at launch came out worse than as calibrated in both precisions measured (11.0 against
-9.8 %, 20.0 against 13.2 %: docs/calibration.md "The comparison at launch").
+The comparison it is held on: at launch (launch_matched). Every launch of validate measures the
+host's shared-core slowdown as calibrate does, in bursts right before and right after its
+timed steps, and the plan is priced again for each launch with the table those bursts give.
+Per plan the launches then give ratios measured / predicted at launch; the plan's step error
+is 1 / (their median) - 1 (predicted over measured, as everywhere in validate), its interval
+the bootstrap 90 % interval of the median ratio (launch_interval), steady when that interval
+lies within +-5 % of the median ratio, and an unsteady plan's prediction lies within its
+interval when ratio 1 does. decide() takes rows; launch_matched_rows() gives it the at-launch
+ones (the calibrated-once comparison, every launch against the one prediction made with the
+calibration's table, stays beside it in validate's report). Why: the calibration is measured
+minutes before the launches, and this host's speed for two ranks together moves 10-40 %
+within an hour, more than a plan's interval from 7 launches is wide.
 """
 
 from __future__ import annotations
