@@ -74,47 +74,43 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
   if (const Json* v = in.optional(j, "selective_op_s")) {
     r.selective_op_s = in.number(*v, "runtime.selective_op_s");
   }
-  const auto by_schedule = [&](const char* key, std::vector<std::pair<std::string, double>>& out) {
+  // A JSON object of seconds keyed by names that `known` accepts (`keys` says which in the
+  // error), read into `out` in its order.
+  const auto named_seconds = [&](const char* key, const auto& known, const char* keys,
+                                 std::vector<std::pair<std::string, double>>& out) {
     const Json* map = in.optional(j, key);
     if (!map) return;
     const std::string path = std::string("runtime.") + key;
     in.object(*map, path);
     for (const auto& [name, value] : map->items()) {
-      const std::optional<Schedule> schedule = schedule_from_name(name);
-      if (!schedule || *schedule == Schedule::kNone) {
-        in.fail(path + "." + name,
-                "is not a pipeline schedule (the keys are \"gpipe\", \"1f1b\", "
-                "\"interleaved-1f1b\", \"interleaved-zb\" and \"zbv\")",
-                value);
-      }
+      if (!known(name)) in.fail(path + "." + name, keys, value);
       out.emplace_back(name, in.number(value, path + "." + name));
     }
   };
-  by_schedule("schedule_action_s", r.schedule_action_s);
+  const auto is_schedule = [](const std::string& name) {
+    const std::optional<Schedule> schedule = schedule_from_name(name);
+    return schedule && *schedule != Schedule::kNone;
+  };
+  const char* schedule_keys =
+      "is not a pipeline schedule (the keys are \"gpipe\", \"1f1b\", \"interleaved-1f1b\", "
+      "\"interleaved-zb\" and \"zbv\")";
+  named_seconds("schedule_action_s", is_schedule, schedule_keys, r.schedule_action_s);
   if (const Json* v = in.optional(j, "action_sample_s")) {
     r.action_sample_s = in.number(*v, "runtime.action_sample_s");
   }
-  by_schedule("schedule_action_sample_s", r.schedule_action_sample_s);
-  const auto by_optimizer = [&](const char* key, std::vector<std::pair<std::string, double>>& out) {
-    const Json* map = in.optional(j, key);
-    if (!map) return;
-    const std::string path = std::string("runtime.") + key;
-    in.object(*map, path);
-    for (const auto& [name, value] : map->items()) {
-      bool known = false;
-      for (Optimizer o : {Optimizer::kSgd, Optimizer::kSgdMomentum, Optimizer::kAdam}) {
-        known = known || name == optimizer_name(o);
-      }
-      if (!known) {
-        in.fail(path + "." + name,
-                "is not a Job optimizer (the keys are \"sgd\", \"sgd_momentum\" and \"adam\")",
-                value);
-      }
-      out.emplace_back(name, in.number(value, path + "." + name));
+  named_seconds("schedule_action_sample_s", is_schedule, schedule_keys, r.schedule_action_sample_s);
+  const auto is_optimizer = [](const std::string& name) {
+    for (Optimizer o : {Optimizer::kSgd, Optimizer::kSgdMomentum, Optimizer::kAdam}) {
+      if (name == optimizer_name(o)) return true;
     }
+    return false;
   };
-  by_optimizer("optimizer_tensor_s_by_optimizer", r.optimizer_tensor_s_by_optimizer);
-  by_optimizer("sharded_optimizer_tensor_s_by_optimizer", r.sharded_optimizer_tensor_s_by_optimizer);
+  const char* optimizer_keys =
+      "is not a Job optimizer (the keys are \"sgd\", \"sgd_momentum\" and \"adam\")";
+  named_seconds("optimizer_tensor_s_by_optimizer", is_optimizer, optimizer_keys,
+                r.optimizer_tensor_s_by_optimizer);
+  named_seconds("sharded_optimizer_tensor_s_by_optimizer", is_optimizer, optimizer_keys,
+                r.sharded_optimizer_tensor_s_by_optimizer);
   if (const Json* table = in.optional(j, "shared_host_slowdown")) {
     const std::string path = "runtime.shared_host_slowdown";
     in.array(*table, path);
