@@ -9,6 +9,8 @@
 
 #include "planner/documents/precision.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -23,6 +25,25 @@
 
 namespace hybridplan {
 namespace {
+
+using NamedSeconds = std::vector<std::pair<std::string, double>>;
+
+// The runtime's maps of seconds by name, with their JSON keys (read by runtime_from_json, each
+// with the names it accepts).
+std::array<std::pair<const char*, const NamedSeconds*>, 4> named_seconds_of(const Runtime& r) {
+  return {{{"schedule_action_s", &r.schedule_action_s},
+           {"schedule_action_sample_s", &r.schedule_action_sample_s},
+           {"optimizer_tensor_s_by_optimizer", &r.optimizer_tensor_s_by_optimizer},
+           {"sharded_optimizer_tensor_s_by_optimizer", &r.sharded_optimizer_tensor_s_by_optimizer}}};
+}
+
+// `name`'s entry in `by`, or nullptr.
+const double* named_entry(const NamedSeconds& by, const std::string& name) {
+  for (const auto& [key, seconds] : by) {
+    if (key == name) return &seconds;
+  }
+  return nullptr;
+}
 
 constexpr const char* kClusterKind = "hybridplan.cluster";
 
@@ -77,7 +98,7 @@ Runtime runtime_from_json(const JsonReader& in, const Json& j) {
   // A JSON object of seconds keyed by names that `known` accepts (`keys` says which in the
   // error), read into `out` in its order.
   const auto named_seconds = [&](const char* key, const auto& known, const char* keys,
-                                 std::vector<std::pair<std::string, double>>& out) {
+                                 NamedSeconds& out) {
     const Json* map = in.optional(j, key);
     if (!map) return;
     const std::string path = std::string("runtime.") + key;
@@ -131,18 +152,11 @@ void validate_runtime(const std::string& source, const Runtime& r) {
   check_non_negative(source, "runtime.sharded_optimizer_tensor_s", r.sharded_optimizer_tensor_s);
   check_non_negative(source, "runtime.sharded_compute_slowdown", r.sharded_compute_slowdown);
   check_non_negative(source, "runtime.selective_op_s", r.selective_op_s);
-  for (const auto& [name, seconds] : r.schedule_action_s) {
-    check_non_negative(source, "runtime.schedule_action_s." + name, seconds);
-  }
   check_non_negative(source, "runtime.action_sample_s", r.action_sample_s);
-  for (const auto& [name, seconds] : r.schedule_action_sample_s) {
-    check_non_negative(source, "runtime.schedule_action_sample_s." + name, seconds);
-  }
-  for (const auto& [name, seconds] : r.optimizer_tensor_s_by_optimizer) {
-    check_non_negative(source, "runtime.optimizer_tensor_s_by_optimizer." + name, seconds);
-  }
-  for (const auto& [name, seconds] : r.sharded_optimizer_tensor_s_by_optimizer) {
-    check_non_negative(source, "runtime.sharded_optimizer_tensor_s_by_optimizer." + name, seconds);
+  for (const auto& [key, by] : named_seconds_of(r)) {
+    for (const auto& [name, seconds] : *by) {
+      check_non_negative(source, std::string("runtime.") + key + "." + name, seconds);
+    }
   }
   const auto& table = r.shared_host_slowdown;
   for (size_t k = 0; k < table.size(); ++k) {
@@ -165,32 +179,22 @@ const char* collective_library_name(CollectiveLibrary library) {
 }
 
 double Runtime::action_s_for(const std::string& schedule) const {
-  for (const auto& [name, seconds] : schedule_action_s) {
-    if (name == schedule) return seconds;
-  }
-  return action_s;
+  const double* s = named_entry(schedule_action_s, schedule);
+  return s ? *s : action_s;
 }
 
 double Runtime::action_sample_s_for(const std::string& schedule) const {
-  for (const auto& [name, seconds] : schedule_action_sample_s) {
-    if (name == schedule) return seconds;
-  }
-  return action_sample_s;
+  const double* s = named_entry(schedule_action_sample_s, schedule);
+  return s ? *s : action_sample_s;
 }
 
 double Runtime::optimizer_tensor_s_for(const std::string& optimizer, bool sharded) const {
-  const auto entry = [&](const std::vector<std::pair<std::string, double>>& by) -> const double* {
-    for (const auto& [name, seconds] : by) {
-      if (name == optimizer) return &seconds;
-    }
-    return nullptr;
-  };
   if (sharded) {
-    if (const double* s = entry(sharded_optimizer_tensor_s_by_optimizer)) return *s;
+    if (const double* s = named_entry(sharded_optimizer_tensor_s_by_optimizer, optimizer)) return *s;
     if (sharded_optimizer_tensor_s > 0) return sharded_optimizer_tensor_s;
   }
-  if (const double* s = entry(optimizer_tensor_s_by_optimizer)) return *s;
-  return optimizer_tensor_s;
+  const double* s = named_entry(optimizer_tensor_s_by_optimizer, optimizer);
+  return s ? *s : optimizer_tensor_s;
 }
 
 double Runtime::slowdown(int64_t processes) const {
@@ -414,9 +418,8 @@ Json cluster_to_json(const Cluster& c) {
   const Runtime& r = c.runtime;
   if (r.step_s > 0 || r.action_s > 0 || r.optimizer_tensor_s > 0 || r.sharded_optimizer_tensor_s > 0 ||
       r.sharded_compute_slowdown > 0 || r.selective_op_s > 0 || !r.shared_host_slowdown.empty() ||
-      !r.schedule_action_s.empty() || r.action_sample_s > 0 || !r.schedule_action_sample_s.empty() ||
-      !r.optimizer_tensor_s_by_optimizer.empty() ||
-      !r.sharded_optimizer_tensor_s_by_optimizer.empty()) {
+      r.action_sample_s > 0 ||
+      std::ranges::any_of(named_seconds_of(r), [](const auto& m) { return !m.second->empty(); })) {
     j["runtime"] = {{"step_s", r.step_s}, {"action_s", r.action_s},
                     {"shared_host_slowdown", r.shared_host_slowdown}};
     if (r.optimizer_tensor_s > 0) j["runtime"]["optimizer_tensor_s"] = r.optimizer_tensor_s;
@@ -428,19 +431,11 @@ Json cluster_to_json(const Cluster& c) {
     }
     if (r.selective_op_s > 0) j["runtime"]["selective_op_s"] = r.selective_op_s;
     if (r.action_sample_s > 0) j["runtime"]["action_sample_s"] = r.action_sample_s;
-    for (const auto& [key, by] :
-         {std::pair{"optimizer_tensor_s_by_optimizer", &r.optimizer_tensor_s_by_optimizer},
-          std::pair{"sharded_optimizer_tensor_s_by_optimizer", &r.sharded_optimizer_tensor_s_by_optimizer},
-          std::pair{"schedule_action_sample_s", &r.schedule_action_sample_s}}) {
+    for (const auto& [key, by] : named_seconds_of(r)) {
       if (by->empty()) continue;
       Json map = Json::object();
       for (const auto& [name, seconds] : *by) map[name] = seconds;
       j["runtime"][key] = std::move(map);
-    }
-    if (!r.schedule_action_s.empty()) {
-      Json by_schedule = Json::object();
-      for (const auto& [name, seconds] : r.schedule_action_s) by_schedule[name] = seconds;
-      j["runtime"]["schedule_action_s"] = std::move(by_schedule);
     }
   }
   if (!c.measured.is_null()) j["measured"] = c.measured;

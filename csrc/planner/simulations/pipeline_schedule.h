@@ -5,7 +5,8 @@
 // Per micro-batch, stage s takes F_s = action_s + sum of its nodes' forward times and
 // B_s = action_s + sum of their backward times at b/M samples (compute_cost.h: a micro-batch of
 // 1 costs more than 1/b of the batch; action_s is the runtime's cost per schedule action,
-// Cluster runtime.action_cost_s(schedule, b/M): a fixed part and a part per sample). Between stages s and s+1 every value produced on a stage
+// Cluster runtime.action_cost_s(schedule, b/M): a fixed part and a part per sample). Between
+// stages s and s+1 every value produced on a stage
 // <= s and consumed on a stage > s crosses the boundary (values needed later are forwarded
 // stage to stage), counted once per producing node:
 //   boundary_bytes[s] = sum over nodes u with stage(u) <= s < max stage of u's consumers of

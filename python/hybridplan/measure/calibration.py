@@ -21,8 +21,9 @@ What is measured (every fit by least squares, its points and residuals under "me
   (and runtime.action_s,       schedule reproduce measured pipeline steps: a fixed part and a
   runtime.(schedule_)action_sample_s)  part per sample of the micro-batch (least squares on
                                evaluate()'s slope, relative residuals, _fit_action_s), fitted for
-                               each schedule on its own runs. The schedule simulation follows torch's messages (when each
-                               schedule posts and waits on them, pipeline_schedule.h); the
+                               each schedule on its own runs. The schedule simulation follows
+                               torch's messages (when each schedule posts and waits on them,
+                               pipeline_schedule.h); the
                                action cost prices what remains, on CPU ranks mostly a waiting
                                rank's wake-up (docs/calibration.md "The stalls"), which the runs
                                show differs by schedule. action_s is 1F1B's (the value for any
@@ -369,8 +370,8 @@ def _model_pipeline_runs(model_spec: str, graph: dict, batch: int, device, warmu
     """The model's own 1x2 GPipe and 1F1B pipelines under hybridplan.apply at
     kModelMicrobatchCounts micro-batches of `batch` (those dividing it), and the multi-stage
     schedules (2 ranks x 2 stages) at the same counts when the graph has 3 places to cut,
-    `rounds` times in turn (GPipe 2, 8, 16, 1F1B 2, 8, 16, ..., again: on a shared CPU one run can be
-    slower throughout, from how the ranks' threads happen to be scheduled): the median step
+    `rounds` times in turn (GPipe 2, 8, 16, 1F1B 2, 8, 16, ..., again: on a shared CPU one run
+    can be slower throughout, from how the ranks' threads happen to be scheduled): the median step
     (slowest rank) of each run."""
     counts = [m for m in kModelMicrobatchCounts if batch % m == 0]
     cuts = {2: _even_cuts(graph, 2), 4: _even_cuts(graph, 4)}

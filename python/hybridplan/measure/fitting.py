@@ -12,7 +12,7 @@ import dataclasses
 import statistics
 from typing import List, Sequence, Tuple
 
-__all__ = ["LineFit", "fit_line", "fit_alpha_beta", "fit_through_origin"]
+__all__ = ["LineFit", "fit_line", "fit_alpha_beta", "fit_through_origin", "fit_two_through_origin"]
 
 
 @dataclasses.dataclass
